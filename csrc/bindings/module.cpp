@@ -1,0 +1,186 @@
+// pybind11 lives only here. The core never sees Python; every run releases the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "engine/engine.h"
+#include "kernels/kernels.h"
+#ifdef PYINFER_WITH_CUDA
+#include "cuda_info.h"
+#endif
+
+namespace py = pybind11;
+using namespace pyinfer;
+
+namespace {
+
+// A graph under construction plus the Python objects (memory maps) its weights point into.
+struct PyGraph {
+  Graph graph;
+  std::vector<py::object> keep_alive;
+};
+
+struct PyEngine {
+  std::unique_ptr<Engine> engine;
+  std::vector<py::object> keep_alive;
+  int64_t last_outputs = 0;
+};
+
+using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+const int32_t* data_or_null(const std::optional<I32Array>& a) { return a ? a->data() : nullptr; }
+
+py::array tensor_view(py::object owner, const Tensor& t, int64_t rows) {
+  if (t.type == DType::F32)
+    return py::array_t<float>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(4)}, static_cast<float*>(t.data), owner);
+  if (t.type == DType::I32)
+    return py::array_t<int32_t>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(4)}, static_cast<int32_t*>(t.data), owner);
+  if (t.type == DType::F16)
+    return py::array_t<uint16_t>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(2)}, static_cast<uint16_t*>(t.data), owner);
+  return py::array_t<uint8_t>({rows, int64_t(t.row_bytes)}, {int64_t(t.row_bytes), int64_t(1)},
+                              static_cast<uint8_t*>(t.data), owner);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "pyinfer C++ core: op graph, executor, CPU kernels";
+  py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
+
+  py::enum_<DType>(m, "DType")
+      .value("F32", DType::F32).value("F16", DType::F16).value("BF16", DType::BF16)
+      .value("Q4_0", DType::Q4_0).value("Q4_1", DType::Q4_1).value("Q8_0", DType::Q8_0)
+      .value("I32", DType::I32).value("Q8A", DType::Q8A);
+  py::enum_<OpKind>(m, "Op")
+      .value("GET_ROWS", OpKind::GetRows).value("RMS_NORM", OpKind::RmsNorm).value("QUANTIZE", OpKind::Quantize)
+      .value("MAT_MUL", OpKind::MatMul).value("ROPE", OpKind::Rope).value("KV_STORE", OpKind::KvStore)
+      .value("ATTENTION", OpKind::Attention).value("ADD", OpKind::Add).value("SILU_MUL", OpKind::SiluMul)
+      .value("SELECT_ROWS", OpKind::SelectRows);
+  py::enum_<RowMode>(m, "RowMode")
+      .value("FIXED", RowMode::Fixed).value("TOKENS", RowMode::Tokens).value("OUTPUTS", RowMode::Outputs);
+  py::enum_<Storage>(m, "Storage")
+      .value("EXTERNAL", Storage::External).value("SCRATCH", Storage::Scratch)
+      .value("STATE", Storage::State).value("INPUT", Storage::Input);
+
+  m.def("available_isas", &available_isas, "Kernel ISAs usable on this CPU, best first (comma-separated).");
+  m.def("row_bytes", [](DType t, int64_t n) { return dtype_row_bytes(t, n); });
+  m.def("cuda_built", []() {
+#ifdef PYINFER_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+  m.def("cuda_devices", []() {
+    py::list out;
+#ifdef PYINFER_WITH_CUDA
+    for (const auto& d : cuda_device_list()) {
+      py::dict e;
+      e["index"] = d.index; e["name"] = d.name; e["total_memory"] = d.total_memory;
+      e["compute_capability"] = py::make_tuple(d.major, d.minor);
+      out.append(e);
+    }
+#endif
+    return out;
+  }, "Visible CUDA devices (empty when CUDA was not built or no driver/GPU is present).");
+
+  py::class_<PyGraph>(m, "Graph")
+      .def(py::init<>())
+      .def("add_weight", [](PyGraph& g, const std::string& name, DType type, int64_t cols, int64_t rows, py::buffer data) {
+             py::buffer_info info = data.request();
+             Tensor t{name, type, cols, rows, RowMode::Fixed, Storage::External};
+             const size_t need = size_t(rows) * dtype_row_bytes(type, cols);
+             const size_t have = size_t(info.size) * size_t(info.itemsize);
+             if (have < need)
+               throw GraphError("weight '" + name + "': buffer holds " + std::to_string(have) + " bytes, needs " +
+                                std::to_string(need));
+             int64_t expect = info.itemsize;
+             for (int i = int(info.ndim) - 1; i >= 0; --i) {
+               if (info.shape[size_t(i)] > 1 && info.strides[size_t(i)] != expect)
+                 throw GraphError("weight '" + name + "': buffer must be C-contiguous");
+               expect *= info.shape[size_t(i)];
+             }
+             t.data = info.ptr;
+             const int id = g.graph.add_tensor(t);
+             g.keep_alive.push_back(data);
+             return id;
+           }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("rows"), py::arg("data"))
+      .def("add_tensor", [](PyGraph& g, const std::string& name, DType type, int64_t cols, RowMode mode,
+                            Storage storage, int64_t rows) {
+             if (storage == Storage::External) throw GraphError("use add_weight for external tensors");
+             return g.graph.add_tensor(Tensor{name, type, cols, rows, mode, storage});
+           }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("row_mode"), py::arg("storage"),
+           py::arg("rows") = 0)
+      .def("add_node", [](PyGraph& g, OpKind op, int dst, const std::vector<int>& src, const std::vector<int32_t>& ints,
+                          const std::vector<float>& floats) {
+             Node n;
+             n.op = op;
+             n.dst = dst;
+             if (src.size() > 4 || ints.size() > 4 || floats.size() > 4) throw GraphError("at most 4 sources/params");
+             std::copy(src.begin(), src.end(), n.src.begin());
+             std::copy(ints.begin(), ints.end(), n.i.begin());
+             std::copy(floats.begin(), floats.end(), n.f.begin());
+             return g.graph.add_node(n);
+           }, py::arg("op"), py::arg("dst"), py::arg("src"), py::arg("ints") = std::vector<int32_t>{},
+           py::arg("floats") = std::vector<float>{})
+      .def("validate", [](const PyGraph& g) { g.graph.validate(); })
+      .def_property_readonly("n_tensors", [](const PyGraph& g) { return g.graph.tensors.size(); })
+      .def_property_readonly("n_nodes", [](const PyGraph& g) { return g.graph.nodes.size(); })
+      .def_property("input_tokens", [](const PyGraph& g) { return g.graph.input_tokens; },
+                    [](PyGraph& g, int v) { g.graph.input_tokens = v; })
+      .def_property("input_positions", [](const PyGraph& g) { return g.graph.input_positions; },
+                    [](PyGraph& g, int v) { g.graph.input_positions = v; })
+      .def_property("input_out_ids", [](const PyGraph& g) { return g.graph.input_out_ids; },
+                    [](PyGraph& g, int v) { g.graph.input_out_ids = v; })
+      .def_property("output_logits", [](const PyGraph& g) { return g.graph.output_logits; },
+                    [](PyGraph& g, int v) { g.graph.output_logits = v; });
+
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init([](const PyGraph& g, int64_t max_tokens, int64_t max_outputs, int n_threads, const std::string& isa) {
+             auto e = std::make_unique<PyEngine>();
+             EngineConfig cfg{max_tokens, max_outputs, n_threads, isa};
+             e->engine = std::make_unique<Engine>(g.graph, cfg);
+             e->keep_alive = g.keep_alive;
+             return e;
+           }), py::arg("graph"), py::arg("max_tokens") = 512, py::arg("max_outputs") = 1, py::arg("n_threads") = 1,
+           py::arg("isa") = "auto")
+      .def("run", [](PyEngine& e, int64_t n_tokens, std::optional<I32Array> tokens, std::optional<I32Array> positions,
+                     std::optional<I32Array> out_ids) {
+             auto check = [&](const std::optional<I32Array>& a, int64_t n, const char* what) {
+               if (a && a->size() != n)
+                 throw GraphError(std::string(what) + " has " + std::to_string(a->size()) + " entries, expected " +
+                                  std::to_string(n));
+             };
+             const int64_t n_out = out_ids ? out_ids->size() : 0;
+             check(tokens, n_tokens, "tokens");
+             check(positions, n_tokens, "positions");
+             {
+               py::gil_scoped_release release;
+               e.engine->run(data_or_null(tokens), data_or_null(positions), n_tokens, data_or_null(out_ids), n_out);
+             }
+             e.last_outputs = n_out;
+           }, py::arg("n_tokens"), py::arg("tokens") = py::none(), py::arg("positions") = py::none(),
+           py::arg("out_ids") = py::none(),
+           "Computes one batch. Inputs are int32 arrays of n_tokens entries (out_ids: rows whose logits are wanted).")
+      .def("logits", [](py::object self) {
+             auto& e = self.cast<PyEngine&>();
+             const Graph& g = e.engine->graph();
+             if (g.output_logits < 0) throw GraphError("graph has no logits output");
+             return tensor_view(self, g.tensors[size_t(g.output_logits)], e.last_outputs);
+           }, "View of the last run's logits, shape [n_outputs, vocab]; overwritten by the next run.")
+      .def("tensor", [](py::object self, int id, int64_t rows) {
+             auto& e = self.cast<PyEngine&>();
+             const Graph& g = e.engine->graph();
+             if (id < 0 || id >= int(g.tensors.size())) throw GraphError("tensor id out of range");
+             const Tensor& t = g.tensors[size_t(id)];
+             if (!t.data) throw GraphError("tensor '" + t.name + "' has no memory (never written)");
+             if (rows < 0 || rows > t.rows) throw GraphError("rows out of range");
+             return tensor_view(self, t, rows);
+           }, py::arg("id"), py::arg("rows"), "View of a tensor's first `rows` rows (for tests and debugging).")
+      .def_property_readonly("isa", [](const PyEngine& e) { return std::string(e.engine->cpu().isa()); })
+      .def_property_readonly("n_threads", [](const PyEngine& e) { return e.engine->cpu().n_threads(); })
+      .def_property_readonly("max_tokens", [](const PyEngine& e) { return e.engine->config().max_tokens; })
+      .def_property_readonly("max_outputs", [](const PyEngine& e) { return e.engine->config().max_outputs; })
+      .def_property_readonly("scratch_bytes", [](const PyEngine& e) { return e.engine->scratch_bytes(); })
+      .def_property_readonly("state_bytes", [](const PyEngine& e) { return e.engine->state_bytes(); });
+}

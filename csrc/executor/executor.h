@@ -1,0 +1,51 @@
+// Splits a graph into per-backend segments with dependencies, then runs them: a single-backend
+// graph runs inline on the caller; otherwise every backend gets a driver thread and segments of
+// different backends overlap wherever the dependencies allow.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "executor/backend.h"
+
+namespace pyinfer {
+
+struct Segment {
+  int backend = 0;
+  std::vector<int> nodes;
+  std::vector<int> deps;  // segments that must finish first
+};
+
+// `buffer_of[t]` names the memory a tensor lives in, so reuse of one buffer by two tensors
+// orders their readers and writers (write-after-read hazards across backends).
+std::vector<Segment> plan_segments(const Graph& graph, const std::vector<int>& buffer_of);
+
+class Executor {
+ public:
+  Executor(const Graph& graph, std::vector<Backend*> backends, std::vector<Segment> segments);
+  ~Executor();
+  void run(const RunShape& shape);
+  const std::vector<Segment>& segments() const { return segments_; }
+
+ private:
+  void drive(int backend);
+  void run_segments_of(int backend, const RunShape& shape, uint64_t gen);
+
+  const Graph& graph_;
+  std::vector<Backend*> backends_;
+  std::vector<Segment> segments_;
+  bool concurrent_ = false;
+  std::unique_ptr<std::atomic<uint64_t>[]> done_;  // generation in which each segment finished
+  std::vector<std::thread> drivers_;
+  std::mutex mutex_;
+  std::condition_variable wake_, finished_cv_;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  RunShape shape_;
+};
+
+}  // namespace pyinfer

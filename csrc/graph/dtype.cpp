@@ -1,0 +1,45 @@
+#include "graph/dtype.h"
+
+namespace pyinfer {
+
+bool dtype_is_quantized(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q8A;
+}
+
+bool dtype_is_known(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::I32:
+    case DType::Q4_0: case DType::Q4_1: case DType::Q8_0: case DType::Q8A:
+      return true;
+  }
+  return false;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::I32: return "I32";
+    case DType::Q4_0: return "Q4_0";
+    case DType::Q4_1: return "Q4_1";
+    case DType::Q8_0: return "Q8_0";
+    case DType::Q8A: return "Q8A";
+  }
+  return "?";
+}
+
+size_t dtype_row_bytes(DType t, int64_t n) {
+  const size_t blocks = static_cast<size_t>(n / kQuantBlock);
+  switch (t) {
+    case DType::F32: case DType::I32: return static_cast<size_t>(n) * 4;
+    case DType::F16: case DType::BF16: return static_cast<size_t>(n) * 2;
+    case DType::Q4_0: return blocks * sizeof(BlockQ4_0);
+    case DType::Q4_1: return blocks * sizeof(BlockQ4_1);
+    case DType::Q8_0: return blocks * sizeof(BlockQ8_0);
+    case DType::Q8A: return blocks * sizeof(BlockQ8A);
+  }
+  return 0;
+}
+
+}  // namespace pyinfer

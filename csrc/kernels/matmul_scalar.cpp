@@ -1,0 +1,120 @@
+// Portable reference kernels. Every ISA path is tested against these.
+#include <cmath>
+
+#include "kernels/fp16.h"
+#include "kernels/kernels.h"
+
+namespace pyinfer {
+namespace {
+
+float dot_q4_0(const BlockQ4_0* w, const BlockQ8A* x, int64_t nb) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j)
+      isum += (w[b].qs[j] & 0x0f) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + 16];
+    // sum((q - 8) * xq) * dx = sum(q * xq) * dx - 8 * s
+    sum += fp16_to_fp32(w[b].d) * (x[b].d * float(isum) - 8.f * x[b].s);
+  }
+  return sum;
+}
+
+float dot_q4_1(const BlockQ4_1* w, const BlockQ8A* x, int64_t nb) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j)
+      isum += (w[b].qs[j] & 0x0f) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + 16];
+    sum += fp16_to_fp32(w[b].d) * x[b].d * float(isum) + fp16_to_fp32(w[b].m) * x[b].s;
+  }
+  return sum;
+}
+
+float dot_q8_0(const BlockQ8_0* w, const BlockQ8A* x, int64_t nb) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < 32; ++j) isum += w[b].qs[j] * x[b].qs[j];
+    sum += fp16_to_fp32(w[b].d) * x[b].d * float(isum);
+  }
+  return sum;
+}
+
+void matmul_scalar(const MatMulArgs& a) {
+  if (!dtype_is_quantized(a.wtype)) return matmul_float_weights(a);
+  const int64_t nb = a.k / kQuantBlock;
+  for (int64_t t = 0; t < a.n_tok; ++t) {
+    const auto* x = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + t * a.x_row_bytes);
+    float* out = a.dst + t * a.ldd;
+    for (int64_t r = a.r0; r < a.r1; ++r) {
+      const uint8_t* w = a.w + r * a.w_row_bytes;
+      switch (a.wtype) {
+        case DType::Q4_0: out[r] = dot_q4_0(reinterpret_cast<const BlockQ4_0*>(w), x, nb); break;
+        case DType::Q4_1: out[r] = dot_q4_1(reinterpret_cast<const BlockQ4_1*>(w), x, nb); break;
+        case DType::Q8_0: out[r] = dot_q8_0(reinterpret_cast<const BlockQ8_0*>(w), x, nb); break;
+        default: break;
+      }
+    }
+  }
+}
+
+void quantize_q8a_scalar(const float* x, BlockQ8A* y, int64_t n) {
+  for (int64_t b = 0; b < n / kQuantBlock; ++b) {
+    const float* xb = x + b * kQuantBlock;
+    float amax = 0.f;
+    for (int j = 0; j < kQuantBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    const float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int j = 0; j < kQuantBlock; ++j) {
+      const int q = int(std::nearbyint(xb[j] * id));  // round half to even, like the SIMD paths
+      y[b].qs[j] = int8_t(q);
+      sum += q;
+    }
+    y[b].d = d;
+    y[b].s = d * float(sum);
+  }
+}
+
+float dot_f16_f32_scalar(const uint16_t* a, const float* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += fp16_to_fp32(a[i]) * b[i];
+  return s;
+}
+
+void axpy_f16_f32_scalar(float alpha, const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * fp16_to_fp32(x[i]);
+}
+
+void f32_to_f16_scalar(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
+}  // namespace
+
+void matmul_float_weights(const MatMulArgs& a) {
+  for (int64_t t = 0; t < a.n_tok; ++t) {
+    const float* x = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a.x) + t * a.x_row_bytes);
+    float* out = a.dst + t * a.ldd;
+    for (int64_t r = a.r0; r < a.r1; ++r) {
+      const uint8_t* w = a.w + r * a.w_row_bytes;
+      float s = 0.f;
+      if (a.wtype == DType::F32) {
+        const float* wf = reinterpret_cast<const float*>(w);
+        for (int64_t i = 0; i < a.k; ++i) s += wf[i] * x[i];
+      } else {
+        const uint16_t* wh = reinterpret_cast<const uint16_t*>(w);
+        const bool bf = a.wtype == DType::BF16;
+        for (int64_t i = 0; i < a.k; ++i) s += (bf ? bf16_to_fp32(wh[i]) : fp16_to_fp32(wh[i])) * x[i];
+      }
+      out[r] = s;
+    }
+  }
+}
+
+const KernelTable& kernels_scalar() {
+  static const KernelTable table{"scalar", matmul_scalar, quantize_q8a_scalar, dot_f16_f32_scalar,
+                                 axpy_f16_f32_scalar, f32_to_f16_scalar};
+  return table;
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,6 @@
+"""pyinfer: local LLM inference that computes only the neurons that fire."""
+from .api import Model, load
+from .errors import ContextOverflowError, ModelFormatError, PyinferError, UnsupportedModelError
+
+__version__ = "0.1.0"
+__all__ = ["load", "Model", "PyinferError", "ModelFormatError", "UnsupportedModelError", "ContextOverflowError"]

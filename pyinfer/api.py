@@ -1,0 +1,155 @@
+"""The Python API: `load()` and `Model` (generate, stream, chat, tokenize, eval)."""
+from __future__ import annotations
+
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import _core
+from .errors import ContextOverflowError, PyinferError
+from .model.chat_template import render_chat
+from .model.gguf_file import GGUFModelFile
+from .model.pull import resolve_model
+from .model.tokenizer import IncrementalDecoder, Tokenizer
+from .runtime.llama_graph import build_llama_graph
+from .runtime.sampling import Sampler, SamplingParams
+from .runtime.stops import apply_stops
+from .runtime.threads import physical_cores
+
+MAX_BATCH = 512  # tokens per engine run (prefill micro-batch)
+
+
+def load(path_or_name: str | os.PathLike | None = None, n_threads: int | None = None, n_ctx: int = 2048,
+         isa: str = "auto") -> "Model":
+    """Loads a GGUF model. `path_or_name`: a file, or None / "smollm2" for the default model."""
+    return Model(resolve_model(path_or_name), n_threads=n_threads, n_ctx=n_ctx, isa=isa)
+
+
+class Model:
+    def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto"):
+        if not isinstance(n_ctx, int) or n_ctx < 1:
+            raise PyinferError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
+            raise PyinferError(f"n_threads must be a positive integer, got {n_threads!r}")
+        self.path = str(path)
+        self.gguf = GGUFModelFile(path)
+        self.config = self.gguf.llama_config()
+        self.tokenizer = Tokenizer(self.gguf.metadata)
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or physical_cores()
+        self.chat_template = self.gguf.get("tokenizer.chat_template")
+        graph = build_llama_graph(self.gguf, self.config, n_ctx).graph
+        self._max_batch = min(MAX_BATCH, n_ctx)
+        try:
+            self._engine = _core.Engine(graph, max_tokens=self._max_batch, max_outputs=self._max_batch,
+                                        n_threads=self.n_threads, isa=isa)
+        except ValueError as e:
+            raise PyinferError(str(e)) from None
+        self._cached: list[int] = []  # tokens whose K/V are in the cache at positions 0..len-1
+
+    @property
+    def isa(self) -> str:
+        return self._engine.isa
+
+    # ---- text <-> tokens ----------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    # ---- forward ------------------------------------------------------------------------
+    def eval(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        """Runs `tokens` as a fresh sequence. Returns F32 logits [vocab] for the last position,
+        or [len(tokens), vocab] with all_logits."""
+        n = len(tokens)
+        rows = np.arange(n) if all_logits else np.array([n - 1])
+        out = self._forward(list(tokens), 0, rows)
+        return out if all_logits else out[0]
+
+    def _check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
+        if len(tokens) == 0:
+            raise PyinferError("no tokens to evaluate")
+        arr = np.asarray(tokens, dtype=np.int64)
+        if arr.ndim != 1 or arr.min() < 0 or arr.max() >= self.config.vocab_size:
+            raise PyinferError(f"token ids must be integers in [0, {self.config.vocab_size})")
+        return arr.astype(np.int32)
+
+    def _forward(self, tokens: list[int], start: int, out_rows: np.ndarray) -> np.ndarray:
+        """Evaluates tokens at positions start.. and returns logits of `out_rows` (indices into
+        tokens) as a new F32 array [len(out_rows), vocab]."""
+        ids = self._check_tokens(tokens)
+        if start + len(ids) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{start + len(ids)} tokens do not fit the context of {self.n_ctx} tokens (raise n_ctx / --ctx)")
+        result = np.empty((len(out_rows), self.config.vocab_size), dtype=np.float32)
+        self._cached = self._cached[:start]
+        done = 0
+        for c0 in range(0, len(ids), self._max_batch):
+            chunk = ids[c0:c0 + self._max_batch]
+            sel = (out_rows >= c0) & (out_rows < c0 + len(chunk))
+            rows = (out_rows[sel] - c0).astype(np.int32)
+            positions = np.arange(start + c0, start + c0 + len(chunk), dtype=np.int32)
+            self._engine.run(len(chunk), chunk, positions, rows)
+            if len(rows):
+                result[done:done + len(rows)] = self._engine.logits()
+                done += len(rows)
+            self._cached.extend(int(t) for t in chunk)
+        return result
+
+    def _prefill(self, ids: list[int]) -> np.ndarray:
+        """Logits after `ids`, reusing the cached prefix shared with the previous call."""
+        common = 0
+        for a, b in zip(self._cached, ids[:-1]):
+            if a != b:
+                break
+            common += 1
+        return self._forward(ids[common:], common, np.array([len(ids) - common - 1]))[0]
+
+    def _token_stream(self, prompt_ids: list[int], max_tokens: int, sampler: Sampler) -> Iterator[int]:
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"prompt is {len(prompt_ids)} tokens; the context holds {self.n_ctx} (raise n_ctx / --ctx)")
+        logits = self._prefill(prompt_ids)
+        for i in range(max_tokens):
+            tok = sampler(logits)
+            if tok in self.tokenizer.end_of_generation:
+                return
+            yield tok
+            if i + 1 == max_tokens or len(self._cached) >= self.n_ctx:
+                return
+            logits = self._forward([tok], len(self._cached), np.array([0]))[0]
+
+    # ---- generation -----------------------------------------------------------------------
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
+               top_p: float = 0.95, top_k: int = 40, seed: int | None = None, stop: Sequence[str] = (),
+               special: bool = False) -> Iterator[str]:
+        """Yields text pieces as they are generated."""
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise PyinferError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        ids = list(prompt) if not isinstance(prompt, str) else self.tokenize(prompt, special=special)
+        sampler = Sampler(SamplingParams(temperature, top_k, top_p, seed))
+        decoder = IncrementalDecoder(self.tokenizer)
+        pieces = (decoder.push(t) for t in self._token_stream(ids, max_tokens, sampler))
+        return apply_stops((p for p in pieces if p), list(stop or ()))
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
+                 top_p: float = 0.95, top_k: int = 40, seed: int | None = None, stop: Sequence[str] = (),
+                 special: bool = False) -> str:
+        return "".join(self.stream(prompt, max_tokens, temperature, top_p, top_k, seed, stop, special))
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        tk = self.tokenizer
+        bos = tk.token_text(tk.bos_id) if tk.bos_id is not None else ""
+        eos = tk.token_text(tk.eos_id) if tk.eos_id is not None else ""
+        return render_chat(self.chat_template, messages, bos, eos, add_generation_prompt)
+
+    def chat(self, messages: list[dict], stream: bool = False, **kwargs):
+        """Renders the model's chat template and generates the assistant's reply."""
+        prompt = self.render_chat(messages)
+        ids = self.tokenize(prompt, add_bos=False, special=True)
+        if self.tokenizer.add_bos and self.tokenizer.bos_id is not None and ids[:1] != [self.tokenizer.bos_id]:
+            ids = [self.tokenizer.bos_id] + ids
+        it = self.stream(ids, **kwargs)
+        return it if stream else "".join(it)

@@ -1,0 +1,1 @@
+"""Loading: GGUF files, model config, tokenizer, chat template, default-model pull."""

@@ -1,0 +1,122 @@
+"""Reads a GGUF file with the `gguf` package, memory-mapped: weights stay in their stored format."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelFormatError, UnsupportedModelError
+from .config import LlamaConfig
+
+SUPPORTED_ARCHS = ("llama",)
+# GGML type names that our kernels run (GGML ids are the _core.DType values).
+SUPPORTED_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass
+class GGUFTensor:
+    name: str
+    type_name: str        # GGML type name, e.g. "Q4_1"
+    cols: int             # elements per row (GGUF ne[0])
+    rows: int             # product of the other dims
+    data: np.ndarray      # memory-mapped bytes (or typed view) of the whole tensor
+
+    @property
+    def dtype_id(self) -> int:
+        return SUPPORTED_TYPES[self.type_name]
+
+
+class GGUFModelFile:
+    """Metadata and memory-mapped tensors of one GGUF file."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelFormatError(f"model file not found: {self.path}")
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != GGUF_MAGIC:
+            raise ModelFormatError(f"{self.path} is not a GGUF file (bad magic {magic!r})")
+        try:
+            from gguf import GGUFReader
+
+            self._reader = GGUFReader(str(self.path), "r")
+        except Exception as e:  # the reader raises many types on corrupt input
+            raise ModelFormatError(f"{self.path} is not a valid GGUF file ({_short(e)})") from None
+        self.metadata: dict[str, Any] = {}
+        for key, field in self._reader.fields.items():
+            try:
+                self.metadata[key] = field.contents()
+            except Exception:
+                self.metadata[key] = None
+        self.tensors: dict[str, GGUFTensor] = {}
+        for t in self._reader.tensors:
+            type_name = t.tensor_type.name
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size:
+                raise ModelFormatError(f"{self.path} is truncated: tensor {t.name} ends at byte {end}, file has {size}")
+            shape = [int(d) for d in t.shape]
+            cols = shape[0]
+            rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            self.tensors[t.name] = GGUFTensor(t.name, type_name, cols, rows, t.data)
+        self.file_size = size
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.metadata.get(key, default)
+        return default if v is None else v
+
+    def require(self, key: str) -> Any:
+        if key not in self.metadata or self.metadata[key] is None:
+            raise ModelFormatError(f"{self.path.name}: required metadata '{key}' is missing")
+        return self.metadata[key]
+
+    @property
+    def architecture(self) -> str:
+        return str(self.get("general.architecture", "?"))
+
+    def tensor(self, name: str) -> GGUFTensor:
+        t = self.tensors.get(name)
+        if t is None:
+            raise ModelFormatError(f"{self.path.name}: tensor '{name}' is missing")
+        if t.type_name not in SUPPORTED_TYPES:
+            raise UnsupportedModelError(
+                f"tensor {name} has type {t.type_name}, which pyinfer does not support "
+                f"(supported: {', '.join(SUPPORTED_TYPES)})")
+        return t
+
+    def llama_config(self) -> LlamaConfig:
+        arch = self.architecture
+        if arch not in SUPPORTED_ARCHS:
+            raise UnsupportedModelError(
+                f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+        p = arch + "."
+        n_heads = int(self.require(p + "attention.head_count"))
+        d_model = int(self.require(p + "embedding_length"))
+        head_dim = int(self.get(p + "rope.dimension_count", d_model // n_heads))
+        if head_dim * n_heads != d_model:
+            raise UnsupportedModelError("partial rotary embeddings (rope.dimension_count < head size) are not supported")
+        vocab = self.get("tokenizer.ggml.tokens")
+        emb = self.tensor("token_embd.weight")
+        return LlamaConfig(
+            n_layers=int(self.require(p + "block_count")),
+            d_model=d_model,
+            d_ff=int(self.require(p + "feed_forward_length")),
+            n_heads=n_heads,
+            n_kv_heads=int(self.get(p + "attention.head_count_kv", n_heads)),
+            head_dim=head_dim,
+            vocab_size=len(vocab) if vocab is not None else emb.rows,
+            rope_base=float(self.get(p + "rope.freq_base", 10000.0)),
+            norm_eps=float(self.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+            train_ctx=int(self.get(p + "context_length", 2048)),
+            tied_output="output.weight" not in self.tensors,
+        )
+
+
+def _short(e: Exception) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else type(e).__name__)[:200]

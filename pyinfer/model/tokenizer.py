@@ -1,0 +1,112 @@
+"""Builds the model's tokenizer from GGUF metadata with the `tokenizers` library.
+
+Token ids must equal llama.cpp's, so the pre-tokenizer follows llama.cpp's table for
+`tokenizer.ggml.pre` and special tokens are only matched when asked for (parse_special)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import UnsupportedModelError
+
+# llama.cpp's pre-tokenizer regexes, per `tokenizer.ggml.pre`. Each entry: splits applied in
+# order before byte-level BPE.
+_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = {
+    "gpt2": [_GPT2_REGEX],
+    "default": [_GPT2_REGEX],
+    # StarCoder-style: every digit is its own token, then GPT-2 splitting.
+    "smollm": [r"\p{N}", _GPT2_REGEX],
+    "starcoder": [r"\p{N}", _GPT2_REGEX],
+    "llama-bpe": [_LLAMA3_REGEX],
+    "llama3": [_LLAMA3_REGEX],
+}
+# Token types in GGUF (llama.cpp's llama_token_type).
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+# Control tokens that end a turn even when they are not the declared EOS.
+_END_OF_GENERATION_TEXTS = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>"}
+
+
+class Tokenizer:
+    """Byte-level BPE tokenizer with llama.cpp-compatible ids."""
+
+    def __init__(self, metadata: dict):
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        kind = metadata.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise UnsupportedModelError(
+                f"tokenizer model '{kind}' is not supported yet (supported: gpt2 byte-level BPE)")
+        pre = str(metadata.get("tokenizer.ggml.pre") or "default")
+        if pre not in PRE_TOKENIZERS:
+            raise UnsupportedModelError(
+                f"pre-tokenizer '{pre}' is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+        tokens: Sequence[str] = metadata["tokenizer.ggml.tokens"]
+        merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges") or []]
+        types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+
+        vocab = {tok: i for i, tok in enumerate(tokens)}
+        splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in PRE_TOKENIZERS[pre]]
+        # ByteLevel maps bytes to GPT-2's printable alphabet; its own regex is off because the
+        # splits above already reproduce llama.cpp's.
+        pre_tok = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+        def make() -> HFTokenizer:
+            tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+            tk.pre_tokenizer = pre_tok
+            tk.decoder = decoders.ByteLevel()
+            return tk
+
+        self._plain = make()              # special-token text is ordinary text
+        self._special = make()            # control tokens in the text become their ids
+        self.special_ids = {i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)}
+        self._special.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                          for i in sorted(self.special_ids)])
+        self.tokens = tokens
+        self.vocab_size = len(tokens)
+        self.bos_id = _opt_int(metadata.get("tokenizer.ggml.bos_token_id"))
+        self.eos_id = _opt_int(metadata.get("tokenizer.ggml.eos_token_id"))
+        self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False)) and self.bos_id is not None
+        self.end_of_generation = {i for i in self.special_ids if tokens[i] in _END_OF_GENERATION_TEXTS}
+        if self.eos_id is not None:
+            self.end_of_generation.add(self.eos_id)
+
+    def encode(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        tk = self._special if special else self._plain
+        ids = tk.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        return self._special.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokens[token_id]
+
+
+class IncrementalDecoder:
+    """Turns a growing list of ids into text pieces without splitting multi-byte characters
+    (the prefix/read offset method used by vLLM and TGI)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0
+        self.read = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        before = self.tok.decode(self.ids[self.prefix:self.read])
+        after = self.tok.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+
+def _opt_int(v) -> int | None:
+    return None if v is None else int(v)

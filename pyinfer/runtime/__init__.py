@@ -1,0 +1,1 @@
+"""Online: op graph construction, the C++ engine driver, sampling."""

@@ -1,0 +1,50 @@
+"""The llama-family forward pass (LLaMA, Mistral, SmolLM) as an op graph."""
+from __future__ import annotations
+
+from .._core import RowMode
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from .graph_builder import GraphBuilder, T
+
+
+def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int) -> GraphBuilder:
+    b = GraphBuilder()
+
+    def w(name: str) -> T:
+        t = gguf.tensor(name)
+        return b.weight(name, t.dtype_id, t.cols, t.rows, t.data)
+
+    tokens = b.input("tokens")                          # I32 [T]
+    positions = b.input("positions")                    # I32 [T]
+    out_ids = b.input("out_ids", RowMode.OUTPUTS)       # I32 [O]: batch rows that produce logits
+    b.graph.input_tokens, b.graph.input_positions, b.graph.input_out_ids = tokens.id, positions.id, out_ids.id
+
+    embed = w("token_embd.weight")                      # [vocab, d_model]
+    x = b.get_rows(embed, tokens, "x")                  # F32 [T, d_model], the residual stream
+    for il in range(cfg.n_layers):
+        p = f"blk.{il}."
+        h = b.rms_norm(x, w(p + "attn_norm.weight"), cfg.norm_eps, "attn_in")
+        q = b.matmul(w(p + "attn_q.weight"), h, "q")    # F32 [T, n_heads * head_dim]
+        k = b.matmul(w(p + "attn_k.weight"), h, "k")    # F32 [T, n_kv_heads * head_dim]
+        v = b.matmul(w(p + "attn_v.weight"), h, "v")
+        b.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_base)
+        b.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base)
+        k_cache = b.state(f"k_cache.{il}", cfg.kv_width, n_ctx)  # F16 [n_ctx, n_kv_heads * head_dim]
+        v_cache = b.state(f"v_cache.{il}", cfg.kv_width, n_ctx)
+        b.kv_store(k_cache, k, positions)
+        b.kv_store(v_cache, v, positions)
+        o = b.attention(q, k_cache, v_cache, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, "attn")
+        b.add(x, b.matmul(w(p + "attn_output.weight"), o, "attn_out"), out=x)
+        h = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps, "ffn_in")
+        gate = b.matmul(w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff]
+        up = b.matmul(w(p + "ffn_up.weight"), h, "up")
+        b.silu_mul(gate, up, out=gate)
+        b.add(x, b.matmul(w(p + "ffn_down.weight"), gate, "ffn_out"), out=x)
+
+    # Only rows that need logits go through the final norm and the (large) output head.
+    xo = b.select_rows(x, out_ids, "x_out")             # F32 [O, d_model]
+    h = b.rms_norm(xo, w("output_norm.weight"), cfg.norm_eps, "out_in")
+    head = embed if cfg.tied_output else w("output.weight")
+    logits = b.matmul(head, h, "logits")                # F32 [O, vocab]
+    b.graph.output_logits = logits.id
+    return b
