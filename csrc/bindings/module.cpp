@@ -124,6 +124,8 @@ PYBIND11_MODULE(_core, m) {
            }, py::arg("op"), py::arg("dst"), py::arg("src"), py::arg("ints") = std::vector<int32_t>{},
            py::arg("floats") = std::vector<float>{})
       .def("validate", [](const PyGraph& g) { g.graph.validate(); })
+      .def("pin", [](PyGraph& g, int id) { g.graph.pinned.push_back(id); },
+           "Keep a scratch tensor's memory private so it can be read after a run.")
       .def_property_readonly("n_tensors", [](const PyGraph& g) { return g.graph.tensors.size(); })
       .def_property_readonly("n_nodes", [](const PyGraph& g) { return g.graph.nodes.size(); })
       .def_property("input_tokens", [](const PyGraph& g) { return g.graph.input_tokens; },

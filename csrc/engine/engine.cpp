@@ -68,6 +68,8 @@ void Engine::plan_memory() {
       if (s >= 0) last[size_t(s)] = std::max(last[size_t(s)], int(k));
   }
   if (graph_.output_logits >= 0) last[size_t(graph_.output_logits)] = INT_MAX;
+  for (int t : graph_.pinned)
+    if (t >= 0 && size_t(t) < nt) last[size_t(t)] = INT_MAX;
   std::multimap<size_t, std::pair<int, size_t>> free_slots;  // bytes -> (buffer id, offset)
   std::vector<std::pair<int, size_t>> slot_of(nt, {-1, 0});
   size_t scratch_bytes = 0;

@@ -77,6 +77,8 @@ class Graph {
   int input_positions = -1;  // I32 [tokens]
   int input_out_ids = -1;    // I32 [outputs]: which batch rows produce logits
   int output_logits = -1;    // F32 [outputs, vocab]
+  // Scratch tensors whose memory is never reused, so they can be read after a run (tests, debugging).
+  std::vector<int> pinned;
 };
 
 }  // namespace pyinfer

@@ -31,6 +31,8 @@ class GraphBuilder:
         return T(self.graph.add_weight(name, dt, cols, rows, data), cols, dt, RowMode.FIXED, rows)
 
     def activation(self, name: str, cols: int, dtype: DType = DType.F32, rows: RowMode = RowMode.TOKENS) -> T:
+        # An op over a fixed-row tensor (a test feeding weights as inputs) still yields one row per token.
+        rows = RowMode.TOKENS if rows == RowMode.FIXED else rows
         return T(self.graph.add_tensor(name, dtype, cols, rows, Storage.SCRATCH), cols, dtype, rows)
 
     def state(self, name: str, cols: int, n_rows: int, dtype: DType = DType.F16) -> T:

@@ -1,0 +1,1 @@
+"""Measurement tools behind `pyinfer perplexity` and `pyinfer bench`."""

@@ -1,0 +1,62 @@
+"""Perplexity with llama.cpp's protocol: consecutive non-overlapping windows of n_ctx tokens,
+each evaluated from an empty cache; the second half of each window is scored."""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import PyinferError
+
+
+@dataclass
+class PerplexityResult:
+    perplexity: float
+    windows: int
+    ctx: int
+    scored_tokens: int
+    total_tokens: int
+    window_ppl: list[float]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """logits: F32 [n, vocab]; targets: [n] -> F64 [n] log-probabilities of the targets."""
+    x = logits.astype(np.float64)
+    mx = x.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(x - mx).sum(axis=1)) + mx[:, 0]
+    return x[np.arange(len(targets)), targets] - lse
+
+
+def perplexity(model, text: str, ctx: int = 512, windows: int | None = None, progress: bool = True) -> PerplexityResult:
+    from tqdm import tqdm
+
+    if ctx < 4:
+        raise PyinferError("--ctx must be at least 4")
+    if ctx > model.n_ctx:
+        raise PyinferError(f"--ctx {ctx} exceeds the model context {model.n_ctx}")
+    tokens = model.tokenize(text, add_bos=False)
+    n_avail = len(tokens) // ctx
+    if n_avail == 0:
+        raise PyinferError(f"text has {len(tokens)} tokens; need at least {ctx} for one window")
+    n = n_avail if windows is None else min(windows, n_avail)
+    first = ctx // 2
+    # As llama.cpp: logits at positions first .. ctx-2 predict tokens first+1 .. ctx-1.
+    rows = np.arange(first, ctx - 1)
+    nll, count, per_window = 0.0, 0, []
+    bar = tqdm(range(n), desc="perplexity", unit="window", disable=not progress, file=sys.stderr)
+    for w in bar:
+        chunk = list(tokens[w * ctx:(w + 1) * ctx])
+        if model.tokenizer.add_bos:
+            chunk[0] = model.tokenizer.bos_id  # llama.cpp replaces the first token with BOS
+        logits = model._forward(chunk, 0, rows)
+        lp = log_softmax_at(logits, np.asarray(chunk, dtype=np.int64)[rows + 1])
+        nll -= lp.sum()
+        count += len(lp)
+        per_window.append(math.exp(-lp.mean()))
+        bar.set_postfix(ppl=f"{math.exp(nll / count):.4f}")
+    return PerplexityResult(math.exp(nll / count), n, ctx, count, len(tokens), per_window)
