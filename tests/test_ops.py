@@ -6,7 +6,7 @@ from gguf import quants
 
 from pyinfer import _core
 from pyinfer._core import DType, RowMode
-from pyinfer.runtime.graph_builder import GraphBuilder
+from pyinfer.runtime.graph_builder import GraphBuilder, single_op_engine
 
 ISAS = _core.available_isas().split(",")
 RNG = np.random.default_rng(1234)
@@ -23,11 +23,7 @@ def q8a_reference(x: np.ndarray):
 
 
 def run_single(build, n_tokens, isa, max_tokens=16, **run_kw):
-    b = GraphBuilder()
-    out = build(b)
-    for t in (out if isinstance(out, tuple) else (out,)):
-        b.graph.pin(t.id)
-    eng = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=2, isa=isa)
+    eng, out = single_op_engine(build, max_tokens=max_tokens, n_threads=2, isa=isa)
     eng.run(n_tokens, **run_kw)
     return eng, out
 

@@ -86,3 +86,13 @@ class GraphBuilder:
 
     def select_rows(self, x: T, row_ids: T, name: str) -> T:
         return self._node(Op.SELECT_ROWS, self.activation(name, x.cols, rows=row_ids.rows), [x, row_ids])
+
+
+def single_op_engine(build, max_tokens: int = 16, n_threads: int = 1, isa: str = "auto"):
+    """Builds a small graph with `build(builder) -> T | tuple[T, ...]`, pins the returned tensors so
+    they stay readable, and returns (engine, outputs). Used by op tests and kernel benchmarks."""
+    b = GraphBuilder()
+    out = build(b)
+    for t in (out if isinstance(out, tuple) else (out,)):
+        b.graph.pin(t.id)
+    return _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=n_threads, isa=isa), out

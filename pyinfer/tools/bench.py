@@ -25,6 +25,15 @@ class BenchResult:
 
 
 def peak_rss_mb() -> float:
+    """Peak resident set of this process. On Linux VmHWM, which exec resets; ru_maxrss would
+    carry over the high-water mark of a large parent that spawned us."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 1024.0 if sys.platform != "darwin" else r / (1024.0 * 1024.0)
 

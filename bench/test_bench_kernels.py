@@ -1,0 +1,84 @@
+"""pytest-benchmark entries for every op, at the real model's layer shapes, per kernel ISA.
+
+  pytest bench/test_bench_kernels.py --benchmark-json bench/results/kernels.json
+Compare ISAs within one run (ratios), never against numbers from another machine."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from pyinfer import _core
+from pyinfer._core import DType
+from pyinfer.runtime.graph_builder import single_op_engine
+
+ISAS = _core.available_isas().split(",")
+THREADS = 2
+RNG = np.random.default_rng(0)
+D, FF, VOCAB = 576, 1536, 49152  # SmolLM2-135M
+
+
+def _weights(rows, k, qtype):
+    return quants.quantize(RNG.standard_normal((rows, k)).astype(np.float32) * 0.05, qtype)
+
+
+def _acts(n, k):
+    return RNG.standard_normal((n, k)).astype(np.float32)
+
+
+MATMULS = {  # name: (rows, k, weight type)
+    "ffn_up_q4_1": (FF, D, Q.Q4_1),
+    "ffn_down_q4_1": (D, FF, Q.Q4_1),
+    "attn_q_q4_1": (D, D, Q.Q4_1),
+    "output_head_q8_0": (VOCAB, D, Q.Q8_0),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n_tok", [1, 64])
+@pytest.mark.parametrize("shape", list(MATMULS))
+def test_matmul(benchmark, isa, n_tok, shape):
+    rows, k, qt = MATMULS[shape]
+    if shape == "output_head_q8_0" and n_tok > 1:
+        pytest.skip("the output head only sees the rows that need logits")
+    w, x = _weights(rows, k, qt), _acts(n_tok, k)
+    eng, _ = single_op_engine(lambda b: b.matmul(b.weight("w", int(qt), k, rows, w),
+                                                 b.weight("x", int(DType.F32), k, n_tok, x), "y"),
+                              max_tokens=n_tok, n_threads=THREADS, isa=isa)
+    benchmark.extra_info.update(rows=rows, k=k, n_tok=n_tok, weight_bytes=int(w.nbytes))
+    benchmark(eng.run, n_tok)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_quantize_rmsnorm_silu(benchmark, isa):
+    n_tok = 64
+    x, u, g = _acts(n_tok, FF), _acts(n_tok, FF), np.ones(FF, np.float32)
+
+    def build(b):
+        X = b.weight("x", int(DType.F32), FF, n_tok, x)
+        U = b.weight("u", int(DType.F32), FF, n_tok, u)
+        n = b.rms_norm(X, b.weight("g", int(DType.F32), FF, 1, g), 1e-5, "n")
+        return b.quantize(b.silu_mul(n, U, name="m"))
+
+    eng, _ = single_op_engine(build, max_tokens=n_tok, n_threads=THREADS, isa=isa)
+    benchmark(eng.run, n_tok)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n_ctx", [128, 512])
+def test_attention_decode(benchmark, isa, n_ctx):
+    heads, kv_heads, hd = 9, 3, 64
+    pos = np.array([n_ctx - 1], np.int32)
+    q, k = _acts(1, heads * hd), _acts(1, kv_heads * hd)
+
+    def build(b):
+        P = b.weight("p", int(DType.I32), 1, 1, pos)
+        kc, vc = b.state("kc", kv_heads * hd, n_ctx), b.state("vc", kv_heads * hd, n_ctx)
+        K = b.weight("k", int(DType.F32), kv_heads * hd, 1, k)
+        b.kv_store(kc, K, P)
+        b.kv_store(vc, K, P)
+        Q_ = b.rope(b.add(b.weight("q", int(DType.F32), heads * hd, 1, q), b.weight("z", int(DType.F32), heads * hd, 1,
+                                                                                      np.zeros_like(q))), P, heads, hd, 1e5)
+        return b.attention(Q_, kc, vc, P, heads, kv_heads, hd, "o")
+
+    eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS, isa=isa)
+    benchmark(eng.run, 1)

@@ -1,0 +1,86 @@
+"""Stubs for the C++ core (csrc/bindings/module.cpp)."""
+from __future__ import annotations
+
+import enum
+from typing import Optional, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+class GraphError(ValueError): ...
+
+class DType(enum.IntEnum):
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q8_0 = 8
+    I32 = 26
+    BF16 = 30
+    Q8A = 1000
+
+class Op(enum.IntEnum):
+    GET_ROWS = 0
+    RMS_NORM = 1
+    QUANTIZE = 2
+    MAT_MUL = 3
+    ROPE = 4
+    KV_STORE = 5
+    ATTENTION = 6
+    ADD = 7
+    SILU_MUL = 8
+    SELECT_ROWS = 9
+
+class RowMode(enum.IntEnum):
+    FIXED = 0
+    TOKENS = 1
+    OUTPUTS = 2
+
+class Storage(enum.IntEnum):
+    EXTERNAL = 0
+    SCRATCH = 1
+    STATE = 2
+    INPUT = 3
+
+def available_isas() -> str: ...
+def row_bytes(dtype: DType, n: int) -> int: ...
+def cuda_built() -> bool: ...
+def cuda_devices() -> list[dict]: ...
+
+class Graph:
+    input_tokens: int
+    input_positions: int
+    input_out_ids: int
+    output_logits: int
+    def __init__(self) -> None: ...
+    def add_weight(self, name: str, dtype: DType, cols: int, rows: int, data: object) -> int: ...
+    def add_tensor(self, name: str, dtype: DType, cols: int, row_mode: RowMode, storage: Storage,
+                   rows: int = 0) -> int: ...
+    def add_node(self, op: Op, dst: int, src: Sequence[int], ints: Sequence[int] = ...,
+                 floats: Sequence[float] = ...) -> int: ...
+    def validate(self) -> None: ...
+    def pin(self, id: int) -> None: ...
+    @property
+    def n_tensors(self) -> int: ...
+    @property
+    def n_nodes(self) -> int: ...
+
+class Engine:
+    def __init__(self, graph: Graph, max_tokens: int = 512, max_outputs: int = 1, n_threads: int = 1,
+                 isa: str = "auto") -> None: ...
+    def run(self, n_tokens: int, tokens: Optional[npt.ArrayLike] = None, positions: Optional[npt.ArrayLike] = None,
+            out_ids: Optional[npt.ArrayLike] = None) -> None: ...
+    def logits(self) -> npt.NDArray[np.float32]: ...
+    def tensor(self, id: int, rows: int) -> np.ndarray: ...
+    @property
+    def isa(self) -> str: ...
+    @property
+    def n_threads(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def max_outputs(self) -> int: ...
+    @property
+    def scratch_bytes(self) -> int: ...
+    @property
+    def state_bytes(self) -> int: ...
