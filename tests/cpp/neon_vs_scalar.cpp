@@ -1,0 +1,41 @@
+// NEON kernels against the scalar reference, cross-compiled for aarch64 and run under qemu-user
+// (tests/test_neon_cross.py). Prints one line per check.
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <random>
+#include <vector>
+#include "kernels/kernels.h"
+#include "kernels/fp16.h"
+using namespace pyinfer;
+int main() {
+  std::mt19937 rng(1); std::normal_distribution<float> nd;
+  const int k = 128, rows = 37, nt = 3;
+  std::vector<float> x(nt * k); for (auto& v : x) v = nd(rng);
+  const KernelTable* ne = kernels_neon(); const KernelTable& sc = kernels_scalar();
+  std::vector<BlockQ8A> qa(nt * k / 32), qb(nt * k / 32);
+  for (int t = 0; t < nt; ++t) { ne->quantize_q8a(&x[t*k], &qa[t*k/32], k); sc.quantize_q8a(&x[t*k], &qb[t*k/32], k); }
+  int bad = 0;
+  for (size_t i = 0; i < qa.size(); ++i) for (int j = 0; j < 32; ++j) bad += qa[i].qs[j] != qb[i].qs[j];
+  printf("quantize mismatches %d\n", bad);
+  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+    size_t rb = dtype_row_bytes(wt, k);
+    std::vector<uint8_t> w(rows * rb); for (auto& b : w) b = rng() & 0xff;
+    for (int r = 0; r < rows; ++r) for (int b = 0; b < k / 32; ++b) {  // sane fp16 scales
+      uint16_t d = fp32_to_fp16(0.01f);
+      memcpy(&w[r * rb + b * (rb / (k / 32))], &d, 2);
+      if (wt == DType::Q4_1) memcpy(&w[r * rb + b * (rb / (k / 32)) + 2], &d, 2);
+    }
+    std::vector<float> ya(nt * rows), yb(nt * rows);
+    MatMulArgs a{wt, w.data(), rb, k, 0, rows, qa.data(), dtype_row_bytes(DType::Q8A, k), nt, ya.data(), rows};
+    ne->matmul(a); a.dst = yb.data(); sc.matmul(a);
+    float md = 0; for (size_t i = 0; i < ya.size(); ++i) md = std::fmax(md, std::fabs(ya[i] - yb[i]));
+    printf("%s max diff %g\n", dtype_name(wt), md);
+  }
+  std::vector<uint16_t> h(64); std::vector<float> f(64), y1(64, 0), y2(64, 0);
+  for (int i = 0; i < 64; ++i) { f[i] = nd(rng); h[i] = fp32_to_fp16(nd(rng)); }
+  printf("dot diff %g\n", ne->dot_f16_f32(h.data(), f.data(), 64) - sc.dot_f16_f32(h.data(), f.data(), 64));
+  std::vector<uint16_t> h1(64), h2(64); ne->f32_to_f16(f.data(), h1.data(), 64); sc.f32_to_f16(f.data(), h2.data(), 64);
+  printf("f16 equal %d\n", int(h1 == h2));
+  return 0;
+}

@@ -1,0 +1,24 @@
+"""The NEON kernels, cross-compiled for aarch64 and run under qemu, must equal the scalar reference."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CXX, QEMU = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
+
+
+@pytest.mark.skipif(not (CXX and QEMU), reason="needs an aarch64 cross compiler and qemu-user "
+                    "(apt-get install g++-aarch64-linux-gnu qemu-user); x86 CI cannot run NEON natively")
+def test_neon_matches_scalar(tmp_path):
+    src = ROOT / "csrc"
+    files = [ROOT / "tests/cpp/neon_vs_scalar.cpp"] + [src / f for f in (
+        "kernels/matmul_neon.cpp", "kernels/matmul_scalar.cpp", "kernels/matmul_avx2.cpp", "graph/dtype.cpp")]
+    exe = tmp_path / "neon_vs_scalar"
+    subprocess.run([CXX, "-O2", "-std=c++17", "-static", f"-I{src}", *map(str, files), "-o", str(exe)], check=True)
+    out = subprocess.run([QEMU, str(exe)], capture_output=True, text=True, check=True, timeout=120).stdout
+    assert "quantize mismatches 0" in out
+    for t in ("Q4_0", "Q4_1", "Q8_0"):
+        assert f"{t} max diff 0" in out, out
+    assert "f16 equal 1" in out
