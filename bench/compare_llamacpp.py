@@ -48,7 +48,8 @@ class LlamaCpp:
         out = []
         t0 = time.perf_counter()
         for _ in range(n):
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            # llama-cpp-python keeps no scores without logits_all: read the context's last row.
+            tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
             out.append(tok)
             llm.eval([tok])
         return time.perf_counter() - t0, out

@@ -1,0 +1,118 @@
+"""vLLM-v1-shaped scheduler: schedule() -> SchedulerOutput (plain data), then update_from_output().
+
+Model (arXiv 2508.14544): every running request emits one token per step; a request holding
+s_i + a_i tokens needs one more slot each step; an evicted request loses its progress and waits."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .block_manager import BlockManager
+from .policies import Policy
+from .request import Request, Status
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    running: list[int]                       # ids that produce one token this step (admitted included)
+    admitted: list[int] = field(default_factory=list)  # started this step: their prompt is prefilled now
+    evicted: list[int] = field(default_factory=list)   # KV freed, progress lost, back to waiting
+    kv_tokens: int = 0                        # KV tokens held once this step's tokens are written
+    used_blocks: int = 0
+    prefill_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, policy: Policy, kv_budget: int, block_size: int = 1):
+        self.policy = policy
+        self.blocks = BlockManager(kv_budget // block_size, block_size)
+        self.kv_budget = kv_budget
+        self.step = 0
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.finished: list[Request] = []
+        self._by_id: dict[int, Request] = {}
+        self._last: SchedulerOutput | None = None
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, r: Request) -> None:
+        if self.blocks.blocks_for(r.prompt_len + r.upper) > self.blocks.num_blocks:
+            raise ValueError(f"request {r.id} can never fit: {r.prompt_len}+{r.upper} tokens > KV budget")
+        self._by_id[r.id] = r
+        self.waiting.append(r)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- feasibility -----------------------------------------------------------------------
+    def _fits(self, batch: list[Request]) -> bool:
+        """Does the batch fit now and, for future-aware policies, at every later step of its plan?"""
+        if not batch:
+            return True
+        held = np.fromiter((r.kv_tokens for r in batch), np.int64, len(batch))
+        if not self.policy.future_aware:
+            return int(self.blocks.blocks_for(held + 1).sum()) <= self.blocks.num_blocks
+        remaining = np.fromiter((max(1, self.policy.planned_len(r) - r.generated) for r in batch), np.int64,
+                                len(batch))
+        # Memory only drops when a request completes, so the peaks are the last steps of each request.
+        ks = np.unique(remaining)
+        alive = remaining[None, :] >= ks[:, None]                      # [peaks, batch]
+        need = -(-(held[None, :] + ks[:, None]) // self.blocks.block_size)
+        return bool(((need * alive).sum(axis=1) <= self.blocks.num_blocks).all())
+
+    def _evict(self, r: Request, out: SchedulerOutput) -> None:
+        self.blocks.free(r.id)
+        self.policy.on_evict(r)
+        r.wasted_tokens += r.generated
+        r.generated = 0
+        r.evictions += 1
+        r.status = Status.WAITING
+        self.running.remove(r)
+        self.waiting.append(r)
+        out.evicted.append(r.id)
+
+    # ---- one step --------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.step += 1
+        out = SchedulerOutput(self.step, [])
+        # 1. Overflow: the next token of every running request must fit now.
+        while self.running and (sum(self.blocks.blocks_for(r.kv_tokens + 1) for r in self.running)
+                                > self.blocks.num_blocks):
+            self._evict(min(self.running, key=self.policy.victim_key), out)
+        # 2. Admission in policy order while the plan stays feasible (evicted ones wait a step).
+        evicted = set(out.evicted)
+        ready = sorted((r for r in self.waiting if r.arrival < self.step and r.id not in evicted),
+                       key=self.policy.admission_key)
+        for r in ready:
+            if not self._fits(self.running + [r]):
+                break
+            self.waiting.remove(r)
+            self.running.append(r)
+            r.status = Status.RUNNING
+            out.admitted.append(r.id)
+            out.prefill_tokens += r.prompt_len
+        # 3. Reserve this step's slots; the checks above guarantee they exist.
+        for r in self.running:
+            ok = self.blocks.grow(r.id, r.kv_tokens + 1)
+            assert ok, "KV budget exceeded"  # invariant: never more than M
+        out.running = [r.id for r in self.running]
+        out.kv_tokens = sum(r.kv_tokens + 1 for r in self.running)
+        out.used_blocks = self.blocks.used_blocks
+        assert out.used_blocks <= self.blocks.num_blocks
+        self._last = out
+        return out
+
+    def update_from_output(self, finished_ids: list[int] | set[int]) -> None:
+        """Every scheduled request produced one token; `finished_ids` produced their last."""
+        done = set(finished_ids)
+        for rid in self._last.running if self._last else []:
+            r = self._by_id[rid]
+            r.generated += 1
+            if rid in done:
+                r.status = Status.FINISHED
+                r.finish_step = self.step
+                self.blocks.free(rid)
+                self.running.remove(r)
+                self.finished.append(r)
