@@ -7,26 +7,25 @@
 namespace pyinfer {
 namespace {
 
+// sum(q * xq) over one block of packed nibbles (GGML order: low nibbles first, then high).
+inline int32_t nibble_dot(const uint8_t* qs, const int8_t* xq) {
+  int32_t isum = 0;
+  for (int j = 0; j < 16; ++j) isum += (qs[j] & 0x0f) * xq[j] + (qs[j] >> 4) * xq[j + 16];
+  return isum;
+}
+
 float dot_q4_0(const BlockQ4_0* w, const BlockQ8A* x, int64_t nb) {
   float sum = 0.f;
-  for (int64_t b = 0; b < nb; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < 16; ++j)
-      isum += (w[b].qs[j] & 0x0f) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + 16];
-    // sum((q - 8) * xq) * dx = sum(q * xq) * dx - 8 * s
-    sum += fp16_to_fp32(w[b].d) * (x[b].d * float(isum) - 8.f * x[b].s);
-  }
+  // sum((q - 8) * xq) * dx = sum(q * xq) * dx - 8 * s
+  for (int64_t b = 0; b < nb; ++b)
+    sum += fp16_to_fp32(w[b].d) * (x[b].d * float(nibble_dot(w[b].qs, x[b].qs)) - 8.f * x[b].s);
   return sum;
 }
 
 float dot_q4_1(const BlockQ4_1* w, const BlockQ8A* x, int64_t nb) {
   float sum = 0.f;
-  for (int64_t b = 0; b < nb; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < 16; ++j)
-      isum += (w[b].qs[j] & 0x0f) * x[b].qs[j] + (w[b].qs[j] >> 4) * x[b].qs[j + 16];
-    sum += fp16_to_fp32(w[b].d) * x[b].d * float(isum) + fp16_to_fp32(w[b].m) * x[b].s;
-  }
+  for (int64_t b = 0; b < nb; ++b)
+    sum += fp16_to_fp32(w[b].d) * x[b].d * float(nibble_dot(w[b].qs, x[b].qs)) + fp16_to_fp32(w[b].m) * x[b].s;
   return sum;
 }
 
