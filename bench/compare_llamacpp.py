@@ -18,6 +18,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def llamacpp_perplexity(path: str, text_tokens: list[int], ctx: int, windows: in
 def peak_rss(path: str, threads: int) -> dict:
     r = subprocess.run([sys.executable, "-m", "pyinfer.cli", "bench", "-m", path, "-t", str(threads), "-p", "256",
                         "-g", "128", "-r", "1", "--json"], capture_output=True, text=True, check=True,
-                       cwd="/tmp")
+                       cwd=tempfile.gettempdir())
     return json.loads(r.stdout)
 
 

@@ -61,7 +61,6 @@ def test_unknown_tensor_type_id(tiny_model_path, tmp_path):
     r = GGUFReader(tiny_model_path)
     t = r.tensors[0]
     # the tensor-info type field is the uint32 just before the uint64 data offset
-    type_field_offset = [f for f in t.field.parts][-2]
     data = bytearray(open(tiny_model_path, "rb").read())
     off = t.field.offset + sum(p.nbytes for p in t.field.parts[:-2])
     data[off:off + 4] = (250).to_bytes(4, "little")
