@@ -18,6 +18,7 @@ class DType(enum.IntEnum):
     I32 = 26
     BF16 = 30
     Q8A = 1000
+    Q4T = 1001
 
 class Op(enum.IntEnum):
     GET_ROWS = 0
@@ -30,6 +31,16 @@ class Op(enum.IntEnum):
     ADD = 7
     SILU_MUL = 8
     SELECT_ROWS = 9
+    BIAS_RELU = 10
+    ACTIVE_SET = 11
+    GATED_ACT = 12
+    DOWN_AXPY = 13
+    SCATTER_COLS = 14
+
+class RunIf(enum.IntEnum):
+    ALWAYS = 0
+    SINGLE_TOKEN = 1
+    MULTI_TOKEN = 2
 
 class RowMode(enum.IntEnum):
     FIXED = 0
@@ -51,13 +62,15 @@ class Graph:
     input_tokens: int
     input_positions: int
     input_out_ids: int
+    input_slots: int
+    input_kv_table: int
     output_logits: int
     def __init__(self) -> None: ...
     def add_weight(self, name: str, dtype: DType, cols: int, rows: int, data: object) -> int: ...
     def add_tensor(self, name: str, dtype: DType, cols: int, row_mode: RowMode, storage: Storage,
                    rows: int = 0) -> int: ...
     def add_node(self, op: Op, dst: int, src: Sequence[int], ints: Sequence[int] = ...,
-                 floats: Sequence[float] = ...) -> int: ...
+                 floats: Sequence[float] = ..., run_if: RunIf = ...) -> int: ...
     def validate(self) -> None: ...
     def pin(self, id: int) -> None: ...
     @property
@@ -66,10 +79,13 @@ class Graph:
     def n_nodes(self) -> int: ...
 
 class Engine:
+    def set_op_timing(self, on: bool) -> None: ...
+    def op_timing(self) -> dict[str, tuple[float, int]]: ...
     def __init__(self, graph: Graph, max_tokens: int = 512, max_outputs: int = 1, n_threads: int = 1,
                  isa: str = "auto") -> None: ...
     def run(self, n_tokens: int, tokens: Optional[npt.ArrayLike] = None, positions: Optional[npt.ArrayLike] = None,
-            out_ids: Optional[npt.ArrayLike] = None) -> None: ...
+            out_ids: Optional[npt.ArrayLike] = None,
+            slots: Optional[npt.ArrayLike] = None, kv_table: Optional[npt.ArrayLike] = None) -> None: ...
     def logits(self) -> npt.NDArray[np.float32]: ...
     def tensor(self, id: int, rows: int) -> np.ndarray: ...
     @property

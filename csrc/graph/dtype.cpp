@@ -3,13 +3,13 @@
 namespace pyinfer {
 
 bool dtype_is_quantized(DType t) {
-  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q8A;
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q8A || t == DType::Q4T;
 }
 
 bool dtype_is_known(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::I32:
-    case DType::Q4_0: case DType::Q4_1: case DType::Q8_0: case DType::Q8A:
+    case DType::Q4_0: case DType::Q4_1: case DType::Q8_0: case DType::Q8A: case DType::Q4T:
       return true;
   }
   return false;
@@ -25,6 +25,7 @@ const char* dtype_name(DType t) {
     case DType::Q4_1: return "Q4_1";
     case DType::Q8_0: return "Q8_0";
     case DType::Q8A: return "Q8A";
+    case DType::Q4T: return "Q4T";
   }
   return "?";
 }
@@ -38,6 +39,7 @@ size_t dtype_row_bytes(DType t, int64_t n) {
     case DType::Q4_1: return blocks * sizeof(BlockQ4_1);
     case DType::Q8_0: return blocks * sizeof(BlockQ8_0);
     case DType::Q8A: return blocks * sizeof(BlockQ8A);
+    case DType::Q4T: return blocks * 16;
   }
   return 0;
 }

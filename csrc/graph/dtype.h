@@ -16,6 +16,10 @@ enum class DType : int32_t {
   BF16 = 30,
   // Activations quantized on the fly for integer-dot GEMV/GEMM. Not a GGUF type.
   Q8A = 1000,
+  // Neuron-major 4-bit down projection: row j = neuron j's down column as nibbles (GGML order per 32
+  // elements, 16 bytes). The Q4_1/Q4_0 scales stay shared by groups of 32 neurons, in a side F16 tensor
+  // [n_ff / 32, 2 * d] (scales, then offsets), so the transposition is lossless. Not a GGUF type.
+  Q4T = 1001,
 };
 
 constexpr int kQuantBlock = 32;  // elements per block, for every quantized type here

@@ -14,6 +14,11 @@ const char* op_name(OpKind op) {
     case OpKind::Add: return "add";
     case OpKind::SiluMul: return "silu_mul";
     case OpKind::SelectRows: return "select_rows";
+    case OpKind::BiasRelu: return "bias_relu";
+    case OpKind::ActiveSet: return "active_set";
+    case OpKind::GatedAct: return "gated_act";
+    case OpKind::DownAxpy: return "down_axpy";
+    case OpKind::ScatterCols: return "scatter_cols";
   }
   return "?";
 }
@@ -83,6 +88,7 @@ void Graph::validate() const {
         if (d.cols != w.rows) c.fail("dst columns must equal weight rows");
         const bool q = w.type == DType::Q4_0 || w.type == DType::Q4_1 || w.type == DType::Q8_0;
         c.type(n.src[1], q ? DType::Q8A : DType::F32);
+        if (n.src[2] >= 0) { c.type(n.src[2], DType::I32); c.cols(n.src[2], w.rows + 1); }
         break;
       }
       case OpKind::Rope:
@@ -100,6 +106,10 @@ void Graph::validate() const {
         if (n.i[1] <= 0 || n.i[0] % n.i[1]) c.fail("heads must be a multiple of kv heads");
         c.cols(n.src[0], int64_t(n.i[0]) * n.i[2]); c.cols(n.dst, int64_t(n.i[0]) * n.i[2]);
         c.cols(n.src[1], int64_t(n.i[1]) * n.i[2]); c.cols(n.src[2], int64_t(n.i[1]) * n.i[2]);
+        if (n.src[4] >= 0) {
+          c.type(n.src[4], DType::I32);
+          if (n.i[3] < 1) c.fail("paged attention needs a block size");
+        }
         break;
       case OpKind::Add:
       case OpKind::SiluMul:
@@ -109,6 +119,54 @@ void Graph::validate() const {
       case OpKind::SelectRows:
         c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::I32);
         c.cols(n.src[0], d.cols);
+        break;
+      case OpKind::BiasRelu:
+        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::F32);
+        c.cols(n.src[0], d.cols); c.cols(n.src[1], d.cols);
+        break;
+      case OpKind::ActiveSet: {
+        c.type(n.dst, DType::I32); c.type(n.src[0], DType::F32); c.cols(n.dst, int64_t(n.i[0]) + 1);
+        if (n.i[1] < 0 || n.i[1] > n.i[0]) c.fail("hot prefix out of range");
+        if (n.i[2] == 0) {
+          c.cols(n.src[0], int64_t(n.i[0]) - n.i[1]); c.type(n.src[1], DType::F32);
+          c.cols(n.src[1], int64_t(n.i[0]) - n.i[1]);
+        } else if (n.i[2] == 1) {
+          c.cols(n.src[0], n.i[0]);
+        } else {
+          c.fail("unknown mode");
+        }
+        break;
+      }
+      case OpKind::GatedAct:
+        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::F32);
+        c.type(n.src[2], DType::I32);
+        c.cols(n.src[0], d.cols); c.cols(n.src[1], d.cols); c.cols(n.src[2], d.cols + 1);
+        break;
+      case OpKind::DownAxpy: {
+        const Tensor& w = c.t(n.src[0]);
+        c.type(n.dst, DType::F32); c.type(n.src[1], DType::F32); c.type(n.src[2], DType::I32);
+        if (w.type != DType::Q8_0 && w.type != DType::Q4_1 && w.type != DType::Q4T && w.type != DType::F32 &&
+            w.type != DType::F16)
+          c.fail("neuron-major down must be Q4T, Q4_1, Q8_0, F32 or F16");
+        c.cols(n.src[0], d.cols); c.cols(n.src[1], w.rows); c.cols(n.src[2], w.rows + 1);
+        if (w.type == DType::Q4T) {
+          c.type(n.src[3], DType::F16); c.cols(n.src[3], 2 * d.cols);
+          if (w.rows % kQuantBlock || c.t(n.src[3]).rows != w.rows / kQuantBlock) c.fail("Q4T needs n_ff / 32 scale rows");
+        }
+        if (n.src[4] >= 0) {
+          c.type(n.src[4], DType::I32); c.cols(n.src[4], w.rows);
+          if (const auto* map = static_cast<const int32_t*>(c.t(n.src[4]).data))
+            for (int64_t k = 0; k < w.rows; ++k)
+              if (map[k] < 0 || map[k] >= w.rows) c.fail("row map entry out of range");
+        }
+        break;
+      }
+      case OpKind::ScatterCols:
+        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::I32);
+        c.cols(n.src[0], d.cols); c.cols(n.src[1], d.cols);
+        if (const auto* perm = static_cast<const int32_t*>(c.t(n.src[1]).data))
+          for (int64_t k = 0; k < d.cols; ++k)
+            if (perm[k] < 0 || perm[k] >= d.cols) c.fail("permutation entry out of range");
         break;
       default:
         c.fail("unknown op");

@@ -40,22 +40,45 @@ enum class OpKind : int32_t {
   RmsNorm = 1,    // dst = src0 / rms(src0) * src1              f[0]: eps
   Quantize = 2,   // dst(Q8A) = quantize(src0 f32)
   MatMul = 3,     // dst[t][r] = dot(src0 row r, src1 row t)    src0: weight [r, K], src1: [t, K]
+                  //   with src2 (active list): only rows r in token t's list are written (gather-GEMV)
   Rope = 4,       // in place allowed; src1: positions          i[0]: heads, i[1]: head_dim; f[0]: base
   KvStore = 5,    // dst(F16 state)[src1[t]] = src0[t]
   Attention = 6,  // src0: q, src1: K cache, src2: V cache, src3: positions  i[0]: heads, i[1]: kv heads, i[2]: head_dim; f[0]: scale
+                  //   paged (many sequences): src4: I32 [T, max blocks] block table of each token's sequence, i[3]: block size
   Add = 7,        // dst = src0 + src1
-  SiluMul = 8,    // dst = silu(src0) * src1
+  SiluMul = 8,    // dst = act(src0) * src1                     i[0]: 0 SiLU, 1 ReLU
   SelectRows = 9, // dst[o] = src0[src1[o]]                     src1: I32 row ids of this batch
+  // ---- neuron-aware (sparse FFN) ops. An "active list" is I32 [T, n_ff + 1]: a count, then ids ascending.
+  BiasRelu = 10,  // dst = max(0, src0 + src1[0])               src1: F32 [1, cols] bias
+  ActiveSet = 11, // dst(active list) from src0 scores          i[0]: n_ff, i[1]: hot prefix, i[2]: mode; f[0]: t
+                  //   mode 0 (predictor): [0, hot) + {hot + j : src0[j] > src1[0][j]}, src1: F32 [1, n_ff - hot]
+                  //   mode 1 (threshold): {j : |f(src0[j])| > t}, f = identity, or SiLU when i[3] == 1
+  GatedAct = 12,  // dst[j] = act(src0[j]) * src1[j], or 0 when |.| <= f[0], for j in list src2 (other columns untouched)
+                  //   i[0]: 0 SiLU, 1 ReLU
+  DownAxpy = 13,  // dst[t] = sum_{j in list src2} src1[t][j] * src0[row(j)]   src0: neuron-major down [n_ff, d]
+                  //   src3: group scales F16 [n_ff / 32, 2d] (Q4T only); src4: I32 [1, n_ff] row(j) (else j)
+  ScatterCols = 14,  // dst[t][src1[0][k]] = src0[t][k]          src1: I32 [1, n] permutation
 };
 const char* op_name(OpKind op);
+
+// Prefill runs dense, decode runs sparse: nodes of one path are skipped in runs of the other.
+enum class RunIf : int32_t {
+  Always = 0,
+  SingleToken = 1,  // runs with exactly one token (decode)
+  MultiToken = 2,   // runs with more than one token (prefill)
+};
+inline bool node_runs(RunIf r, int64_t n_tokens) {
+  return r == RunIf::Always || (r == RunIf::SingleToken) == (n_tokens == 1);
+}
 
 struct Node {
   OpKind op = OpKind::Add;
   int dst = -1;
-  std::array<int, 4> src{{-1, -1, -1, -1}};
+  std::array<int, 6> src{{-1, -1, -1, -1, -1, -1}};
   std::array<int32_t, 4> i{{0, 0, 0, 0}};
   std::array<float, 4> f{{0.f, 0.f, 0.f, 0.f}};
   int backend = 0;  // index into the engine's backend list
+  RunIf run_if = RunIf::Always;
 };
 
 // Thrown for graphs or runs that make no sense; the bindings map it to ValueError.
@@ -76,6 +99,10 @@ class Graph {
   int input_tokens = -1;     // I32 [tokens]
   int input_positions = -1;  // I32 [tokens]
   int input_out_ids = -1;    // I32 [outputs]: which batch rows produce logits
+  // Paged KV (continuous batching): the cache row each token's K/V is written to, and each token's
+  // sequence's block table. Absent in single-sequence graphs, where the row is the position.
+  int input_slots = -1;      // I32 [tokens]
+  int input_kv_table = -1;   // I32 [tokens, max blocks per sequence]
   int output_logits = -1;    // F32 [outputs, vocab]
   // Scratch tensors whose memory is never reused, so they can be read after a run (tests, debugging).
   std::vector<int> pinned;

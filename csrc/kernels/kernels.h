@@ -21,6 +21,26 @@ struct MatMulArgs {
   int64_t n_tok;
   float* dst;
   int64_t ldd;               // floats between dst rows (tokens)
+  // Gather-GEMV: when set, computes rows row_ids[r] for r in [r0, r1) and writes dst[t * ldd + row_ids[r]].
+  const int32_t* row_ids = nullptr;
+};
+
+// y[c0, c1) += sum_k coef[k] * W[ids[k]][c0, c1): the down projection over active neurons only, from a
+// neuron-major (transposed) copy of down. c0 and c1 are multiples of 32.
+struct AxpyRowsArgs {
+  DType wtype;               // Q4T, Q4_1, Q8_0, F32 or F16
+  const uint8_t* w;          // [n_ff, d] rows, w_row_bytes apart
+  size_t w_row_bytes;
+  const int32_t* ids;        // [n] neuron ids
+  const float* coef;         // [n] their activations (zeros already dropped)
+  int64_t n;
+  int64_t c0, c1;
+  float* y;                  // [d], accumulated into
+  // Q4T only: ids ascending; scales of neuron group g at scales + g * scales_stride (d scales, then d
+  // offsets); tmp: (c1 - c0) floats of scratch.
+  const uint16_t* scales = nullptr;
+  int64_t scales_stride = 0;
+  float* tmp = nullptr;
 };
 
 struct KernelTable {
@@ -31,6 +51,7 @@ struct KernelTable {
   float (*dot_f16_f32)(const uint16_t* a, const float* b, int64_t n);
   void (*axpy_f16_f32)(float alpha, const uint16_t* x, float* y, int64_t n);  // y += alpha * x
   void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
+  void (*axpy_rows)(const AxpyRowsArgs& a);
 };
 
 // Implementations. The AVX2 table needs AVX2+FMA+F16C; NEON exists only on aarch64 builds.
@@ -45,5 +66,10 @@ std::string available_isas();
 
 // Shared float-weight matmul (F32/F16/BF16): not on any hot path of the quantized models.
 void matmul_float_weights(const MatMulArgs& a);
+
+// Per-ISA sparse FFN entry points (sparse_ffn_*.cpp), gathered into the tables above.
+void axpy_rows_scalar(const AxpyRowsArgs& a);  // every type; the reference
+void axpy_rows_avx2(const AxpyRowsArgs& a);
+void axpy_rows_neon(const AxpyRowsArgs& a);
 
 }  // namespace pyinfer

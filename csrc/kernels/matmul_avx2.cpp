@@ -94,20 +94,21 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   const BlockQ8A* xr[NT];
   for (int t = 0; t < NT; ++t)
     xr[t] = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_row_bytes);
+  auto row = [&](int64_t i) -> int64_t { return a.row_ids ? a.row_ids[i] : i; };
   int64_t r = r0;
   for (; r + NR <= r1; r += NR) {
     const uint8_t* wr[NR];
-    for (int i = 0; i < NR; ++i) wr[i] = a.w + (r + i) * a.w_row_bytes;
+    for (int i = 0; i < NR; ++i) wr[i] = a.w + row(r + i) * a.w_row_bytes;
     float res[NR][NT];
     tile<WT, NR, NT>(wr, xr, nb, res);
     for (int i = 0; i < NR; ++i)
-      for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + r + i] = res[i][t];
+      for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r + i)] = res[i][t];
   }
   for (; r < r1; ++r) {
-    const uint8_t* wr[1] = {a.w + r * a.w_row_bytes};
+    const uint8_t* wr[1] = {a.w + row(r) * a.w_row_bytes};
     float res[1][NT];
     tile<WT, 1, NT>(wr, xr, nb, res);
-    for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + r] = res[0][t];
+    for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r)] = res[0][t];
   }
 }
 
@@ -207,7 +208,7 @@ void f32_to_f16_avx2(const float* x, uint16_t* y, int64_t n) {
 
 const KernelTable* kernels_avx2() {
   static const KernelTable table{"avx2", matmul_avx2, quantize_q8a_avx2, dot_f16_f32_avx2,
-                                 axpy_f16_f32_avx2, f32_to_f16_avx2};
+                                 axpy_f16_f32_avx2, f32_to_f16_avx2, axpy_rows_avx2};
   return &table;
 }
 

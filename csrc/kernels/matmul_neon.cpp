@@ -50,7 +50,10 @@ void matmul_neon(const MatMulArgs& a) {
   const int64_t nb = a.k / kQuantBlock;
   for (int64_t t = 0; t < a.n_tok; ++t) {
     const auto* x = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + t * a.x_row_bytes);
-    for (int64_t r = a.r0; r < a.r1; ++r) a.dst[t * a.ldd + r] = row_dot(a.wtype, a.w + r * a.w_row_bytes, x, nb);
+    for (int64_t i = a.r0; i < a.r1; ++i) {
+      const int64_t r = a.row_ids ? a.row_ids[i] : i;
+      a.dst[t * a.ldd + r] = row_dot(a.wtype, a.w + r * a.w_row_bytes, x, nb);
+    }
   }
 }
 
@@ -108,7 +111,7 @@ void f32_to_f16_neon(const float* x, uint16_t* y, int64_t n) {
 
 const KernelTable* kernels_neon() {
   static const KernelTable table{"neon", matmul_neon, quantize_q8a_neon, dot_f16_f32_neon,
-                                 axpy_f16_f32_neon, f32_to_f16_neon};
+                                 axpy_f16_f32_neon, f32_to_f16_neon, axpy_rows_neon};
   return &table;
 }
 

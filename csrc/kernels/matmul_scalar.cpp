@@ -45,7 +45,8 @@ void matmul_scalar(const MatMulArgs& a) {
   for (int64_t t = 0; t < a.n_tok; ++t) {
     const auto* x = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + t * a.x_row_bytes);
     float* out = a.dst + t * a.ldd;
-    for (int64_t r = a.r0; r < a.r1; ++r) {
+    for (int64_t i = a.r0; i < a.r1; ++i) {
+      const int64_t r = a.row_ids ? a.row_ids[i] : i;
       const uint8_t* w = a.w + r * a.w_row_bytes;
       switch (a.wtype) {
         case DType::Q4_0: out[r] = dot_q4_0(reinterpret_cast<const BlockQ4_0*>(w), x, nb); break;
@@ -94,7 +95,8 @@ void matmul_float_weights(const MatMulArgs& a) {
   for (int64_t t = 0; t < a.n_tok; ++t) {
     const float* x = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a.x) + t * a.x_row_bytes);
     float* out = a.dst + t * a.ldd;
-    for (int64_t r = a.r0; r < a.r1; ++r) {
+    for (int64_t i = a.r0; i < a.r1; ++i) {
+      const int64_t r = a.row_ids ? a.row_ids[i] : i;
       const uint8_t* w = a.w + r * a.w_row_bytes;
       float s = 0.f;
       if (a.wtype == DType::F32) {
@@ -112,7 +114,7 @@ void matmul_float_weights(const MatMulArgs& a) {
 
 const KernelTable& kernels_scalar() {
   static const KernelTable table{"scalar", matmul_scalar, quantize_q8a_scalar, dot_f16_f32_scalar,
-                                 axpy_f16_f32_scalar, f32_to_f16_scalar};
+                                 axpy_f16_f32_scalar, f32_to_f16_scalar, axpy_rows_scalar};
   return table;
 }
 

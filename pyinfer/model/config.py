@@ -17,6 +17,9 @@ class LlamaConfig:
     norm_eps: float
     train_ctx: int        # context length the model was trained for
     tied_output: bool     # output head reuses token_embd
+    # ReGLU FFN (ReLU instead of SiLU on the gate), as in ReluLLaMA / ProSparse. GGUF has no standard key,
+    # so it is read from metadata "pyinfer.ffn_activation" = "relu".
+    ffn_relu: bool = False
 
     @property
     def q_width(self) -> int:

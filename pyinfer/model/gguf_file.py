@@ -71,6 +71,18 @@ class GGUFModelFile:
         del self._reader
         gc.collect()
 
+    def fingerprint(self) -> str:
+        """Identity of this model for sidecar files: the file size, the header (metadata, tensor
+        directory) and a sample of the weights, hashed. Fast (reads about a megabyte)."""
+        import hashlib
+
+        h = hashlib.sha256(str(self.file_size).encode())
+        with open(self.path, "rb") as f:
+            h.update(f.read(1 << 20))
+        for name in sorted(self.tensors)[:: max(1, len(self.tensors) // 8)]:
+            h.update(np.asarray(self.tensors[name].data).reshape(-1).view(np.uint8)[: 1 << 14].tobytes())
+        return h.hexdigest()
+
     def get(self, key: str, default: Any = None) -> Any:
         v = self.metadata.get(key, default)
         return default if v is None else v
@@ -119,6 +131,7 @@ class GGUFModelFile:
             norm_eps=float(self.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
             train_ctx=int(self.get(p + "context_length", 2048)),
             tied_output="output.weight" not in self.tensors,
+            ffn_relu=str(self.get("pyinfer.ffn_activation", "silu")).lower() == "relu",
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import _core
-from .._core import DType, Op, RowMode, Storage
+from .._core import DType, Op, RowMode, RunIf, Storage
 
 _INTEGER_DOT_WEIGHTS = {DType.Q4_0, DType.Q4_1, DType.Q8_0}
 
@@ -23,7 +23,8 @@ class T:
 class GraphBuilder:
     def __init__(self) -> None:
         self.graph = _core.Graph()
-        self._quantized: dict[int, T] = {}  # f32 activation id -> its Q8A copy (valid until it is rewritten)
+        # (f32 activation id, run_if) -> its Q8A copy, valid until the activation is rewritten
+        self._quantized: dict[tuple[int, RunIf], T] = {}
 
     # ---- tensors ----------------------------------------------------------------------
     def weight(self, name: str, dtype: int, cols: int, rows: int, data) -> T:
@@ -39,12 +40,13 @@ class GraphBuilder:
         return T(self.graph.add_tensor(name, dtype, cols, RowMode.FIXED, Storage.STATE, n_rows), cols, dtype,
                  RowMode.FIXED, n_rows)
 
-    def input(self, name: str, rows: RowMode = RowMode.TOKENS) -> T:
-        return T(self.graph.add_tensor(name, DType.I32, 1, rows, Storage.INPUT), 1, DType.I32, rows)
+    def input(self, name: str, rows: RowMode = RowMode.TOKENS, cols: int = 1) -> T:
+        return T(self.graph.add_tensor(name, DType.I32, cols, rows, Storage.INPUT), cols, DType.I32, rows)
 
-    def _node(self, op: Op, dst: T, src: list[T], ints=(), floats=()) -> T:
-        self.graph.add_node(op, dst.id, [s.id for s in src], list(ints), list(floats))
-        self._quantized.pop(dst.id, None)
+    def _node(self, op: Op, dst: T, src: list[T], ints=(), floats=(), run_if: RunIf = RunIf.ALWAYS) -> T:
+        self.graph.add_node(op, dst.id, [s.id for s in src], list(ints), list(floats), run_if)
+        for key in [k for k in self._quantized if k[0] == dst.id]:
+            del self._quantized[key]
         return dst
 
     # ---- ops ----------------------------------------------------------------------------
@@ -54,17 +56,21 @@ class GraphBuilder:
     def rms_norm(self, x: T, weight: T, eps: float, name: str) -> T:
         return self._node(Op.RMS_NORM, self.activation(name, x.cols, rows=x.rows), [x, weight], floats=[eps])
 
-    def quantize(self, x: T) -> T:
-        """Q8A copy of an activation, shared by every matmul that reads it."""
-        q = self._quantized.get(x.id)
+    def quantize(self, x: T, run_if: RunIf = RunIf.ALWAYS) -> T:
+        """Q8A copy of an activation, shared by every matmul that reads it in the same runs."""
+        q = self._quantized.get((x.id, run_if))
         if q is None:
-            q = self._node(Op.QUANTIZE, self.activation(f"q8({x.id})", x.cols, DType.Q8A, x.rows), [x])
-            self._quantized[x.id] = q
+            q = self._node(Op.QUANTIZE, self.activation(f"q8({x.id})", x.cols, DType.Q8A, x.rows), [x],
+                           run_if=run_if)
+            self._quantized[(x.id, run_if)] = q
         return q
 
-    def matmul(self, w: T, x: T, name: str) -> T:
-        src = self.quantize(x) if w.dtype in _INTEGER_DOT_WEIGHTS else x
-        return self._node(Op.MAT_MUL, self.activation(name, w.n_rows, rows=x.rows), [w, src])
+    def matmul(self, w: T, x: T, name: str, active: T | None = None, out: T | None = None,
+               run_if: RunIf = RunIf.ALWAYS) -> T:
+        """dst = x @ w.T; with `active` (an active list), only the listed rows (gather-GEMV)."""
+        src = self.quantize(x, run_if) if w.dtype in _INTEGER_DOT_WEIGHTS else x
+        dst = out or self.activation(name, w.n_rows, rows=x.rows)
+        return self._node(Op.MAT_MUL, dst, [w, src] + ([active] if active else []), run_if=run_if)
 
     def rope(self, x: T, positions: T, heads: int, head_dim: int, base: float) -> T:
         return self._node(Op.ROPE, x, [x, positions], ints=[heads, head_dim], floats=[base])
@@ -73,16 +79,49 @@ class GraphBuilder:
         return self._node(Op.KV_STORE, cache, [x, positions])
 
     def attention(self, q: T, k_cache: T, v_cache: T, positions: T, heads: int, kv_heads: int, head_dim: int,
-                  name: str) -> T:
+                  name: str, kv_table: T | None = None, block_size: int = 0) -> T:
+        """With `kv_table` (I32 [T, max blocks]) the cache is paged: many sequences share it."""
         out = self.activation(name, q.cols, rows=q.rows)
-        return self._node(Op.ATTENTION, out, [q, k_cache, v_cache, positions], ints=[heads, kv_heads, head_dim],
+        src = [q, k_cache, v_cache, positions] + ([kv_table] if kv_table is not None else [])
+        return self._node(Op.ATTENTION, out, src, ints=[heads, kv_heads, head_dim, block_size],
                           floats=[head_dim ** -0.5])
 
     def add(self, a: T, b: T, out: T | None = None, name: str = "add") -> T:
         return self._node(Op.ADD, out or self.activation(name, a.cols, rows=a.rows), [a, b])
 
-    def silu_mul(self, gate: T, up: T, out: T | None = None, name: str = "silu_mul") -> T:
-        return self._node(Op.SILU_MUL, out or self.activation(name, gate.cols, rows=gate.rows), [gate, up])
+    def silu_mul(self, gate: T, up: T, out: T | None = None, name: str = "silu_mul", relu: bool = False,
+                 run_if: RunIf = RunIf.ALWAYS) -> T:
+        return self._node(Op.SILU_MUL, out or self.activation(name, gate.cols, rows=gate.rows), [gate, up],
+                          ints=[int(relu)], run_if=run_if)
+
+    # ---- neuron-aware FFN ops (see graph.h for the active-list layout) ---------------------
+    def bias_relu(self, x: T, bias: T, run_if: RunIf = RunIf.ALWAYS) -> T:
+        return self._node(Op.BIAS_RELU, x, [x, bias], run_if=run_if)
+
+    def active_set(self, scores: T, n_ff: int, name: str, cut: T | None = None, hot: int = 0,
+                   threshold: float = 0.0, silu: bool = False, run_if: RunIf = RunIf.ALWAYS) -> T:
+        """Predictor mode when `cut` is given (logits > cut, hot prefix always on), else
+        |scores| > threshold (|SiLU(scores)| with `silu`)."""
+        dst = self.activation(name, n_ff + 1, DType.I32, scores.rows)
+        mode = 0 if cut is not None else 1
+        return self._node(Op.ACTIVE_SET, dst, [scores] + ([cut] if cut is not None else []),
+                          ints=[n_ff, hot, mode, int(silu)], floats=[threshold], run_if=run_if)
+
+    def gated_act(self, gate: T, up: T, active: T, threshold: float, relu: bool = False,
+                  run_if: RunIf = RunIf.ALWAYS) -> T:
+        return self._node(Op.GATED_ACT, gate, [gate, up, active], ints=[int(relu)], floats=[threshold],
+                          run_if=run_if)
+
+    def down_axpy(self, down_t: T, act: T, active: T, name: str = "down", out: T | None = None,
+                  scales: T | None = None, row_map: T | None = None, run_if: RunIf = RunIf.ALWAYS) -> T:
+        """`scales`: the group scales of a Q4T down; `row_map`: I32 [1, n_ff], list id -> down row."""
+        dst = out or self.activation(name, down_t.cols, rows=act.rows)
+        self.graph.add_node(Op.DOWN_AXPY, dst.id, [down_t.id, act.id, active.id, scales.id if scales else -1,
+                                                   row_map.id if row_map else -1], [], [], run_if)
+        return dst
+
+    def scatter_cols(self, x: T, perm: T, name: str, run_if: RunIf = RunIf.ALWAYS) -> T:
+        return self._node(Op.SCATTER_COLS, self.activation(name, x.cols, rows=x.rows), [x, perm], run_if=run_if)
 
     def select_rows(self, x: T, row_ids: T, name: str) -> T:
         return self._node(Op.SELECT_ROWS, self.activation(name, x.cols, rows=row_ids.rows), [x, row_ids])

@@ -4,11 +4,20 @@ from __future__ import annotations
 from .._core import RowMode
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
+from ..sparsity.plan import SparsityPlan
 from .graph_builder import GraphBuilder, T
+from .sparse_ffn import dense_ffn, sparse_ffn
 
 
-def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int) -> GraphBuilder:
+def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
+                      emulate_prefill: bool = False, record: bool = False, down_type: str = "q4t",
+                      paged: tuple[int, int] | None = None) -> GraphBuilder:
+    """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py). `record`: keeps each layer's FFN input,
+    gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
+    `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
+    in blocks (continuous batching); each run then also takes every token's KV slot and block table."""
     b = GraphBuilder()
+    b.records = []
 
     def w(name: str) -> T:
         t = gguf.tensor(name)
@@ -18,6 +27,12 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int) -> Grap
     positions = b.input("positions")                    # I32 [T]
     out_ids = b.input("out_ids", RowMode.OUTPUTS)       # I32 [O]: batch rows that produce logits
     b.graph.input_tokens, b.graph.input_positions, b.graph.input_out_ids = tokens.id, positions.id, out_ids.id
+    slots, kv_table, block_size = positions, None, 0
+    if paged is not None:
+        block_size, max_blocks = paged
+        slots = b.input("slots")                        # I32 [T]: cache row each token's K/V goes to
+        kv_table = b.input("kv_table", cols=max_blocks)  # I32 [T, max_blocks]: its sequence's blocks
+        b.graph.input_slots, b.graph.input_kv_table = slots.id, kv_table.id
 
     embed = w("token_embd.weight")                      # [vocab, d_model]
     x = b.get_rows(embed, tokens, "x")                  # F32 [T, d_model], the residual stream
@@ -31,15 +46,18 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int) -> Grap
         b.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base)
         k_cache = b.state(f"k_cache.{il}", cfg.kv_width, n_ctx)  # F16 [n_ctx, n_kv_heads * head_dim]
         v_cache = b.state(f"v_cache.{il}", cfg.kv_width, n_ctx)
-        b.kv_store(k_cache, k, positions)
-        b.kv_store(v_cache, v, positions)
-        o = b.attention(q, k_cache, v_cache, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, "attn")
+        b.kv_store(k_cache, k, slots)
+        b.kv_store(v_cache, v, slots)
+        o = b.attention(q, k_cache, v_cache, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, "attn",
+                        kv_table, block_size)
         b.add(x, b.matmul(w(p + "attn_output.weight"), o, "attn_out"), out=x)
-        h = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps, "ffn_in")
-        gate = b.matmul(w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff]
-        up = b.matmul(w(p + "ffn_up.weight"), h, "up")
-        b.silu_mul(gate, up, out=gate)
-        b.add(x, b.matmul(w(p + "ffn_down.weight"), gate, "ffn_out"), out=x)
+        h = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps, "ffn_in")  # F32 [T, d_model]
+        if record:
+            b.add(x, _recorded_ffn(b, w, h, il, cfg), out=x)
+        elif sparsity is not None:
+            b.add(x, sparse_ffn(b, w, gguf, h, il, cfg, sparsity, emulate_prefill, down_type), out=x)
+        else:
+            b.add(x, dense_ffn(b, w, h, il, cfg), out=x)
 
     # Only rows that need logits go through the final norm and the (large) output head.
     xo = b.select_rows(x, out_ids, "x_out")             # F32 [O, d_model]
@@ -48,3 +66,14 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int) -> Grap
     logits = b.matmul(head, h, "logits")                # F32 [O, vocab]
     b.graph.output_logits = logits.id
     return b
+
+
+def _recorded_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
+    p = f"blk.{il}."
+    gate = b.matmul(w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff], pre-activation
+    up = b.matmul(w(p + "ffn_up.weight"), h, "up")
+    act = b.silu_mul(gate, up, name="act", relu=cfg.ffn_relu)
+    for t in (h, gate, up):
+        b.graph.pin(t.id)
+    b.records.append((h.id, gate.id, up.id))
+    return b.matmul(w(p + "ffn_down.weight"), act, "ffn_out")

@@ -5,25 +5,41 @@ from __future__ import annotations
 from typing import Iterable, Iterator, Sequence
 
 
-def apply_stops(pieces: Iterable[str], stop: Sequence[str]) -> Iterator[str]:
-    stop = [s for s in stop if s]
-    if not stop:
-        yield from pieces
-        return
-    buf = ""
-    for piece in pieces:
-        buf += piece
-        hits = [i for i in (buf.find(s) for s in stop) if i >= 0]
+class StopMatcher:
+    """Push-based: push(piece) -> (text safe to emit, stopped?); flush() -> the held-back rest."""
+
+    def __init__(self, stop: Sequence[str]):
+        self.stop = [s for s in stop if s]
+        self.buf = ""
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        if not self.stop:
+            return piece, False
+        self.buf += piece
+        hits = [i for i in (self.buf.find(s) for s in self.stop) if i >= 0]
         if hits:
-            if min(hits) > 0:
-                yield buf[:min(hits)]
+            out, self.buf = self.buf[:min(hits)], ""
+            return out, True
+        hold = max(_overlap(self.buf, s) for s in self.stop)
+        out, self.buf = self.buf[:len(self.buf) - hold], self.buf[len(self.buf) - hold:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""
+        return out
+
+
+def apply_stops(pieces: Iterable[str], stop: Sequence[str]) -> Iterator[str]:
+    m = StopMatcher(stop)
+    for piece in pieces:
+        text, stopped = m.push(piece)
+        if text:
+            yield text
+        if stopped:
             return
-        hold = max(_overlap(buf, s) for s in stop)
-        if len(buf) > hold:
-            yield buf[:len(buf) - hold]
-            buf = buf[len(buf) - hold:]
-    if buf:
-        yield buf
+    rest = m.flush()
+    if rest:
+        yield rest
 
 
 def _overlap(text: str, stop: str) -> int:

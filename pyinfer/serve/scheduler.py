@@ -43,6 +43,23 @@ class Scheduler:
         self._by_id[r.id] = r
         self.waiting.append(r)
 
+    def abort(self, req_id: int) -> bool:
+        """Drops a request wherever it is (client gone); its KV blocks are freed at once."""
+        r = self._by_id.pop(req_id, None)
+        if r is None or r.status == Status.FINISHED:
+            return False
+        if r in self.running:
+            self.running.remove(r)
+            self.blocks.free(req_id)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+        r.status = Status.FINISHED
+        return True
+
+    @property
+    def kv_tokens_reserved(self) -> int:
+        return self.blocks.used_blocks * self.blocks.block_size
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -108,7 +125,9 @@ class Scheduler:
         """Every scheduled request produced one token; `finished_ids` produced their last."""
         done = set(finished_ids)
         for rid in self._last.running if self._last else []:
-            r = self._by_id[rid]
+            r = self._by_id.get(rid)
+            if r is None or r.status != Status.RUNNING:  # aborted since schedule()
+                continue
             r.generated += 1
             if rid in done:
                 r.status = Status.FINISHED
@@ -116,3 +135,4 @@ class Scheduler:
                 self.blocks.free(rid)
                 self.running.remove(r)
                 self.finished.append(r)
+                self.policy.on_finish(r)

@@ -67,8 +67,8 @@ class SimResult:
 
 
 def simulate(policy: str, prompt_len, true_len, lower, upper, kv_budget: int, a: float = 0.0, b: float = 1.0,
-             seed: int = 0, max_steps: int = 10_000_000) -> SimResult:
-    sched = Scheduler(make_policy(policy, seed), kv_budget)
+             seed: int = 0, max_steps: int = 10_000_000, **policy_kwargs) -> SimResult:
+    sched = Scheduler(make_policy(policy, seed, **policy_kwargs), kv_budget)
     for i, (s, o, lo, up) in enumerate(zip(prompt_len, true_len, lower, upper)):
         sched.add_request(Request(i, int(s), int(lo), int(up), true_len=int(o)))
     clock, finish_time, peak = 0.0, {}, 0

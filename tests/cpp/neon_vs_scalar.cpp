@@ -8,6 +8,7 @@
 #include "kernels/kernels.h"
 #include "kernels/fp16.h"
 using namespace pyinfer;
+static void sc_axpy(const AxpyRowsArgs& a) { kernels_scalar().axpy_rows(a); }
 int main() {
   std::mt19937 rng(1); std::normal_distribution<float> nd;
   const int k = 128, rows = 37, nt = 3;
@@ -37,5 +38,35 @@ int main() {
   printf("dot diff %g\n", ne->dot_f16_f32(h.data(), f.data(), 64) - sc.dot_f16_f32(h.data(), f.data(), 64));
   std::vector<uint16_t> h1(64), h2(64); ne->f32_to_f16(f.data(), h1.data(), 64); sc.f32_to_f16(f.data(), h2.data(), 64);
   printf("f16 equal %d\n", int(h1 == h2));
+  {  // gather-GEMV over a row list equals the dense rows
+    const DType wt = DType::Q4_1; const size_t rb = dtype_row_bytes(wt, k);
+    std::vector<uint8_t> w(rows * rb); for (auto& b : w) b = rng() & 0xff;
+    for (int r = 0; r < rows; ++r) for (int b = 0; b < k / 32; ++b) {
+      uint16_t d = fp32_to_fp16(0.01f); memcpy(&w[r * rb + b * 20], &d, 2); memcpy(&w[r * rb + b * 20 + 2], &d, 2); }
+    std::vector<int32_t> ids = {1, 4, 5, 9, 20, 36};
+    std::vector<float> yd(rows, 0.f), yg(rows, 0.f);
+    MatMulArgs a{wt, w.data(), rb, k, 0, rows, qa.data(), dtype_row_bytes(DType::Q8A, k), 1, yd.data(), rows};
+    ne->matmul(a);
+    a.r1 = int64_t(ids.size()); a.dst = yg.data(); a.row_ids = ids.data(); ne->matmul(a);
+    float md = 0; for (int i : ids) md = std::fmax(md, std::fabs(yd[i] - yg[i]));
+    printf("gather max diff %g\n", md);
+  }
+  for (DType wt : {DType::Q8_0, DType::Q4_1, DType::Q4T}) {  // neuron-major axpy
+    const int n_ff = 64, d = 96;
+    const size_t rb = dtype_row_bytes(wt, d);
+    std::vector<uint8_t> w(n_ff * rb); for (auto& b : w) b = rng() & 0x7f;
+    if (wt != DType::Q4T) for (int r = 0; r < n_ff; ++r) for (int b = 0; b < d / 32; ++b) {
+      const size_t bb = rb / (d / 32); uint16_t s = fp32_to_fp16(0.02f);
+      memcpy(&w[r * rb + b * bb], &s, 2); if (wt == DType::Q4_1) memcpy(&w[r * rb + b * bb + 2], &s, 2); }
+    std::vector<uint16_t> sc(n_ff / 32 * 2 * d); for (auto& s : sc) s = fp32_to_fp16(nd(rng) * 0.1f);
+    std::vector<int32_t> ids = {0, 3, 7, 8, 31, 33, 40, 41, 42, 63};
+    std::vector<float> coef(ids.size()); for (auto& c : coef) c = nd(rng);
+    std::vector<float> y1(d, 0.f), y2(d, 0.f), tmp(d);
+    AxpyRowsArgs ax{wt, w.data(), rb, ids.data(), coef.data(), int64_t(ids.size()), 32, 96, y1.data()};
+    ax.scales = sc.data(); ax.scales_stride = 2 * d; ax.tmp = tmp.data();
+    ne->axpy_rows(ax); ax.y = y2.data(); sc_axpy(ax);
+    float md = 0; for (int i = 0; i < d; ++i) md = std::fmax(md, std::fabs(y1[i] - y2[i]));
+    printf("axpy %s max diff %g\n", dtype_name(wt), md);
+  }
   return 0;
 }

@@ -1,8 +1,10 @@
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
+#include "backends/cpu/sparse_ops.h"
 #include "kernels/ops_float.h"
 
 namespace pyinfer {
@@ -12,16 +14,6 @@ namespace {
 template <typename T>
 T* row_ptr(const Tensor& t, int64_t row) {
   return reinterpret_cast<T*>(static_cast<uint8_t*>(t.data) + row * int64_t(t.row_bytes));
-}
-
-// Contiguous share [begin, end) of n items for thread ith, in multiples of `align`.
-inline void share(int64_t n, int ith, int nth, int64_t align, int64_t& begin, int64_t& end) {
-  const int64_t units = (n + align - 1) / align;
-  const int64_t per = units / nth, extra = units % nth;
-  const int64_t u0 = ith * per + std::min<int64_t>(ith, extra);
-  const int64_t u1 = u0 + per + (ith < extra ? 1 : 0);
-  begin = std::min(n, u0 * align);
-  end = std::min(n, u1 * align);
 }
 
 }  // namespace
@@ -40,6 +32,15 @@ CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa
       scratch_per_thread_ = std::max(scratch_per_thread_, graph.tensors[size_t(n.src[1])].rows);
   scratch_per_thread_ = (scratch_per_thread_ + 15) / 16 * 16;  // keep each thread's slice on its own lines
   scratch_.assign(size_t(scratch_per_thread_ * pool_.size()), 0.f);
+  for (const Node& n : graph.nodes)
+    if (n.op == OpKind::DownAxpy) {
+      max_neurons_ = std::max(max_neurons_, graph.tensors[size_t(n.src[0])].rows);
+      max_width_ = std::max(max_width_, graph.tensors[size_t(n.src[0])].cols);
+    }
+  neuron_ids_.assign(size_t(max_neurons_ * pool_.size()), 0);
+  neuron_coef_.assign(size_t(max_neurons_ * pool_.size()), 0.f);
+  neuron_dense_.assign(size_t(max_neurons_ * pool_.size()), 0.f);
+  group_tmp_.assign(size_t(max_width_ * pool_.size()), 0.f);
 }
 
 bool CpuBackend::supports(const Graph&, const Node&) const { return true; }
@@ -52,8 +53,17 @@ void CpuBackend::compute(const Graph& graph, const std::vector<int>& nodes, cons
 void CpuBackend::run_job(void* p, int ith, int nth) {
   auto* job = static_cast<Job*>(p);
   for (int id : *job->nodes) {
-    job->self->compute_node(*job->graph, job->graph->nodes[size_t(id)], job->shape, ith, nth);
+    const Node& node = job->graph->nodes[size_t(id)];
+    if (!node_runs(node.run_if, job->shape.n_tokens)) continue;  // same decision on every thread
+    const bool timed = job->self->op_timing_ && ith == 0;
+    const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    job->self->compute_node(*job->graph, node, job->shape, ith, nth);
     job->self->pool_.barrier();
+    if (timed) {
+      job->self->op_seconds_[size_t(node.op)] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      job->self->op_calls_[size_t(node.op)] += 1;
+    }
   }
 }
 
@@ -67,8 +77,9 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
 
   switch (n.op) {
     case OpKind::MatMul: {
+      if (n.src[2] >= 0) return cpu_gather_matmul(kernels_, g, n, shape, ith, nth);
       // Split weight rows; every thread does all tokens of its rows.
-      share(s0->rows, ith, nth, 16, r0, r1);
+      thread_share(s0->rows, ith, nth, 16, r0, r1);
       if (r0 >= r1) return;
       MatMulArgs a{s0->type, static_cast<const uint8_t*>(s0->data), s0->row_bytes, s0->cols, r0, r1,
                    s1->data, s1->row_bytes, rows_in_run(*s1, shape), static_cast<float*>(dst.data), dst.cols};
@@ -79,10 +90,11 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       const Tensor& kc = g.tensors[size_t(n.src[1])];
       const Tensor& vc = g.tensors[size_t(n.src[2])];
       const Tensor& pos = g.tensors[size_t(n.src[3])];
+      const Tensor* table = n.src[4] >= 0 ? &g.tensors[size_t(n.src[4])] : nullptr;  // paged: [T, max blocks]
       const int heads = n.i[0], kv_heads = n.i[1], hd = n.i[2];
       const int group = heads / kv_heads;
       float* scratch = scratch_.data() + ith * scratch_per_thread_;
-      share(rows * heads, ith, nth, 1, r0, r1);
+      thread_share(rows * heads, ith, nth, 1, r0, r1);
       for (int64_t item = r0; item < r1; ++item) {
         const int64_t t = item / heads;
         const int h = int(item % heads);
@@ -90,15 +102,22 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         const int64_t kv_off = int64_t(h / group) * hd;
         attention_head(kernels_, row_ptr<const float>(*s0, t) + int64_t(h) * hd,
                        static_cast<const uint16_t*>(kc.data) + kv_off, static_cast<const uint16_t*>(vc.data) + kv_off,
-                       kc.cols, n_kv, hd, n.f[0], scratch, row_ptr<float>(dst, t) + int64_t(h) * hd);
+                       kc.cols, n_kv, hd, n.f[0], scratch, row_ptr<float>(dst, t) + int64_t(h) * hd,
+                       table ? row_ptr<const int32_t>(*table, t) : nullptr, n.i[3]);
       }
       return;
     }
+    case OpKind::ActiveSet: return cpu_active_set(g, n, shape, ith, nth);
+    case OpKind::GatedAct: return cpu_gated_act(g, n, shape, ith, nth);
+    case OpKind::DownAxpy:
+      return cpu_down_axpy(kernels_, g, n, shape, ith, nth,
+                           SparseScratch{neuron_ids_.data() + ith * max_neurons_, neuron_coef_.data() + ith * max_neurons_,
+                                         neuron_dense_.data() + ith * max_neurons_, group_tmp_.data() + ith * max_width_});
     default: break;
   }
 
   // Row-parallel ops.
-  share(rows, ith, nth, 1, r0, r1);
+  thread_share(rows, ith, nth, 1, r0, r1);
   for (int64_t r = r0; r < r1; ++r) {
     switch (n.op) {
       case OpKind::GetRows: {
@@ -126,8 +145,23 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         add_row(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r), dst.cols);
         break;
       case OpKind::SiluMul:
-        silu_mul_row(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r), dst.cols);
+        (n.i[0] == 1 ? relu_mul_row : silu_mul_row)(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r),
+                                                    row_ptr<float>(dst, r), dst.cols);
         break;
+      case OpKind::BiasRelu: {
+        const float* x = row_ptr<const float>(*s0, r);
+        const float* bias = static_cast<const float*>(s1->data);
+        float* y = row_ptr<float>(dst, r);
+        for (int64_t c = 0; c < dst.cols; ++c) y[c] = std::max(0.f, x[c] + bias[c]);
+        break;
+      }
+      case OpKind::ScatterCols: {
+        const float* x = row_ptr<const float>(*s0, r);
+        const int32_t* perm = static_cast<const int32_t*>(s1->data);
+        float* y = row_ptr<float>(dst, r);
+        for (int64_t c = 0; c < dst.cols; ++c) y[perm[c]] = x[c];
+        break;
+      }
       case OpKind::SelectRows: {
         const int32_t src_row = static_cast<const int32_t*>(s1->data)[r];
         std::memcpy(row_ptr<float>(dst, r), row_ptr<const float>(*s0, src_row), size_t(dst.cols) * 4);

@@ -1,0 +1,99 @@
+"""pytest-benchmark entries for the neuron-aware operators against the dense GEMV of the same matrix,
+at the real model's FFN shape and at LLaMA-7B's (4096 x 11008, synthetic weights; the shape of the
+ReLU-family models, ReluLLaMA / ProSparse / TurboSparse, that run at ~90% sparsity).
+
+  pytest bench/test_bench_sparse.py --benchmark-json bench/results/sparse_kernels.json
+  python bench/sparse_kernels_table.py bench/results/sparse_kernels.json
+
+Each entry is one engine run of a single node (plus a trivial input copy), so ratios between entries
+of one run are what to read."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from pyinfer._core import DType
+from pyinfer.runtime.graph_builder import single_op_engine
+from pyinfer.runtime.sparse_ffn import q4t_from_blocks
+
+THREADS = 2
+SHAPES = {"smollm2": (576, 1536), "7b": (4096, 11008)}  # (d_model, d_ff)
+DENSITIES = [1.0, 0.5, 0.25, 0.1, 0.05]
+_cache: dict = {}
+
+
+def _mats(shape: str):
+    if shape not in _cache:
+        d, ff = SHAPES[shape]
+        rng = np.random.default_rng(0)
+        gate = quants.quantize(rng.standard_normal((ff, d)).astype(np.float32) * 0.05, Q.Q4_1)   # [ff, d]
+        down = quants.quantize(rng.standard_normal((d, ff)).astype(np.float32) * 0.05, Q.Q4_1)   # [d, ff]
+        _cache[shape] = (gate, down, q4t_from_blocks(down, "Q4_1", d, ff))
+    return _cache[shape]
+
+
+def _scores(ff: int, density: float) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    return ((rng.random((1, ff)) < density) * (1.0 + rng.random((1, ff)))).astype(np.float32)
+
+
+def _run(benchmark, eng, **info):
+    benchmark.extra_info.update(info)
+    ids = np.zeros(1, np.int32)
+    benchmark(eng.run, 1, ids)
+
+
+def _input(b, cols):
+    tok = b.input("tokens")
+    b.graph.input_tokens = tok.id
+    table = b.weight("x_table", int(DType.F32), cols, 1, np.random.default_rng(2).standard_normal((1, cols)).astype(np.float32))
+    return b.get_rows(table, tok, "x")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("op", ["gate_gemv", "down_gemv"])
+def test_dense(benchmark, shape, op):
+    d, ff = SHAPES[shape]
+    gate, down, _ = _mats(shape)
+    rows, k, w = (ff, d, gate) if op == "gate_gemv" else (d, ff, down)
+    eng, _ = single_op_engine(lambda b: b.matmul(b.weight("w", int(DType.Q4_1), k, rows, w), _input(b, k), "y"),
+                              max_tokens=1, n_threads=THREADS)
+    _run(benchmark, eng, shape=shape, op=op, density=1.0, kind="dense")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("density", DENSITIES)
+def test_gather_gemv(benchmark, shape, density):
+    d, ff = SHAPES[shape]
+    gate, _, _ = _mats(shape)
+    s = _scores(ff, density)
+
+    def build(b):
+        active = b.active_set(b.weight("s", int(DType.F32), ff, 1, s), ff, "active", threshold=0.5)
+        return b.matmul(b.weight("w", int(DType.Q4_1), d, ff, gate), _input(b, d), "y", active=active)
+
+    eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS)
+    _run(benchmark, eng, shape=shape, op="gather_gemv", density=density, kind="sparse")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("density", DENSITIES)
+def test_down_axpy_q4t(benchmark, shape, density):
+    d, ff = SHAPES[shape]
+    _, _, (nibbles, scales) = _mats(shape)
+    s = _scores(ff, density)
+
+    def build(b):
+        a = b.get_rows(b.weight("a", int(DType.F32), ff, 1, s), _input_ids(b), "a")
+        active = b.active_set(a, ff, "active", threshold=0.5)
+        return b.down_axpy(b.weight("w", int(DType.Q4T), d, ff, nibbles), a, active,
+                           scales=b.weight("sc", int(DType.F16), 2 * d, ff // 32, scales))
+
+    eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS)
+    _run(benchmark, eng, shape=shape, op="down_axpy_q4t", density=density, kind="sparse")
+
+
+def _input_ids(b):
+    tok = b.input("tokens")
+    b.graph.input_tokens = tok.id
+    return tok

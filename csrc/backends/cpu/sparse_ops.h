@@ -1,0 +1,35 @@
+// The CPU side of the neuron-aware FFN ops (graph.h: ActiveSet, gather MatMul, GatedAct, DownAxpy, ...).
+// Each function computes thread ith's share of one node; the backend puts a barrier after it.
+#pragma once
+#include <cstdint>
+
+#include "executor/backend.h"
+#include "kernels/kernels.h"
+
+namespace pyinfer {
+
+// Per-thread memory the sparse ops need, sized by the backend at setup.
+struct SparseScratch {
+  int32_t* ids;   // [n_ff]
+  float* coef;    // [n_ff]
+  float* dense;   // [n_ff]: activations by down row, to sort a mapped list
+  float* tmp;     // [d]: Q4T group sums
+};
+
+void cpu_active_set(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth);
+void cpu_gather_matmul(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth);
+void cpu_gated_act(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth);
+void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,
+                   SparseScratch scratch);
+
+// Contiguous share [begin, end) of n items for thread ith, in multiples of `align`.
+inline void thread_share(int64_t n, int ith, int nth, int64_t align, int64_t& begin, int64_t& end) {
+  const int64_t units = (n + align - 1) / align;
+  const int64_t per = units / nth, extra = units % nth;
+  const int64_t u0 = ith * per + (ith < extra ? ith : extra);
+  const int64_t u1 = u0 + per + (ith < extra ? 1 : 0);
+  begin = n < u0 * align ? n : u0 * align;
+  end = n < u1 * align ? n : u1 * align;
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,148 @@
+"""The FFN block of the llama graph, dense or neuron-aware.
+
+With a sparsity plan, gate and up are row-permuted copies (hot neurons first) and down gets a
+neuron-major copy (row j = neuron j's down column), so the three matrices of one neuron share an id.
+  - decode (one token): predictor -> active list -> gather-GEMV of gate/up -> gated activation and
+    threshold -> axpy of the active down rows. Without predictors, gate/up run dense and only down is sparse.
+  - prefill (many tokens): dense GEMM, un-permuted before the original down; sparsity across many tokens
+    aggregates away (PowerInfer-2). `emulate_prefill` instead computes every token exactly as decode
+    would, which is how perplexity measures the quality of the sparse path.
+"""
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType, quants
+
+from .._core import DType, RunIf
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from ..sparsity.plan import LayerPlan, SparsityPlan
+from .graph_builder import GraphBuilder, T
+
+_FLOAT_TYPES = {"F32", "F16", "BF16"}
+
+
+def dense_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
+    p = f"blk.{il}."
+    gate = b.matmul(w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff]
+    up = b.matmul(w(p + "ffn_up.weight"), h, "up")
+    b.silu_mul(gate, up, out=gate, relu=cfg.ffn_relu)
+    return b.matmul(w(p + "ffn_down.weight"), gate, "ffn_out")  # F32 [T, d_model]
+
+
+NEURON_DOWN_TYPES = {"q4_1": DType.Q4_1, "q8_0": DType.Q8_0}
+NEURON_DOWN_CHOICES = ("q4t", "q8_0", "q4_1")
+
+
+def q4t_down(gguf: GGUFModelFile, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The lossless neuron-major form of a Q4_1 / Q4_0 down [d, n_ff]: nibbles U8 [n_ff, d/2] (row j =
+    neuron j, original order) and the blocks' scales and offsets F16 [n_ff/32, 2d], which 32 neurons share.
+    None for other types."""
+    t = gguf.tensor(name)
+    if t.type_name not in ("Q4_1", "Q4_0"):
+        return None
+    return q4t_from_blocks(np.asarray(t.data), t.type_name, t.rows, t.cols)
+
+
+def q4t_from_blocks(data: np.ndarray, type_name: str, d: int, n_ff: int) -> tuple[np.ndarray, np.ndarray]:
+    """data: the raw Q4_1 / Q4_0 blocks of a [d, n_ff] matrix."""
+    groups = n_ff // 32
+    block = 20 if type_name == "Q4_1" else 18
+    raw = np.asarray(data).reshape(d, groups, block)
+    if type_name == "Q4_0":  # Q4_0 stores d * (q - 8): nibbles are the same, the offset is -8 d
+        raw = np.concatenate([raw[:, :, :2], np.zeros((d, groups, 2), np.uint8), raw[:, :, 2:]], axis=2)
+    block = 20
+    scale = raw[:, :, 0:2].copy().view(np.float16)[..., 0]                       # [d, G]
+    if type_name == "Q4_1":
+        offset = raw[:, :, 2:4].copy().view(np.float16)[..., 0]
+    else:  # -8 d is exact in fp16
+        offset = (scale.astype(np.float32) * -8.0).astype(np.float16)
+    qs = raw[:, :, block - 16:]                                                  # [d, G, 16]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=2)                             # [d, G, 32]: element i of the block
+    qn = q.transpose(1, 2, 0).reshape(n_ff, d // 32, 2, 16)                      # neuron-major, per 32 outputs
+    nibbles = np.ascontiguousarray((qn[:, :, 0, :] | (qn[:, :, 1, :] << 4)).reshape(n_ff, d // 2), dtype=np.uint8)
+    scales = np.ascontiguousarray(np.concatenate([scale.T, offset.T], axis=1))  # [G, 2d]
+    return nibbles, scales
+
+
+def neuron_major_down(gguf: GGUFModelFile, name: str, perm: np.ndarray, down_type: str = "q4_1"
+                      ) -> tuple[DType, np.ndarray]:
+    """down [d_model, d_ff] -> [d_ff, d_model] in permuted neuron order. Quantized models re-quantize it
+    along the other axis: Q4_1 (as many bytes as the source, a second rounding) or Q8_0 (1.7x the bytes,
+    nearly lossless). Float models stay exact in F32."""
+    t = gguf.tensor(name)
+    w = quants.dequantize(np.asarray(t.data), GGMLQuantizationType[t.type_name]).reshape(t.rows, t.cols)
+    wt = np.ascontiguousarray(w.T[perm], dtype=np.float32)
+    if t.type_name in _FLOAT_TYPES or wt.shape[1] % 32:
+        return DType.F32, wt
+    dt = NEURON_DOWN_TYPES[down_type]
+    return dt, quants.quantize(wt, GGMLQuantizationType[dt.name])
+
+
+def permuted_rows(gguf: GGUFModelFile, name: str, perm: np.ndarray) -> np.ndarray:
+    t = gguf.tensor(name)
+    raw = np.asarray(t.data).reshape(t.rows, -1)
+    return np.ascontiguousarray(raw[perm])
+
+
+def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, plan: SparsityPlan,
+               emulate_prefill: bool, down_type: str = "q4t") -> T:
+    lp: LayerPlan = plan.layers[il]
+    p = f"blk.{il}."
+    n_ff, relu = cfg.d_ff, cfg.ffn_relu
+    perm = lp.perm.astype(np.int32)
+    g_src, u_src = gguf.tensor(p + "ffn_gate.weight"), gguf.tensor(p + "ffn_up.weight")
+    gate_w = b.weight(p + "ffn_gate.perm", g_src.dtype_id, g_src.cols, n_ff, permuted_rows(gguf, g_src.name, perm))
+    up_w = b.weight(p + "ffn_up.perm", u_src.dtype_id, u_src.cols, n_ff, permuted_rows(gguf, u_src.name, perm))
+    q4t = q4t_down(gguf, p + "ffn_down.weight") if down_type == "q4t" and cfg.d_model % 32 == 0 else None
+    if q4t is not None:  # lossless; rows stay in the original order, so list ids are mapped through perm
+        down_t = b.weight(p + "ffn_down.q4t", int(DType.Q4T), cfg.d_model, n_ff, q4t[0])
+        scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * cfg.d_model, n_ff // 32, q4t[1])
+        row_map = b.weight(p + "ffn.row_map", int(DType.I32), n_ff, 1, perm)
+    else:
+        dt_type, dt_data = neuron_major_down(gguf, p + "ffn_down.weight", perm, "q8_0" if down_type == "q4t"
+                                             else down_type)
+        down_t = b.weight(p + "ffn_down.neurons", int(dt_type), cfg.d_model, n_ff, dt_data)
+        scales = row_map = None
+    out = b.activation("ffn_out", cfg.d_model, rows=h.rows)
+
+    if not emulate_prefill:  # prefill: dense, un-permuted before the original down
+        multi = RunIf.MULTI_TOKEN
+        gate = b.matmul(gate_w, h, "gate", run_if=multi)
+        up = b.matmul(up_w, h, "up", run_if=multi)
+        b.silu_mul(gate, up, out=gate, relu=relu, run_if=multi)
+        act = b.scatter_cols(gate, b.weight(p + "ffn.perm", int(DType.I32), n_ff, 1, perm), "act", run_if=multi)
+        b.matmul(w(p + "ffn_down.weight"), act, "ffn_out", out=out, run_if=multi)
+    run_if = RunIf.ALWAYS if emulate_prefill else RunIf.SINGLE_TOKEN
+    # With emulate_prefill, many-token runs compute gate/up dense and mask them: the same dot products
+    # as the gather (identical per element), at GEMM speed.
+    gather = not emulate_prefill
+    pred = lp.predictor
+    if pred is not None and lp.hot < n_ff:
+        w1 = b.weight(p + "pred.w1", int(DType.Q8_0), cfg.d_model, pred.rank, pred.w1_q8)
+        b1 = b.weight(p + "pred.b1", int(DType.F32), pred.rank, 1, pred.b1.astype(np.float32))
+        w2 = b.weight(p + "pred.w2", int(DType.Q8_0), pred.rank, n_ff - lp.hot, pred.w2_q8)
+        cut = b.weight(p + "pred.cut", int(DType.F32), n_ff - lp.hot, 1, pred.cut.astype(np.float32))
+        z = b.bias_relu(b.matmul(w1, h, "pred_hidden", run_if=run_if), b1, run_if=run_if)
+        logits = b.matmul(w2, z, "pred_logits", run_if=run_if)
+        active = b.active_set(logits, n_ff, "active", cut=cut, hot=lp.hot, run_if=run_if)
+        gate = b.matmul(gate_w, h, "gate_s", active=active if gather else None, run_if=run_if)
+        up = b.matmul(up_w, h, "up_s", active=active if gather else None, run_if=run_if)
+        thr = 0.0 if plan.mode == "gate" else lp.threshold
+        b.gated_act(gate, up, active, thr, relu=relu, run_if=run_if)
+    elif plan.mode == "gate" or lp.gate_threshold > 0:
+        # Gate first: dense gate, then up and down only where |SiLU(gate)| > cut. CATS stops there; the
+        # contrib mode then also drops neurons whose |SiLU(gate) * up| is below its threshold.
+        cats = plan.mode == "gate"
+        gate = b.matmul(gate_w, h, "gate_s", run_if=run_if)
+        active = b.active_set(gate, n_ff, "active", threshold=lp.threshold if cats else lp.gate_threshold,
+                              silu=True, run_if=run_if)
+        up = b.matmul(up_w, h, "up_s", active=active if gather else None, run_if=run_if)
+        b.gated_act(gate, up, active, 0.0 if cats else lp.threshold, relu=relu, run_if=run_if)
+    else:  # threshold only: dense gate/up, sparse down
+        gate = b.matmul(gate_w, h, "gate_s", run_if=run_if)
+        up = b.matmul(up_w, h, "up_s", run_if=run_if)
+        b.silu_mul(gate, up, out=gate, relu=relu, run_if=run_if)
+        active = b.active_set(gate, n_ff, "active", threshold=lp.threshold, run_if=run_if)
+    b.down_axpy(down_t, gate, active, out=out, scales=scales, row_map=row_map, run_if=run_if)
+    return out

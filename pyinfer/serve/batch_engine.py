@@ -1,0 +1,69 @@
+"""Continuous batching on the engine: many sequences in one C++ run over a paged KV cache.
+
+The cache holds num_blocks * block_size token rows shared by all sequences; a sequence's tokens live
+in the blocks of its block table (the scheduler's BlockManager hands out the ids, in integers). One
+step feeds every running sequence's new tokens: a whole prompt for a newly admitted request, one
+token for a decoding one. Steps longer than max_batch_tokens are cut into consecutive runs, in
+order, so a long prompt is prefilled in chunks within the step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _core
+from ..errors import PyinferError
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from ..runtime.llama_graph import build_llama_graph
+
+
+@dataclass
+class SeqWork:
+    seq_id: int
+    tokens: list[int]        # fed this step, in order
+    start: int               # position of tokens[0] in the sequence
+    blocks: list[int]        # the sequence's KV block table (covers start + len(tokens) tokens)
+
+
+class BatchEngine:
+    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, num_blocks: int, block_size: int, max_seq_len: int,
+                 n_threads: int, max_batch_tokens: int = 512, sparsity=None):
+        self.cfg, self.block_size, self.num_blocks = cfg, block_size, num_blocks
+        self.max_blocks = -(-max_seq_len // block_size)
+        self.max_batch_tokens = max_batch_tokens
+        b = build_llama_graph(gguf, cfg, num_blocks * block_size, sparsity, paged=(block_size, self.max_blocks))
+        try:
+            self.engine = _core.Engine(b.graph, max_tokens=max_batch_tokens, max_outputs=max_batch_tokens,
+                                       n_threads=n_threads)
+        except ValueError as e:
+            raise PyinferError(str(e)) from None
+
+    def step(self, work: list[SeqWork]) -> dict[int, np.ndarray]:
+        """Runs every sequence's tokens; returns F32 [vocab] logits after each sequence's last token."""
+        feed = [(w, i) for w in work for i in range(len(w.tokens))]
+        out: dict[int, np.ndarray] = {}
+        for c0 in range(0, len(feed), self.max_batch_tokens):
+            chunk = feed[c0:c0 + self.max_batch_tokens]
+            n = len(chunk)
+            tokens = np.empty(n, np.int32)
+            positions = np.empty(n, np.int32)
+            slots = np.empty(n, np.int32)
+            table = np.zeros((n, self.max_blocks), np.int32)
+            out_rows, out_seqs = [], []
+            for row, (w, i) in enumerate(chunk):
+                pos = w.start + i
+                if pos // self.block_size >= len(w.blocks):
+                    raise ValueError(f"sequence {w.seq_id}: position {pos} has no KV block")
+                tokens[row], positions[row] = w.tokens[i], pos
+                slots[row] = w.blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+                table[row, :len(w.blocks)] = w.blocks
+                if i == len(w.tokens) - 1:
+                    out_rows.append(row)
+                    out_seqs.append(w.seq_id)
+            self.engine.run(n, tokens, positions, np.asarray(out_rows, np.int32), slots, table)
+            if out_rows:
+                logits = self.engine.logits()
+                for k, sid in enumerate(out_seqs):
+                    out[sid] = np.array(logits[k])
+        return out

@@ -1,0 +1,179 @@
+"""The serving loop: step() = schedule(), then run() on the batch engine, then postprocess().
+
+It owns one Scheduler (integers only) and one BatchEngine (tensors only) and moves requests between
+them. It runs on its own thread; front ends submit() and cancel() from any thread and get tokens back
+through each request's `emit` callback.
+
+Eviction (A_min's cancel): the request's KV is freed and it restarts from scratch later, as the
+scheduler models. Tokens already streamed are never taken back: on restart the request replays them
+(one per step, like generation) instead of sampling, so its output stays consistent."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..runtime.sampling import Sampler, SamplingParams
+from .batch_engine import BatchEngine, SeqWork
+from .length_predictor import LengthPredictor
+from .policies import make_policy
+from .request import Request
+from .scheduler import Scheduler
+
+
+@dataclass
+class ServeRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    emit: Callable[[str, object], None]       # ("token", id) / ("done", reason) / ("error", message)
+    lower: int | None = None                  # client's lower bound on the output length, if any
+    id: int = -1
+    emitted: list[int] = field(default_factory=list)
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class EngineLoop:
+    def __init__(self, batch: BatchEngine, policy: str, kv_budget: int, eos_ids: set[int], seed: int = 0):
+        self.batch, self.eos_ids = batch, eos_ids
+        self.sched = Scheduler(make_policy(policy, seed), kv_budget, batch.block_size)
+        self.policy_name, self.kv_budget = policy, kv_budget
+        self.lengths = LengthPredictor()
+        self._lock = threading.Condition()
+        self._incoming: deque[ServeRequest] = deque()
+        self._cancels: set[int] = set()
+        self._live: dict[int, ServeRequest] = {}
+        self._samplers: dict[int, Sampler] = {}
+        self._next_id = 0
+        self._stop = False
+        self.stats = dict(requests_total=0, finished_total=0, cancelled_total=0, evictions_total=0,
+                          tokens_generated_total=0, steps_total=0, kv_peak_tokens=0)
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tok/s
+        self.thread = threading.Thread(target=self._run, name="pyinfer-engine", daemon=True)
+
+    # ---- front-end side (any thread) -------------------------------------------------------
+    def check(self, prompt_len: int, max_tokens: int) -> str | None:
+        """Why this request can never run here, or None."""
+        cap = self.batch.max_blocks * self.batch.block_size
+        if prompt_len + max_tokens > min(cap, self.kv_budget):
+            return (f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds this server's limit of "
+                    f"{min(cap, self.kv_budget)} tokens per request")
+        return None
+
+    def submit(self, req: ServeRequest) -> int:
+        with self._lock:
+            req.id = self._next_id
+            self._next_id += 1
+            self._incoming.append(req)
+            self.stats["requests_total"] += 1
+            self._lock.notify()
+        return req.id
+
+    def cancel(self, req_id: int) -> None:
+        with self._lock:
+            self._cancels.add(req_id)
+            self._lock.notify()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        self.thread.join(timeout=10)
+
+    def metrics(self) -> dict:
+        with self._lock:
+            now = time.monotonic()
+            window = [n for t, n in self._recent if now - t <= 10.0]
+            return dict(self.stats, waiting=len(self.sched.waiting) + len(self._incoming),
+                        running=len(self.sched.running), kv_used_tokens=self.sched.kv_tokens_reserved,
+                        kv_budget_tokens=self.kv_budget, tokens_per_second=sum(window) / 10.0)
+
+    # ---- engine thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._stop or self._incoming or self._cancels or self.sched.has_unfinished()):
+                    self._lock.wait()
+                if self._stop:
+                    break
+                self._admit_new()
+            try:
+                self.step()
+            except Exception as e:  # never lose a request silently: fail the live ones loudly
+                for rid in list(self._live):
+                    self._finish(rid, "error", f"engine failure: {type(e).__name__}: {e}")
+        for rid in list(self._live):
+            self._finish(rid, "error", "server shutting down")
+
+    def _admit_new(self) -> None:
+        while self._incoming:
+            req = self._incoming.popleft()
+            lower = self.lengths.lower_bound(len(req.prompt_ids), req.max_tokens, req.lower)
+            r = Request(req.id, len(req.prompt_ids), lower, req.max_tokens, arrival=self.sched.step)
+            self.sched.add_request(r)
+            self._live[req.id] = req
+            self._samplers[req.id] = Sampler(req.sampling)
+        for rid in self._cancels:
+            if rid in self._live and self.sched.abort(rid):
+                self.stats["cancelled_total"] += 1
+                self._finish(rid, "cancelled", None)
+        self._cancels.clear()
+
+    def step(self) -> None:
+        out = self.sched.schedule()                                            # schedule()
+        self.stats["steps_total"] += 1
+        self.stats["evictions_total"] += len(out.evicted)
+        self.stats["kv_peak_tokens"] = max(self.stats["kv_peak_tokens"], self.sched.kv_tokens_reserved)
+        if not out.running:
+            return
+        admitted = set(out.admitted)
+        work = []
+        for rid in out.running:
+            req, r = self._live[rid], self.sched._by_id[rid]
+            blocks = self.sched.blocks.table(rid)
+            if rid in admitted:
+                work.append(SeqWork(rid, req.prompt_ids, 0, blocks))
+            else:
+                fed = req.emitted[r.generated - 1]
+                work.append(SeqWork(rid, [fed], r.prompt_len + r.generated - 1, blocks))
+        logits = self.batch.step(work)                                         # run()
+        finished = []                                                          # postprocess()
+        for rid in out.running:
+            req, r = self._live[rid], self.sched._by_id[rid]
+            if r.generated < len(req.emitted):
+                tok = req.emitted[r.generated]  # replay after an eviction
+            else:
+                tok = self._samplers[rid](logits[rid])
+                if tok in self.eos_ids:
+                    finished.append((rid, "stop"))
+                    continue
+                req.emitted.append(tok)
+                self.stats["tokens_generated_total"] += 1
+                req.emit("token", tok)
+            if r.generated + 1 >= req.max_tokens:
+                finished.append((rid, "length"))
+        with self._lock:
+            self._recent.append((time.monotonic(), len(out.running)))
+            while len(self._recent) > 512:
+                self._recent.popleft()
+        self.sched.update_from_output([rid for rid, _ in finished])
+        for rid, reason in finished:
+            self.lengths.observe(len(self._live[rid].prompt_ids), len(self._live[rid].emitted))
+            self.stats["finished_total"] += 1
+            self._finish(rid, "done", reason)
+
+    def _finish(self, rid: int, kind: str, payload) -> None:
+        req = self._live.pop(rid, None)
+        self._samplers.pop(rid, None)
+        if req is not None and kind != "cancelled":
+            req.emit(kind, payload)
+
+    def stop_request(self, rid: int) -> None:
+        """A front end saw a stop string: end the request as finished (frees its KV)."""
+        self.cancel(rid)
+

@@ -1,0 +1,50 @@
+"""`pyinfer serve`: wires model, batch engine, scheduler loop and the HTTP API together."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..errors import PyinferError
+from .policies import POLICIES
+
+DEFAULT_POLICY = "hedge"
+BLOCK_SIZE = 16
+
+
+def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_POLICY, n_threads: int | None = None,
+                 api_key: str | None = None, max_seq_len: int | None = None, sparsity="off", target=None):
+    """Returns (app, loop, model); call loop.start() before serving."""
+    from ..api import load
+    from .batch_engine import BatchEngine
+    from .engine_loop import EngineLoop
+    from .openai_api import create_app
+
+    if policy not in POLICIES or policy == "hsf":
+        raise PyinferError(f"--scheduler must be one of {', '.join(p for p in POLICIES if p != 'hsf')} "
+                           "(hsf needs true lengths: simulation only)")
+    if kv_budget < BLOCK_SIZE * 2:
+        raise PyinferError(f"--kv-budget must be at least {BLOCK_SIZE * 2} tokens")
+    model = load(model_path, n_threads=n_threads, n_ctx=16, sparsity=sparsity, target=target)
+    cap = min(model.config.train_ctx, max_seq_len or model.config.train_ctx, kv_budget)
+    batch = BatchEngine(model.gguf, model.config, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, model.n_threads,
+                        sparsity=model.sparsity)
+    loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(model.tokenizer.end_of_generation))
+    name = Path(model.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
+    return create_app(model, loop, str(name), api_key), loop, model
+
+
+def serve(args) -> int:
+    import uvicorn
+
+    app, loop, model = build_server(args.model, args.kv_budget, args.scheduler, args.threads, args.api_key,
+                                    sparsity=args.sparsity, target=args.target)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"pyinfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
+    loop.start()
+    print(f"pyinfer: serving {model.path} on http://{args.host}:{args.port}/v1 "
+          f"(scheduler {args.scheduler}, KV budget {loop.kv_budget} tokens)", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        loop.stop()
+    return 0

@@ -1,0 +1,1 @@
+"""Activation sparsity: profiling, thresholds, predictor training and the versioned sidecar file."""

@@ -1,0 +1,134 @@
+"""The sparsity plan of one model, and its versioned sidecar file.
+
+One `.npz` file (no pickles) holds everything the sparse decode path needs: the criterion and
+per-layer thresholds, the hot-first neuron permutation, the always-on hot prefix and the predictors
+(stored as Q8_0 blocks, the format the engine runs). It is bound to one model by a fingerprint,
+and a mismatch is a clear error, never a silent wrong answer.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PyinferError
+
+FORMAT = "pyinfer-sparsity"
+FORMAT_VERSION = 1
+# contrib: |SiLU(gate) * up| > t (ours); gate: |SiLU(gate)| > t (CATS baseline); relu: gate > 0 (ReLU models)
+MODES = ("contrib", "gate", "relu")
+
+
+class SparsityFileError(PyinferError):
+    """A sidecar file that is missing, corrupt, of another version or for another model."""
+
+
+def read_npz(path: Path, what: str, fmt: str, version: int) -> tuple[dict, dict[str, np.ndarray]]:
+    """(JSON header, arrays) of one of our .npz files, or a one-line SparsityFileError."""
+    if not path.is_file():
+        raise SparsityFileError(f"{what} not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            header = json.loads(bytes(z["header"]).decode())
+            data = {k: z[k] for k in z.files if k != "header"}
+    except Exception as e:
+        raise SparsityFileError(f"{path} is not a pyinfer {what} ({type(e).__name__})") from None
+    if not isinstance(header, dict) or header.get("format") != fmt:
+        raise SparsityFileError(f"{path} is not a pyinfer {what}")
+    if header.get("version") != version:
+        raise SparsityFileError(f"{path} has format version {header.get('version')}; this pyinfer reads "
+                                f"version {version} (re-create it with this version)")
+    return header, data
+
+
+@dataclass
+class Predictor:
+    """Low-rank MLP d_model -> rank -> (n_ff - hot): logits of the cold neurons, in permuted order."""
+    w1_q8: np.ndarray     # U8 [rank, Q8_0 row bytes of d_model]
+    b1: np.ndarray        # F32 [rank]
+    w2_q8: np.ndarray     # U8 [n_ff - hot, Q8_0 row bytes of rank]
+    cut: np.ndarray       # F32 [n_ff - hot]: a neuron is predicted active when its logit > cut
+    stats: dict = field(default_factory=dict)  # recall, precision, densities, bytes (held-out)
+
+    @property
+    def rank(self) -> int:
+        return int(self.b1.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.w1_q8.nbytes + self.b1.nbytes + self.w2_q8.nbytes + self.cut.nbytes)
+
+
+@dataclass
+class LayerPlan:
+    perm: np.ndarray                 # I32 [n_ff]: perm[k] = original neuron at position k, hottest first
+    threshold: float                 # criterion cut-off t_l
+    hot: int = 0                     # perm[:hot] always run (only with a predictor)
+    predictor: Predictor | None = None
+    # Without a predictor, contrib mode can filter candidates first: up and down run only where
+    # |SiLU(gate)| > gate_threshold (0: gate and up dense, only down sparse).
+    gate_threshold: float = 0.0
+
+
+@dataclass
+class SparsityPlan:
+    mode: str
+    target: float                    # calibrated FFN sparsity (fraction of neurons skipped)
+    layers: list[LayerPlan]
+    fingerprint: str                 # of the model this plan was calibrated for
+    info: dict = field(default_factory=dict)
+
+    @property
+    def has_predictors(self) -> bool:
+        return all(lp.predictor is not None for lp in self.layers)
+
+    def predictor_bytes(self) -> int:
+        return sum(lp.predictor.nbytes for lp in self.layers if lp.predictor is not None)
+
+    # ---- file ------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        header = {"format": FORMAT, "version": FORMAT_VERSION, "mode": self.mode, "target": self.target,
+                  "fingerprint": self.fingerprint, "n_layers": len(self.layers), "created": time.time(),
+                  "info": self.info, "hot": [lp.hot for lp in self.layers],
+                  "thresholds": [float(lp.threshold) for lp in self.layers],
+                  "gate_thresholds": [float(lp.gate_threshold) for lp in self.layers],
+                  "predictor_stats": [lp.predictor.stats if lp.predictor else None for lp in self.layers]}
+        arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)}
+        for il, lp in enumerate(self.layers):
+            arrays[f"perm.{il}"] = lp.perm.astype(np.int32)
+            if lp.predictor is not None:
+                p = lp.predictor
+                arrays.update({f"w1.{il}": p.w1_q8, f"b1.{il}": p.b1.astype(np.float32),
+                               f"w2.{il}": p.w2_q8, f"cut.{il}": p.cut.astype(np.float32)})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp.npz")  # written whole, then renamed: never a half file
+        np.savez(tmp, **arrays)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, fingerprint: str | None = None, n_layers: int | None = None,
+             n_ff: int | None = None) -> "SparsityPlan":
+        path = Path(path)
+        header, data = read_npz(path, "sparsity file", FORMAT, FORMAT_VERSION)
+        if fingerprint is not None and header["fingerprint"] != fingerprint:
+            raise SparsityFileError(f"{path} was calibrated for a different model (fingerprint "
+                                    f"{header['fingerprint'][:12]}, this model is {fingerprint[:12]})")
+        layers = []
+        for il in range(int(header["n_layers"])):
+            pred = None
+            if f"w1.{il}" in data:
+                stats = (header.get("predictor_stats") or [None] * (il + 1))[il] or {}
+                pred = Predictor(data[f"w1.{il}"], data[f"b1.{il}"], data[f"w2.{il}"], data[f"cut.{il}"], stats)
+            layers.append(LayerPlan(data[f"perm.{il}"], float(header["thresholds"][il]), int(header["hot"][il]), pred,
+                                    float(header["gate_thresholds"][il])))
+        plan = cls(header["mode"], float(header["target"]), layers, header["fingerprint"], header.get("info", {}))
+        if n_layers is not None and len(layers) != n_layers:
+            raise SparsityFileError(f"{path} has {len(layers)} layers; the model has {n_layers}")
+        if n_ff is not None and any(len(lp.perm) != n_ff for lp in layers):
+            raise SparsityFileError(f"{path} is for an FFN width other than this model's {n_ff}")
+        return plan

@@ -1,0 +1,63 @@
+"""Runs a model over calibration text and hands each layer's FFN input, gate and up to a callback.
+
+It uses the C++ engine with a recording graph (the same kernels as inference), evaluating the
+text as independent windows, so calibration over tens of thousands of tokens takes a minute or two.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import numpy as np
+
+from .. import _core
+from ..errors import PyinferError
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from ..runtime.llama_graph import build_llama_graph
+
+# callback(layer, h F32 [T, d_model], gate F32 [T, d_ff] pre-activation, up F32 [T, d_ff]); views valid
+# until the next window
+LayerCallback = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
+
+
+class Recorder:
+    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, n_threads: int, window: int = 256):
+        self.cfg, self.window = cfg, window
+        b = build_llama_graph(gguf, cfg, window, record=True)
+        self._records = b.records
+        self._engine = _core.Engine(b.graph, max_tokens=window, max_outputs=1, n_threads=n_threads)
+
+    def run(self, ids: list[int], max_tokens: int, on_layer: LayerCallback, desc: str = "calibrating",
+            progress: bool = True) -> int:
+        """Feeds up to max_tokens of `ids` in windows; returns the number of tokens used."""
+        from tqdm import tqdm
+
+        n_win = min(len(ids), max_tokens) // self.window
+        if n_win < 1:
+            raise PyinferError(f"calibration text is too short: {len(ids)} tokens, need at least {self.window}")
+        positions = np.arange(self.window, dtype=np.int32)
+        with tqdm(total=n_win * self.window, desc=desc, unit="tok", disable=not progress, file=sys.stderr) as bar:
+            for w in range(n_win):
+                chunk = np.asarray(ids[w * self.window:(w + 1) * self.window], dtype=np.int32)
+                self._engine.run(self.window, chunk, positions, np.zeros(0, np.int32))
+                for il, (h_id, g_id, u_id) in enumerate(self._records):
+                    on_layer(il, self._engine.tensor(h_id, self.window), self._engine.tensor(g_id, self.window),
+                             self._engine.tensor(u_id, self.window))
+                bar.update(self.window)
+        return n_win * self.window
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def criterion(mode: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """The per-neuron activation criterion (bigger = more active). F32 [T, d_ff]."""
+    if mode == "contrib":
+        return np.abs(silu(gate) * up)
+    if mode == "gate":
+        return np.abs(silu(gate))
+    if mode == "relu":
+        return np.maximum(gate, 0.0) * np.abs(up)
+    raise PyinferError(f"unknown sparsity mode {mode!r}")

@@ -1,0 +1,66 @@
+"""`load(..., sparsity=...)`: turns "off" | "auto" | a path | a SparsityPlan into a plan or None.
+
+"auto" looks for a plan cached for this model and target; when there is none it calibrates one on the
+bundled calibration text (about a minute on 2 cores, like PowerInfer solving its placement on first
+load) and caches it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..errors import PyinferError
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from ..model.pull import cache_dir
+from .plan import SparsityPlan
+
+AUTO_TARGET = 0.5
+AUTO_PROFILE_TOKENS = 4096
+AUTO_TRAIN_TOKENS = 8192
+
+
+def auto_plan_path(fingerprint: str, target: float) -> Path:
+    return cache_dir() / "sparsity" / f"{fingerprint[:20]}-t{round(target * 100):02d}.npz"
+
+
+def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, target: float | None,
+                     n_threads: int, progress: bool = True) -> SparsityPlan | None:
+    if spec is None or spec is False or spec == "off":
+        return None
+    fp = gguf.fingerprint()
+    if isinstance(spec, SparsityPlan):
+        if spec.fingerprint != fp:
+            raise PyinferError("this sparsity plan was calibrated for a different model")
+        return spec
+    if spec == "auto":
+        target = AUTO_TARGET if target is None else target
+        path = auto_plan_path(fp, target)
+        if path.is_file():
+            return SparsityPlan.load(path, fp, cfg.n_layers, cfg.d_ff)
+        plan = calibrate_auto(gguf, cfg, tokenize, target, n_threads, progress)
+        try:
+            plan.save(path)
+        except OSError as e:  # a read-only cache only costs a recalibration next time
+            print(f"pyinfer: warning: could not cache the sparsity plan at {path}: {e}", file=sys.stderr)
+        return plan
+    if isinstance(spec, (str, os.PathLike)):
+        return SparsityPlan.load(spec, fp, cfg.n_layers, cfg.d_ff)
+    raise PyinferError(f"sparsity must be 'off', 'auto' or a path to a sparsity file, got {spec!r}")
+
+
+def calibrate_auto(gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, target: float, n_threads: int,
+                   progress: bool = True) -> SparsityPlan:
+    from .calibrate import build_plan, bundled_calibration_text, profile_model
+    from .predictor import TrainConfig
+
+    if progress:
+        print(f"pyinfer: calibrating activation sparsity (target {target:.0%}) on first use; cached afterwards",
+              file=sys.stderr)
+    ids = tokenize(bundled_calibration_text())
+    prof = profile_model(gguf, cfg, ids, AUTO_PROFILE_TOKENS, n_threads, progress=progress,
+                         info={"calibration": "bundled"})
+    train = TrainConfig(fixed_rank=64, epochs=8)
+    return build_plan(gguf, cfg, prof, target, ids, AUTO_TRAIN_TOKENS, n_threads, train, progress=progress,
+                      info={"calibration": "bundled", "auto": True})

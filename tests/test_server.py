@@ -1,0 +1,127 @@
+"""The OpenAI-compatible server, in process, with the real model, through the official `openai` client."""
+import json
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+KEY = "test-key"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(real_model_path):
+    from pyinfer.serve.server import build_server
+
+    app, loop, model = build_server(real_model_path, kv_budget=1024, policy="hedge", n_threads=2, api_key=KEY)
+    loop.start()
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    base = f"http://127.0.0.1:{port}"
+    yield base, loop, model
+    srv.should_exit = True
+    t.join(timeout=10)
+    loop.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key=KEY, max_retries=0)
+
+
+def model_id(server):
+    return httpx.get(server[0] + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()["data"][0]["id"]
+
+
+def test_completion_matches_local_greedy(server, client, real_model):
+    prompt = "The capital of France is"
+    r = client.completions.create(model=model_id(server), prompt=prompt, max_tokens=12, temperature=0)
+    assert r.choices[0].text == real_model.generate(prompt, max_tokens=12, temperature=0)
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.completion_tokens <= 12
+
+
+def test_chat_streaming_and_not(server, client):
+    msgs = [{"role": "user", "content": "Say hello in one word."}]
+    whole = client.chat.completions.create(model=model_id(server), messages=msgs, max_tokens=10, temperature=0)
+    parts, finish = [], None
+    for ev in client.chat.completions.create(model=model_id(server), messages=msgs, max_tokens=10, temperature=0,
+                                             stream=True):
+        if ev.choices and ev.choices[0].delta.content:
+            parts.append(ev.choices[0].delta.content)
+        if ev.choices and ev.choices[0].finish_reason:
+            finish = ev.choices[0].finish_reason
+    assert "".join(parts) == whole.choices[0].message.content
+    assert finish in ("length", "stop")
+
+
+def test_concurrent_requests_all_complete(server, client):
+    out = [None] * 8
+
+    def one(i):
+        out[i] = client.completions.create(model=model_id(server), prompt=f"Number {i}:", max_tokens=20 + i,
+                                           temperature=0.7, seed=i).choices[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert all(c is not None and c.finish_reason in ("length", "stop") for c in out)
+
+
+def test_errors_are_openai_shaped(server, client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="hi", max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="exceeds"):
+        client.completions.create(model=model_id(server), prompt="hi", max_tokens=5000)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=model_id(server), prompt="hi", max_tokens=4, temperature=7)
+    bad = openai.OpenAI(base_url=server[0] + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model=model_id(server), prompt="hi", max_tokens=4)
+    r = httpx.post(server[0] + "/v1/completions", content=b"{not json", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_disconnect_cancels_and_frees_kv(server):
+    base, loop, _ = server
+    before = loop.metrics()["cancelled_total"]
+    with httpx.stream("POST", base + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"prompt": "Once upon a time", "max_tokens": 400, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk, then hang up
+    for _ in range(100):
+        m = loop.metrics()
+        if m["cancelled_total"] > before and m["running"] == 0:
+            break
+        time.sleep(0.1)
+    m = loop.metrics()
+    assert m["cancelled_total"] > before and m["running"] == 0 and m["kv_used_tokens"] == 0
+
+
+def test_metrics_and_health(server):
+    base = server[0]
+    assert httpx.get(base + "/health").json()["status"] == "ok"
+    text = httpx.get(base + "/metrics").text
+    vals = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln and not ln.startswith("#")}
+    assert vals["pyinfer_kv_peak_tokens"] <= vals["pyinfer_kv_budget_tokens"] == 1024
+    assert "pyinfer_evictions_total" in vals and "pyinfer_waiting" in vals

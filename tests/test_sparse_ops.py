@@ -1,0 +1,142 @@
+"""The neuron-aware ops against numpy, for every kernel ISA this CPU can run."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from pyinfer import _core
+from pyinfer._core import DType
+from pyinfer.runtime.graph_builder import single_op_engine
+
+ISAS = _core.available_isas().split(",")
+RNG = np.random.default_rng(7)
+
+
+def active_lists(scores: np.ndarray, thr: float) -> list[np.ndarray]:
+    return [np.flatnonzero(np.abs(s) > thr) for s in scores]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("wtype", [Q.Q4_1, Q.Q8_0, Q.F32])
+@pytest.mark.parametrize("density", [1.0, 0.5, 0.05, 0.0])
+def test_gather_matmul_writes_only_listed_rows(isa, wtype, density):
+    rows, k, n_tok = 101, 96, 2
+    w = RNG.standard_normal((rows, k)).astype(np.float32)
+    wq = w if wtype == Q.F32 else quants.quantize(w, wtype)
+    x = RNG.standard_normal((n_tok, k)).astype(np.float32)
+    s = (RNG.random((n_tok, rows)) < density).astype(np.float32) * 2.0
+
+    def build(b):
+        W = b.weight("w", int(wtype), k, rows, wq)
+        dense = b.matmul(W, b.weight("x", int(DType.F32), k, n_tok, x), "dense")
+        act = b.active_set(b.weight("s", int(DType.F32), rows, n_tok, s), rows, "act", threshold=1.0)
+        X = b.weight("x2", int(DType.F32), k, n_tok, x)
+        return dense, act, b.matmul(W, X, "y", active=act)
+
+    eng, (dense, act, y) = single_op_engine(build, max_tokens=4, n_threads=2, isa=isa)
+    eng.run(n_tok)
+    got, ref, lists = eng.tensor(y.id, n_tok), eng.tensor(dense.id, n_tok), eng.tensor(act.id, n_tok)
+    for t, ids in enumerate(active_lists(s, 1.0)):
+        assert lists[t, 0] == len(ids)
+        np.testing.assert_array_equal(lists[t, 1:1 + len(ids)], ids)
+        np.testing.assert_array_equal(got[t, ids], ref[t, ids])  # the same dot products as dense
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("wtype", [Q.Q8_0, Q.Q4_1, Q.F32, Q.F16])
+@pytest.mark.parametrize("density", [1.0, 0.3, 0.0])
+def test_down_axpy_matches_numpy(isa, wtype, density):
+    n_ff, d, n_tok = 70, 96, 3
+    wt = RNG.standard_normal((n_ff, d)).astype(np.float32)
+    if wtype == Q.F32:
+        wdata, wd = wt, wt
+    elif wtype == Q.F16:
+        wdata = wt.astype(np.float16)
+        wd = wdata.astype(np.float32)
+    else:
+        wdata = quants.quantize(wt, wtype)
+        wd = quants.dequantize(wdata, wtype).reshape(n_ff, d)
+    a = (RNG.standard_normal((n_tok, n_ff)) * (RNG.random((n_tok, n_ff)) < density)).astype(np.float32)
+
+    def build(b):
+        A = b.weight("a", int(DType.F32), n_ff, n_tok, a)
+        act = b.active_set(A, n_ff, "act", threshold=0.0)
+        return b.down_axpy(b.weight("w", int(wtype), d, n_ff, wdata), A, act)
+
+    eng, y = single_op_engine(build, max_tokens=4, n_threads=2, isa=isa)
+    eng.run(n_tok)
+    want = a @ wd
+    np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-5, atol=1e-4 * max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_gated_act_and_active_set_modes(relu):
+    n_ff, n_tok = 64, 2
+    g = RNG.standard_normal((n_tok, n_ff)).astype(np.float32)
+    u = RNG.standard_normal((n_tok, n_ff)).astype(np.float32)
+    cut = RNG.standard_normal((1, n_ff - 8)).astype(np.float32)
+    logits = RNG.standard_normal((n_tok, n_ff - 8)).astype(np.float32)
+
+    def build(b):
+        G = b.weight("g", int(DType.F32), n_ff, n_tok, g)
+        U = b.weight("u", int(DType.F32), n_ff, n_tok, u)
+        gate = b.add(G, b.weight("zero", int(DType.F32), n_ff, n_tok, np.zeros_like(g)), name="gate")
+        pred = b.active_set(b.weight("l", int(DType.F32), n_ff - 8, n_tok, logits), n_ff, "pred",
+                            cut=b.weight("c", int(DType.F32), n_ff - 8, 1, cut), hot=8)
+        cats = b.active_set(G, n_ff, "cats", threshold=0.2, silu=True)
+        b.gated_act(gate, U, pred, 0.1, relu=relu)
+        return gate, pred, cats
+
+    eng, (gate, pred, cats) = single_op_engine(build, max_tokens=4, n_threads=2)
+    eng.run(n_tok)
+    act = (np.maximum(g, 0) if relu else g / (1 + np.exp(-g))) * u
+    for t in range(n_tok):
+        ids = np.concatenate([np.arange(8), 8 + np.flatnonzero(logits[t] > cut[0])])
+        lst = eng.tensor(pred.id, n_tok)[t]
+        np.testing.assert_array_equal(lst[1:1 + lst[0]], ids)
+        want = np.where(np.abs(act[t, ids]) > 0.1, act[t, ids], 0)
+        np.testing.assert_allclose(eng.tensor(gate.id, n_tok)[t, ids], want, rtol=1e-5, atol=1e-6)
+        c = eng.tensor(cats.id, n_tok)[t]
+        np.testing.assert_array_equal(c[1:1 + c[0]], np.flatnonzero(np.abs(g[t] / (1 + np.exp(-g[t]))) > 0.2))
+
+
+def test_bad_permutation_is_refused():
+    def build(b):
+        x = b.weight("x", int(DType.F32), 4, 1, np.ones((1, 4), np.float32))
+        return b.scatter_cols(x, b.weight("p", int(DType.I32), 4, 1, np.array([[0, 1, 2, 9]], np.int32)), "y")
+
+    with pytest.raises(ValueError, match="permutation"):
+        single_op_engine(build)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("src_type", [Q.Q4_1, Q.Q4_0])
+def test_q4t_down_is_lossless_and_matches_numpy(isa, src_type):
+    from pyinfer.runtime.sparse_ffn import q4t_from_blocks
+
+    d, n_ff, n_tok = 96, 128, 2
+    w = RNG.standard_normal((d, n_ff)).astype(np.float32)          # down [d, n_ff]
+    blocks = quants.quantize(w, src_type)
+    wd = quants.dequantize(blocks, src_type).reshape(d, n_ff)
+    nibbles, scales = q4t_from_blocks(blocks, src_type.name, d, n_ff)
+    # lossless: rebuild every neuron's column from the neuron-major form
+    q = np.stack([nibbles.reshape(n_ff, d // 32, 16) & 15, nibbles.reshape(n_ff, d // 32, 16) >> 4], 2)
+    q = q.reshape(n_ff, d).astype(np.float32)
+    g = np.arange(n_ff) // 32
+    rebuilt = scales[g, :d].astype(np.float32) * q + scales[g, d:].astype(np.float32)
+    np.testing.assert_allclose(rebuilt, wd.T, rtol=1e-6, atol=1e-6)
+
+    a = (RNG.standard_normal((n_tok, n_ff)) * (RNG.random((n_tok, n_ff)) < 0.4)).astype(np.float32)
+    perm = RNG.permutation(n_ff).astype(np.int32)                  # list ids are permuted neuron ids
+
+    def build(b):
+        A = b.weight("a", int(DType.F32), n_ff, n_tok, np.ascontiguousarray(a[:, perm]))  # permuted order
+        act = b.active_set(A, n_ff, "act", threshold=0.0)
+        return b.down_axpy(b.weight("w", int(DType.Q4T), d, n_ff, nibbles), A, act,
+                           scales=b.weight("s", int(DType.F16), 2 * d, n_ff // 32, scales),
+                           row_map=b.weight("m", int(DType.I32), n_ff, 1, perm))
+
+    eng, y = single_op_engine(build, max_tokens=4, n_threads=2, isa=isa)
+    eng.run(n_tok)
+    want = a @ wd.T
+    np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-5, atol=1e-4 * np.abs(want).max())

@@ -1,0 +1,181 @@
+"""Sparse FFN path: exactness against dense, modes on tiny ReLU and SwiGLU models, the sidecar file."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+import pyinfer
+from pyinfer.errors import PyinferError
+from pyinfer.sparsity.plan import LayerPlan, Predictor, SparsityFileError, SparsityPlan
+from tiny_model import TINY, write_tiny_llama
+
+D, FF, L = TINY["d_model"], TINY["d_ff"], TINY["n_layers"]
+
+
+def all_active_plan(fingerprint: str, mode: str = "contrib", hot: int = 16, rank: int = 32, seed: int = 0,
+                    threshold: float = 0.0) -> SparsityPlan:
+    """Predictors that say "every neuron is active" (zero weights, cut-off below zero) and a random
+    neuron order, so the permutation is exercised too."""
+    rng = np.random.default_rng(seed)
+    layers = []
+    for _ in range(L):
+        pred = Predictor(quants.quantize(np.zeros((rank, D), np.float32), Q.Q8_0), np.zeros(rank, np.float32),
+                         quants.quantize(np.zeros((FF - hot, rank), np.float32), Q.Q8_0),
+                         np.full(FF - hot, -1.0, np.float32), {"recall": 1.0})
+        layers.append(LayerPlan(rng.permutation(FF).astype(np.int32), threshold, hot, pred))
+    return SparsityPlan(mode, 0.0, layers, fingerprint)
+
+
+def decode_logits(model, tokens):
+    """Logits of each position, computed one token at a time (the decode path)."""
+    out = [model._forward([t], i, np.array([0]))[0] for i, t in enumerate(tokens)]
+    return np.stack(out)
+
+
+@pytest.fixture(scope="module")
+def float_model_path(tmp_path_factory):
+    return str(write_tiny_llama(tmp_path_factory.mktemp("f32") / "tiny-f32.gguf", seed=3, matrix_type=Q.F32,
+                                embed_type=Q.F32))
+
+
+TOKENS = [5, 17, 33, 2, 40, 41, 8, 60, 12]
+
+
+def test_all_active_predictor_reproduces_dense_logits(float_model_path):
+    dense = pyinfer.load(float_model_path, n_threads=2, n_ctx=64)
+    fp = dense.gguf.fingerprint()
+    sparse = pyinfer.load(float_model_path, n_threads=2, n_ctx=64, sparsity=all_active_plan(fp))
+    ref = decode_logits(dense, TOKENS)
+    np.testing.assert_allclose(decode_logits(sparse, TOKENS), ref, rtol=1e-4, atol=1e-4)
+    # prefill stays dense (through the permuted copies and back)
+    np.testing.assert_allclose(sparse.eval(TOKENS, all_logits=True), dense.eval(TOKENS, all_logits=True),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["contrib", "gate"])
+def test_threshold_only_zero_threshold_is_dense(float_model_path, mode):
+    dense = pyinfer.load(float_model_path, n_threads=1, n_ctx=64)
+    plan = all_active_plan(dense.gguf.fingerprint(), mode=mode)
+    for lp in plan.layers:
+        lp.predictor, lp.hot = None, 0
+    sparse = pyinfer.load(float_model_path, n_threads=1, n_ctx=64, sparsity=plan)
+    np.testing.assert_allclose(decode_logits(sparse, TOKENS), decode_logits(dense, TOKENS), rtol=1e-4, atol=1e-4)
+
+
+def test_emulated_prefill_matches_token_by_token_decode(float_model_path):
+    """The batched evaluation path (used for perplexity) computes exactly what sparse decode does."""
+    dense = pyinfer.load(float_model_path, n_threads=1, n_ctx=64)
+    plan = all_active_plan(dense.gguf.fingerprint(), threshold=0.05)
+    rng = np.random.default_rng(1)
+    for lp in plan.layers:  # a predictor that drops some neurons
+        lp.predictor.cut = rng.choice([-1.0, 1.0], FF - lp.hot).astype(np.float32)
+    dec = pyinfer.load(float_model_path, n_threads=2, n_ctx=64, sparsity=plan)
+    emu = pyinfer.load(float_model_path, n_threads=2, n_ctx=64, sparsity=plan, emulate_prefill=True)
+    got = decode_logits(dec, TOKENS)
+    np.testing.assert_allclose(emu.eval(TOKENS, all_logits=True), got, rtol=1e-4, atol=1e-4)
+    assert np.abs(got - decode_logits(dense, TOKENS)).max() > 1e-3  # and it really is sparse
+
+
+@pytest.fixture(scope="module")
+def relu_model_path(tmp_path_factory):
+    return str(write_tiny_llama(tmp_path_factory.mktemp("relu") / "tiny-relu.gguf", seed=5, matrix_type=Q.F32,
+                                embed_type=Q.F32, ffn_activation="relu"))
+
+
+def test_relu_mode_is_exact(relu_model_path, float_model_path):
+    dense = pyinfer.load(relu_model_path, n_threads=1, n_ctx=64)
+    assert dense.config.ffn_relu
+    silu_twin = pyinfer.load(float_model_path, n_threads=1, n_ctx=64)
+    assert not silu_twin.config.ffn_relu
+    ref = decode_logits(dense, TOKENS)
+    thr_only = all_active_plan(dense.gguf.fingerprint(), mode="relu")
+    for lp in thr_only.layers:
+        lp.predictor, lp.hot = None, 0
+    np.testing.assert_allclose(decode_logits(pyinfer.load(relu_model_path, n_threads=2, n_ctx=64, sparsity=thr_only),
+                                             TOKENS), ref, rtol=1e-4, atol=1e-4)
+    with_pred = all_active_plan(dense.gguf.fingerprint(), mode="relu")
+    np.testing.assert_allclose(decode_logits(pyinfer.load(relu_model_path, n_threads=2, n_ctx=64,
+                                                          sparsity=with_pred), TOKENS), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_swiglu_sparse_path_runs_and_stays_close(tiny_model_path):
+    dense = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = all_active_plan(dense.gguf.fingerprint())
+    for down in ("q8_0", "q4_1"):
+        sparse = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down=down)
+        a, b = decode_logits(sparse, TOKENS), decode_logits(dense, TOKENS)
+        # only the re-quantized neuron-major down (and float vs Q8 activations) differs
+        assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > 0.99
+
+
+# ---- sidecar file -------------------------------------------------------------------------------
+def test_sidecar_round_trip_and_errors(tmp_path, tiny_model_path):
+    plan = all_active_plan("abc123" * 8, threshold=0.25)
+    plan.layers[1].gate_threshold = 0.125
+    path = plan.save(tmp_path / "plan.npz")
+    back = SparsityPlan.load(path, "abc123" * 8, L, FF)
+    assert back.mode == plan.mode and back.has_predictors
+    for a, b in zip(plan.layers, back.layers):
+        np.testing.assert_array_equal(a.perm, b.perm)
+        np.testing.assert_array_equal(a.predictor.w2_q8, b.predictor.w2_q8)
+        np.testing.assert_array_equal(a.predictor.cut, b.predictor.cut)
+        assert (a.threshold, a.hot, a.gate_threshold) == (b.threshold, b.hot, b.gate_threshold)
+    with pytest.raises(SparsityFileError, match="different model"):
+        SparsityPlan.load(path, "f" * 48)
+    with pytest.raises(SparsityFileError, match="layers"):
+        SparsityPlan.load(path, n_layers=L + 1)
+    with pytest.raises(SparsityFileError, match="not found"):
+        SparsityPlan.load(tmp_path / "missing.npz")
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(SparsityFileError, match="not a pyinfer sparsity file"):
+        SparsityPlan.load(bad)
+    # a plan for another model is refused by load()
+    with pytest.raises(PyinferError, match="different model"):
+        pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=path)
+
+
+def test_sidecar_version_mismatch(tmp_path):
+    import json
+
+    path = all_active_plan("x" * 48).save(tmp_path / "plan.npz")
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(bytes(arrays["header"]).decode())
+    header["version"] = 99
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    np.savez(path, **arrays)
+    with pytest.raises(SparsityFileError, match="version 99"):
+        SparsityPlan.load(path)
+
+
+def test_profile_thresholds_hit_the_target():
+    from pyinfer.sparsity.profile import Profile
+
+    rng = np.random.default_rng(0)
+    prof = Profile.empty("contrib", 1, 64, "fp", {})
+    vals = np.abs(rng.standard_normal((4000, 64))) * np.linspace(0.1, 2.0, 64)  # neuron 63 fires most
+    prof.add(0, vals.astype(np.float32), vals.astype(np.float32))
+    for target in (0.3, 0.5, 0.7):
+        t = prof.thresholds(target)[0]
+        assert abs((vals < t).mean() - target) < 0.01
+    order = prof.hot_first_order(prof.thresholds(0.5))[0]
+    assert order[0] >= 56 and order[-1] <= 4  # coarse per-neuron bins: near-ties may swap
+    cut = prof.gate_cuts(prof.thresholds(0.5), 0.95)[0]
+    kept = (vals > cut)[vals > prof.thresholds(0.5)[0]].mean()
+    assert kept >= 0.95
+
+
+def test_predictor_training_reaches_recall_on_learnable_labels():
+    from pyinfer.sparsity.predictor import TrainConfig, train_layer
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3000, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    y = (x @ w) > 0.5                                   # a linear rule: learnable
+    freq = y.mean(0)
+    order = np.argsort(-freq)
+    pred, hot = train_layer(x, y[:, order], freq[order], TrainConfig(fixed_rank=32, epochs=10), 100.0)
+    assert pred.stats["recall"] >= 0.9
+    assert pred.stats["predicted_density"] < 0.8
+    assert pred.w1_q8.shape[0] == 32 and pred.w2_q8.shape[0] == 96 - hot
