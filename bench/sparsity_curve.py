@@ -30,6 +30,7 @@ from pyinfer.sparsity.predictor import TrainConfig  # noqa: E402
 from pyinfer.tools.perplexity import perplexity  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
+AUTO_CONFIG = "thr 40%"  # what sparsity="auto" calibrates for SwiGLU models (pyinfer/sparsity/resolve.py)
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
@@ -184,6 +185,11 @@ def plot(rows) -> None:
     ax.axhline(2.0, color="grey", lw=0.8, ls=":")
     ax.axvline(1.10, color="grey", lw=0.8, ls=":")
     ax.plot([1.0], [0.0], "k*", ms=10, label="dense")
+    auto = next((r for r in rows if r["config"] == AUTO_CONFIG), None)
+    if auto:
+        ax.plot([auto["vs_dense"]], [auto["ppl_vs_dense"] * 100], "o", ms=14, mfc="none", mec="red", mew=2,
+                label=f"auto default ({AUTO_CONFIG})")
+    ax.set_ylim(-2, 30)
     ax.set_xlabel("decode speed vs our dense engine (×)")
     ax.set_ylabel("perplexity increase (%)")
     ax.set_title("SmolLM2-135M: FFN sparsity target (labels) vs quality and speed")

@@ -28,7 +28,8 @@ def _mats(shape: str):
         rng = np.random.default_rng(0)
         gate = quants.quantize(rng.standard_normal((ff, d)).astype(np.float32) * 0.05, Q.Q4_1)   # [ff, d]
         down = quants.quantize(rng.standard_normal((d, ff)).astype(np.float32) * 0.05, Q.Q4_1)   # [d, ff]
-        _cache[shape] = (gate, down, q4t_from_blocks(down, "Q4_1", d, ff))
+        down_t = quants.quantize(quants.dequantize(down, Q.Q4_1).reshape(d, ff).T.copy(), Q.Q8_0)  # [ff, d]
+        _cache[shape] = (gate, down, q4t_from_blocks(down, "Q4_1", d, ff), down_t)
     return _cache[shape]
 
 
@@ -54,7 +55,7 @@ def _input(b, cols):
 @pytest.mark.parametrize("op", ["gate_gemv", "down_gemv"])
 def test_dense(benchmark, shape, op):
     d, ff = SHAPES[shape]
-    gate, down, _ = _mats(shape)
+    gate, down, _, _ = _mats(shape)
     rows, k, w = (ff, d, gate) if op == "gate_gemv" else (d, ff, down)
     eng, _ = single_op_engine(lambda b: b.matmul(b.weight("w", int(DType.Q4_1), k, rows, w), _input(b, k), "y"),
                               max_tokens=1, n_threads=THREADS)
@@ -65,7 +66,7 @@ def test_dense(benchmark, shape, op):
 @pytest.mark.parametrize("density", DENSITIES)
 def test_gather_gemv(benchmark, shape, density):
     d, ff = SHAPES[shape]
-    gate, _, _ = _mats(shape)
+    gate, _, _, _ = _mats(shape)
     s = _scores(ff, density)
 
     def build(b):
@@ -80,7 +81,7 @@ def test_gather_gemv(benchmark, shape, density):
 @pytest.mark.parametrize("density", DENSITIES)
 def test_down_axpy_q4t(benchmark, shape, density):
     d, ff = SHAPES[shape]
-    _, _, (nibbles, scales) = _mats(shape)
+    _, _, (nibbles, scales), _ = _mats(shape)
     s = _scores(ff, density)
 
     def build(b):
@@ -91,6 +92,22 @@ def test_down_axpy_q4t(benchmark, shape, density):
 
     eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS)
     _run(benchmark, eng, shape=shape, op="down_axpy_q4t", density=density, kind="sparse")
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("density", DENSITIES)
+def test_down_axpy_q8_0(benchmark, shape, density):
+    d, ff = SHAPES[shape]
+    down_t = _mats(shape)[3]
+    s = _scores(ff, density)
+
+    def build(b):
+        a = b.get_rows(b.weight("a", int(DType.F32), ff, 1, s), _input_ids(b), "a")
+        active = b.active_set(a, ff, "active", threshold=0.5)
+        return b.down_axpy(b.weight("w", int(DType.Q8_0), d, ff, down_t), a, active)
+
+    eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS)
+    _run(benchmark, eng, shape=shape, op="down_axpy_q8_0", density=density, kind="sparse")
 
 
 def _input_ids(b):

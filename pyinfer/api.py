@@ -34,7 +34,7 @@ def load(path_or_name: str | os.PathLike | None = None, n_threads: int | None = 
 class Model:
     def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto",
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
-                 neuron_down: str = "q4t"):
+                 neuron_down: str = "auto"):
         """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
         the sparse path); by default prefill runs dense."""
         if not isinstance(n_ctx, int) or n_ctx < 1:

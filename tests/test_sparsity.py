@@ -179,3 +179,22 @@ def test_predictor_training_reaches_recall_on_learnable_labels():
     assert pred.stats["recall"] >= 0.9
     assert pred.stats["predicted_density"] < 0.8
     assert pred.w1_q8.shape[0] == 32 and pred.w2_q8.shape[0] == 96 - hot
+
+
+def test_auto_calibrates_once_then_uses_the_cache(tiny_model_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    assert m.sparsity is not None and m.sparsity.mode == "contrib"
+    assert m.sparsity.target == 0.4 and all(lp.threshold > 0 for lp in m.sparsity.layers)
+    cached = list((tmp_path / "sparsity").glob("*.npz"))
+    assert len(cached) == 1
+    again = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    assert [lp.threshold for lp in again.sparsity.layers] == [lp.threshold for lp in m.sparsity.layers]
+    assert len(m.generate("hello", max_tokens=4, temperature=0)) >= 0
+
+
+def test_auto_on_a_relu_model_trains_predictors(relu_model_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    m = pyinfer.load(relu_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    assert m.sparsity.mode == "relu" and m.sparsity.has_predictors
+    assert all(lp.threshold == 0.0 for lp in m.sparsity.layers)

@@ -10,7 +10,7 @@ from .sparse_ffn import dense_ffn, sparse_ffn
 
 
 def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
-                      emulate_prefill: bool = False, record: bool = False, down_type: str = "q4t",
+                      emulate_prefill: bool = False, record: bool = False, down_type: str = "auto",
                       paged: tuple[int, int] | None = None) -> GraphBuilder:
     """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py). `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).

@@ -31,7 +31,18 @@ def dense_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
 
 
 NEURON_DOWN_TYPES = {"q4_1": DType.Q4_1, "q8_0": DType.Q8_0}
-NEURON_DOWN_CHOICES = ("q4t", "q8_0", "q4_1")
+NEURON_DOWN_CHOICES = ("auto", "q4t", "q8_0", "q4_1")
+# Q4T shares each 32-neuron group's scales (20% of its bytes), read whenever one neuron of the group is
+# active; below this density most groups hold one or two active neurons and Q8_0's per-neuron scales
+# read fewer bytes (bench/results/sparse_kernels.md).
+Q4T_MIN_DENSITY = 0.2
+
+
+def pick_neuron_down(plan: SparsityPlan, requested: str) -> str:
+    if requested != "auto":
+        return requested
+    density = plan.info.get("density", 1.0 - plan.target)
+    return "q4t" if density >= Q4T_MIN_DENSITY else "q8_0"
 
 
 def q4t_down(gguf: GGUFModelFile, name: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -86,7 +97,7 @@ def permuted_rows(gguf: GGUFModelFile, name: str, perm: np.ndarray) -> np.ndarra
 
 
 def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, plan: SparsityPlan,
-               emulate_prefill: bool, down_type: str = "q4t") -> T:
+               emulate_prefill: bool, down_type: str = "auto") -> T:
     lp: LayerPlan = plan.layers[il]
     p = f"blk.{il}."
     n_ff, relu = cfg.d_ff, cfg.ffn_relu
@@ -94,6 +105,7 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     g_src, u_src = gguf.tensor(p + "ffn_gate.weight"), gguf.tensor(p + "ffn_up.weight")
     gate_w = b.weight(p + "ffn_gate.perm", g_src.dtype_id, g_src.cols, n_ff, permuted_rows(gguf, g_src.name, perm))
     up_w = b.weight(p + "ffn_up.perm", u_src.dtype_id, u_src.cols, n_ff, permuted_rows(gguf, u_src.name, perm))
+    down_type = pick_neuron_down(plan, down_type)
     q4t = q4t_down(gguf, p + "ffn_down.weight") if down_type == "q4t" and cfg.d_model % 32 == 0 else None
     if q4t is not None:  # lossless; rows stay in the original order, so list ids are mapped through perm
         down_t = b.weight(p + "ffn_down.q4t", int(DType.Q4T), cfg.d_model, n_ff, q4t[0])

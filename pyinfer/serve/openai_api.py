@@ -114,9 +114,13 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: str | None = N
         stops = _stops(body)
         aio = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        req = ServeRequest(prompt_ids, max_tokens, params,
-                           lambda kind, payload: aio.call_soon_threadsafe(events.put_nowait, (kind, payload)),
-                           lower)
+        def emit(kind, payload):  # called from the engine thread
+            try:
+                aio.call_soon_threadsafe(events.put_nowait, (kind, payload))
+            except RuntimeError:  # event loop gone (shutdown): nobody is listening
+                pass
+
+        req = ServeRequest(prompt_ids, max_tokens, params, emit, lower)
         rid = loop.submit(req)
         decoder, matcher = IncrementalDecoder(tk), StopMatcher(stops)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]

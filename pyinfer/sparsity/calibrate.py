@@ -77,6 +77,8 @@ def build_plan(gguf: GGUFModelFile, cfg: LlamaConfig, profile: Profile, target: 
     thr = profile.thresholds(target, "gate" if mode == "gate" else None)
     perms = profile.hot_first_order(thr)
     layers = [LayerPlan(perms[il], float(thr[il])) for il in range(cfg.n_layers)]
+    # Expected share of neurons active per token (for ReLU models the target says nothing about it).
+    info = dict(info or {}, density=float(profile.frequencies(thr).mean()))
     if train is None and gate_recall is not None and mode == "contrib":
         for lp, cut in zip(layers, profile.gate_cuts(thr, gate_recall)):
             lp.gate_threshold = float(cut)
