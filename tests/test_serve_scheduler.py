@@ -26,7 +26,7 @@ def test_block_manager_counts_and_frees():
     assert bm.free(1) == 2 and bm.free_blocks == 2
 
 
-@pytest.mark.parametrize("policy", ["amin", "amin-lazy", "amax", "hsf", "fcfs", "hedge"])
+@pytest.mark.parametrize("policy", ["amin", "amin-progress", "amax", "hsf", "fcfs", "hedge"])
 def test_every_request_finishes_within_budget(policy):
     s, o = lmsys_like_lengths(200, seed=1)
     lo, up = intervals(o, "c", 0.5)

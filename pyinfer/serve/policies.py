@@ -4,9 +4,11 @@ Each policy says (1) the output length it plans for, (2) the order it admits in,
 evicts in and (4) what it learns from an eviction. Scheduler does the rest.
 
 Pinned-down choices (they change results; see the serving issue):
-- A_min plans a running request at max(õ_i, a_i + 1) ("refined by progress"): a request that has
-  outlived its pseudo lower bound is expected to emit at least one more token. On eviction õ_i
-  becomes max(õ_i, a_i). Eviction order: ascending õ_i, ties broken by a seeded random draw.
+- A_min plans a running request at max(õ_i, a_i + 1): a request that has outlived its pseudo lower
+  bound is expected to emit at least one more token. On eviction õ_i becomes max(õ_i, a_i).
+- Eviction order, the choice the paper leaves open: "amin" (the paper's letter) evicts in ascending
+  õ_i, where õ_i changes only on eviction, ties broken by a seeded random draw; "amin-progress" ranks
+  running requests by õ_i refined by their progress, max(õ_i, a_i), so the least-progressed go first.
 - A_max admits in ascending u_i (ties: arrival), so with equal intervals it is arrival order.
 - FCFS checks only the current step and preempts the newest arrival first (vLLM's recompute)."""
 from __future__ import annotations
@@ -49,20 +51,20 @@ class AMax(Policy):
 class AMin(Policy):
     name = "amin"
 
-    def __init__(self, seed: int = 0, refine_running: bool = True):
+    def __init__(self, seed: int = 0, refine_running: bool = False):
         self.rng = random.Random(seed)
         self.refine_running = refine_running
         self._tiebreak: dict[int, float] = {}
 
     def planned_len(self, r: Request) -> int:
-        return max(r.pseudo_lower, r.generated + 1) if self.refine_running else r.pseudo_lower
+        return max(r.pseudo_lower, r.generated + 1)
 
     def admission_key(self, r: Request):
         return (r.pseudo_lower, r.arrival, r.id)
 
     def victim_key(self, r: Request):
         tb = self._tiebreak.setdefault(r.id, self.rng.random())
-        return (r.pseudo_lower, tb)
+        return (max(r.pseudo_lower, r.generated) if self.refine_running else r.pseudo_lower, tb)
 
     def on_evict(self, r: Request) -> None:
         r.pseudo_lower = max(r.pseudo_lower, r.generated)
@@ -159,8 +161,8 @@ POLICIES = {"amin": AMin, "amax": AMax, "hsf": HindsightSF, "fcfs": FCFS, "hedge
 
 
 def make_policy(name: str, seed: int = 0, **kwargs) -> Policy:
-    if name == "amin-lazy":  # the other reading of the paper: õ refined only on eviction
-        return AMin(seed, refine_running=False)
+    if name == "amin-progress":  # the other reading of the paper's eviction order
+        return AMin(seed, refine_running=True)
     if name not in POLICIES:
         raise ValueError(f"unknown scheduler '{name}' (choose from {', '.join(POLICIES)})")
     if name in ("amin", "hedge"):
