@@ -92,12 +92,13 @@ async def run_load(base: str, work, concurrency: int, kv_budget: int, timeout: f
                 evictions=vals["pyinfer_evictions_total"])
 
 
-def batch_throughput(threads: int) -> dict:
+def batch_throughput(threads: int, sparsity=None, sparse_batches: bool = False) -> dict:
+    """Aggregate decode tokens/s of the batch engine at several batch sizes (in process)."""
     import pyinfer
     from pyinfer.serve.batch_engine import BatchEngine, SeqWork
 
-    m = pyinfer.load(None, n_threads=threads, n_ctx=16)
-    be = BatchEngine(m.gguf, m.config, 256, 16, 512, threads)
+    m = pyinfer.load(None, n_threads=threads, n_ctx=16, sparsity=sparsity or "off", progress=False)
+    be = BatchEngine(m.gguf, m.config, 256, 16, 512, threads, sparsity=m.sparsity, sparse_batches=sparse_batches)
     out = {}
     for bsz in (1, 4, 8, 16):
         tables = [list(range(i * 16, i * 16 + 16)) for i in range(bsz)]
@@ -119,12 +120,15 @@ def main() -> int:
     ap.add_argument("--schedulers", nargs="+", default=["fcfs", "amax", "amin", "hedge"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900.0, help="per request, seconds")
+    ap.add_argument("--merge", action="store_true",
+                    help="update only these schedulers in an existing serve_load.json (keeps its batch figures)")
     args = ap.parse_args()
     import pyinfer
 
     tok = pyinfer.load(None, n_threads=1, n_ctx=16).tokenizer
     work = workload(args.requests, tok)
-    results = {}
+    old = json.loads((RESULTS / "serve_load.json").read_text()) if args.merge else None
+    results = dict(old["load"]) if old else {}
     for policy in args.schedulers:
         port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "pyinfer.cli", "serve", "--kv-budget", str(args.kv_budget),
@@ -143,12 +147,18 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    batch = batch_throughput(args.threads)
+    if old:
+        batch = {int(k): v for k, v in old["batch_decode_tok_s"].items()}
+        sparse_b = {int(k): v for k, v in old["batch_decode_tok_s_sparse"].items()}
+    else:
+        batch = batch_throughput(args.threads)
+        # Break-even of sparse decode in batches: per-token sparse FFN (auto plan) vs the dense batch path.
+        sparse_b = batch_throughput(args.threads, "auto", sparse_batches=True)
     RESULTS.mkdir(exist_ok=True)
     meta = dict(requests=args.requests, concurrency=args.concurrency, kv_budget=args.kv_budget, threads=args.threads,
                 date=time.strftime("%Y-%m-%d"))
-    (RESULTS / "serve_load.json").write_text(json.dumps({"meta": meta, "load": results, "batch_decode_tok_s": batch},
-                                                        indent=1))
+    (RESULTS / "serve_load.json").write_text(json.dumps({"meta": meta, "load": results, "batch_decode_tok_s": batch,
+                                                         "batch_decode_tok_s_sparse": sparse_b}, indent=1))
     lines = [f"# pyinfer serve under load ({args.requests} requests, concurrency {args.concurrency}, "
              f"KV budget {args.kv_budget} tokens, {args.threads} threads, SmolLM2-135M Q4_1)", "",
              "| scheduler | completed | errors | avg latency s | p50 s | tokens/s | evictions | KV peak / budget |",
@@ -157,8 +167,10 @@ def main() -> int:
         lines.append(f"| {p} | {r['completed']}/{r['requests']} | {r['errors']} | {r['avg_latency_s']:.2f} | "
                      f"{r['p50_latency_s']:.2f} | {r['tokens_per_s']:.1f} | {int(r['evictions'])} | "
                      f"{int(r['kv_peak'])} / {int(r['kv_budget'])} |")
-    lines += ["", "Aggregate decode tokens/s of the batch engine (in process):", "",
-              "| batch | tokens/s |", "|---|---|"] + [f"| {b} | {v:.1f} |" for b, v in batch.items()]
+    lines += ["", "Aggregate decode tokens/s of the batch engine (in process), dense and with the `auto` sparsity "
+              "plan applied per token in every batch (each token its own active list):", "",
+              "| batch | dense tokens/s | sparse tokens/s | sparse / dense |", "|---|---|---|---|"]
+    lines += [f"| {b} | {v:.1f} | {sparse_b[b]:.1f} | {sparse_b[b] / v:.3f} |" for b, v in batch.items()]
     (RESULTS / "serve_load.md").write_text("\n".join(lines) + "\n")
     return 0
 

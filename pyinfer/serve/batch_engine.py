@@ -28,11 +28,14 @@ class SeqWork:
 
 class BatchEngine:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, num_blocks: int, block_size: int, max_seq_len: int,
-                 n_threads: int, max_batch_tokens: int = 512, sparsity=None):
+                 n_threads: int, max_batch_tokens: int = 512, sparsity=None, sparse_batches: bool = False):
+        """`sparse_batches`: multi-token runs use the sparse FFN too (each token its own active list)
+        instead of the dense GEMM; off by default because it only paid at batch 1 (bench/serve_load.py)."""
         self.cfg, self.block_size, self.num_blocks = cfg, block_size, num_blocks
         self.max_blocks = -(-max_seq_len // block_size)
         self.max_batch_tokens = max_batch_tokens
-        b = build_llama_graph(gguf, cfg, num_blocks * block_size, sparsity, paged=(block_size, self.max_blocks))
+        b = build_llama_graph(gguf, cfg, num_blocks * block_size, sparsity, emulate_prefill=sparse_batches,
+                              paged=(block_size, self.max_blocks))
         try:
             self.engine = _core.Engine(b.graph, max_tokens=max_batch_tokens, max_outputs=max_batch_tokens,
                                        n_threads=n_threads)

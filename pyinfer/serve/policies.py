@@ -101,11 +101,17 @@ class Hedge(Policy):
     request at the q-quantile of finished lengths inside its window [max(õ_i, a_i + 1), u_i], admits
     shortest plan first, and on overflow evicts the least-progressed request (the least wasted work).
     Otherwise (e.g. every request predicted [1, 1000]) it behaves exactly as A_min, which is the better
-    bet without information. Before `warmup` requests have finished it also behaves as A_min."""
+    bet without information. Before `warmup` requests have finished it also behaves as A_min.
+    A third regime: when most finished requests ran to their upper bound (a client whose max_tokens is
+    the real length), u is the best estimate, and it plans with u and evicts nothing, as A_max does."""
     name = "hedge"
 
-    def __init__(self, seed: int = 0, quantile: float = 0.25, warmup: int = 20, min_corr: float = 0.3):
-        self.quantile, self.warmup, self.min_corr = quantile, warmup, min_corr
+    def __init__(self, seed: int = 0, quantile: float = 0.25, warmup: int = 20, min_corr: float = 0.3,
+                 tight_upper: float = 0.5):
+        self.quantile, self.warmup, self.min_corr, self.tight_upper = quantile, warmup, min_corr, tight_upper
+        self.amax = AMax()
+        self._at_upper = 0
+        self._upper_is_tight = False
         self.amin = AMin(seed)
         self._lengths: list[int] = []
         self._mids: list[float] = []
@@ -124,13 +130,21 @@ class Hedge(Policy):
         mids = np.log(np.asarray(self._mids))
         self._informative = bool(len(lengths) >= self.warmup and mids.std() > 1e-9 and
                                  np.corrcoef(mids, np.log(lengths))[0, 1] >= self.min_corr)
+        self._upper_is_tight = len(lengths) >= 8 and self._at_upper >= self.tight_upper * len(lengths)
 
     @property
     def informative(self) -> bool:
         self._refresh()
         return self._informative
 
+    @property
+    def upper_is_tight(self) -> bool:
+        self._refresh()
+        return self._upper_is_tight
+
     def planned_len(self, r: Request) -> int:
+        if self.upper_is_tight:
+            return self.amax.planned_len(r)
         if not self.informative:
             return self.amin.planned_len(r)
         import numpy as np
@@ -143,6 +157,8 @@ class Hedge(Policy):
         return int(s[i0 + min(i1 - i0 - 1, int(self.quantile * (i1 - i0)))])
 
     def admission_key(self, r: Request):
+        if self.upper_is_tight:
+            return self.amax.admission_key(r)
         return (self.planned_len(r), r.arrival, r.id) if self.informative else self.amin.admission_key(r)
 
     def victim_key(self, r: Request):
@@ -152,6 +168,7 @@ class Hedge(Policy):
         self.amin.on_evict(r)
 
     def on_finish(self, r: Request) -> None:
+        self._at_upper += r.generated >= r.upper
         self._lengths.append(r.generated)
         self._mids.append((r.lower * r.upper) ** 0.5)
         self._dirty = True
