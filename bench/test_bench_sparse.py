@@ -79,35 +79,22 @@ def test_gather_gemv(benchmark, shape, density):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("density", DENSITIES)
-def test_down_axpy_q4t(benchmark, shape, density):
+@pytest.mark.parametrize("fmt", ["q4t", "q8_0"])
+def test_down_axpy(benchmark, shape, density, fmt):
     d, ff = SHAPES[shape]
-    _, _, (nibbles, scales), _ = _mats(shape)
+    _, _, (nibbles, scales), down_t = _mats(shape)
     s = _scores(ff, density)
 
     def build(b):
         a = b.get_rows(b.weight("a", int(DType.F32), ff, 1, s), _input_ids(b), "a")
         active = b.active_set(a, ff, "active", threshold=0.5)
+        if fmt == "q8_0":
+            return b.down_axpy(b.weight("w", int(DType.Q8_0), d, ff, down_t), a, active)
         return b.down_axpy(b.weight("w", int(DType.Q4T), d, ff, nibbles), a, active,
                            scales=b.weight("sc", int(DType.F16), 2 * d, ff // 32, scales))
 
     eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS)
-    _run(benchmark, eng, shape=shape, op="down_axpy_q4t", density=density, kind="sparse")
-
-
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("density", DENSITIES)
-def test_down_axpy_q8_0(benchmark, shape, density):
-    d, ff = SHAPES[shape]
-    down_t = _mats(shape)[3]
-    s = _scores(ff, density)
-
-    def build(b):
-        a = b.get_rows(b.weight("a", int(DType.F32), ff, 1, s), _input_ids(b), "a")
-        active = b.active_set(a, ff, "active", threshold=0.5)
-        return b.down_axpy(b.weight("w", int(DType.Q8_0), d, ff, down_t), a, active)
-
-    eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS)
-    _run(benchmark, eng, shape=shape, op="down_axpy_q8_0", density=density, kind="sparse")
+    _run(benchmark, eng, shape=shape, op=f"down_axpy_{fmt}", density=density, kind="sparse")
 
 
 def _input_ids(b):
