@@ -1,11 +1,9 @@
 """The OpenAI-compatible server, in process, with the real model, through the official `openai` client."""
-import json
 import socket
 import threading
 import time
 
 import httpx
-import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")

@@ -6,7 +6,6 @@ output 1-883, mean 85, median 43), fitted as lognormals clipped to the range: th
 sigma is solved so the clipped sample mean matches. Everything is seeded."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
