@@ -47,6 +47,12 @@ def workload(n: int, tokenizer, seed: int = 0):
     return out
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {name: value} for the unlabelled samples."""
+    return {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
+            if ln and ln[0] != "#" and "{" not in ln and " " in ln}
+
+
 async def run_load(base: str, work, concurrency: int, kv_budget: int, timeout: float) -> dict:
     sem = asyncio.Semaphore(concurrency)
     lat, toks, errors = [], [], []
@@ -56,9 +62,7 @@ async def run_load(base: str, work, concurrency: int, kv_budget: int, timeout: f
     async with httpx.AsyncClient(timeout=timeout) as client:
         async def poll():
             while not done.is_set():
-                text = (await client.get(base + "/metrics")).text
-                vals = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln and ln[0] != "#"
-                        and " " in ln and not ln.startswith("pyinfer_scheduler_info")}
+                vals = parse_metrics((await client.get(base + "/metrics")).text)
                 kv_seen.append(vals["pyinfer_kv_used_tokens"])
                 await asyncio.sleep(0.25)
 
@@ -82,9 +86,7 @@ async def run_load(base: str, work, concurrency: int, kv_budget: int, timeout: f
         wall = time.perf_counter() - t0
         done.set()
         await poller
-        final = (await client.get(base + "/metrics")).text
-    vals = {ln.split()[0]: float(ln.split()[1]) for ln in final.splitlines() if ln and ln[0] != "#"
-            and not ln.startswith("pyinfer_scheduler_info")}
+        vals = parse_metrics((await client.get(base + "/metrics")).text)
     return dict(requests=len(work), completed=len(lat), errors=len(errors), error_samples=errors[:3],
                 avg_latency_s=statistics.mean(lat) if lat else None, p50_latency_s=statistics.median(lat) if lat else None,
                 tokens=sum(toks), wall_s=wall, tokens_per_s=sum(toks) / wall, kv_max_polled=max(kv_seen or [0]),
@@ -97,8 +99,11 @@ def batch_throughput(threads: int, sparsity=None, sparse_batches: bool = False) 
     import pyinfer
     from pyinfer.serve.batch_engine import BatchEngine, SeqWork
 
-    m = pyinfer.load(None, n_threads=threads, n_ctx=16, sparsity=sparsity or "off", progress=False)
-    be = BatchEngine(m.gguf, m.config, 256, 16, 512, threads, sparsity=m.sparsity, sparse_batches=sparse_batches)
+    from pyinfer.sparsity.resolve import resolve_sparsity
+
+    m = pyinfer.load(None, n_threads=threads, n_ctx=16)
+    plan = resolve_sparsity(sparsity, m.gguf, m.config, m.tokenizer.encode, None, threads, progress=False)
+    be = BatchEngine(m.gguf, m.config, 256, 16, 512, threads, sparsity=plan, sparse_batches=sparse_batches)
     out = {}
     for bsz in (1, 4, 8, 16):
         tables = [list(range(i * 16, i * 16 + 16)) for i in range(bsz)]

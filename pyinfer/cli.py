@@ -260,7 +260,6 @@ def cmd_profile(args) -> int:
     if args.tokens < 256:
         raise PyinferError("--tokens must be at least 256")
     text = read_calibration(args.file)
-    args.sparsity = "off"
     model = _load(args)
     prof = profile_model(model.gguf, model.config, model.tokenize(text), args.tokens, model.n_threads, args.mode,
                          info={"calibration": args.file or "bundled"})
@@ -290,7 +289,6 @@ def cmd_train_predictors(args) -> int:
     if args.rank is not None and (args.rank < 32 or args.rank % 32):
         raise PyinferError("--rank must be a positive multiple of 32")
     text = read_calibration(args.file)
-    args.sparsity = "off"
     model = _load(args)
     prof = Profile.load(args.profile, model.gguf.fingerprint())
     train = None if args.no_predictors else TrainConfig(recall=args.recall, fixed_rank=args.rank)

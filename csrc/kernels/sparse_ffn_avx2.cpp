@@ -115,9 +115,4 @@ void axpy_rows_avx2(const AxpyRowsArgs& a) {
 }
 
 }  // namespace pyinfer
-#else
-#include "kernels/kernels.h"
-namespace pyinfer {
-void axpy_rows_avx2(const AxpyRowsArgs& a) { axpy_rows_scalar(a); }
-}  // namespace pyinfer
 #endif

@@ -109,9 +109,4 @@ void axpy_rows_neon(const AxpyRowsArgs& a) {
 }
 
 }  // namespace pyinfer
-#else
-#include "kernels/kernels.h"
-namespace pyinfer {
-void axpy_rows_neon(const AxpyRowsArgs& a) { axpy_rows_scalar(a); }
-}  // namespace pyinfer
 #endif

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+
 from .request import Request
 
 
@@ -120,8 +122,6 @@ class Hedge(Policy):
         self._dirty = False
 
     def _refresh(self) -> None:
-        import numpy as np
-
         if not self._dirty:
             return
         self._dirty = False
@@ -147,8 +147,6 @@ class Hedge(Policy):
             return self.amax.planned_len(r)
         if not self.informative:
             return self.amin.planned_len(r)
-        import numpy as np
-
         lo = max(r.pseudo_lower, r.generated + 1)
         s = self._sorted
         i0, i1 = np.searchsorted(s, lo, "left"), np.searchsorted(s, r.upper, "right")

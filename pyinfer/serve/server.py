@@ -15,6 +15,7 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
                  api_key: str | None = None, max_seq_len: int | None = None, sparsity="off", target=None):
     """Returns (app, loop, model); call loop.start() before serving."""
     from ..api import load
+    from ..sparsity.resolve import resolve_sparsity
     from .batch_engine import BatchEngine
     from .engine_loop import EngineLoop
     from .openai_api import create_app
@@ -24,10 +25,13 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
                            "(hsf needs true lengths: simulation only)")
     if kv_budget < BLOCK_SIZE * 2:
         raise PyinferError(f"--kv-budget must be at least {BLOCK_SIZE * 2} tokens")
-    model = load(model_path, n_threads=n_threads, n_ctx=16, sparsity=sparsity, target=target)
+    # The Model serves tokenizer and chat template; the batch engine is the one that runs, so only it gets
+    # the sparse copies of the weights.
+    model = load(model_path, n_threads=n_threads, n_ctx=16)
+    plan = resolve_sparsity(sparsity, model.gguf, model.config, model.tokenizer.encode, target, model.n_threads)
     cap = min(model.config.train_ctx, max_seq_len or model.config.train_ctx, kv_budget)
     batch = BatchEngine(model.gguf, model.config, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, model.n_threads,
-                        sparsity=model.sparsity)
+                        sparsity=plan)
     loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(model.tokenizer.end_of_generation))
     name = Path(model.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
     return create_app(model, loop, str(name), api_key), loop, model

@@ -47,6 +47,13 @@ def _dq8(q: np.ndarray, cols: int) -> np.ndarray:
     return quants.dequantize(q, GGMLQuantizationType.Q8_0).reshape(-1, cols)
 
 
+def q8_scores(w1_q8: np.ndarray, b1: np.ndarray, w2_q8: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """relu(x @ W1.T + b1) @ W2.T with the Q8_0 weights the engine runs (no output bias: the engine
+    folds it into the per-neuron cut-offs). x: F32 [N, d] -> F32 [N, n_cold]."""
+    w1 = _dq8(w1_q8, x.shape[1])
+    return np.maximum(x @ w1.T + b1, 0) @ _dq8(w2_q8, w1.shape[0]).T
+
+
 class _MLP:
     def __init__(self, d: int, r: int, n: int, rng: np.random.Generator, prior: np.ndarray):
         self.w1 = (rng.standard_normal((d, r)) / np.sqrt(d)).astype(np.float32)
@@ -124,10 +131,9 @@ def _quantized_predictor(params, x_val, y_val, x_test, y_test, recall: float, ho
     """Quantizes to Q8_0 (the engine's format), then calibrates the cut-off with the quantized weights."""
     w1, b1, w2, b2 = params
     w1_q8, w2_q8 = _q8(w1.T), _q8(w2.T)          # [r, d], [n_cold, r]
-    w1d, w2d = _dq8(w1_q8, w1.shape[0]), _dq8(w2_q8, w2.shape[0])
 
     def logits(x):
-        return np.maximum(x @ w1d.T + b1, 0) @ w2d.T + b2
+        return q8_scores(w1_q8, b1, w2_q8, x) + b2
 
     cut = _cut_for_recall(logits(x_val), y_val, recall)
     stats = _metrics(logits(x_test), y_test, cut, hot, n_ff)

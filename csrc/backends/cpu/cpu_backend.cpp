@@ -9,15 +9,6 @@
 
 namespace pyinfer {
 
-namespace {
-
-template <typename T>
-T* row_ptr(const Tensor& t, int64_t row) {
-  return reinterpret_cast<T*>(static_cast<uint8_t*>(t.data) + row * int64_t(t.row_bytes));
-}
-
-}  // namespace
-
 struct CpuBackend::Job {
   CpuBackend* self;
   const Graph* graph;

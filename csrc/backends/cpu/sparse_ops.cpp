@@ -31,10 +31,6 @@ struct SiluCut {
   bool above(float g) const { return (g > hi) | ((g > lo) & (g < mid)); }
 };
 
-template <typename T>
-T* row_of(const Tensor& t, int64_t row) {
-  return reinterpret_cast<T*>(static_cast<uint8_t*>(t.data) + row * int64_t(t.row_bytes));
-}
 const Tensor& src(const Graph& g, const Node& n, int k) { return g.tensors[size_t(n.src[size_t(k)])]; }
 
 }  // namespace
@@ -46,8 +42,8 @@ void cpu_active_set(const Graph& g, const Node& n, const RunShape& shape, int it
   int64_t t0, t1;
   thread_share(rows_in_run(dst, shape), ith, nth, 1, t0, t1);  // one token's list is ~1 us of work
   for (int64_t t = t0; t < t1; ++t) {
-    const float* s = row_of<const float>(scores, t);
-    int32_t* list = row_of<int32_t>(dst, t);
+    const float* s = row_ptr<const float>(scores, t);
+    int32_t* list = row_ptr<int32_t>(dst, t);
     int32_t* ids = list + 1;
     int32_t count = 0;
     // Branch-free appends: the outcome is a coin flip at 50% sparsity, so a branch would mispredict.
@@ -82,12 +78,12 @@ void cpu_gather_matmul(const KernelTable& k, const Graph& g, const Node& n, cons
   const Tensor& x = src(g, n, 1);
   const Tensor& lists = src(g, n, 2);
   for (int64_t t = 0; t < rows_in_run(dst, shape); ++t) {
-    const int32_t* list = row_of<const int32_t>(lists, t);
+    const int32_t* list = row_ptr<const int32_t>(lists, t);
     int64_t r0, r1;
     thread_share(list[0], ith, nth, 8, r0, r1);
     if (r0 >= r1) continue;
     MatMulArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes, w.cols, r0, r1,
-                 row_of<const uint8_t>(x, t), x.row_bytes, 1, row_of<float>(dst, t), dst.cols, list + 1};
+                 row_ptr<const uint8_t>(x, t), x.row_bytes, 1, row_ptr<float>(dst, t), dst.cols, list + 1};
     k.matmul(a);
   }
 }
@@ -97,10 +93,10 @@ void cpu_gated_act(const Graph& g, const Node& n, const RunShape& shape, int ith
   const bool relu = n.i[0] == 1;
   const float thr = n.f[0];
   for (int64_t t = 0; t < rows_in_run(dst, shape); ++t) {
-    const float* gate = row_of<const float>(src(g, n, 0), t);
-    const float* up = row_of<const float>(src(g, n, 1), t);
-    const int32_t* list = row_of<const int32_t>(src(g, n, 2), t);
-    float* y = row_of<float>(dst, t);
+    const float* gate = row_ptr<const float>(src(g, n, 0), t);
+    const float* up = row_ptr<const float>(src(g, n, 1), t);
+    const int32_t* list = row_ptr<const int32_t>(src(g, n, 2), t);
+    float* y = row_ptr<float>(dst, t);
     int64_t k0, k1;
     thread_share(list[0], ith, nth, 16, k0, k1);
     for (int64_t kk = k0; kk < k1; ++kk) {
@@ -122,8 +118,9 @@ void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const Ru
   if (c0 >= c1) return;
   const int32_t* row_map = n.src[4] >= 0 ? static_cast<const int32_t*>(src(g, n, 4).data) : nullptr;
   for (int64_t t = 0; t < rows_in_run(dst, shape); ++t) {
-    const float* act = row_of<const float>(src(g, n, 1), t);
-    const int32_t* list = row_of<const int32_t>(src(g, n, 2), t);
+    const float* act = row_ptr<const float>(src(g, n, 1), t);
+    const int32_t* list = row_ptr<const int32_t>(src(g, n, 2), t);
+    // Every thread builds the same compact list (a few microseconds): cheaper than a barrier to share one.
     int64_t m = 0;
     if (row_map) {  // list ids -> down rows, then ascending rows (Q4T walks 32-neuron groups in order)
       for (int64_t r = 0; r < w.rows; ++r) scratch.dense[r] = 0.f;
@@ -141,7 +138,7 @@ void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const Ru
         m += act[j] != 0.f;
       }
     }
-    float* y = row_of<float>(dst, t);
+    float* y = row_ptr<float>(dst, t);
     for (int64_t c = c0; c < c1; ++c) y[c] = 0.f;
     AxpyRowsArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes, scratch.ids, scratch.coef,
                    m, c0, c1, y};

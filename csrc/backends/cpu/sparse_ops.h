@@ -22,6 +22,12 @@ void cpu_gated_act(const Graph& g, const Node& n, const RunShape& shape, int ith
 void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,
                    SparseScratch scratch);
 
+// Row `row` of a tensor, as T*.
+template <typename T>
+T* row_ptr(const Tensor& t, int64_t row) {
+  return reinterpret_cast<T*>(static_cast<uint8_t*>(t.data) + row * int64_t(t.row_bytes));
+}
+
 // Contiguous share [begin, end) of n items for thread ith, in multiples of `align`.
 inline void thread_share(int64_t n, int ith, int nth, int64_t align, int64_t& begin, int64_t& end) {
   const int64_t units = (n + align - 1) / align;
