@@ -25,6 +25,9 @@ import numpy as np
 
 from pyinfer.serve.simulate import lmsys_like_lengths
 
+sys.path.insert(0, str(Path(__file__).parent))
+from batch_decode import batch_throughput  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results"
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -94,29 +97,6 @@ async def run_load(base: str, work, concurrency: int, kv_budget: int, timeout: f
                 evictions=vals["pyinfer_evictions_total"])
 
 
-def batch_throughput(threads: int, sparsity=None, sparse_batches: bool = False) -> dict:
-    """Aggregate decode tokens/s of the batch engine at several batch sizes (in process)."""
-    import pyinfer
-    from pyinfer.serve.batch_engine import BatchEngine, SeqWork
-
-    from pyinfer.sparsity.resolve import resolve_sparsity
-
-    m = pyinfer.load(None, n_threads=threads, n_ctx=16)
-    plan = resolve_sparsity(sparsity, m.gguf, m.config, m.tokenizer.encode, None, threads, progress=False)
-    be = BatchEngine(m.gguf, m.config, 256, 16, 512, threads, sparsity=plan, sparse_batches=sparse_batches)
-    out = {}
-    for bsz in (1, 4, 8, 16):
-        tables = [list(range(i * 16, i * 16 + 16)) for i in range(bsz)]
-        prompt = m.tokenize("Once upon a time, in a small village,")
-        be.step([SeqWork(i, prompt, 0, tables[i]) for i in range(bsz)])
-        steps, pos = 48, len(prompt)
-        t0 = time.perf_counter()
-        for k in range(steps):
-            be.step([SeqWork(i, [42 + k], pos + k, tables[i]) for i in range(bsz)])
-        out[bsz] = bsz * steps / (time.perf_counter() - t0)
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=200)
@@ -152,18 +132,12 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    if old:
-        batch = {int(k): v for k, v in old["batch_decode_tok_s"].items()}
-        sparse_b = {int(k): v for k, v in old["batch_decode_tok_s_sparse"].items()}
-    else:
-        batch = batch_throughput(args.threads)
-        # Break-even of sparse decode in batches: per-token sparse FFN (auto plan) vs the dense batch path.
-        sparse_b = batch_throughput(args.threads, "auto", sparse_batches=True)
+    batch = {int(k): v for k, v in old["batch_decode_tok_s"].items()} if old else batch_throughput(args.threads)
     RESULTS.mkdir(exist_ok=True)
     meta = dict(requests=args.requests, concurrency=args.concurrency, kv_budget=args.kv_budget, threads=args.threads,
                 date=time.strftime("%Y-%m-%d"))
-    (RESULTS / "serve_load.json").write_text(json.dumps({"meta": meta, "load": results, "batch_decode_tok_s": batch,
-                                                         "batch_decode_tok_s_sparse": sparse_b}, indent=1))
+    (RESULTS / "serve_load.json").write_text(json.dumps({"meta": meta, "load": results, "batch_decode_tok_s": batch},
+                                                        indent=1))
     lines = [f"# pyinfer serve under load ({args.requests} requests, concurrency {args.concurrency}, "
              f"KV budget {args.kv_budget} tokens, {args.threads} threads, SmolLM2-135M Q4_1)", "",
              "| scheduler | completed | errors | avg latency s | p50 s | tokens/s | evictions | KV peak / budget |",
@@ -172,10 +146,9 @@ def main() -> int:
         lines.append(f"| {p} | {r['completed']}/{r['requests']} | {r['errors']} | {r['avg_latency_s']:.2f} | "
                      f"{r['p50_latency_s']:.2f} | {r['tokens_per_s']:.1f} | {int(r['evictions'])} | "
                      f"{int(r['kv_peak'])} / {int(r['kv_budget'])} |")
-    lines += ["", "Aggregate decode tokens/s of the batch engine (in process), dense and with the `auto` sparsity "
-              "plan applied per token in every batch (each token its own active list):", "",
-              "| batch | dense tokens/s | sparse tokens/s | sparse / dense |", "|---|---|---|---|"]
-    lines += [f"| {b} | {v:.1f} | {sparse_b[b]:.1f} | {sparse_b[b] / v:.3f} |" for b, v in batch.items()]
+    lines += ["", "Aggregate decode tokens/s of the batch engine (in process, dense; with sparsity: "
+              "batch_decode.md):", "", "| batch | tokens/s |", "|---|---|"]
+    lines += [f"| {b} | {v:.1f} |" for b, v in batch.items()]
     (RESULTS / "serve_load.md").write_text("\n".join(lines) + "\n")
     return 0
 

@@ -36,6 +36,7 @@ class Op(enum.IntEnum):
     GATED_ACT = 12
     DOWN_AXPY = 13
     SCATTER_COLS = 14
+    ACTIVE_UNION = 15
 
 class RunIf(enum.IntEnum):
     ALWAYS = 0
@@ -70,7 +71,8 @@ class Graph:
     def add_tensor(self, name: str, dtype: DType, cols: int, row_mode: RowMode, storage: Storage,
                    rows: int = 0) -> int: ...
     def add_node(self, op: Op, dst: int, src: Sequence[int], ints: Sequence[int] = ...,
-                 floats: Sequence[float] = ..., run_if: RunIf = ...) -> int: ...
+                 floats: Sequence[float] = ..., run_if: RunIf = ..., max_tokens: int = ...,
+                 when_list: int = ..., when_sparse: bool = ...) -> int: ...
     def validate(self) -> None: ...
     def pin(self, id: int) -> None: ...
     @property

@@ -14,7 +14,7 @@ from .model.pull import resolve_model
 from .model.tokenizer import IncrementalDecoder, Tokenizer
 from .runtime.llama_graph import build_llama_graph
 from .runtime.sampling import Sampler, SamplingParams
-from .runtime.sparse_ffn import NEURON_DOWN_CHOICES
+from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
 from .runtime.stops import apply_stops
 from .runtime.threads import physical_cores
 from .sparsity.resolve import resolve_sparsity
@@ -52,9 +52,9 @@ class Model:
                                          self.n_threads, progress)
         if neuron_down not in NEURON_DOWN_CHOICES:
             raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
-        graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, emulate_prefill,
-                                  down_type=neuron_down).graph
         self._max_batch = min(MAX_BATCH, n_ctx)
+        runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns()
+        graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down).graph
         try:
             self._engine = _core.Engine(graph, max_tokens=self._max_batch, max_outputs=self._max_batch,
                                         n_threads=self.n_threads, isa=isa)

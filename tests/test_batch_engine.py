@@ -1,8 +1,11 @@
 """Continuous batching: sequences run together over a paged KV cache give the logits they give alone."""
 import numpy as np
+import pytest
 
 import pyinfer
+from pyinfer.runtime.sparse_ffn import SparseRuns
 from pyinfer.serve.batch_engine import BatchEngine, SeqWork
+from pyinfer.sparsity.plan import SparsityPlan
 
 
 def test_batched_sequences_match_single_sequence_runs(tiny_model_path):
@@ -31,21 +34,59 @@ def test_bad_block_table_is_refused(tiny_model_path):
         be.step([SeqWork(0, [1] * 6, 0, [0])])  # 6 tokens need 2 blocks
 
 
-def test_sparse_batches_match_single_sequence_sparse_decode(tiny_model_path):
-    """With sparse_batches, every token of a batch gets the sparse FFN that single-token decode gets."""
-    from test_sparsity import all_active_plan
+def varied_plan(fingerprint: str, mode: str) -> SparsityPlan:
+    """A plan whose active lists differ from token to token: random predictors (cut-off 0) in
+    "predictor" mode; thresholds otherwise."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+    from test_sparsity import D, FF, all_active_plan
 
-    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
-    plan = all_active_plan(m.gguf.fingerprint(), threshold=0.05)
+    from pyinfer.sparsity.plan import Predictor
+
+    plan = all_active_plan(fingerprint, mode="gate" if mode == "gate" else "contrib", threshold=0.05)
+    rng = np.random.default_rng(2)
     for lp in plan.layers:
-        lp.predictor, lp.hot = None, 0
-    single = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan)
+        if mode == "predictor":
+            r = lp.predictor.rank
+            lp.predictor = Predictor(quants.quantize(rng.standard_normal((r, D)).astype(np.float32), Q.Q8_0),
+                                     np.zeros(r, np.float32),
+                                     quants.quantize(rng.standard_normal((FF - lp.hot, r)).astype(np.float32), Q.Q8_0),
+                                     np.zeros(FF - lp.hot, np.float32), {"recall": 1.0})
+        else:
+            lp.predictor, lp.hot = None, 0
+            if mode == "gate":
+                lp.threshold = 0.1
+    return plan
+
+
+@pytest.mark.parametrize("mode", ["threshold", "gate", "predictor"])
+def test_union_batches_match_single_sequence_sparse_decode(tiny_model_path, mode):
+    """A decode step of several sequences computes the union of their active neurons once, and each
+    sequence still gets exactly the FFN that single-token sparse decode gives it."""
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = varied_plan(m.gguf.fingerprint(), mode)
+    single = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, emulate_prefill=True)
     be = BatchEngine(single.gguf, single.config, num_blocks=8, block_size=4, max_seq_len=16, n_threads=2,
-                     sparsity=plan, sparse_batches=True)
+                     sparsity=plan, runs=SparseRuns.every_token(16))  # the prompts too
+    prompts = [[5, 9, 13], [60, 61], [7, 7, 8, 9]]
+    tables = [[0], [3], [5, 6]]
+    be.step([SeqWork(i, p, 0, t) for i, (p, t) in enumerate(zip(prompts, tables))])
+    nxt = [17, 18, 19]
+    got = be.step([SeqWork(i, [nxt[i]], len(p), t) for i, (p, t) in enumerate(zip(prompts, tables))])
+    for i, p in enumerate(prompts):
+        single._cached = []
+        ref = [single._forward([t], k, np.array([0]))[0] for k, t in enumerate(p + [nxt[i]])][-1]
+        np.testing.assert_allclose(got[i], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_dense_union_falls_back_to_the_dense_ffn(tiny_model_path):
+    """Break-evens below zero send every run dense: the logits are the dense model's."""
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = varied_plan(m.gguf.fingerprint(), "threshold")
+    be = BatchEngine(m.gguf, m.config, num_blocks=8, block_size=4, max_seq_len=16, n_threads=2,
+                     sparsity=plan, runs=SparseRuns.never())
     a, b = [5, 9, 13], [60, 61]
     be.step([SeqWork(0, a, 0, [0]), SeqWork(1, b, 0, [3])])
     got = be.step([SeqWork(0, [17], 3, [0]), SeqWork(1, [18], 2, [3])])
-    for seq, ids in ((0, a + [17]), (1, b + [18])):
-        single._cached = []
-        ref = [single._forward([t], i, np.array([0]))[0] for i, t in enumerate(ids)][-1]
-        np.testing.assert_allclose(got[seq], ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[0], m.eval(a + [17]), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[1], m.eval(b + [18]), rtol=1e-4, atol=1e-4)

@@ -140,3 +140,104 @@ def test_q4t_down_is_lossless_and_matches_numpy(isa, src_type):
     eng.run(n_tok)
     want = a @ wd.T
     np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("wtype", [Q.Q8_0, Q.F32, "q4t"])
+def test_batched_down_axpy_tiles_and_chunks_match_numpy(isa, wtype):
+    """Enough rows that the column tiles are narrower than a thread's slice, and more tokens than one
+    chunk of compacted lists."""
+    from pyinfer.runtime.sparse_ffn import q4t_from_blocks
+
+    n_ff, d, n_tok = 4096, 512, 20
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((d, n_ff)).astype(np.float32)            # down [d, n_ff]
+    a = (rng.standard_normal((n_tok, n_ff)) * (rng.random((n_tok, n_ff)) < 0.3)).astype(np.float32)
+    perm = rng.permutation(n_ff).astype(np.int32)
+
+    def build(b):
+        A = b.weight("a", int(DType.F32), n_ff, n_tok, np.ascontiguousarray(a[:, perm] if wtype == "q4t" else a))
+        act = b.active_set(A, n_ff, "act", threshold=0.0)
+        if wtype == "q4t":
+            nib, sc = q4t_from_blocks(quants.quantize(w, Q.Q4_1), "Q4_1", d, n_ff)
+            return b.down_axpy(b.weight("w", int(DType.Q4T), d, n_ff, nib), A, act,
+                               scales=b.weight("s", int(DType.F16), 2 * d, n_ff // 32, sc),
+                               row_map=b.weight("m", int(DType.I32), n_ff, 1, perm))
+        wt = np.ascontiguousarray(w.T)
+        data = wt if wtype == Q.F32 else quants.quantize(wt, wtype)
+        return b.down_axpy(b.weight("w", int(wtype), d, n_ff, data), A, act)
+
+    if wtype == "q4t":
+        wd = quants.dequantize(quants.quantize(w, Q.Q4_1), Q.Q4_1).reshape(d, n_ff).T
+    elif wtype == Q.F32:
+        wd = w.T
+    else:
+        wd = quants.dequantize(quants.quantize(np.ascontiguousarray(w.T), wtype), wtype).reshape(n_ff, d)
+    eng, y = single_op_engine(build, max_tokens=32, n_threads=2, isa=isa)
+    eng.run(n_tok)
+    want = a @ wd
+    np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def union_graph(scores: np.ndarray, w: np.ndarray, x: np.ndarray, max_tokens: int, max_density: float,
+                max_union: float, max_single: float):
+    """Active lists from scores, their union, a gather over the union, and one node per path writing
+    the same tensor (SiLU * up on the sparse path, ReLU * up on the dense one)."""
+    from pyinfer.runtime.graph_builder import Guard
+
+    n_tok, n_ff = scores.shape
+
+    def build(b):
+        S = b.weight("s", int(DType.F32), n_ff, n_tok, scores)
+        lists = b.active_set(S, n_ff, "lists", threshold=1.0, run_if=Guard(max_tokens=max_tokens))
+        union = b.active_union(lists, n_ff, "union", max_tokens, max_density, max_union, max_single)
+        W = b.weight("w", int(DType.Q8_0), w.shape[1], n_ff, quants.quantize(w, Q.Q8_0))
+        X = b.weight("x", int(DType.F32), x.shape[1], n_tok, x)
+        dense = b.matmul(W, X, "dense")
+        gathered = b.matmul(W, X, "gathered", active=union)
+        path = b.activation("path", n_ff)
+        b.silu_mul(S, S, out=path, run_if=Guard(when=union))
+        b.silu_mul(S, S, out=path, relu=True, run_if=Guard(when=union, sparse=False))
+        return lists, union, dense, gathered, path
+
+    return single_op_engine(build, max_tokens=8, n_threads=2)
+
+
+@pytest.mark.parametrize("case", ["sparse", "too_many_tokens", "lists_too_dense", "union_too_dense",
+                                  "single_sparse", "single_too_dense"])
+def test_active_union_picks_the_path(case):
+    n_tok, n_ff, k = (1 if case.startswith("single") else 4), 96, 64
+    rng = np.random.default_rng(5)
+    scores = (rng.random((n_tok, n_ff)) < 0.2).astype(np.float32) * 2.0  # ~20% per token, ~60% union
+    w = rng.standard_normal((n_ff, k)).astype(np.float32)
+    x = rng.standard_normal((n_tok, k)).astype(np.float32)
+    # (max tokens, mean density, union density, one token's density)
+    limits = {"sparse": (4, 0.5, 0.9, 0.0), "too_many_tokens": (3, 0.5, 0.9, 1.0),
+              "lists_too_dense": (4, 0.1, 0.9, 1.0), "union_too_dense": (4, 0.5, 0.3, 1.0),
+              "single_sparse": (4, 0.0, 0.0, 0.5), "single_too_dense": (4, 1.0, 1.0, 0.1)}[case]
+    eng, (lists, union, dense, gathered, path) = union_graph(scores, w, x, *limits)
+    eng.run(n_tok)
+    u = eng.tensor(union.id, 1)[0]
+    silu = scores * scores / (1 + np.exp(-scores))
+    if case not in ("sparse", "single_sparse"):
+        assert u[0] == -1
+        np.testing.assert_allclose(eng.tensor(path.id, n_tok), np.maximum(scores, 0) * scores)
+        return
+    want = np.flatnonzero((scores > 1.0).any(axis=0))
+    assert u[0] == len(want)
+    np.testing.assert_array_equal(u[1:1 + u[0]], want)
+    # one gather over the union serves every token: the listed rows equal the dense dot products
+    np.testing.assert_array_equal(eng.tensor(gathered.id, n_tok)[:, want], eng.tensor(dense.id, n_tok)[:, want])
+    np.testing.assert_allclose(eng.tensor(path.id, n_tok), silu, rtol=1e-6)
+
+
+def test_when_list_must_come_from_an_earlier_union():
+    from pyinfer.runtime.graph_builder import Guard
+
+    def build(b):
+        S = b.weight("s", int(DType.F32), 32, 1, np.ones((1, 32), np.float32))
+        bogus = b.state("not_a_union", 33, 1, DType.I32)
+        return b.silu_mul(S, S, run_if=Guard(when=bogus))
+
+    with pytest.raises(ValueError, match="ActiveUnion"):
+        single_op_engine(build)

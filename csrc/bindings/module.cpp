@@ -57,7 +57,8 @@ PYBIND11_MODULE(_core, m) {
       .value("ATTENTION", OpKind::Attention).value("ADD", OpKind::Add).value("SILU_MUL", OpKind::SiluMul)
       .value("SELECT_ROWS", OpKind::SelectRows).value("BIAS_RELU", OpKind::BiasRelu)
       .value("ACTIVE_SET", OpKind::ActiveSet).value("GATED_ACT", OpKind::GatedAct)
-      .value("DOWN_AXPY", OpKind::DownAxpy).value("SCATTER_COLS", OpKind::ScatterCols);
+      .value("DOWN_AXPY", OpKind::DownAxpy).value("SCATTER_COLS", OpKind::ScatterCols)
+      .value("ACTIVE_UNION", OpKind::ActiveUnion);
   py::enum_<RunIf>(m, "RunIf")
       .value("ALWAYS", RunIf::Always).value("SINGLE_TOKEN", RunIf::SingleToken)
       .value("MULTI_TOKEN", RunIf::MultiToken);
@@ -117,11 +118,15 @@ PYBIND11_MODULE(_core, m) {
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("row_mode"), py::arg("storage"),
            py::arg("rows") = 0)
       .def("add_node", [](PyGraph& g, OpKind op, int dst, const std::vector<int>& src, const std::vector<int32_t>& ints,
-                          const std::vector<float>& floats, RunIf run_if) {
+                          const std::vector<float>& floats, RunIf run_if, int32_t max_tokens, int when_list,
+                          bool when_sparse) {
              Node n;
              n.op = op;
              n.dst = dst;
              n.run_if = run_if;
+             n.max_tokens = max_tokens;
+             n.when_list = when_list;
+             n.when_sparse = when_sparse;
              if (src.size() > n.src.size() || ints.size() > 4 || floats.size() > 4)
                throw GraphError("at most 6 sources and 4 int/float params");
              std::copy(src.begin(), src.end(), n.src.begin());
@@ -129,7 +134,10 @@ PYBIND11_MODULE(_core, m) {
              std::copy(floats.begin(), floats.end(), n.f.begin());
              return g.graph.add_node(n);
            }, py::arg("op"), py::arg("dst"), py::arg("src"), py::arg("ints") = std::vector<int32_t>{},
-           py::arg("floats") = std::vector<float>{}, py::arg("run_if") = RunIf::Always)
+           py::arg("floats") = std::vector<float>{}, py::arg("run_if") = RunIf::Always, py::arg("max_tokens") = 0,
+           py::arg("when_list") = -1, py::arg("when_sparse") = true,
+           "max_tokens: skip runs with more tokens (0: no cap); when_list: an ActiveUnion result, the node runs "
+           "only when it chose the sparse path (when_sparse) or the dense one")
       .def("validate", [](const PyGraph& g) { g.graph.validate(); })
       .def("pin", [](PyGraph& g, int id) { g.graph.pinned.push_back(id); },
            "Keep a scratch tensor's memory private so it can be read after a run.")

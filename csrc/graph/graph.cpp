@@ -1,5 +1,7 @@
 #include "graph/graph.h"
 
+#include <vector>
+
 namespace pyinfer {
 
 const char* op_name(OpKind op) {
@@ -19,6 +21,7 @@ const char* op_name(OpKind op) {
     case OpKind::GatedAct: return "gated_act";
     case OpKind::DownAxpy: return "down_axpy";
     case OpKind::ScatterCols: return "scatter_cols";
+    case OpKind::ActiveUnion: return "active_union";
   }
   return "?";
 }
@@ -66,6 +69,7 @@ struct NodeChecker {
 }  // namespace
 
 void Graph::validate() const {
+  std::vector<bool> union_written(tensors.size(), false);
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = nodes[k];
     NodeChecker c{*this, n, k};
@@ -88,7 +92,11 @@ void Graph::validate() const {
         if (d.cols != w.rows) c.fail("dst columns must equal weight rows");
         const bool q = w.type == DType::Q4_0 || w.type == DType::Q4_1 || w.type == DType::Q8_0;
         c.type(n.src[1], q ? DType::Q8A : DType::F32);
-        if (n.src[2] >= 0) { c.type(n.src[2], DType::I32); c.cols(n.src[2], w.rows + 1); }
+        if (n.src[2] >= 0) {  // a list per token, or one list (a union) for every token
+          c.type(n.src[2], DType::I32); c.cols(n.src[2], w.rows + 1);
+          const Tensor& l = c.t(n.src[2]);
+          if (l.row_mode == RowMode::Fixed && l.rows != 1) c.fail("a shared active list has one row");
+        }
         break;
       }
       case OpKind::Rope:
@@ -168,9 +176,21 @@ void Graph::validate() const {
           for (int64_t k = 0; k < d.cols; ++k)
             if (perm[k] < 0 || perm[k] >= d.cols) c.fail("permutation entry out of range");
         break;
+      case OpKind::ActiveUnion:
+        c.type(n.dst, DType::I32); c.type(n.src[0], DType::I32);
+        c.cols(n.dst, int64_t(n.i[0]) + 1); c.cols(n.src[0], int64_t(n.i[0]) + 1);
+        if (d.row_mode != RowMode::Fixed || d.rows != 1 || d.storage != Storage::State)
+          c.fail("the union is one row of state");
+        union_written[size_t(n.dst)] = true;
+        break;
       default:
         c.fail("unknown op");
     }
+    if (n.when_list >= 0) {
+      c.t(n.when_list);  // range check
+      if (!union_written[size_t(n.when_list)]) c.fail("when_list must be the result of an earlier ActiveUnion node");
+    }
+    if (n.max_tokens < 0) c.fail("max_tokens must be >= 0");
   }
 }
 

@@ -58,6 +58,10 @@ enum class OpKind : int32_t {
   DownAxpy = 13,  // dst[t] = sum_{j in list src2} src1[t][j] * src0[row(j)]   src0: neuron-major down [n_ff, d]
                   //   src3: group scales F16 [n_ff / 32, 2d] (Q4T only); src4: I32 [1, n_ff] row(j) (else j)
   ScatterCols = 14,  // dst[t][src1[0][k]] = src0[t][k]          src1: I32 [1, n] permutation
+  ActiveUnion = 15,  // dst (I32 state [1, n_ff + 1]) = the union of the tokens' active lists src0, ascending,
+                     //   or count -1 ("run dense") when the run has more than i[1] tokens, or when the mean
+                     //   list density exceeds f[0] or the union's density f[1] (one token: the density f[2]).
+                     //   i[0]: n_ff
 };
 const char* op_name(OpKind op);
 
@@ -79,6 +83,11 @@ struct Node {
   std::array<float, 4> f{{0.f, 0.f, 0.f, 0.f}};
   int backend = 0;  // index into the engine's backend list
   RunIf run_if = RunIf::Always;
+  // Sparse or dense FFN per run: an ActiveUnion node decides once per layer, the nodes of each path
+  // follow its decision (all threads read the same count after the barrier, so they agree).
+  int32_t max_tokens = 0;   // runs only with at most this many tokens (0: any number)
+  int when_list = -1;       // an ActiveUnion result: runs only when its count is >= 0 (when_sparse) or -1
+  bool when_sparse = true;
 };
 
 // Thrown for graphs or runs that make no sense; the bindings map it to ValueError.
@@ -92,6 +101,11 @@ class Graph {
   int add_node(const Node& n);
   // Checks shapes and types of every node; throws GraphError naming the first bad node.
   void validate() const;
+  // Whether node n runs in a run of n_tokens tokens (its RunIf, token cap and ActiveUnion decision).
+  bool node_runs(const Node& n, int64_t n_tokens) const {
+    if (!pyinfer::node_runs(n.run_if, n_tokens) || (n.max_tokens > 0 && n_tokens > n.max_tokens)) return false;
+    return n.when_list < 0 || (*static_cast<const int32_t*>(tensors[size_t(n.when_list)].data) >= 0) == n.when_sparse;
+  }
 
   std::vector<Tensor> tensors;
   std::vector<Node> nodes;

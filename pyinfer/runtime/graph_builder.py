@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from .. import _core
 from .._core import DType, Op, RowMode, RunIf, Storage
 
-_INTEGER_DOT_WEIGHTS = {DType.Q4_0, DType.Q4_1, DType.Q8_0}
+INTEGER_DOT_WEIGHTS = {DType.Q4_0, DType.Q4_1, DType.Q8_0}
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,26 @@ class T:
     n_rows: int = 0  # for fixed-row tensors (weights, state)
 
 
+@dataclass(frozen=True)
+class Guard:
+    """When a node runs: its RunIf, at most `max_tokens` tokens (0: any), and, with `when`, only on the
+    path (sparse or dense) that an ActiveUnion result chose for this run."""
+    run_if: RunIf | Guard = RunIf.ALWAYS
+    max_tokens: int = 0
+    when: T | None = None
+    sparse: bool = True
+
+
+def _guard(g: RunIf | Guard) -> Guard:
+    return g if isinstance(g, Guard) else Guard(g)
+
+
 class GraphBuilder:
     def __init__(self) -> None:
         self.graph = _core.Graph()
-        # (f32 activation id, run_if) -> its Q8A copy, valid until the activation is rewritten
-        self._quantized: dict[tuple[int, RunIf], T] = {}
+        # (f32 activation id, guard) -> its Q8A copy, valid until the activation is rewritten
+        self._quantized: dict[tuple[int, Guard], T] = {}
+        self.unions: list[T] = []  # ActiveUnion results, in layer order: which path each run took
 
     # ---- tensors ----------------------------------------------------------------------
     def weight(self, name: str, dtype: int, cols: int, rows: int, data) -> T:
@@ -43,8 +58,11 @@ class GraphBuilder:
     def input(self, name: str, rows: RowMode = RowMode.TOKENS, cols: int = 1) -> T:
         return T(self.graph.add_tensor(name, DType.I32, cols, rows, Storage.INPUT), cols, DType.I32, rows)
 
-    def _node(self, op: Op, dst: T, src: list[T], ints=(), floats=(), run_if: RunIf = RunIf.ALWAYS) -> T:
-        self.graph.add_node(op, dst.id, [s.id for s in src], list(ints), list(floats), run_if)
+    def _node(self, op: Op, dst: T, src: list[T | None], ints=(), floats=(), run_if: RunIf | Guard = RunIf.ALWAYS
+              ) -> T:
+        g = _guard(run_if)
+        self.graph.add_node(op, dst.id, [s.id if s is not None else -1 for s in src], list(ints), list(floats),
+                            g.run_if, g.max_tokens, g.when.id if g.when is not None else -1, g.sparse)
         for key in [k for k in self._quantized if k[0] == dst.id]:
             del self._quantized[key]
         return dst
@@ -56,19 +74,20 @@ class GraphBuilder:
     def rms_norm(self, x: T, weight: T, eps: float, name: str) -> T:
         return self._node(Op.RMS_NORM, self.activation(name, x.cols, rows=x.rows), [x, weight], floats=[eps])
 
-    def quantize(self, x: T, run_if: RunIf = RunIf.ALWAYS) -> T:
+    def quantize(self, x: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """Q8A copy of an activation, shared by every matmul that reads it in the same runs."""
-        q = self._quantized.get((x.id, run_if))
+        key = (x.id, _guard(run_if))
+        q = self._quantized.get((x.id, Guard())) or self._quantized.get(key)  # an unguarded copy serves all
         if q is None:
             q = self._node(Op.QUANTIZE, self.activation(f"q8({x.id})", x.cols, DType.Q8A, x.rows), [x],
                            run_if=run_if)
-            self._quantized[(x.id, run_if)] = q
+            self._quantized[key] = q
         return q
 
     def matmul(self, w: T, x: T, name: str, active: T | None = None, out: T | None = None,
-               run_if: RunIf = RunIf.ALWAYS) -> T:
+               run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """dst = x @ w.T; with `active` (an active list), only the listed rows (gather-GEMV)."""
-        src = self.quantize(x, run_if) if w.dtype in _INTEGER_DOT_WEIGHTS else x
+        src = self.quantize(x, run_if) if w.dtype in INTEGER_DOT_WEIGHTS else x
         dst = out or self.activation(name, w.n_rows, rows=x.rows)
         return self._node(Op.MAT_MUL, dst, [w, src] + ([active] if active else []), run_if=run_if)
 
@@ -90,16 +109,16 @@ class GraphBuilder:
         return self._node(Op.ADD, out or self.activation(name, a.cols, rows=a.rows), [a, b])
 
     def silu_mul(self, gate: T, up: T, out: T | None = None, name: str = "silu_mul", relu: bool = False,
-                 run_if: RunIf = RunIf.ALWAYS) -> T:
+                 run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         return self._node(Op.SILU_MUL, out or self.activation(name, gate.cols, rows=gate.rows), [gate, up],
                           ints=[int(relu)], run_if=run_if)
 
     # ---- neuron-aware FFN ops (see graph.h for the active-list layout) ---------------------
-    def bias_relu(self, x: T, bias: T, run_if: RunIf = RunIf.ALWAYS) -> T:
+    def bias_relu(self, x: T, bias: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         return self._node(Op.BIAS_RELU, x, [x, bias], run_if=run_if)
 
     def active_set(self, scores: T, n_ff: int, name: str, cut: T | None = None, hot: int = 0,
-                   threshold: float = 0.0, silu: bool = False, run_if: RunIf = RunIf.ALWAYS) -> T:
+                   threshold: float = 0.0, silu: bool = False, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """Predictor mode when `cut` is given (logits > cut, hot prefix always on), else
         |scores| > threshold (|SiLU(scores)| with `silu`)."""
         dst = self.activation(name, n_ff + 1, DType.I32, scores.rows)
@@ -108,19 +127,30 @@ class GraphBuilder:
                           ints=[n_ff, hot, mode, int(silu)], floats=[threshold], run_if=run_if)
 
     def gated_act(self, gate: T, up: T, active: T, threshold: float, relu: bool = False,
-                  run_if: RunIf = RunIf.ALWAYS) -> T:
+                  run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         return self._node(Op.GATED_ACT, gate, [gate, up, active], ints=[int(relu)], floats=[threshold],
                           run_if=run_if)
 
     def down_axpy(self, down_t: T, act: T, active: T, name: str = "down", out: T | None = None,
-                  scales: T | None = None, row_map: T | None = None, run_if: RunIf = RunIf.ALWAYS) -> T:
-        """`scales`: the group scales of a Q4T down; `row_map`: I32 [1, n_ff], list id -> down row."""
+                  scales: T | None = None, row_map: T | None = None, union: T | None = None,
+                  run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
+        """`scales`: the group scales of a Q4T down; `row_map`: I32 [1, n_ff], list id -> down row;
+        `union`: the batch's ActiveUnion result (sizes the column tiles by the rows the batch reads)."""
         dst = out or self.activation(name, down_t.cols, rows=act.rows)
-        self.graph.add_node(Op.DOWN_AXPY, dst.id, [down_t.id, act.id, active.id, scales.id if scales else -1,
-                                                   row_map.id if row_map else -1], [], [], run_if)
-        return dst
+        return self._node(Op.DOWN_AXPY, dst, [down_t, act, active, scales, row_map, union], run_if=run_if)
 
-    def scatter_cols(self, x: T, perm: T, name: str, run_if: RunIf = RunIf.ALWAYS) -> T:
+    def active_union(self, lists: T, n_ff: int, name: str, max_tokens: int, max_density: float = 1.0,
+                     max_union: float = 1.0, max_single: float = 1.0, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
+        """One list for the whole run: the union of `lists` (I32 [T, n_ff + 1]), or count -1 (the dense
+        path) for runs of more than `max_tokens` tokens, a mean list density over `max_density` or a union
+        denser than `max_union` (one token: a list denser than `max_single`). Nodes guarded by it follow
+        its choice."""
+        dst = self.state(name, n_ff + 1, 1, DType.I32)
+        self.unions.append(dst)
+        return self._node(Op.ACTIVE_UNION, dst, [lists], ints=[n_ff, max_tokens],
+                          floats=[max_density, max_union, max_single], run_if=run_if)
+
+    def scatter_cols(self, x: T, perm: T, name: str, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         return self._node(Op.SCATTER_COLS, self.activation(name, x.cols, rows=x.rows), [x, perm], run_if=run_if)
 
     def select_rows(self, x: T, row_ids: T, name: str) -> T:

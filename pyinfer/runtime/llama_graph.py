@@ -6,13 +6,13 @@ from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import SparsityPlan
 from .graph_builder import GraphBuilder, T
-from .sparse_ffn import dense_ffn, sparse_ffn
+from .sparse_ffn import SparseRuns, dense_ffn, sparse_ffn
 
 
 def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
-                      emulate_prefill: bool = False, record: bool = False, down_type: str = "auto",
+                      runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
                       paged: tuple[int, int] | None = None) -> GraphBuilder:
-    """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py). `record`: keeps each layer's FFN input,
+    """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
     in blocks (continuous batching); each run then also takes every token's KV slot and block table."""
@@ -55,7 +55,7 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         if record:
             b.add(x, _recorded_ffn(b, w, h, il, cfg), out=x)
         elif sparsity is not None:
-            b.add(x, sparse_ffn(b, w, gguf, h, il, cfg, sparsity, emulate_prefill, down_type), out=x)
+            b.add(x, sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type), out=x)
         else:
             b.add(x, dense_ffn(b, w, h, il, cfg), out=x)
 

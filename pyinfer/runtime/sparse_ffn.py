@@ -2,22 +2,26 @@
 
 With a sparsity plan, gate and up are row-permuted copies (hot neurons first) and down gets a
 neuron-major copy (row j = neuron j's down column), so the three matrices of one neuron share an id.
-  - decode (one token): predictor -> active list -> gather-GEMV of gate/up -> gated activation and
-    threshold -> axpy of the active down rows. Without predictors, gate/up run dense and only down is sparse.
+  - decode (one token, or a few tokens of a batch of sequences): predictor -> each token's active list ->
+    their union -> gather-GEMV of the union's gate/up rows -> each token's gated activation and threshold
+    -> axpy of each token's active down rows. Without predictors, gate/up run dense and only down is sparse.
+    When the lists or their union are denser than the measured break-even, the run goes dense instead.
   - prefill (many tokens): dense GEMM, un-permuted before the original down; sparsity across many tokens
-    aggregates away (PowerInfer-2). `emulate_prefill` instead computes every token exactly as decode
-    would, which is how perplexity measures the quality of the sparse path.
+    aggregates away (PowerInfer-2). `SparseRuns.every_token` instead computes every token exactly as
+    decode would, which is how perplexity measures the quality of the sparse path.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType, quants
 
-from .._core import DType, RunIf
+from .._core import DType
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import LayerPlan, SparsityPlan
-from .graph_builder import GraphBuilder, T
+from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, Guard, T
 
 _FLOAT_TYPES = {"F32", "F16", "BF16"}
 
@@ -96,8 +100,33 @@ def permuted_rows(gguf: GGUFModelFile, name: str, perm: np.ndarray) -> np.ndarra
     return np.ascontiguousarray(raw[perm])
 
 
+@dataclass(frozen=True)
+class SparseRuns:
+    """Which runs take the neuron-aware FFN. A run of at most `max_tokens` tokens (decode, or a decode
+    step of a batch of sequences) computes each token's active list and their union. One token runs
+    sparse (the plan's density was chosen for decode); several run sparse while the mean list density
+    and the union's density stay under the break-even measured by bench/test_bench_batch_union.py
+    (LLaMA-7B shape, the lower of its batch sizes 2-16; the real model's are higher), per layer kind:
+    `predicted` (gate/up gathered over the union too) or `threshold` (down only). Other runs go dense."""
+    max_tokens: int = 16
+    predicted: tuple[float, float] = (0.3, 0.75)   # (mean list density, union density)
+    threshold: tuple[float, float] = (0.15, 0.75)
+    single: float = float("inf")
+
+    @staticmethod
+    def every_token(max_tokens: int) -> "SparseRuns":
+        """Every token sparse, whatever the density: what perplexity of the sparse path measures."""
+        inf = float("inf")
+        return SparseRuns(max_tokens, (inf, inf), (inf, inf), inf)
+
+    @staticmethod
+    def never() -> "SparseRuns":
+        """Every run dense (the active lists are still computed, then ignored)."""
+        return SparseRuns(16, (-1.0, -1.0), (-1.0, -1.0), -1.0)
+
+
 def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, plan: SparsityPlan,
-               emulate_prefill: bool, down_type: str = "auto") -> T:
+               runs: SparseRuns, down_type: str = "auto") -> T:
     lp: LayerPlan = plan.layers[il]
     p = f"blk.{il}."
     n_ff, relu = cfg.d_ff, cfg.ffn_relu
@@ -105,56 +134,69 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     g_src, u_src = gguf.tensor(p + "ffn_gate.weight"), gguf.tensor(p + "ffn_up.weight")
     gate_w = b.weight(p + "ffn_gate.perm", g_src.dtype_id, g_src.cols, n_ff, permuted_rows(gguf, g_src.name, perm))
     up_w = b.weight(p + "ffn_up.perm", u_src.dtype_id, u_src.cols, n_ff, permuted_rows(gguf, u_src.name, perm))
+    perm_w = b.weight(p + "ffn.perm", int(DType.I32), n_ff, 1, perm)
     down_type = pick_neuron_down(plan, down_type)
     q4t = q4t_down(gguf, p + "ffn_down.weight") if down_type == "q4t" and cfg.d_model % 32 == 0 else None
     if q4t is not None:  # lossless; rows stay in the original order, so list ids are mapped through perm
         down_t = b.weight(p + "ffn_down.q4t", int(DType.Q4T), cfg.d_model, n_ff, q4t[0])
         scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * cfg.d_model, n_ff // 32, q4t[1])
-        row_map = b.weight(p + "ffn.row_map", int(DType.I32), n_ff, 1, perm)
+        row_map = perm_w
     else:
         dt_type, dt_data = neuron_major_down(gguf, p + "ffn_down.weight", perm, "q8_0" if down_type == "q4t"
                                              else down_type)
         down_t = b.weight(p + "ffn_down.neurons", int(dt_type), cfg.d_model, n_ff, dt_data)
         scales = row_map = None
     out = b.activation("ffn_out", cfg.d_model, rows=h.rows)
+    if gate_w.dtype in INTEGER_DOT_WEIGHTS:
+        b.quantize(h)  # one Q8A copy of h for the predictor and both paths
 
-    if not emulate_prefill:  # prefill: dense, un-permuted before the original down
-        multi = RunIf.MULTI_TOKEN
-        gate = b.matmul(gate_w, h, "gate", run_if=multi)
-        up = b.matmul(up_w, h, "up", run_if=multi)
-        b.silu_mul(gate, up, out=gate, relu=relu, run_if=multi)
-        act = b.scatter_cols(gate, b.weight(p + "ffn.perm", int(DType.I32), n_ff, 1, perm), "act", run_if=multi)
-        b.matmul(w(p + "ffn_down.weight"), act, "ffn_out", out=out, run_if=multi)
-    run_if = RunIf.ALWAYS if emulate_prefill else RunIf.SINGLE_TOKEN
-    # With emulate_prefill, many-token runs compute gate/up dense and mask them: the same dot products
-    # as the gather (identical per element), at GEMM speed.
-    gather = not emulate_prefill
-    pred = lp.predictor
-    if pred is not None and lp.hot < n_ff:
+    # 1. Each token's active list (runs of at most max_tokens tokens), then the union, which picks the path.
+    few = Guard(max_tokens=runs.max_tokens)
+    pred = lp.predictor if lp.predictor is not None and lp.hot < n_ff else None
+    gate_first = pred is None and (plan.mode == "gate" or lp.gate_threshold > 0)
+    cats = plan.mode == "gate"
+    gate = up = None  # computed before the choice only where the choice needs them (both paths use them)
+    if pred is not None:
         w1 = b.weight(p + "pred.w1", int(DType.Q8_0), cfg.d_model, pred.rank, pred.w1_q8)
         b1 = b.weight(p + "pred.b1", int(DType.F32), pred.rank, 1, pred.b1.astype(np.float32))
         w2 = b.weight(p + "pred.w2", int(DType.Q8_0), pred.rank, n_ff - lp.hot, pred.w2_q8)
         cut = b.weight(p + "pred.cut", int(DType.F32), n_ff - lp.hot, 1, pred.cut.astype(np.float32))
-        z = b.bias_relu(b.matmul(w1, h, "pred_hidden", run_if=run_if), b1, run_if=run_if)
-        logits = b.matmul(w2, z, "pred_logits", run_if=run_if)
-        active = b.active_set(logits, n_ff, "active", cut=cut, hot=lp.hot, run_if=run_if)
-        gate = b.matmul(gate_w, h, "gate_s", active=active if gather else None, run_if=run_if)
-        up = b.matmul(up_w, h, "up_s", active=active if gather else None, run_if=run_if)
-        thr = 0.0 if plan.mode == "gate" else lp.threshold
-        b.gated_act(gate, up, active, thr, relu=relu, run_if=run_if)
-    elif plan.mode == "gate" or lp.gate_threshold > 0:
-        # Gate first: dense gate, then up and down only where |SiLU(gate)| > cut. CATS stops there; the
-        # contrib mode then also drops neurons whose |SiLU(gate) * up| is below its threshold.
-        cats = plan.mode == "gate"
-        gate = b.matmul(gate_w, h, "gate_s", run_if=run_if)
-        active = b.active_set(gate, n_ff, "active", threshold=lp.threshold if cats else lp.gate_threshold,
-                              silu=True, run_if=run_if)
-        up = b.matmul(up_w, h, "up_s", active=active if gather else None, run_if=run_if)
-        b.gated_act(gate, up, active, 0.0 if cats else lp.threshold, relu=relu, run_if=run_if)
-    else:  # threshold only: dense gate/up, sparse down
-        gate = b.matmul(gate_w, h, "gate_s", run_if=run_if)
-        up = b.matmul(up_w, h, "up_s", run_if=run_if)
-        b.silu_mul(gate, up, out=gate, relu=relu, run_if=run_if)
-        active = b.active_set(gate, n_ff, "active", threshold=lp.threshold, run_if=run_if)
-    b.down_axpy(down_t, gate, active, out=out, scales=scales, row_map=row_map, run_if=run_if)
+        z = b.bias_relu(b.matmul(w1, h, "pred_hidden", run_if=few), b1, run_if=few)
+        logits = b.matmul(w2, z, "pred_logits", run_if=few)
+        lists = b.active_set(logits, n_ff, "active", cut=cut, hot=lp.hot, run_if=few)
+    elif gate_first:
+        # CATS stops at |SiLU(gate)| > cut; the contrib mode then also drops neurons whose
+        # |SiLU(gate) * up| is below its threshold.
+        gate = b.matmul(gate_w, h, "gate")
+        lists = b.active_set(gate, n_ff, "active", threshold=lp.threshold if cats else lp.gate_threshold,
+                             silu=True, run_if=few)
+    else:  # threshold only: gate and up dense, down over the active neurons
+        gate = b.matmul(gate_w, h, "gate")
+        up = b.matmul(up_w, h, "up")
+        b.silu_mul(gate, up, out=gate, relu=relu)
+        lists = b.active_set(gate, n_ff, "active", threshold=lp.threshold, run_if=few)
+    limits = runs.predicted if pred is not None or gate_first else runs.threshold
+    union = b.active_union(lists, n_ff, p + "ffn.union", runs.max_tokens, *limits, max_single=runs.single)
+    sparse, dense = Guard(when=union), Guard(when=union, sparse=False)
+
+    # 2. Sparse: gate/up rows of the union for every token (each row read once), each token's own
+    #    activations, and the down rows of each token's list (column tiles shared by the batch).
+    act = gate
+    if pred is not None:
+        act = b.matmul(gate_w, h, "gate_s", active=union, run_if=sparse)
+        up_s = b.matmul(up_w, h, "up_s", active=union, run_if=sparse)
+        b.gated_act(act, up_s, lists, 0.0 if cats else lp.threshold, relu=relu, run_if=sparse)
+    elif gate_first:
+        up_s = b.matmul(up_w, h, "up_s", active=union, run_if=sparse)
+        b.gated_act(gate, up_s, lists, 0.0 if cats else lp.threshold, relu=relu, run_if=sparse)
+    b.down_axpy(down_t, act, lists, out=out, scales=scales, row_map=row_map, union=union, run_if=sparse)
+
+    # 3. Dense: the GEMMs, un-permuted before the original down.
+    if gate is None:
+        gate = b.matmul(gate_w, h, "gate_d", run_if=dense)
+    if up is None:
+        up = b.matmul(up_w, h, "up_d", run_if=dense)
+        b.silu_mul(gate, up, out=gate, relu=relu, run_if=dense)
+    act_d = b.scatter_cols(gate, perm_w, "act", run_if=dense)
+    b.matmul(w(p + "ffn_down.weight"), act_d, "ffn_out", out=out, run_if=dense)
     return out

@@ -16,6 +16,7 @@ from ..errors import PyinferError
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..runtime.llama_graph import build_llama_graph
+from ..runtime.sparse_ffn import SparseRuns
 
 
 @dataclass
@@ -28,19 +29,26 @@ class SeqWork:
 
 class BatchEngine:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, num_blocks: int, block_size: int, max_seq_len: int,
-                 n_threads: int, max_batch_tokens: int = 512, sparsity=None, sparse_batches: bool = False):
-        """`sparse_batches`: multi-token runs use the sparse FFN too (each token its own active list)
-        instead of the dense GEMM; off by default because it only paid at batch 1 (bench/serve_load.py)."""
+                 n_threads: int, max_batch_tokens: int = 512, sparsity=None, runs: SparseRuns = SparseRuns()):
+        """With `sparsity`, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the
+        sparse FFN over the union of their active neurons while it is sparse enough (sparse_ffn.py)."""
         self.cfg, self.block_size, self.num_blocks = cfg, block_size, num_blocks
         self.max_blocks = -(-max_seq_len // block_size)
         self.max_batch_tokens = max_batch_tokens
-        b = build_llama_graph(gguf, cfg, num_blocks * block_size, sparsity, emulate_prefill=sparse_batches,
+        b = build_llama_graph(gguf, cfg, num_blocks * block_size, sparsity, runs,
                               paged=(block_size, self.max_blocks))
         try:
             self.engine = _core.Engine(b.graph, max_tokens=max_batch_tokens, max_outputs=max_batch_tokens,
                                        n_threads=n_threads)
         except ValueError as e:
             raise PyinferError(str(e)) from None
+        self._unions = [t.id for t in b.unions]
+
+    def sparse_layers(self) -> float:
+        """Share of FFN layers that took the sparse path in the last run (0 without a sparsity plan)."""
+        if not self._unions:
+            return 0.0
+        return sum(int(self.engine.tensor(i, 1)[0, 0]) >= 0 for i in self._unions) / len(self._unions)
 
     def step(self, work: list[SeqWork]) -> dict[int, np.ndarray]:
         """Runs every sequence's tokens; returns F32 [vocab] logits after each sequence's last token."""

@@ -23,13 +23,15 @@ CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa
       scratch_per_thread_ = std::max(scratch_per_thread_, graph.tensors[size_t(n.src[1])].rows);
   scratch_per_thread_ = (scratch_per_thread_ + 15) / 16 * 16;  // keep each thread's slice on its own lines
   scratch_.assign(size_t(scratch_per_thread_ * pool_.size()), 0.f);
-  for (const Node& n : graph.nodes)
+  for (const Node& n : graph.nodes) {
     if (n.op == OpKind::DownAxpy) {
       max_neurons_ = std::max(max_neurons_, graph.tensors[size_t(n.src[0])].rows);
       max_width_ = std::max(max_width_, graph.tensors[size_t(n.src[0])].cols);
     }
-  neuron_ids_.assign(size_t(max_neurons_ * pool_.size()), 0);
-  neuron_coef_.assign(size_t(max_neurons_ * pool_.size()), 0.f);
+    if (n.op == OpKind::ActiveUnion) max_neurons_ = std::max(max_neurons_, int64_t(n.i[0]));
+  }
+  neuron_ids_.assign(size_t(kAxpyTokens * max_neurons_ * pool_.size()), 0);
+  neuron_coef_.assign(size_t(kAxpyTokens * max_neurons_ * pool_.size()), 0.f);
   neuron_dense_.assign(size_t(max_neurons_ * pool_.size()), 0.f);
   group_tmp_.assign(size_t(max_width_ * pool_.size()), 0.f);
 }
@@ -45,7 +47,7 @@ void CpuBackend::run_job(void* p, int ith, int nth) {
   auto* job = static_cast<Job*>(p);
   for (int id : *job->nodes) {
     const Node& node = job->graph->nodes[size_t(id)];
-    if (!node_runs(node.run_if, job->shape.n_tokens)) continue;  // same decision on every thread
+    if (!job->graph->node_runs(node, job->shape.n_tokens)) continue;  // same decision on every thread
     const bool timed = job->self->op_timing_ && ith == 0;
     const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     job->self->compute_node(*job->graph, node, job->shape, ith, nth);
@@ -100,10 +102,14 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
     }
     case OpKind::ActiveSet: return cpu_active_set(g, n, shape, ith, nth);
     case OpKind::GatedAct: return cpu_gated_act(g, n, shape, ith, nth);
-    case OpKind::DownAxpy:
+    case OpKind::ActiveUnion: return cpu_active_union(g, n, shape, ith, neuron_ids_.data());
+    case OpKind::DownAxpy: {
+      const int64_t lists = kAxpyTokens * max_neurons_;
       return cpu_down_axpy(kernels_, g, n, shape, ith, nth,
-                           SparseScratch{neuron_ids_.data() + ith * max_neurons_, neuron_coef_.data() + ith * max_neurons_,
-                                         neuron_dense_.data() + ith * max_neurons_, group_tmp_.data() + ith * max_width_});
+                           SparseScratch{neuron_ids_.data() + ith * lists, neuron_coef_.data() + ith * lists,
+                                         max_neurons_, neuron_dense_.data() + ith * max_neurons_,
+                                         group_tmp_.data() + ith * max_width_});
+    }
     default: break;
   }
 

@@ -24,7 +24,7 @@ class CpuBackend final : public Backend {
   void set_op_timing(bool on) { op_timing_ = on; op_seconds_.assign(kOpKinds, 0.0); op_calls_.assign(kOpKinds, 0); }
   const std::vector<double>& op_seconds() const { return op_seconds_; }
   const std::vector<int64_t>& op_calls() const { return op_calls_; }
-  static constexpr int kOpKinds = 15;
+  static constexpr int kOpKinds = 16;
   const char* isa() const { return kernels_.isa; }
 
  private:
@@ -36,7 +36,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   int64_t scratch_per_thread_ = 0;  // floats: attention scores over the longest KV cache
   std::vector<float> scratch_;
-  int64_t max_neurons_ = 0;  // per thread: the down_axpy's list of nonzero activations
+  int64_t max_neurons_ = 0;  // n_ff. Per thread: kAxpyTokens lists of nonzero activations (down_axpy)
   std::vector<int32_t> neuron_ids_;
   std::vector<float> neuron_coef_;
   std::vector<float> neuron_dense_;

@@ -1,5 +1,6 @@
 #include "backends/cpu/sparse_ops.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ops_float.h"
@@ -77,15 +78,51 @@ void cpu_gather_matmul(const KernelTable& k, const Graph& g, const Node& n, cons
   const Tensor& w = src(g, n, 0);
   const Tensor& x = src(g, n, 1);
   const Tensor& lists = src(g, n, 2);
-  for (int64_t t = 0; t < rows_in_run(dst, shape); ++t) {
+  // A shared list (a batch's union) is one call over every token: each listed row is read once.
+  const bool shared = lists.row_mode == RowMode::Fixed;
+  const int64_t n_tok = rows_in_run(dst, shape);
+  for (int64_t t = 0; t < (shared ? 1 : n_tok); ++t) {
     const int32_t* list = row_ptr<const int32_t>(lists, t);
     int64_t r0, r1;
     thread_share(list[0], ith, nth, 8, r0, r1);
     if (r0 >= r1) continue;
     MatMulArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes, w.cols, r0, r1,
-                 row_ptr<const uint8_t>(x, t), x.row_bytes, 1, row_ptr<float>(dst, t), dst.cols, list + 1};
+                 row_ptr<const uint8_t>(x, t), x.row_bytes, shared ? n_tok : 1, row_ptr<float>(dst, t), dst.cols,
+                 list + 1};
     k.matmul(a);
   }
+}
+
+void cpu_active_union(const Graph& g, const Node& n, const RunShape& shape, int ith, int32_t* mark) {
+  if (ith != 0) return;
+  int32_t* u = static_cast<int32_t*>(g.tensors[size_t(n.dst)].data);
+  const Tensor& lists = src(g, n, 0);
+  const int64_t n_ff = n.i[0], n_tok = rows_in_run(lists, shape);
+  if (n_tok > n.i[1]) {  // a prefill: dense without looking
+    u[0] = -1;
+    return;
+  }
+  int64_t listed = 0;
+  for (int64_t t = 0; t < n_tok; ++t) listed += row_ptr<const int32_t>(lists, t)[0];
+  // One token: a GEMV reads every row anyway, so the plan's density decides (f[2]). Several: the dense
+  // GEMM reuses each row for all of them, the per-token axpys do not (bench/results/batch_union.md).
+  const double mean = double(listed) / double(n_tok * n_ff);
+  if (mean > (n_tok == 1 ? n.f[2] : n.f[0])) {  // decided before building the union
+    u[0] = -1;
+    return;
+  }
+  for (int64_t j = 0; j < n_ff; ++j) mark[j] = 0;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const int32_t* list = row_ptr<const int32_t>(lists, t);
+    for (int32_t kk = 0; kk < list[0]; ++kk) mark[list[1 + kk]] = 1;
+  }
+  int32_t count = 0;
+  for (int64_t j = 0; j < n_ff; ++j) {
+    u[1 + count] = int32_t(j);
+    count += mark[j];
+  }
+  const bool dense = n_tok > 1 && double(count) > double(n.f[1]) * double(n_ff);
+  u[0] = dense ? -1 : count;
 }
 
 void cpu_gated_act(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth) {
@@ -107,6 +144,40 @@ void cpu_gated_act(const Graph& g, const Node& n, const RunShape& shape, int ith
   }
 }
 
+namespace {
+
+// Token t's nonzero activations as (down row, coefficient) pairs, ascending rows; returns how many.
+int64_t compact_token(const Graph& g, const Node& n, int64_t t, int32_t* ids, float* coef, float* dense) {
+  const Tensor& w = src(g, n, 0);
+  const int32_t* row_map = n.src[4] >= 0 ? static_cast<const int32_t*>(src(g, n, 4).data) : nullptr;
+  const float* act = row_ptr<const float>(src(g, n, 1), t);
+  const int32_t* list = row_ptr<const int32_t>(src(g, n, 2), t);
+  int64_t m = 0;
+  if (row_map) {  // list ids -> down rows, then ascending rows (Q4T walks 32-neuron groups in order)
+    for (int64_t r = 0; r < w.rows; ++r) dense[r] = 0.f;
+    for (int32_t kk = 0; kk < list[0]; ++kk) dense[row_map[list[1 + kk]]] = act[list[1 + kk]];
+    for (int64_t r = 0; r < w.rows; ++r) {
+      ids[m] = int32_t(r);
+      coef[m] = dense[r];
+      m += dense[r] != 0.f;
+    }
+  } else {
+    for (int32_t kk = 0; kk < list[0]; ++kk) {  // drop neurons the threshold zeroed after the gather
+      const int32_t j = list[1 + kk];
+      ids[m] = j;
+      coef[m] = act[j];
+      m += act[j] != 0.f;
+    }
+  }
+  return m;
+}
+
+// Bytes of the rows a chunk of tokens reads that one column tile may take, so they stay in L2 while
+// every token of the chunk passes over them.
+constexpr double kTileBytes = 512.0 * 1024.0;
+
+}  // namespace
+
 void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,
                    SparseScratch scratch) {
   const Tensor& dst = g.tensors[size_t(n.dst)];
@@ -116,39 +187,42 @@ void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const Ru
   int64_t c0, c1;
   thread_share(dst.cols, ith, nth, kQuantBlock, c0, c1);
   if (c0 >= c1) return;
-  const int32_t* row_map = n.src[4] >= 0 ? static_cast<const int32_t*>(src(g, n, 4).data) : nullptr;
-  for (int64_t t = 0; t < rows_in_run(dst, shape); ++t) {
-    const float* act = row_ptr<const float>(src(g, n, 1), t);
-    const int32_t* list = row_ptr<const int32_t>(src(g, n, 2), t);
-    // Every thread builds the same compact list (a few microseconds): cheaper than a barrier to share one.
-    int64_t m = 0;
-    if (row_map) {  // list ids -> down rows, then ascending rows (Q4T walks 32-neuron groups in order)
-      for (int64_t r = 0; r < w.rows; ++r) scratch.dense[r] = 0.f;
-      for (int32_t kk = 0; kk < list[0]; ++kk) scratch.dense[row_map[list[1 + kk]]] = act[list[1 + kk]];
-      for (int64_t r = 0; r < w.rows; ++r) {
-        scratch.ids[m] = int32_t(r);
-        scratch.coef[m] = scratch.dense[r];
-        m += scratch.dense[r] != 0.f;
-      }
-    } else {
-      for (int32_t kk = 0; kk < list[0]; ++kk) {  // drop neurons the threshold zeroed after the gather
-        const int32_t j = list[1 + kk];
-        scratch.ids[m] = j;
-        scratch.coef[m] = act[j];
-        m += act[j] != 0.f;
+  const int32_t* shared_union = n.src[5] >= 0 ? static_cast<const int32_t*>(src(g, n, 5).data) : nullptr;
+  const double bytes_per_col = double(w.row_bytes) / double(w.cols);
+  const int64_t n_tok = rows_in_run(dst, shape);
+  int64_t m[kAxpyTokens];
+  for (int64_t t0 = 0; t0 < n_tok; t0 += kAxpyTokens) {
+    const int64_t chunk = std::min(kAxpyTokens, n_tok - t0);
+    // Every thread compacts the same lists (microseconds): cheaper than a barrier to share them.
+    int64_t rows_read = 0;
+    for (int64_t i = 0; i < chunk; ++i) {
+      m[i] = compact_token(g, n, t0 + i, scratch.ids + i * scratch.stride, scratch.coef + i * scratch.stride,
+                           scratch.dense);
+      rows_read += m[i];
+      float* y = row_ptr<float>(dst, t0 + i);
+      for (int64_t c = c0; c < c1; ++c) y[c] = 0.f;
+    }
+    if (shared_union && shared_union[0] >= 0) rows_read = shared_union[0];
+    rows_read = std::min(rows_read, w.rows);
+    int64_t tile = c1 - c0;
+    if (chunk > 1 && rows_read > 0) {
+      const int64_t fit = int64_t(kTileBytes / (double(rows_read) * bytes_per_col)) / kQuantBlock * kQuantBlock;
+      tile = std::max<int64_t>(4 * kQuantBlock, std::min(tile, fit));
+    }
+    for (int64_t tc = c0; tc < c1; tc += tile) {
+      for (int64_t i = 0; i < chunk; ++i) {
+        AxpyRowsArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes, scratch.ids + i * scratch.stride,
+                       scratch.coef + i * scratch.stride, m[i], tc, std::min(tc + tile, c1),
+                       row_ptr<float>(dst, t0 + i)};
+        if (w.type == DType::Q4T) {
+          const Tensor& sc = src(g, n, 3);
+          a.scales = static_cast<const uint16_t*>(sc.data);
+          a.scales_stride = sc.cols;
+          a.tmp = scratch.tmp;
+        }
+        k.axpy_rows(a);
       }
     }
-    float* y = row_ptr<float>(dst, t);
-    for (int64_t c = c0; c < c1; ++c) y[c] = 0.f;
-    AxpyRowsArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes, scratch.ids, scratch.coef,
-                   m, c0, c1, y};
-    if (w.type == DType::Q4T) {
-      const Tensor& sc = src(g, n, 3);
-      a.scales = static_cast<const uint16_t*>(sc.data);
-      a.scales_stride = sc.cols;
-      a.tmp = scratch.tmp;
-    }
-    k.axpy_rows(a);
   }
 }
 

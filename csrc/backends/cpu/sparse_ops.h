@@ -8,10 +8,15 @@
 
 namespace pyinfer {
 
+// The batched down axpy compacts this many tokens' lists at a time, then walks the output in column
+// tiles, each tile for every token, so a tile of the rows the tokens share is read from memory once.
+constexpr int64_t kAxpyTokens = 16;
+
 // Per-thread memory the sparse ops need, sized by the backend at setup.
 struct SparseScratch {
-  int32_t* ids;   // [n_ff]
-  float* coef;    // [n_ff]
+  int32_t* ids;   // [kAxpyTokens, n_ff]: each token's nonzero neurons
+  float* coef;    // [kAxpyTokens, n_ff]: their activations
+  int64_t stride; // n_ff
   float* dense;   // [n_ff]: activations by down row, to sort a mapped list
   float* tmp;     // [d]: Q4T group sums
 };
@@ -19,6 +24,8 @@ struct SparseScratch {
 void cpu_active_set(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth);
 void cpu_gather_matmul(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth);
 void cpu_gated_act(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth);
+// Thread 0 alone (a few microseconds); mark: [n_ff] scratch.
+void cpu_active_union(const Graph& g, const Node& n, const RunShape& shape, int ith, int32_t* mark);
 void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,
                    SparseScratch scratch);
 
