@@ -15,29 +15,15 @@ the mean density, independently per token, so the union grows with B as it does 
 the measured mean and union densities are stored with each entry."""
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as Q
-from gguf import quants
 
 from pyinfer._core import DType
 from pyinfer.runtime.graph_builder import single_op_engine
-from pyinfer.runtime.sparse_ffn import Q4T_MIN_DENSITY, q4t_from_blocks
+from pyinfer.runtime.sparse_ffn import Q4T_MIN_DENSITY
+from test_bench_sparse import SHAPES, _mats  # the same synthetic matrices (same seeds)
 
 THREADS = 2
-SHAPES = {"smollm2": (576, 1536), "7b": (4096, 11008)}  # (d_model, d_ff)
 BATCHES = [1, 2, 4, 8, 16]
 DENSITIES = [0.05, 0.1, 0.2, 0.4, 0.6]
-_cache: dict = {}
-
-
-def _mats(shape: str):
-    if shape not in _cache:
-        d, ff = SHAPES[shape]
-        rng = np.random.default_rng(0)
-        gate = quants.quantize(rng.standard_normal((ff, d)).astype(np.float32) * 0.05, Q.Q4_1)   # [ff, d]
-        down = quants.quantize(rng.standard_normal((d, ff)).astype(np.float32) * 0.05, Q.Q4_1)   # [d, ff]
-        down_q8 = quants.quantize(quants.dequantize(down, Q.Q4_1).reshape(d, ff).T.copy(), Q.Q8_0)  # [ff, d]
-        _cache[shape] = (gate, down, q4t_from_blocks(down, "Q4_1", d, ff), down_q8)
-    return _cache[shape]
 
 
 def firing(ff: int, density: float, n_tok: int) -> np.ndarray:

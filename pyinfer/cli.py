@@ -123,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(sv)
     sv.add_argument("--kv-budget", type=int, default=16384, help="KV cache size in tokens (default 16384)")
     sv.add_argument("--scheduler", default="hedge", choices=["hedge", "amin", "amax", "fcfs"],
-                    help="hedge (default: A_min when length intervals say nothing, hedged shortest-first when "
-                         "they do), amin, amax or fcfs")
+                    help="hedge (default: plans each request at the median length of finished requests with "
+                         "similar intervals, admits by memory-time area), amin (arXiv 2508.14544), amax or fcfs")
     sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")

@@ -163,11 +163,11 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
         cut = b.weight(p + "pred.cut", int(DType.F32), n_ff - lp.hot, 1, pred.cut.astype(np.float32))
         z = b.bias_relu(b.matmul(w1, h, "pred_hidden", run_if=few), b1, run_if=few)
         logits = b.matmul(w2, z, "pred_logits", run_if=few)
-        lists = b.active_set(logits, n_ff, "active", cut=cut, hot=lp.hot, run_if=few)
+        lists = b.active_set(logits, n_ff, "active", cut=cut, hot=lp.hot, run_if=few)  # I32 [T, n_ff + 1]
     elif gate_first:
         # CATS stops at |SiLU(gate)| > cut; the contrib mode then also drops neurons whose
         # |SiLU(gate) * up| is below its threshold.
-        gate = b.matmul(gate_w, h, "gate")
+        gate = b.matmul(gate_w, h, "gate")  # F32 [T, n_ff], hot-first order
         lists = b.active_set(gate, n_ff, "active", threshold=lp.threshold if cats else lp.gate_threshold,
                              silu=True, run_if=few)
     else:  # threshold only: gate and up dense, down over the active neurons
@@ -176,6 +176,7 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
         b.silu_mul(gate, up, out=gate, relu=relu)
         lists = b.active_set(gate, n_ff, "active", threshold=lp.threshold, run_if=few)
     limits = runs.predicted if pred is not None or gate_first else runs.threshold
+    # I32 [1, n_ff + 1]: count (-1: dense) and ids
     union = b.active_union(lists, n_ff, p + "ffn.union", runs.max_tokens, *limits, max_single=runs.single)
     sparse, dense = Guard(when=union), Guard(when=union, sparse=False)
 

@@ -95,42 +95,52 @@ class FCFS(Policy):
 
 
 class Hedge(Policy):
-    """Ours: A_min when the predicted intervals say nothing, a hedged shortest-first when they do.
+    """Ours. Plans each request at what similar finished requests needed, admits by expected memory-time
+    area, and picks eviction victims by whether the intervals carry information.
 
-    It watches finished requests (a real server sees their true lengths too; running requests' true
-    lengths are never read). If the interval midpoints sqrt(l*u) of finished requests correlate with
-    their true lengths (log-log Pearson r >= `min_corr`), intervals are informative and it plans each
-    request at the q-quantile of finished lengths inside its window [max(õ_i, a_i + 1), u_i], admits
-    shortest plan first, and on overflow evicts the least-progressed request (the least wasted work).
-    Otherwise (e.g. every request predicted [1, 1000]) it behaves exactly as A_min, which is the better
-    bet without information. Before `warmup` requests have finished it also behaves as A_min.
-    A third regime: when most finished requests ran to their upper bound (a client whose max_tokens is
-    the real length), u is the best estimate, and it plans with u and evicts nothing, as A_max does."""
+    It watches finished requests only (a server sees their true lengths too; running requests' true
+    lengths are never read).
+    - Plan: the `quantile` (median) of the true lengths of the `k` finished requests whose intervals
+      are nearest in (log l, log u) (ties included), restricted to the request's window
+      [max(õ_i, a_i + 1), u_i]. In setting (a) every interval ties, so this is the length distribution
+      conditioned on the progress so far; with bins it is the bin's distribution; with [(1-x)o, (1+x)o]
+      the neighbours' lengths sit near o. Before `warmup` requests have finished: l (u/l)^`prior`, a
+      quarter of the way from l to u in log scale (A_min's optimism, hedged: under-reserving costs an
+      eviction, over-reserving idles memory for everyone).
+    - Admission: ascending expected remaining area (s_i + a_i + L/2) L with L = plan - a_i: the KV
+      memory a request will hold integrated over the steps it still needs (MC-SF's ordering, arXiv
+      2502.07115), so a short answer to a long prompt does not jump a short answer to a short one.
+    - Eviction: the least-progressed request (least wasted work) while interval midpoints correlate with
+      true lengths (log-log Pearson r >= `min_corr`) or before warmup; otherwise (every request
+      [1, 1000]) the largest KV holder s_i + a_i: nothing else tells the jobs apart, lengths' hazard
+      falls with progress, so big holders are the likely long ones, and they free the most. Requests
+      evicted before go last, so a long one cannot be restarted forever (o in {l, u} would thrash).
+    - When most finished requests ran to their upper bound (a client whose max_tokens is the real
+      length), u is the best estimate: it plans with u and admits by u, as A_max does, and an overflow
+      (from admissions made before it noticed) evicts the largest remaining area."""
     name = "hedge"
 
-    def __init__(self, seed: int = 0, quantile: float = 0.25, warmup: int = 20, min_corr: float = 0.3,
-                 tight_upper: float = 0.5):
-        self.quantile, self.warmup, self.min_corr, self.tight_upper = quantile, warmup, min_corr, tight_upper
+    def __init__(self, seed: int = 0, quantile: float = 0.5, k: int = 32, warmup: int = 20, prior: float = 0.25,
+                 min_corr: float = 0.3, tight_upper: float = 0.5, refresh: float = 0.05):
+        self.quantile, self.k, self.warmup, self.prior = quantile, k, warmup, prior
+        self.min_corr, self.tight_upper, self.refresh = min_corr, tight_upper, refresh
         self.amax = AMax()
-        self._at_upper = 0
-        self._upper_is_tight = False
-        self.amin = AMin(seed)
         self._lengths: list[int] = []
-        self._mids: list[float] = []
-        self._sorted = None
-        self._informative = False
+        self._feats: list[tuple[float, float]] = []  # (log l, log u) of each finished request
+        self._at_upper = 0
+        self._informative = self._upper_is_tight = False
         self._dirty = False
+        self._neighbours: dict[tuple[int, int], tuple[int, np.ndarray]] = {}  # interval -> (n seen, lengths)
 
     def _refresh(self) -> None:
         if not self._dirty:
             return
         self._dirty = False
-        lengths = np.asarray(self._lengths, dtype=float)
-        self._sorted = np.sort(lengths)
-        mids = np.log(np.asarray(self._mids))
-        self._informative = bool(len(lengths) >= self.warmup and mids.std() > 1e-9 and
-                                 np.corrcoef(mids, np.log(lengths))[0, 1] >= self.min_corr)
-        self._upper_is_tight = len(lengths) >= 8 and self._at_upper >= self.tight_upper * len(lengths)
+        n = len(self._lengths)
+        mids = np.asarray(self._feats).sum(axis=1)  # 2 log sqrt(l u)
+        self._informative = bool(n >= self.warmup and mids.std() > 1e-9 and
+                                 np.corrcoef(mids, np.log(self._lengths))[0, 1] >= self.min_corr)
+        self._upper_is_tight = n >= 8 and self._at_upper >= self.tight_upper * n
 
     @property
     def informative(self) -> bool:
@@ -142,33 +152,54 @@ class Hedge(Policy):
         self._refresh()
         return self._upper_is_tight
 
+    def _similar_lengths(self, r: Request) -> np.ndarray:
+        """Sorted true lengths of the finished requests nearest r's interval; recomputed once the finished
+        count has grown by `refresh` (shared by every request with the same interval)."""
+        n, key = len(self._lengths), (r.lower, r.upper)
+        cached = self._neighbours.get(key)
+        if cached is None or n >= cached[0] * (1 + self.refresh) + 1:
+            f = np.asarray(self._feats)
+            d = np.abs(f[:, 0] - np.log(r.lower)) + np.abs(f[:, 1] - np.log(r.upper))
+            kth = np.partition(d, min(self.k, n) - 1)[min(self.k, n) - 1]
+            cached = (n, np.sort(np.asarray(self._lengths)[d <= kth + 1e-12]))
+            self._neighbours[key] = cached
+        return cached[1]
+
     def planned_len(self, r: Request) -> int:
         if self.upper_is_tight:
             return self.amax.planned_len(r)
-        if not self.informative:
-            return self.amin.planned_len(r)
         lo = max(r.pseudo_lower, r.generated + 1)
-        s = self._sorted
-        i0, i1 = np.searchsorted(s, lo, "left"), np.searchsorted(s, r.upper, "right")
-        if lo >= r.upper or i1 <= i0:
+        if lo >= r.upper:
             return lo
-        return int(s[i0 + min(i1 - i0 - 1, int(self.quantile * (i1 - i0)))])
+        if len(self._lengths) < self.warmup:
+            return max(lo, min(r.upper, round(r.lower * (r.upper / r.lower) ** self.prior)))
+        s = self._similar_lengths(r)
+        i0, i1 = np.searchsorted(s, lo, "left"), np.searchsorted(s, r.upper, "right")
+        return lo if i1 <= i0 else int(s[i0 + min(i1 - i0 - 1, int(self.quantile * (i1 - i0)))])
+
+    def _area(self, r: Request) -> float:
+        left = max(1, self.planned_len(r) - r.generated)
+        return (r.prompt_len + r.generated + left / 2) * left
 
     def admission_key(self, r: Request):
         if self.upper_is_tight:
             return self.amax.admission_key(r)
-        return (self.planned_len(r), r.arrival, r.id) if self.informative else self.amin.admission_key(r)
+        return (self._area(r), r.arrival, r.id)
 
     def victim_key(self, r: Request):
-        return (r.generated, -self.planned_len(r), -r.id) if self.informative else self.amin.victim_key(r)
+        if self.upper_is_tight:  # plans are the lengths: give up the one that would hold the most
+            return (-self._area(r), r.id)
+        if self.informative or len(self._lengths) < self.warmup:
+            return (r.generated, -r.id)
+        return (r.evictions, -(r.prompt_len + r.generated), r.id)
 
     def on_evict(self, r: Request) -> None:
-        self.amin.on_evict(r)
+        r.pseudo_lower = max(r.pseudo_lower, r.generated)
 
     def on_finish(self, r: Request) -> None:
         self._at_upper += r.generated >= r.upper
         self._lengths.append(r.generated)
-        self._mids.append((r.lower * r.upper) ** 0.5)
+        self._feats.append((float(np.log(r.lower)), float(np.log(r.upper))))
         self._dirty = True
 
 
