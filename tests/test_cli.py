@@ -5,8 +5,6 @@ import tempfile
 import sys
 import zipfile
 
-import pytest
-
 
 def cli(*args, stdin=None):
     r = subprocess.run([sys.executable, "-m", "pyinfer.cli", *args], capture_output=True, text=True, timeout=600,

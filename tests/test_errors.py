@@ -1,5 +1,4 @@
 """Bad input: one clear line, exit code 2, never a crash or a traceback."""
-import os
 import subprocess
 import tempfile
 import sys
@@ -8,7 +7,6 @@ import numpy as np
 import pytest
 
 import pyinfer
-from pyinfer.cli import main
 from tiny_model import write_tiny_llama
 
 
