@@ -86,6 +86,19 @@ def test_hedge_admits_by_area_and_evicts_the_largest_holder_without_information(
     assert hedge.planned_len(small) > 31
 
 
+def test_hedge_remembers_a_bounded_history():
+    from pyinfer.serve.policies import make_policy
+    from pyinfer.serve.request import Request
+
+    hedge = make_policy("hedge", history=16)
+    for i in range(100):
+        done = Request(i, prompt_len=5, lower=1, upper=1000)
+        done.generated = 1 + i % 50
+        hedge.on_finish(done)
+        hedge.planned_len(Request(1000 + i, 5, 1 + i, 1000))  # a new interval each time
+    assert len(hedge._lengths) < 32 and len(hedge._neighbours) <= 16
+
+
 def test_hedge_uses_informative_intervals():
     s, o = lmsys_like_lengths(600, seed=4)
     lo, up = intervals(o, "c", 0.95)

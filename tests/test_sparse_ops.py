@@ -241,3 +241,13 @@ def test_when_list_must_come_from_an_earlier_union():
 
     with pytest.raises(ValueError, match="ActiveUnion"):
         single_op_engine(build)
+
+    def self_guarded(b):  # a union may not be guarded by its own result
+        S = b.weight("s", int(DType.F32), 32, 1, np.ones((1, 32), np.float32))
+        lists = b.active_set(S, 32, "lists")
+        u = b.state("u", 33, 1, DType.I32)
+        b.graph.add_node(_core.Op.ACTIVE_UNION, u.id, [lists.id], [32, 4], [1.0, 1.0, 1.0], when_list=u.id)
+        return u
+
+    with pytest.raises(ValueError, match="ActiveUnion"):
+        single_op_engine(self_guarded)

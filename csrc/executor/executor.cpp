@@ -1,6 +1,7 @@
 #include "executor/executor.h"
 
 #include <algorithm>
+#include <array>
 #include <set>
 
 namespace pyinfer {
@@ -25,7 +26,10 @@ std::vector<Segment> plan_segments(const Graph& graph, const std::vector<int>& b
   };
   for (size_t k = 0; k < graph.nodes.size(); ++k) {
     const Node& n = graph.nodes[k];
-    for (int s : n.src) {
+    std::array<int, 7> reads{};
+    std::copy(n.src.begin(), n.src.end(), reads.begin());
+    reads[6] = n.when_list;  // a guard reads its ActiveUnion's decision
+    for (int s : reads) {
       if (s < 0 || buffer_of[s] < 0) continue;
       depend(k, last_writer[buffer_of[s]]);
       readers[buffer_of[s]].push_back(int(k));

@@ -74,6 +74,11 @@ void Graph::validate() const {
     const Node& n = nodes[k];
     NodeChecker c{*this, n, k};
     const Tensor& d = c.t(n.dst);
+    if (n.when_list >= 0) {  // checked before this node's own result counts (no node guards itself)
+      c.t(n.when_list);      // range check
+      if (!union_written[size_t(n.when_list)]) c.fail("when_list must be the result of an earlier ActiveUnion node");
+    }
+    if (n.max_tokens < 0) c.fail("max_tokens must be >= 0");
     switch (n.op) {
       case OpKind::GetRows:
         c.type(n.dst, DType::F32); c.type(n.src[1], DType::I32); c.cols(n.src[0], d.cols);
@@ -181,16 +186,12 @@ void Graph::validate() const {
         c.cols(n.dst, int64_t(n.i[0]) + 1); c.cols(n.src[0], int64_t(n.i[0]) + 1);
         if (d.row_mode != RowMode::Fixed || d.rows != 1 || d.storage != Storage::State)
           c.fail("the union is one row of state");
+        if (n.i[1] < 1) c.fail("the token limit must be at least 1");
         union_written[size_t(n.dst)] = true;
         break;
       default:
         c.fail("unknown op");
     }
-    if (n.when_list >= 0) {
-      c.t(n.when_list);  // range check
-      if (!union_written[size_t(n.when_list)]) c.fail("when_list must be the result of an earlier ActiveUnion node");
-    }
-    if (n.max_tokens < 0) c.fail("max_tokens must be >= 0");
   }
 }
 

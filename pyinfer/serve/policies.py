@@ -121,13 +121,15 @@ class Hedge(Policy):
     name = "hedge"
 
     def __init__(self, seed: int = 0, quantile: float = 0.5, k: int = 32, warmup: int = 20, prior: float = 0.25,
-                 min_corr: float = 0.3, tight_upper: float = 0.5, refresh: float = 0.05):
+                 min_corr: float = 0.3, tight_upper: float = 0.5, refresh: float = 0.05, history: int = 4096):
         self.quantile, self.k, self.warmup, self.prior = quantile, k, warmup, prior
         self.min_corr, self.tight_upper, self.refresh = min_corr, tight_upper, refresh
+        self.history = history  # finished requests remembered: a long-running server forgets the oldest
         self.amax = AMax()
+        self._seen = 0  # finished requests ever
         self._lengths: list[int] = []
-        self._feats: list[tuple[float, float]] = []  # (log l, log u) of each finished request
-        self._at_upper = 0
+        self._feats: list[tuple[float, float]] = []  # (log l, log u) of each remembered finished request
+        self._at_upper: list[bool] = []
         self._informative = self._upper_is_tight = False
         self._dirty = False
         self._neighbours: dict[tuple[int, int], tuple[int, np.ndarray]] = {}  # interval -> (n seen, lengths)
@@ -140,7 +142,7 @@ class Hedge(Policy):
         mids = np.asarray(self._feats).sum(axis=1)  # 2 log sqrt(l u)
         self._informative = bool(n >= self.warmup and mids.std() > 1e-9 and
                                  np.corrcoef(mids, np.log(self._lengths))[0, 1] >= self.min_corr)
-        self._upper_is_tight = n >= 8 and self._at_upper >= self.tight_upper * n
+        self._upper_is_tight = n >= 8 and sum(self._at_upper) >= self.tight_upper * n
 
     @property
     def informative(self) -> bool:
@@ -157,11 +159,13 @@ class Hedge(Policy):
         count has grown by `refresh` (shared by every request with the same interval)."""
         n, key = len(self._lengths), (r.lower, r.upper)
         cached = self._neighbours.get(key)
-        if cached is None or n >= cached[0] * (1 + self.refresh) + 1:
+        if cached is None or self._seen >= cached[0] * (1 + self.refresh) + 1:
+            if len(self._neighbours) >= self.history:
+                self._neighbours.clear()
             f = np.asarray(self._feats)
             d = np.abs(f[:, 0] - np.log(r.lower)) + np.abs(f[:, 1] - np.log(r.upper))
             kth = np.partition(d, min(self.k, n) - 1)[min(self.k, n) - 1]
-            cached = (n, np.sort(np.asarray(self._lengths)[d <= kth + 1e-12]))
+            cached = (self._seen, np.sort(np.asarray(self._lengths)[d <= kth + 1e-12]))
             self._neighbours[key] = cached
         return cached[1]
 
@@ -197,9 +201,12 @@ class Hedge(Policy):
         r.pseudo_lower = max(r.pseudo_lower, r.generated)
 
     def on_finish(self, r: Request) -> None:
-        self._at_upper += r.generated >= r.upper
+        self._seen += 1
+        self._at_upper.append(r.generated >= r.upper)
         self._lengths.append(r.generated)
         self._feats.append((float(np.log(r.lower)), float(np.log(r.upper))))
+        if len(self._lengths) >= 2 * self.history:  # amortized: drop the older half at once
+            del self._at_upper[:-self.history], self._lengths[:-self.history], self._feats[:-self.history]
         self._dirty = True
 
 
