@@ -19,8 +19,7 @@ inline __m256 u8x8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v
 
 template <int NN>
 void axpy_group_q4_1(const AxpyRowsArgs& a, int64_t k) {
-  const BlockQ4_1* rows[NN];
-  for (int i = 0; i < NN; ++i) rows[i] = reinterpret_cast<const BlockQ4_1*>(a.w + int64_t(a.ids[k + i]) * a.w_row_bytes);
+  const auto rows = active_rows<BlockQ4_1, NN>(a, k);
   const __m128i mask = _mm_set1_epi8(0x0f);
   for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
     float* y = a.y + b * kQuantBlock;
@@ -46,8 +45,7 @@ void axpy_group_q4_1(const AxpyRowsArgs& a, int64_t k) {
 
 template <int NN>
 void axpy_group(const AxpyRowsArgs& a, int64_t k) {
-  const BlockQ8_0* rows[NN];
-  for (int i = 0; i < NN; ++i) rows[i] = reinterpret_cast<const BlockQ8_0*>(a.w + int64_t(a.ids[k + i]) * a.w_row_bytes);
+  const auto rows = active_rows<BlockQ8_0, NN>(a, k);
   for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
     float* y = a.y + b * kQuantBlock;
     __m256 acc[4];
@@ -64,8 +62,7 @@ void axpy_group(const AxpyRowsArgs& a, int64_t k) {
 // Q4T: t[c0, c1) += sum of NN neurons' coef * nibbles, four 8-float vectors per 32-element block.
 template <int NN>
 void q4t_accumulate(const AxpyRowsArgs& a, int64_t k) {
-  const uint8_t* rows[NN];
-  for (int i = 0; i < NN; ++i) rows[i] = a.w + int64_t(a.ids[k + i]) * a.w_row_bytes;
+  const auto rows = active_rows<uint8_t, NN>(a, k);
   const __m128i mask = _mm_set1_epi8(0x0f);
   for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
     float* t = a.tmp + b * kQuantBlock - a.c0;

@@ -11,8 +11,7 @@ namespace {
 
 template <int NN>
 void axpy_group_q4_1(const AxpyRowsArgs& a, int64_t k) {
-  const BlockQ4_1* rows[NN];
-  for (int i = 0; i < NN; ++i) rows[i] = reinterpret_cast<const BlockQ4_1*>(a.w + int64_t(a.ids[k + i]) * a.w_row_bytes);
+  const auto rows = active_rows<BlockQ4_1, NN>(a, k);
   const uint8x16_t mask = vdupq_n_u8(0x0f);
   for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
     float* y = a.y + b * kQuantBlock;
@@ -40,8 +39,7 @@ void axpy_group_q4_1(const AxpyRowsArgs& a, int64_t k) {
 
 template <int NN>
 void axpy_group(const AxpyRowsArgs& a, int64_t k) {
-  const BlockQ8_0* rows[NN];
-  for (int i = 0; i < NN; ++i) rows[i] = reinterpret_cast<const BlockQ8_0*>(a.w + int64_t(a.ids[k + i]) * a.w_row_bytes);
+  const auto rows = active_rows<BlockQ8_0, NN>(a, k);
   for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
     float* y = a.y + b * kQuantBlock;
     float32x4_t acc[8];

@@ -1,5 +1,6 @@
 // How every ISA walks the active neurons of a down axpy; the ISA files supply only the arithmetic.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <type_traits>
 
@@ -14,6 +15,14 @@ inline void for_rows_by4(int64_t begin, int64_t end, Four four, One one) {
   int64_t k = begin;
   for (; k + 4 <= end; k += 4) four(k);
   for (; k < end; ++k) one(k);
+}
+
+// The NN active rows at list positions [k, k + NN), as pointers to their blocks.
+template <typename Block, int NN>
+inline std::array<const Block*, NN> active_rows(const AxpyRowsArgs& a, int64_t k) {
+  std::array<const Block*, NN> rows;
+  for (int i = 0; i < NN; ++i) rows[size_t(i)] = reinterpret_cast<const Block*>(a.w + int64_t(a.ids[k + i]) * a.w_row_bytes);
+  return rows;
 }
 
 // Q4T: the active rows (ascending) of one 32-neuron group share its scales and offsets.
