@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -31,7 +32,36 @@ def load(path_or_name: str | os.PathLike | None = None, n_threads: int | None = 
                  target=target, **kwargs)
 
 
+class _ModelLock:
+    """Serializes the users of one Model (its KV cache holds one sequence). Re-entrant for the thread that
+    holds it, and released by whichever thread resumes a stream last (a generator may move threads)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._owner: int | None = None
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with self._cv:
+            while self._owner not in (None, me):
+                self._cv.wait()
+            self._owner = me
+            self._depth += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._cv:
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._cv.notify()
+
+
 class Model:
+    """One model and its single-sequence KV cache. Calls from several threads are safe and serialized: a
+    `generate`/`eval` runs whole, a `stream` holds the model from its first token until it is exhausted or
+    closed, so concurrent callers get exactly what they would have got one after another."""
+
     def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto",
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
                  neuron_down: str = "auto"):
@@ -62,6 +92,8 @@ class Model:
         except ValueError as e:
             raise PyinferError(str(e)) from None
         self._cached: list[int] = []  # tokens whose K/V are in the cache at positions 0..len-1
+        self._runs = 0                # forward calls so far: a stream sees whether someone else ran between steps
+        self._lock = _ModelLock()
 
     @property
     def isa(self) -> str:
@@ -80,7 +112,8 @@ class Model:
         or [len(tokens), vocab] with all_logits."""
         n = len(tokens)
         rows = np.arange(n) if all_logits else np.array([n - 1])
-        out = self._forward(list(tokens), 0, rows)
+        with self._lock:
+            out = self._forward(list(tokens), 0, rows)
         return out if all_logits else out[0]
 
     def _check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
@@ -99,6 +132,7 @@ class Model:
             raise ContextOverflowError(
                 f"{start + len(ids)} tokens do not fit the context of {self.n_ctx} tokens (raise n_ctx / --ctx)")
         result = np.empty((len(out_rows), self.config.vocab_size), dtype=np.float32)
+        self._runs += 1
         self._cached = self._cached[:start]
         done = 0
         for c0 in range(0, len(ids), self._max_batch):
@@ -106,7 +140,11 @@ class Model:
             sel = (out_rows >= c0) & (out_rows < c0 + len(chunk))
             rows = (out_rows[sel] - c0).astype(np.int32)
             positions = np.arange(start + c0, start + c0 + len(chunk), dtype=np.int32)
-            self._engine.run(len(chunk), chunk, positions, rows)
+            try:
+                self._engine.run(len(chunk), chunk, positions, rows)
+            except ValueError as e:  # the engine refused the input (one line, as every user error)
+                self._cached = self._cached[:start + c0]
+                raise PyinferError(str(e)) from None
             if len(rows):
                 result[done:done + len(rows)] = self._engine.logits()
                 done += len(rows)
@@ -126,15 +164,22 @@ class Model:
         if len(prompt_ids) >= self.n_ctx:
             raise ContextOverflowError(
                 f"prompt is {len(prompt_ids)} tokens; the context holds {self.n_ctx} (raise n_ctx / --ctx)")
-        logits = self._prefill(prompt_ids)
-        for i in range(max_tokens):
-            tok = sampler(logits)
-            if tok in self.tokenizer.end_of_generation:
-                return
-            yield tok
-            if i + 1 == max_tokens or len(self._cached) >= self.n_ctx:
-                return
-            logits = self._forward([tok], len(self._cached), np.array([0]))[0]
+        with self._lock:
+            history = list(prompt_ids)
+            logits = self._prefill(history)
+            for i in range(max_tokens):
+                tok = sampler(logits)
+                if tok in self.tokenizer.end_of_generation:
+                    return
+                seen = self._runs
+                yield tok
+                history.append(tok)
+                if i + 1 == max_tokens or len(history) > self.n_ctx:
+                    return
+                if self._runs != seen:  # this thread ran the model in between: its cache holds another sequence
+                    logits = self._prefill(history)
+                else:
+                    logits = self._forward([tok], len(self._cached), np.array([0]))[0]
 
     # ---- generation -----------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,

@@ -14,15 +14,19 @@ using namespace pyinfer;
 
 namespace {
 
-// A graph under construction plus the Python objects (memory maps) its weights point into.
+// A weight's buffer export, held for as long as any graph or engine points into it: while it is held the
+// exporter (a numpy array, an mmap) can neither free nor move the memory (mmap.close() raises instead).
+using HeldBuffer = std::shared_ptr<py::buffer_info>;
+
+// A graph under construction plus the buffers its weights point into.
 struct PyGraph {
   Graph graph;
-  std::vector<py::object> keep_alive;
+  std::vector<HeldBuffer> keep_alive;
 };
 
 struct PyEngine {
   std::unique_ptr<Engine> engine;
-  std::vector<py::object> keep_alive;
+  std::vector<HeldBuffer> keep_alive;
   int64_t last_outputs = 0;
 };
 
@@ -30,15 +34,21 @@ using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>
 
 const int32_t* data_or_null(const std::optional<I32Array>& a) { return a ? a->data() : nullptr; }
 
+// A read-only view: the engine's memory is written only by runs (a write through a view could put an id
+// out of range behind the checks).
 py::array tensor_view(py::object owner, const Tensor& t, int64_t rows) {
+  py::array a;
   if (t.type == DType::F32)
-    return py::array_t<float>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(4)}, static_cast<float*>(t.data), owner);
-  if (t.type == DType::I32)
-    return py::array_t<int32_t>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(4)}, static_cast<int32_t*>(t.data), owner);
-  if (t.type == DType::F16)
-    return py::array_t<uint16_t>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(2)}, static_cast<uint16_t*>(t.data), owner);
-  return py::array_t<uint8_t>({rows, int64_t(t.row_bytes)}, {int64_t(t.row_bytes), int64_t(1)},
-                              static_cast<uint8_t*>(t.data), owner);
+    a = py::array_t<float>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(4)}, static_cast<float*>(t.data), owner);
+  else if (t.type == DType::I32)
+    a = py::array_t<int32_t>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(4)}, static_cast<int32_t*>(t.data), owner);
+  else if (t.type == DType::F16)
+    a = py::array_t<uint16_t>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(2)}, static_cast<uint16_t*>(t.data), owner);
+  else
+    a = py::array_t<uint8_t>({rows, int64_t(t.row_bytes)}, {int64_t(t.row_bytes), int64_t(1)},
+                             static_cast<uint8_t*>(t.data), owner);
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
 }
 
 }  // namespace
@@ -93,10 +103,18 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyGraph>(m, "Graph")
       .def(py::init<>())
       .def("add_weight", [](PyGraph& g, const std::string& name, DType type, int64_t cols, int64_t rows, py::buffer data) {
-             py::buffer_info info = data.request();
+             auto held = std::make_shared<py::buffer_info>(data.request());
+             const py::buffer_info& info = *held;
              Tensor t{name, type, cols, rows, RowMode::Fixed, Storage::External};
-             const size_t need = size_t(rows) * dtype_row_bytes(type, cols);
-             const size_t have = size_t(info.size) * size_t(info.itemsize);
+             if (rows < 1 || cols < 1 || cols > kMaxCols || rows > kMaxRows)
+               throw GraphError("weight '" + name + "': shape [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                                "] is out of range");
+             if (dtype_is_quantized(type) && cols % kQuantBlock)
+               throw GraphError("weight '" + name + "': quantized row length must be a multiple of 32");
+             const size_t need = checked_bytes(name, rows, dtype_row_bytes(type, cols));
+             size_t have = 0;
+             if (info.size < 0 || info.itemsize < 1 || __builtin_mul_overflow(size_t(info.size), size_t(info.itemsize), &have))
+               throw GraphError("weight '" + name + "': buffer has an invalid size");
              if (have < need)
                throw GraphError("weight '" + name + "': buffer holds " + std::to_string(have) + " bytes, needs " +
                                 std::to_string(need));
@@ -108,7 +126,7 @@ PYBIND11_MODULE(_core, m) {
              }
              t.data = info.ptr;
              const int id = g.graph.add_tensor(t);
-             g.keep_alive.push_back(data);
+             g.keep_alive.push_back(std::move(held));
              return id;
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("rows"), py::arg("data"))
       .def("add_tensor", [](PyGraph& g, const std::string& name, DType type, int64_t cols, RowMode mode,
@@ -139,6 +157,12 @@ PYBIND11_MODULE(_core, m) {
            "max_tokens: skip runs with more tokens (0: no cap); when_list: an ActiveUnion result, the node runs "
            "only when it chose the sparse path (when_sparse) or the dense one")
       .def("validate", [](const PyGraph& g) { g.graph.validate(); })
+      .def("set_backend", [](PyGraph& g, int node, int backend) {
+             if (node < 0 || node >= int(g.graph.nodes.size())) throw GraphError("node id out of range");
+             if (backend < 0) throw GraphError("backend index must be >= 0");
+             g.graph.nodes[size_t(node)].backend = backend;
+           }, py::arg("node"), py::arg("backend"),
+           "Run a node on another backend of the engine (Engine(backend_threads=[...]) lists them).")
       .def("pin", [](PyGraph& g, int id) { g.graph.pinned.push_back(id); },
            "Keep a scratch tensor's memory private so it can be read after a run.")
       .def_property_readonly("n_tensors", [](const PyGraph& g) { return g.graph.tensors.size(); })
@@ -157,14 +181,17 @@ PYBIND11_MODULE(_core, m) {
                     [](PyGraph& g, int v) { g.graph.input_kv_table = v; });
 
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init([](const PyGraph& g, int64_t max_tokens, int64_t max_outputs, int n_threads, const std::string& isa) {
+      .def(py::init([](const PyGraph& g, int64_t max_tokens, int64_t max_outputs, int n_threads, const std::string& isa,
+                       const std::vector<int>& backend_threads) {
              auto e = std::make_unique<PyEngine>();
-             EngineConfig cfg{max_tokens, max_outputs, n_threads, isa};
+             EngineConfig cfg{max_tokens, max_outputs, n_threads, isa, backend_threads};
              e->engine = std::make_unique<Engine>(g.graph, cfg);
              e->keep_alive = g.keep_alive;
              return e;
            }), py::arg("graph"), py::arg("max_tokens") = 512, py::arg("max_outputs") = 1, py::arg("n_threads") = 1,
-           py::arg("isa") = "auto")
+           py::arg("isa") = "auto", py::arg("backend_threads") = std::vector<int>{},
+           "backend_threads: threads of each CPU backend instance (default: one of n_threads); nodes moved with "
+           "Graph.set_backend run on theirs, concurrently with the others where dependencies allow.")
       .def("run", [](PyEngine& e, int64_t n_tokens, std::optional<I32Array> tokens, std::optional<I32Array> positions,
                      std::optional<I32Array> out_ids, std::optional<I32Array> slots, std::optional<I32Array> kv_table) {
              auto check = [&](const std::optional<I32Array>& a, int64_t n, const char* what) {
@@ -206,6 +233,13 @@ PYBIND11_MODULE(_core, m) {
              if (rows < 0 || rows > t.rows) throw GraphError("rows out of range");
              return tensor_view(self, t, rows);
            }, py::arg("id"), py::arg("rows"), "View of a tensor's first `rows` rows (for tests and debugging).")
+      .def("_inject_fault", [](PyEngine& e, int node, int thread, int backend) {
+             std::lock_guard<std::mutex> lock(e.engine->run_mutex());
+             if (backend < 0 || size_t(backend) >= e.engine->n_backends()) throw GraphError("backend out of range");
+             e.engine->backend(size_t(backend)).inject_fault(node, thread);
+           }, py::arg("node"), py::arg("thread"), py::arg("backend") = 0,
+           "Tests only: node `node` throws on pool thread `thread` of `backend` (-1: never).")
+      .def_property_readonly("n_segments", [](const PyEngine& e) { return e.engine->executor().segments().size(); })
       .def("set_op_timing", [](PyEngine& e, bool on) { e.engine->cpu().set_op_timing(on); }, py::arg("on"),
            "Start (and reset) or stop accumulating wall time per op kind.")
       .def("op_timing", [](const PyEngine& e) {

@@ -15,19 +15,44 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)), cfg_(cfg) {
   if (cfg_.max_tokens < 1 || cfg_.max_outputs < 1 || cfg_.n_threads < 1)
     throw GraphError("max_tokens, max_outputs and n_threads must be positive");
+  if (cfg_.max_tokens > INT32_MAX || cfg_.max_outputs > INT32_MAX || cfg_.n_threads > 1024)
+    throw GraphError("max_tokens, max_outputs or n_threads is too large");
+  if (cfg_.backend_threads.empty()) cfg_.backend_threads = {cfg_.n_threads};
+  for (int t : cfg_.backend_threads)
+    if (t < 1 || t > 1024) throw GraphError("every backend needs 1..1024 threads");
+  copy_constants();  // before validation: the checked constants are the ones that run
   graph_.validate();
+  for (const Node& n : graph_.nodes)
+    if (size_t(n.backend) >= cfg_.backend_threads.size())
+      throw GraphError("a node names backend " + std::to_string(n.backend) + "; this engine has " +
+                       std::to_string(cfg_.backend_threads.size()));
   plan_memory();
-  for (const Node& n : graph_.nodes) {
-    if (n.op == OpKind::GetRows && n.src[1] == graph_.input_tokens)
-      vocab_rows_ = std::min(vocab_rows_, graph_.tensors[size_t(n.src[0])].rows);
-    if (n.op == OpKind::KvStore && (n.src[1] == graph_.input_positions || n.src[1] == graph_.input_slots))
-      cache_rows_ = std::min(cache_rows_, graph_.tensors[size_t(n.dst)].rows);
-    if (n.op == OpKind::Attention && n.src[4] >= 0) block_size_ = n.i[3];
+  check_row_coverage();
+  plan_input_checks();
+  std::vector<Backend*> backends;
+  for (int threads : cfg_.backend_threads) {
+    backends_.push_back(std::make_unique<CpuBackend>(graph_, threads, cfg_.isa));
+    backends.push_back(backends_.back().get());
   }
-  cpu_ = std::make_unique<CpuBackend>(graph_, cfg_.n_threads, cfg_.isa);
-  std::vector<Backend*> backends{cpu_.get()};
-  for (Node& n : graph_.nodes) n.backend = 0;  // only the CPU backend exists so far
   executor_ = std::make_unique<Executor>(graph_, backends, plan_segments(graph_, buffer_of_));
+}
+
+// I32 constants (permutations, row maps, constant lists) are checked by validate(); the engine runs its own
+// copy, so a caller who later writes into the array it passed cannot put an id out of range.
+void Engine::copy_constants() {
+  size_t bytes = 0;
+  for (const Tensor& t : graph_.tensors)
+    if (t.storage == Storage::External && t.type == DType::I32) bytes += align_up(checked_bytes(t.name, t.rows, t.row_bytes));
+  constants_ = Buffer(bytes);
+  size_t off = 0;
+  for (Tensor& t : graph_.tensors) {
+    if (t.storage != Storage::External || t.type != DType::I32) continue;
+    if (!t.data) throw GraphError("weight '" + t.name + "' has no data");
+    auto* dst = static_cast<uint8_t*>(constants_.data()) + off;
+    std::memcpy(dst, t.data, size_t(t.rows) * t.row_bytes);
+    t.data = dst;
+    off += align_up(size_t(t.rows) * t.row_bytes);
+  }
 }
 
 void Engine::plan_memory() {
@@ -44,7 +69,7 @@ void Engine::plan_memory() {
     if (t.row_mode == RowMode::Tokens) t.rows = cfg_.max_tokens;
     if (t.row_mode == RowMode::Outputs) t.rows = cfg_.max_outputs;
     if (t.rows <= 0) throw GraphError("tensor '" + t.name + "' has no rows");
-    const size_t bytes = align_up(size_t(t.rows) * t.row_bytes);
+    const size_t bytes = align_up(checked_bytes(t.name, t.rows, t.row_bytes));
     if (t.storage == Storage::External) {
       if (!t.data) throw GraphError("weight '" + t.name + "' has no data");
     } else if (t.storage == Storage::Input) {
@@ -59,7 +84,11 @@ void Engine::plan_memory() {
   }
 
   // Scratch: tensors share buffers once their last reader has run (a greedy, size-keyed reuse;
-  // the repeated layer structure makes exact-size reuse nearly optimal).
+  // the repeated layer structure makes exact-size reuse nearly optimal). Active lists share only with
+  // other active lists, so whatever a list buffer holds is a list some ActiveSet wrote (or zeros: empty).
+  std::vector<uint8_t> is_list(nt, 0);
+  for (const Node& n : graph_.nodes)
+    if (n.op == OpKind::ActiveSet) is_list[size_t(n.dst)] = 1;
   std::vector<int> first(nt, INT_MAX), last(nt, -1);
   for (size_t k = 0; k < graph_.nodes.size(); ++k) {
     const Node& n = graph_.nodes[k];
@@ -71,7 +100,7 @@ void Engine::plan_memory() {
   if (graph_.output_logits >= 0) last[size_t(graph_.output_logits)] = INT_MAX;
   for (int t : graph_.pinned)
     if (t >= 0 && size_t(t) < nt) last[size_t(t)] = INT_MAX;
-  std::multimap<size_t, std::pair<int, size_t>> free_slots;  // bytes -> (buffer id, offset)
+  std::multimap<std::pair<size_t, uint8_t>, std::pair<int, size_t>> free_slots;  // (bytes, list) -> (buffer, offset)
   std::vector<std::pair<int, size_t>> slot_of(nt, {-1, 0});
   size_t scratch_bytes = 0;
   for (size_t k = 0; k < graph_.nodes.size(); ++k) {
@@ -82,7 +111,7 @@ void Engine::plan_memory() {
     const size_t d = size_t(n.dst);
     if (ts[d].storage == Storage::Scratch && slot_of[d].first < 0) {
       const size_t bytes = align_up(size_t(ts[d].rows) * ts[d].row_bytes);
-      auto it = free_slots.find(bytes);
+      auto it = free_slots.find({bytes, is_list[d]});
       if (it != free_slots.end()) {
         slot_of[d] = it->second;
         free_slots.erase(it);
@@ -97,7 +126,9 @@ void Engine::plan_memory() {
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
     for (int t : touched)
       if (t >= 0 && ts[size_t(t)].storage == Storage::Scratch && last[size_t(t)] == int(k))
-        free_slots.emplace(align_up(size_t(ts[size_t(t)].rows) * ts[size_t(t)].row_bytes), slot_of[size_t(t)]);
+        free_slots.emplace(std::make_pair(align_up(size_t(ts[size_t(t)].rows) * ts[size_t(t)].row_bytes),
+                                          is_list[size_t(t)]),
+                           slot_of[size_t(t)]);
   }
 
   inputs_ = Buffer(input_bytes);
@@ -120,35 +151,191 @@ void Engine::plan_memory() {
   }
 }
 
+// Every row an op reads must exist. A source read at each row of another tensor has at least as many
+// rows as that tensor has in any run: fixed tensors are checked here; per-token and per-output tensors
+// bound the run's token and output counts (a test feeding a 4-row weight as input runs at most 4 tokens).
+void Engine::check_row_coverage() {
+  const auto& ts = graph_.tensors;
+  row_limit_[0] = {cfg_.max_tokens, ""};
+  row_limit_[1] = {cfg_.max_outputs, ""};
+  for (size_t k = 0; k < graph_.nodes.size(); ++k) {
+    const Node& n = graph_.nodes[k];
+    auto covers = [&](int reader, int read) {  // `read` is read at every row `reader` has in a run
+      if (read < 0 || reader < 0) return;
+      const Tensor& a = ts[size_t(read)];
+      const Tensor& b = ts[size_t(reader)];
+      if (b.row_mode == RowMode::Fixed) {
+        if (a.rows < b.rows)
+          throw GraphError("node " + std::to_string(k) + " (" + op_name(n.op) + "): tensor '" + a.name + "' has " +
+                           std::to_string(a.rows) + " rows, fewer than the " + std::to_string(b.rows) + " of '" +
+                           b.name + "'");
+        return;
+      }
+      auto& limit = row_limit_[b.row_mode == RowMode::Tokens ? 0 : 1];
+      if (a.rows < limit.first) limit = {a.rows, a.name};
+    };
+    switch (n.op) {
+      case OpKind::MatMul:
+        if (n.src[2] >= 0) {
+          covers(n.dst, n.src[1]);
+          if (ts[size_t(n.src[2])].row_mode != RowMode::Fixed) covers(n.dst, n.src[2]);
+        } else {
+          covers(n.src[1], n.dst);
+        }
+        break;
+      case OpKind::KvStore: covers(n.src[0], n.src[1]); break;
+      case OpKind::Attention: covers(n.dst, n.src[0]); covers(n.dst, n.src[3]); covers(n.dst, n.src[4]); break;
+      case OpKind::GetRows: case OpKind::SelectRows: covers(n.dst, n.src[1]); break;
+      case OpKind::RmsNorm: case OpKind::Quantize: case OpKind::BiasRelu: case OpKind::ScatterCols:
+      case OpKind::ActiveSet:
+        covers(n.dst, n.src[0]);
+        break;
+      case OpKind::Rope: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); break;
+      case OpKind::Add: case OpKind::SiluMul: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); break;
+      case OpKind::GatedAct: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
+      case OpKind::DownAxpy: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
+      default: break;
+    }
+  }
+}
+
+void Engine::plan_input_checks() {
+  const auto& ts = graph_.tensors;
+  if (graph_.input_kv_table >= 0 && graph_.input_positions < 0) throw GraphError("a paged graph needs positions");
+  input_checks_.reserve(8);  // one per named input: pointers into it stay valid while it is filled
+  auto check_of = [&](int id) -> InputCheck* {
+    const char* role = graph_.input_role(id);
+    if (!role || role == std::string("kv_table")) return nullptr;  // constants: checked by validate()
+    for (auto& c : input_checks_)
+      if (c.tensor == id) return &c;
+    const std::string r = role;
+    const char* what = r == "tokens" ? "token id" : r == "positions" ? "position" : r == "out_ids" ? "output row" : "KV slot";
+    input_checks_.push_back(InputCheck{id, what});
+    return &input_checks_.back();
+  };
+  for (int role : {graph_.input_tokens, graph_.input_positions, graph_.input_out_ids, graph_.input_slots}) check_of(role);
+  int64_t stamp_rows = 0;
+  for (const Node& n : graph_.nodes) {
+    InputCheck* c = nullptr;
+    switch (n.op) {
+      case OpKind::GetRows:
+        if ((c = check_of(n.src[1]))) c->limit = std::min(c->limit, ts[size_t(n.src[0])].rows);
+        break;
+      case OpKind::SelectRows:
+        if ((c = check_of(n.src[1]))) {
+          const Tensor& x = ts[size_t(n.src[0])];
+          if (x.row_mode == RowMode::Fixed) c->limit = std::min(c->limit, x.rows);
+          else c->below_tokens = true;
+        }
+        break;
+      case OpKind::KvStore:
+        if ((c = check_of(n.src[1]))) {
+          c->limit = std::min(c->limit, ts[size_t(n.dst)].rows);
+          c->distinct = true;
+          stamp_rows = std::max(stamp_rows, ts[size_t(n.dst)].rows);
+        }
+        break;
+      case OpKind::Attention: {
+        const int64_t cache_rows = ts[size_t(n.src[1])].rows;  // scores scratch holds this many per thread
+        if ((c = check_of(n.src[3]))) {
+          c->limit = std::min(c->limit, cache_rows);
+          if (n.src[4] >= 0) c->limit = std::min(c->limit, ts[size_t(n.src[4])].cols * n.i[3]);
+        }
+        if (n.src[4] >= 0) {
+          block_size_ = n.i[3];
+          kv_blocks_ = kv_blocks_ ? std::min(kv_blocks_, cache_rows / n.i[3]) : cache_rows / n.i[3];
+        }
+        break;
+      }
+      default: break;
+    }
+  }
+  stamp_.assign(size_t(std::max(stamp_rows, kv_blocks_)), 0);
+}
+
+void Engine::check_inputs(int64_t n_tokens, int64_t n_outputs, int64_t kv_table_cols) {
+  auto next_stamp = [&]() {
+    if (++stamp_gen_ == 0) {  // wrapped: forget every old stamp
+      std::fill(stamp_.begin(), stamp_.end(), 0u);
+      stamp_gen_ = 1;
+    }
+    return stamp_gen_;
+  };
+  for (const InputCheck& c : input_checks_) {
+    const Tensor& t = graph_.tensors[size_t(c.tensor)];
+    const auto* v = static_cast<const int32_t*>(t.data);
+    const int64_t n = t.row_mode == RowMode::Outputs ? n_outputs : n_tokens;
+    const int64_t limit = c.below_tokens ? std::min(c.limit, n_tokens) : c.limit;
+    const uint32_t stamp = c.distinct ? next_stamp() : 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (v[i] < 0 || v[i] >= limit)
+        throw GraphError(std::string(c.what) + " " + std::to_string(v[i]) + " out of range [0, " +
+                         std::to_string(limit) + ")");
+      if (c.distinct) {
+        if (stamp_[size_t(v[i])] == stamp)
+          throw GraphError(std::string(c.what) + " " + std::to_string(v[i]) + " appears twice in one batch (one KV row "
+                           "written by two threads)");
+        stamp_[size_t(v[i])] = stamp;
+      }
+    }
+  }
+  if (graph_.input_kv_table < 0) return;
+  // Paged: each token's block table, as far as its position reaches, holds distinct blocks of the cache,
+  // and its KV slot is its position's row in them.
+  const Tensor& table = graph_.tensors[size_t(graph_.input_kv_table)];
+  if (kv_table_cols != table.cols)
+    throw GraphError("block table has " + std::to_string(kv_table_cols) + " columns, expected " +
+                     std::to_string(table.cols));
+  const auto* pos = static_cast<const int32_t*>(graph_.tensors[size_t(graph_.input_positions)].data);
+  const auto* slots = graph_.input_slots >= 0 ? static_cast<const int32_t*>(graph_.tensors[size_t(graph_.input_slots)].data)
+                                              : nullptr;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int32_t* blocks = static_cast<const int32_t*>(table.data) + t * table.cols;
+    const int64_t used = int64_t(pos[t]) / block_size_ + 1;  // <= table.cols: positions were checked
+    const uint32_t stamp = next_stamp();
+    for (int64_t j = 0; j < used; ++j) {
+      if (blocks[j] < 0 || blocks[j] >= kv_blocks_)
+        throw GraphError("KV block " + std::to_string(blocks[j]) + " out of range [0, " + std::to_string(kv_blocks_) + ")");
+      if (stamp_[size_t(blocks[j])] == stamp)
+        throw GraphError("block table of batch row " + std::to_string(t) + " repeats block " + std::to_string(blocks[j]));
+      stamp_[size_t(blocks[j])] = stamp;
+    }
+    if (slots && int64_t(slots[t]) != int64_t(blocks[used - 1]) * block_size_ + pos[t] % block_size_)
+      throw GraphError("KV slot of batch row " + std::to_string(t) + " is not its position's row in its block table");
+  }
+}
+
 void Engine::run(const int32_t* tokens, const int32_t* positions, int64_t n_tokens, const int32_t* out_ids,
                  int64_t n_outputs, const int32_t* slots, const int32_t* kv_table, int64_t kv_table_cols) {
+  std::lock_guard<std::mutex> lock(run_mutex_);
   if (n_tokens < 1 || n_tokens > cfg_.max_tokens)
     throw GraphError("batch of " + std::to_string(n_tokens) + " tokens; this engine takes 1.." +
                      std::to_string(cfg_.max_tokens));
   if (n_outputs < 0 || n_outputs > cfg_.max_outputs)
     throw GraphError(std::to_string(n_outputs) + " outputs requested; at most " + std::to_string(cfg_.max_outputs));
-  auto bind = [&](int id, const int32_t* src, int64_t n, int64_t limit, const char* what) {
+  if (n_tokens > row_limit_[0].first || n_outputs > row_limit_[1].first) {
+    const auto& l = n_tokens > row_limit_[0].first ? row_limit_[0] : row_limit_[1];
+    throw GraphError("this graph reads tensor '" + l.second + "' at every row of the batch; it has " +
+                     std::to_string(l.first) + " rows");
+  }
+  if (graph_.input_kv_table >= 0 && kv_table_cols < 1) throw GraphError("missing input: kv_table");
+  auto bind = [&](int id, const int32_t* src, int64_t n, const char* what) {
     if (id < 0) return;
     if (!src) throw GraphError(std::string("missing input: ") + what);
-    for (int64_t i = 0; i < n; ++i)
-      if (src[i] < 0 || src[i] >= limit)
-        throw GraphError(std::string(what) + " " + std::to_string(src[i]) + " out of range [0, " +
-                         std::to_string(limit) + ")");
-    std::memcpy(graph_.tensors[size_t(id)].data, src, size_t(n) * sizeof(int32_t));
+    if (n > 0) std::memcpy(graph_.tensors[size_t(id)].data, src, size_t(n) * sizeof(int32_t));
   };
-  bind(graph_.input_tokens, tokens, n_tokens, vocab_rows_, "token id");
-  if (graph_.input_kv_table >= 0) {  // paged: positions are bounded by each token's block table
+  bind(graph_.input_tokens, tokens, n_tokens, "tokens");
+  bind(graph_.input_positions, positions, n_tokens, "positions");
+  bind(graph_.input_out_ids, out_ids, n_outputs, "out_ids");
+  bind(graph_.input_slots, slots, n_tokens, "slots");
+  if (graph_.input_kv_table >= 0) {
     const Tensor& table = graph_.tensors[size_t(graph_.input_kv_table)];
     if (kv_table_cols != table.cols)
       throw GraphError("block table has " + std::to_string(kv_table_cols) + " columns, expected " +
                        std::to_string(table.cols));
-    bind(graph_.input_positions, positions, n_tokens, table.cols * block_size_, "position");
-    bind(graph_.input_slots, slots, n_tokens, cache_rows_, "KV slot");
-    bind(graph_.input_kv_table, kv_table, n_tokens * table.cols, cache_rows_ / block_size_, "KV block");
-  } else {
-    bind(graph_.input_positions, positions, n_tokens, cache_rows_, "position");
+    bind(graph_.input_kv_table, kv_table, n_tokens * table.cols, "kv_table");
   }
-  bind(graph_.input_out_ids, out_ids, n_outputs, n_tokens, "output row");
+  check_inputs(n_tokens, n_outputs, kv_table_cols);
   executor_->run(RunShape{n_tokens, n_outputs});
 }
 

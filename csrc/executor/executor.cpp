@@ -65,14 +65,27 @@ Executor::~Executor() {
   for (auto& t : drivers_) t.join();
 }
 
+void Executor::fail(std::exception_ptr e) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!error_) error_ = e;
+  abort_.store(true, std::memory_order_release);
+}
+
 void Executor::run_segments_of(int backend, const RunShape& shape, uint64_t gen) {
-  for (size_t i = 0; i < segments_.size(); ++i) {
-    const Segment& s = segments_[i];
-    if (s.backend != backend) continue;
-    for (int d : s.deps)
-      while (done_[d].load(std::memory_order_acquire) != gen) std::this_thread::yield();
-    backends_[size_t(backend)]->compute(graph_, s.nodes, shape);
-    done_[i].store(gen, std::memory_order_release);
+  try {
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      const Segment& s = segments_[i];
+      if (s.backend != backend) continue;
+      for (int d : s.deps)
+        while (done_[d].load(std::memory_order_acquire) != gen) {
+          if (abort_.load(std::memory_order_acquire)) return;
+          std::this_thread::yield();
+        }
+      backends_[size_t(backend)]->compute(graph_, s.nodes, shape);
+      done_[i].store(gen, std::memory_order_release);
+    }
+  } catch (...) {
+    fail(std::current_exception());
   }
 }
 
@@ -87,11 +100,18 @@ void Executor::run(const RunShape& shape) {
     gen = ++generation_;
     shape_ = shape;
     pending_ = int(drivers_.size());
+    abort_.store(false, std::memory_order_relaxed);
+    error_ = nullptr;
   }
   wake_.notify_all();
   run_segments_of(0, shape, gen);
-  std::unique_lock<std::mutex> lock(mutex_);
-  finished_cv_.wait(lock, [&] { return pending_ == 0; });
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    finished_cv_.wait(lock, [&] { return pending_ == 0; });
+    error = error_;
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void Executor::drive(int backend) {

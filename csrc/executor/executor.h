@@ -1,9 +1,11 @@
 // Splits a graph into per-backend segments with dependencies, then runs them: a single-backend
 // graph runs inline on the caller; otherwise every backend gets a driver thread and segments of
-// different backends overlap wherever the dependencies allow.
+// different backends overlap wherever the dependencies allow. An exception in any segment stops the
+// others at their next wait and is rethrown by run() on the caller's thread.
 #pragma once
 #include <atomic>
 #include <condition_variable>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -33,6 +35,7 @@ class Executor {
  private:
   void drive(int backend);
   void run_segments_of(int backend, const RunShape& shape, uint64_t gen);
+  void fail(std::exception_ptr e);
 
   const Graph& graph_;
   std::vector<Backend*> backends_;
@@ -46,6 +49,8 @@ class Executor {
   int pending_ = 0;
   bool stop_ = false;
   RunShape shape_;
+  std::atomic<bool> abort_{false};  // a segment failed in this run: the others stop waiting
+  std::exception_ptr error_;        // the first failure (guarded by mutex_)
 };
 
 }  // namespace pyinfer

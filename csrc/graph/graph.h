@@ -62,7 +62,9 @@ enum class OpKind : int32_t {
                      //   or count -1 ("run dense") when the run has more than i[1] tokens, or when the mean
                      //   list density exceeds f[0] or the union's density f[1] (one token: the density f[2]).
                      //   i[0]: n_ff
+  Count              // number of op kinds (not an op)
 };
+constexpr int kOpKinds = static_cast<int>(OpKind::Count);
 const char* op_name(OpKind op);
 
 // Prefill runs dense, decode runs sparse: nodes of one path are skipped in runs of the other.
@@ -95,12 +97,20 @@ struct GraphError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Size limits that keep every byte count of the graph far from overflow (int32 ids index rows anyway).
+constexpr int64_t kMaxCols = int64_t(1) << 31;
+constexpr int64_t kMaxRows = int64_t(1) << 40;
+// rows * row_bytes, or GraphError naming the tensor when it would overflow.
+size_t checked_bytes(const std::string& name, int64_t rows, size_t row_bytes);
+
 class Graph {
  public:
   int add_tensor(Tensor t);
   int add_node(const Node& n);
   // Checks shapes and types of every node; throws GraphError naming the first bad node.
   void validate() const;
+  // Which named input a tensor is ("tokens", "positions", ...), or nullptr.
+  const char* input_role(int id) const;
   // Whether node n runs in a run of n_tokens tokens (its RunIf, token cap and ActiveUnion decision).
   bool node_runs(const Node& n, int64_t n_tokens) const {
     if (!pyinfer::node_runs(n.run_if, n_tokens) || (n.max_tokens > 0 && n_tokens > n.max_tokens)) return false;

@@ -56,21 +56,15 @@ void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, floa
 }
 
 void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base) {
-  constexpr int kMaxHalf = 256;
-  float cs[kMaxHalf], sn[kMaxHalf];
-  const int half = head_dim / 2 < kMaxHalf ? head_dim / 2 : kMaxHalf;
-  for (int i = 0; i < half; ++i) {
+  // One angle per pair, shared by every head; any head size (no fixed-size table of angles).
+  for (int i = 0; i < head_dim / 2; ++i) {
     const double theta = double(pos) * std::pow(double(base), -2.0 * i / head_dim);
-    cs[i] = float(std::cos(theta));
-    sn[i] = float(std::sin(theta));
-  }
-  for (int h = 0; h < heads; ++h) {
-    const float* xh = x + int64_t(h) * head_dim;
-    float* yh = y + int64_t(h) * head_dim;
-    for (int i = 0; i < half; ++i) {
-      const float x0 = xh[2 * i], x1 = xh[2 * i + 1];
-      yh[2 * i] = x0 * cs[i] - x1 * sn[i];
-      yh[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+    const float cs = float(std::cos(theta)), sn = float(std::sin(theta));
+    for (int h = 0; h < heads; ++h) {
+      const int64_t o = int64_t(h) * head_dim + 2 * i;
+      const float x0 = x[o], x1 = x[o + 1];
+      y[o] = x0 * cs - x1 * sn;
+      y[o + 1] = x0 * sn + x1 * cs;
     }
   }
 }

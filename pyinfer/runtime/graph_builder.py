@@ -40,6 +40,8 @@ class GraphBuilder:
         # (f32 activation id, guard) -> its Q8A copy, valid until the activation is rewritten
         self._quantized: dict[tuple[int, Guard], T] = {}
         self.unions: list[T] = []  # ActiveUnion results, in layer order: which path each run took
+        self.node_ops: list[tuple[Op, str]] = []  # per node: its op and the name of the tensor it writes
+        self._names: dict[int, str] = {}
 
     # ---- tensors ----------------------------------------------------------------------
     def weight(self, name: str, dtype: int, cols: int, rows: int, data) -> T:
@@ -49,7 +51,9 @@ class GraphBuilder:
     def activation(self, name: str, cols: int, dtype: DType = DType.F32, rows: RowMode = RowMode.TOKENS) -> T:
         # An op over a fixed-row tensor (a test feeding weights as inputs) still yields one row per token.
         rows = RowMode.TOKENS if rows == RowMode.FIXED else rows
-        return T(self.graph.add_tensor(name, dtype, cols, rows, Storage.SCRATCH), cols, dtype, rows)
+        t = T(self.graph.add_tensor(name, dtype, cols, rows, Storage.SCRATCH), cols, dtype, rows)
+        self._names[t.id] = name
+        return t
 
     def state(self, name: str, cols: int, n_rows: int, dtype: DType = DType.F16) -> T:
         return T(self.graph.add_tensor(name, dtype, cols, RowMode.FIXED, Storage.STATE, n_rows), cols, dtype,
@@ -63,6 +67,7 @@ class GraphBuilder:
         g = _guard(run_if)
         self.graph.add_node(op, dst.id, [s.id if s is not None else -1 for s in src], list(ints), list(floats),
                             g.run_if, g.max_tokens, g.when.id if g.when is not None else -1, g.sparse)
+        self.node_ops.append((op, self._names.get(dst.id, "")))
         for key in [k for k in self._quantized if k[0] == dst.id]:
             del self._quantized[key]
         return dst

@@ -30,6 +30,8 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         """logits: F32 [vocab] -> token id."""
+        if not np.isfinite(logits).all():  # corrupt weights (or an overflow): never sample from NaN
+            raise PyinferError("the model produced non-finite logits (NaN or Inf): its weights may be corrupt")
         if self.p.temperature <= 0.0:
             return int(np.argmax(logits))
         k = self.p.top_k if 0 < self.p.top_k < logits.shape[0] else logits.shape[0]

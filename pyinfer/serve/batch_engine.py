@@ -50,8 +50,25 @@ class BatchEngine:
             return 0.0
         return sum(int(self.engine.tensor(i, 1)[0, 0]) >= 0 for i in self._unions) / len(self._unions)
 
+    def _check_blocks(self, work: list[SeqWork]) -> None:
+        """Every block table holds distinct ids in [0, num_blocks), long enough for its tokens, and no two
+        sequences share a block (each would overwrite the other's KV)."""
+        for w in work:
+            if len(w.blocks) > self.max_blocks:
+                raise PyinferError(f"sequence {w.seq_id}: {len(w.blocks)} blocks; at most {self.max_blocks}")
+            if w.start < 0 or w.start + len(w.tokens) > len(w.blocks) * self.block_size:
+                raise PyinferError(f"sequence {w.seq_id}: positions {w.start}..{w.start + len(w.tokens) - 1} "
+                                   f"are not covered by its {len(w.blocks)} KV blocks")
+        blocks = np.fromiter((b for w in work for b in w.blocks), np.int64)
+        if blocks.size and (blocks.min() < 0 or blocks.max() >= self.num_blocks):
+            bad = int(blocks[(blocks < 0) | (blocks >= self.num_blocks)][0])
+            raise PyinferError(f"KV block {bad} out of range [0, {self.num_blocks})")
+        if np.unique(blocks).size != blocks.size:
+            raise PyinferError("a KV block is listed twice in this step's block tables")
+
     def step(self, work: list[SeqWork]) -> dict[int, np.ndarray]:
         """Runs every sequence's tokens; returns F32 [vocab] logits after each sequence's last token."""
+        self._check_blocks(work)
         feed = [(w, i) for w in work for i in range(len(w.tokens))]
         out: dict[int, np.ndarray] = {}
         for c0 in range(0, len(feed), self.max_batch_tokens):
@@ -64,15 +81,16 @@ class BatchEngine:
             out_rows, out_seqs = [], []
             for row, (w, i) in enumerate(chunk):
                 pos = w.start + i
-                if pos // self.block_size >= len(w.blocks):
-                    raise ValueError(f"sequence {w.seq_id}: position {pos} has no KV block")
                 tokens[row], positions[row] = w.tokens[i], pos
                 slots[row] = w.blocks[pos // self.block_size] * self.block_size + pos % self.block_size
                 table[row, :len(w.blocks)] = w.blocks
                 if i == len(w.tokens) - 1:
                     out_rows.append(row)
                     out_seqs.append(w.seq_id)
-            self.engine.run(n, tokens, positions, np.asarray(out_rows, np.int32), slots, table)
+            try:
+                self.engine.run(n, tokens, positions, np.asarray(out_rows, np.int32), slots, table)
+            except ValueError as e:
+                raise PyinferError(str(e)) from None
             if out_rows:
                 logits = self.engine.logits()
                 for k, sid in enumerate(out_seqs):

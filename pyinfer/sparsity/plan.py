@@ -118,14 +118,25 @@ class SparsityPlan:
         if fingerprint is not None and header["fingerprint"] != fingerprint:
             raise SparsityFileError(f"{path} was calibrated for a different model (fingerprint "
                                     f"{header['fingerprint'][:12]}, this model is {fingerprint[:12]})")
-        layers = []
-        for il in range(int(header["n_layers"])):
-            pred = None
-            if f"w1.{il}" in data:
-                stats = (header.get("predictor_stats") or [None] * (il + 1))[il] or {}
-                pred = Predictor(data[f"w1.{il}"], data[f"b1.{il}"], data[f"w2.{il}"], data[f"cut.{il}"], stats)
-            layers.append(LayerPlan(data[f"perm.{il}"], float(header["thresholds"][il]), int(header["hot"][il]), pred,
-                                    float(header["gate_thresholds"][il])))
+        try:
+            layers = []
+            for il in range(int(header["n_layers"])):
+                pred = None
+                if f"w1.{il}" in data:
+                    stats = (header.get("predictor_stats") or [None] * (il + 1))[il] or {}
+                    pred = Predictor(data[f"w1.{il}"], data[f"b1.{il}"], data[f"w2.{il}"], data[f"cut.{il}"], stats)
+                layers.append(LayerPlan(np.asarray(data[f"perm.{il}"]), float(header["thresholds"][il]),
+                                        int(header["hot"][il]), pred, float(header["gate_thresholds"][il])))
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise SparsityFileError(f"{path} is corrupt ({type(e).__name__}: {e})") from None
+        for il, lp in enumerate(layers):
+            n = len(lp.perm)
+            if lp.perm.ndim != 1 or lp.perm.dtype.kind not in "iu" or not np.array_equal(np.sort(lp.perm), np.arange(n)):
+                raise SparsityFileError(f"{path}: layer {il}'s neuron order is not a permutation of 0..{n - 1}")
+            if not 0 <= lp.hot <= n or not np.isfinite(lp.threshold) or not np.isfinite(lp.gate_threshold):
+                raise SparsityFileError(f"{path}: layer {il} has an invalid hot prefix or threshold")
+            if lp.predictor is not None and len(lp.predictor.cut) != n - lp.hot:
+                raise SparsityFileError(f"{path}: layer {il}'s predictor does not match its hot prefix")
         plan = cls(header["mode"], float(header["target"]), layers, header["fingerprint"], header.get("info", {}))
         if n_layers is not None and len(layers) != n_layers:
             raise SparsityFileError(f"{path} has {len(layers)} layers; the model has {n_layers}")

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "backends/cpu/sparse_ops.h"
 #include "kernels/ops_float.h"
@@ -40,23 +42,41 @@ bool CpuBackend::supports(const Graph&, const Node&) const { return true; }
 
 void CpuBackend::compute(const Graph& graph, const std::vector<int>& nodes, const RunShape& shape) {
   Job job{this, &graph, &nodes, shape};
+  failed_step_.store(kNoFailure, std::memory_order_relaxed);
+  error_ = nullptr;
   pool_.run(&CpuBackend::run_job, &job);
+  if (failed_step_.load(std::memory_order_acquire) != kNoFailure) std::rethrow_exception(error_);
 }
 
 void CpuBackend::run_job(void* p, int ith, int nth) {
   auto* job = static_cast<Job*>(p);
+  CpuBackend* self = job->self;
+  int64_t step = 0;  // nodes computed so far in this job: the same count on every thread
   for (int id : *job->nodes) {
     const Node& node = job->graph->nodes[size_t(id)];
     if (!job->graph->node_runs(node, job->shape.n_tokens)) continue;  // same decision on every thread
-    const bool timed = job->self->op_timing_ && ith == 0;
+    const bool timed = self->op_timing_ && ith == 0;
     const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    job->self->compute_node(*job->graph, node, job->shape, ith, nth);
-    job->self->pool_.barrier();
-    if (timed) {
-      job->self->op_seconds_[size_t(node.op)] +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      job->self->op_calls_[size_t(node.op)] += 1;
+    try {
+      if (id == self->fault_node_ && ith == self->fault_thread_)
+        throw std::runtime_error("injected fault in node " + std::to_string(id) + " on pool thread " + std::to_string(ith));
+      self->compute_node(*job->graph, node, job->shape, ith, nth);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(self->error_mutex_);
+      if (!self->error_) {
+        self->error_ = std::current_exception();
+        self->failed_step_.store(step, std::memory_order_release);
+      }
     }
+    self->pool_.barrier();  // every thread arrives, failed or not, so none waits forever
+    // Stop after the step that failed. A thread already past this barrier may fail in the next step before a
+    // slower one reads the flag, so the test is "failed at this step or earlier": every thread agrees.
+    if (self->failed_step_.load(std::memory_order_acquire) <= step) return;
+    if (timed) {
+      self->op_seconds_[size_t(node.op)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      self->op_calls_[size_t(node.op)] += 1;
+    }
+    ++step;
   }
 }
 

@@ -1,6 +1,10 @@
 // CPU backend: every node is split across a persistent thread pool, with a barrier between nodes.
 #pragma once
+#include <atomic>
+#include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,14 +21,17 @@ class CpuBackend final : public Backend {
   CpuBackend(const Graph& graph, int n_threads, const std::string& isa);
   std::string name() const override { return std::string("cpu-") + kernels_.isa; }
   bool supports(const Graph& graph, const Node& node) const override;
+  // An exception on any pool thread stops every thread after the node it is in (they all meet at the
+  // barrier), and the first one is rethrown here, on the caller's thread.
   void compute(const Graph& graph, const std::vector<int>& nodes, const RunShape& shape) override;
+  // Tests: node `node` throws on pool thread `thread` (-1: never), to check that errors come back.
+  void inject_fault(int node, int thread) { fault_node_ = node; fault_thread_ = thread; }
 
   int n_threads() const { return pool_.size(); }
   // Wall time per op kind (seconds, node start to the barrier after it), accumulated while enabled.
   void set_op_timing(bool on) { op_timing_ = on; op_seconds_.assign(kOpKinds, 0.0); op_calls_.assign(kOpKinds, 0); }
   const std::vector<double>& op_seconds() const { return op_seconds_; }
   const std::vector<int64_t>& op_calls() const { return op_calls_; }
-  static constexpr int kOpKinds = 16;
   const char* isa() const { return kernels_.isa; }
 
  private:
@@ -42,6 +49,11 @@ class CpuBackend final : public Backend {
   std::vector<float> neuron_dense_;
   int64_t max_width_ = 0;    // widest down output: Q4T group sums
   std::vector<float> group_tmp_;
+  static constexpr int64_t kNoFailure = INT64_MAX;
+  std::atomic<int64_t> failed_step_{kNoFailure};  // the step (node of the job) that failed first
+  std::mutex error_mutex_;
+  std::exception_ptr error_;
+  int fault_node_ = -1, fault_thread_ = -1;
   bool op_timing_ = false;
   std::vector<double> op_seconds_ = std::vector<double>(kOpKinds, 0.0);
   std::vector<int64_t> op_calls_ = std::vector<int64_t>(kOpKinds, 0);
