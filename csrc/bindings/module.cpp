@@ -78,6 +78,7 @@ PYBIND11_MODULE(_core, m) {
       .value("EXTERNAL", Storage::External).value("SCRATCH", Storage::Scratch)
       .value("STATE", Storage::State).value("INPUT", Storage::Input);
 
+  m.attr("N_OP_KINDS") = kOpKinds;
   m.def("available_isas", &available_isas, "Kernel ISAs usable on this CPU, best first (comma-separated).");
   m.def("row_bytes", [](DType t, int64_t n) { return dtype_row_bytes(t, n); });
   m.def("cuda_built", []() {
