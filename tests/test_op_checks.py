@@ -147,7 +147,7 @@ def test_weight_sizes_are_checked_without_overflow():
         g.add_weight("huge", DType.F32, 2 ** 31, 2 ** 40, buf)
     with pytest.raises(ValueError, match="out of range"):
         g.add_weight("neg", DType.F32, 16, -1, buf)
-    with pytest.raises(ValueError, match="needs 128 bytes"):
+    with pytest.raises(ValueError, match="holds 64 bytes, needs 128"):
         g.add_weight("short", DType.F32, 16, 2, buf)
     with pytest.raises(ValueError, match="multiple of 32"):
         g.add_weight("q", DType.Q8_0, 40, 1, buf)
