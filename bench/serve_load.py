@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from pyinfer.serve.metrics import parse_metrics
 from pyinfer.serve.simulate import lmsys_like_lengths
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -48,12 +49,6 @@ def workload(n: int, tokenizer, seed: int = 0):
         start = int(rng.integers(0, len(ids) - s - 1))
         out.append((tokenizer.decode(ids[start:start + s]), int(o)))
     return out
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {name: value} for the unlabelled samples."""
-    return {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
-            if ln and ln[0] != "#" and "{" not in ln and " " in ln}
 
 
 async def run_load(base: str, work, concurrency: int, kv_budget: int, timeout: float) -> dict:

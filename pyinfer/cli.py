@@ -312,9 +312,10 @@ def cmd_serve(args) -> int:
 
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise PyinferError("serving needs FastAPI and uvicorn: pip install 'pyinfer[serve]'") from None
+        raise PyinferError("serving needs FastAPI, uvicorn and prometheus_client: pip install 'pyinfer[serve]'") from None
     if not 0 < args.port < 65536:
         raise PyinferError("--port must be in 1..65535")
     return serve(args)

@@ -9,6 +9,8 @@ import pytest
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
+from pyinfer.serve.metrics import parse_metrics  # noqa: E402
+
 KEY = "test-key"
 
 
@@ -97,6 +99,17 @@ def test_errors_are_openai_shaped(server, client):
         bad.completions.create(model=model_id(server), prompt="hi", max_tokens=4)
     r = httpx.post(server[0] + "/v1/completions", content=b"{not json", headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 400 and "error" in r.json()
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for body, param in (({"prompt": "hi", "max_tokens": "16"}, "max_tokens"),     # a string is not an integer
+                        ({"prompt": "hi", "max_tokens": -3}, "max_tokens"),
+                        ({"prompt": 7}, "prompt"),
+                        ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+                        ({"messages": []}, "prompt")):
+        r = httpx.post(server[0] + "/v1/completions", json=body, headers=auth)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param and err["type"] == "invalid_request_error", r.text
+    r = httpx.post(server[0] + "/v1/chat/completions", json={"messages": [{"role": "user"}]}, headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
 def test_disconnect_cancels_and_frees_kv(server):
@@ -119,7 +132,9 @@ def test_disconnect_cancels_and_frees_kv(server):
 def test_metrics_and_health(server):
     base = server[0]
     assert httpx.get(base + "/health").json()["status"] == "ok"
-    text = httpx.get(base + "/metrics").text
-    vals = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if ln and not ln.startswith("#")}
+    r = httpx.get(base + "/metrics")
+    assert r.headers["content-type"].startswith("text/plain")
+    vals = parse_metrics(r.text)
+    assert 'pyinfer_scheduler_info{policy="hedge"} 1.0' in r.text
     assert vals["pyinfer_kv_peak_tokens"] <= vals["pyinfer_kv_budget_tokens"] == 1024
     assert "pyinfer_evictions_total" in vals and "pyinfer_waiting" in vals

@@ -38,7 +38,7 @@ class ServeRequest:
 class EngineLoop:
     def __init__(self, batch: BatchEngine, policy: str, kv_budget: int, eos_ids: set[int], seed: int = 0):
         self.batch, self.eos_ids = batch, eos_ids
-        self.sched = Scheduler(make_policy(policy, seed), kv_budget, batch.block_size)
+        self.sched = Scheduler(make_policy(policy, seed), kv_budget, batch.block_size, keep_finished=0)
         self.policy_name, self.kv_budget = policy, kv_budget
         self.lengths = LengthPredictor()
         self._lock = threading.Condition()
@@ -134,7 +134,7 @@ class EngineLoop:
         admitted = set(out.admitted)
         work = []
         for rid in out.running:
-            req, r = self._live[rid], self.sched._by_id[rid]
+            req, r = self._live[rid], self.sched.request(rid)
             blocks = self.sched.blocks.table(rid)
             if rid in admitted:
                 work.append(SeqWork(rid, req.prompt_ids, 0, blocks))
@@ -144,7 +144,7 @@ class EngineLoop:
         logits = self.batch.step(work)                                         # run()
         finished = []                                                          # postprocess()
         for rid in out.running:
-            req, r = self._live[rid], self.sched._by_id[rid]
+            req, r = self._live[rid], self.sched.request(rid)
             if r.generated < len(req.emitted):
                 tok = req.emitted[r.generated]  # replay after an eviction
             else:

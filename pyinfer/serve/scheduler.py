@@ -4,6 +4,7 @@ Model (arXiv 2508.14544): every running request emits one token per step; a requ
 s_i + a_i tokens needs one more slot each step; an evicted request loses its progress and waits."""
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,14 +26,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, kv_budget: int, block_size: int = 1):
+    def __init__(self, policy: Policy, kv_budget: int, block_size: int = 1, keep_finished: int | None = None):
+        """`keep_finished`: how many finished requests `finished` remembers (None: all, for the simulator's
+        statistics; a server keeps a few, so a long-running process does not grow)."""
         self.policy = policy
         self.blocks = BlockManager(kv_budget // block_size, block_size)
         self.kv_budget = kv_budget
         self.step = 0
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self.finished: list[Request] = []
+        self.finished: deque[Request] = deque(maxlen=keep_finished)
+        self.finished_count = 0
         self._by_id: dict[int, Request] = {}
         self._last: SchedulerOutput | None = None
 
@@ -59,6 +63,10 @@ class Scheduler:
     @property
     def kv_tokens_reserved(self) -> int:
         return self.blocks.used_blocks * self.blocks.block_size
+
+    def request(self, req_id: int) -> Request:
+        """A waiting or running request (finished ones are forgotten)."""
+        return self._by_id[req_id]
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -134,5 +142,7 @@ class Scheduler:
                 r.finish_step = self.step
                 self.blocks.free(rid)
                 self.running.remove(r)
+                del self._by_id[rid]
                 self.finished.append(r)
+                self.finished_count += 1
                 self.policy.on_finish(r)

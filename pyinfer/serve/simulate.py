@@ -78,11 +78,11 @@ def simulate(policy: str, prompt_len, true_len, lower, upper, kv_budget: int, a:
         assert out.kv_tokens <= kv_budget, "KV budget exceeded"  # invariant, every step
         peak = max(peak, out.kv_tokens)
         clock += a + b * (len(out.running) + out.prefill_tokens)
-        done = [rid for rid in out.running if sched._by_id[rid].generated + 1 == sched._by_id[rid].true_len]
+        done = [rid for rid in out.running if sched.request(rid).generated + 1 == sched.request(rid).true_len]
         for rid in done:
             finish_time[rid] = clock
         sched.update_from_output(done)
-    reqs = sched.finished
+    reqs = list(sched.finished)
     total = sum(r.finish_step for r in reqs)  # all requests arrive at step 0
     return SimResult(policy, len(reqs), kv_budget, total / len(reqs), sum(finish_time.values()) / len(reqs), total,
                      sched.step, sum(r.evictions for r in reqs), sum(r.wasted_tokens for r in reqs), peak)

@@ -1,0 +1,88 @@
+"""Request bodies of the OpenAI-compatible API as pydantic models, and the OpenAI-shaped error.
+
+Types are strict (a string "16" is not a max_tokens); unknown fields are accepted and ignored, as OpenAI
+clients send fields this server does not use (user, logprobs, ...)."""
+from __future__ import annotations
+
+from typing import List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+
+MAX_TOKENS_LIMIT = 1 << 20
+Number = Union[StrictInt, StrictFloat]
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
+                 code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[StrictStr] = None
+    max_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: Optional[Number] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[Number] = Field(None, gt=0.0, le=1.0)
+    top_k: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOKENS_LIMIT)
+    seed: Optional[StrictInt] = None
+    stop: Optional[Union[StrictStr, List[StrictStr]]] = None
+    stream: Optional[StrictBool] = False
+    n: Optional[StrictInt] = Field(None, ge=1, le=1)
+    # Our extension: the client's lower bound on the output length (the l of A_min's interval [l, u]).
+    pyinfer_min_output_tokens: Optional[StrictInt] = Field(None, ge=1)
+
+    def stops(self) -> list[str]:
+        s = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(s) > 4 or not all(s):
+            raise APIError(400, "'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
+        return s
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[StrictStr, List[StrictStr]]
+
+    def text(self) -> str:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) == 1:
+            return self.prompt[0]
+        raise APIError(400, "'prompt' must be a string (batched prompts are not supported)", param="prompt")
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    role: StrictStr
+    content: Union[StrictStr, List[TextPart]]
+
+    def as_dict(self) -> dict:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": content}
+
+
+class ChatRequest(_Sampling):
+    messages: List[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+
+
+def parse(model: type[BaseModel], body) -> BaseModel:
+    """A validated request, or a 400 APIError naming the first bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(x) for x in err.get("loc", ())]
+        param = loc[0] if loc else None
+        where = ".".join(loc) or "body"
+        raise APIError(400, f"'{where}': {err.get('msg', 'invalid value')}", param=param) from None
