@@ -31,7 +31,29 @@ def make_engines(threads: int, configs: list[str]) -> tuple[object, dict]:
                 "forced sparse": (plan, SparseRuns.every_token(16))}
     engines = {c: BatchEngine(m.gguf, m.config, 16 * max(BATCHES), BLOCK, 256, threads, sparsity=settings[c][0],
                               runs=settings[c][1]) for c in configs}
+    engines["_plan"] = plan
     return m, engines
+
+
+def check_engines(m, engines: dict) -> None:
+    """Once, before timing: every engine's logits for two sequences (one run) equal the single-sequence model's:
+    dense for `dense` and `auto` (a batch of prompts takes the dense path), every token sparse for `forced sparse`."""
+    import numpy as np
+
+    import pyinfer
+    from pyinfer.serve.batch_engine import SeqWork
+
+    plan = engines.pop("_plan")
+    prompts = [m.tokenize("Once upon a time, in a small village,"), m.tokenize("The capital of France is")]
+    sparse_ref = pyinfer.Model(m.path, n_threads=m.n_threads, n_ctx=64, sparsity=plan, emulate_prefill=True)
+    for name, be in engines.items():
+        ref = sparse_ref if name == "forced sparse" else m
+        got = be.step([SeqWork(i, p, 0, list(range(i * BLOCK, i * BLOCK + BLOCK))) for i, p in enumerate(prompts)])
+        for i, p in enumerate(prompts):
+            want = ref.eval(p)
+            err = float(np.abs(got[i] - want).max() / np.abs(want).max())
+            if err > 1e-3 or int(got[i].argmax()) != int(want.argmax()):
+                raise AssertionError(f"{name}: batch logits of sequence {i} differ from the model's ({err:.3g})")
 
 
 def decode_rate(m, be, bsz: int, steps: int) -> tuple[float, float]:
@@ -52,6 +74,7 @@ def decode_rate(m, be, bsz: int, steps: int) -> tuple[float, float]:
 def batch_throughput(threads: int, steps: int = 48) -> dict[int, float]:
     """Dense aggregate decode tokens/s at batch 1, 4, 8, 16 (used by serve_load.py)."""
     m, engines = make_engines(threads, ["dense"])
+    check_engines(m, engines)
     return {b: decode_rate(m, engines["dense"], b, steps)[0] for b in (1, 4, 8, 16)}
 
 
@@ -63,6 +86,7 @@ def main() -> int:
     args = ap.parse_args()
     configs = ["dense", "auto", "forced sparse"]
     m, engines = make_engines(args.threads, configs)
+    check_engines(m, engines)
     rates = {(c, b): [] for c in configs for b in BATCHES}
     sparse_share = {}
     for r in range(args.rounds):

@@ -19,6 +19,8 @@ import pytest
 from pyinfer._core import DType
 from pyinfer.runtime.graph_builder import single_op_engine
 from pyinfer.runtime.sparse_ffn import Q4T_MIN_DENSITY
+from checks import deq, q8a, run_and_check, silu
+from gguf import GGMLQuantizationType as Q
 from test_bench_sparse import SHAPES, _mats  # the same synthetic matrices (same seeds)
 
 THREADS = 2
@@ -39,12 +41,33 @@ def firing(ff: int, density: float, n_tok: int) -> np.ndarray:
     return (fires * (1.0 + rng.random((n_tok, ff)))).astype(np.float32)
 
 
+def _x(n, d):
+    return np.random.default_rng(2).standard_normal((n, d)).astype(np.float32)
+
+
+def _reference(shape, kind, scores, fires=None):
+    """F32 [T, d]: the FFN output; with `fires`, each token's down over its own firing neurons only."""
+    d, ff = SHAPES[shape]
+    gate, down, _, _ = _mats(shape)
+    act = scores
+    if kind == "predicted":
+        g = q8a(_x(len(scores), d)) @ deq(gate, Q.Q4_1, ff, d).T  # up uses the same synthetic matrix
+        act = silu(g) * g
+    if fires is not None:
+        act = np.where(fires, act, 0)
+    return act @ deq(down, Q.Q4_1, d, ff).T
+
+
+def _check(eng, out, n_tok, want, what):
+    run_and_check(eng, n_tok, out.id, want, what, rel=4e-2, tokens=np.arange(n_tok, dtype=np.int32))
+
+
 def _inputs(b, d, ff, scores):
     """x F32 [T, d] and the scores F32 [T, ff] of tokens 0..T-1 (token ids select rows)."""
     tok = b.input("tokens")
     b.graph.input_tokens = tok.id
     n = scores.shape[0]
-    x = np.random.default_rng(2).standard_normal((n, d)).astype(np.float32)
+    x = _x(n, d)
     return (b.get_rows(b.weight("x_table", int(DType.F32), d, n, x), tok, "x"),
             b.get_rows(b.weight("s_table", int(DType.F32), ff, n, scores), tok, "s"))
 
@@ -73,7 +96,8 @@ def test_dense_ffn(benchmark, shape, kind, n_tok):
             g = b.scatter_cols(s, b.weight("perm", int(DType.I32), ff, 1, np.arange(ff, dtype=np.int32)), "act")
         return b.matmul(b.weight("down", int(DType.Q4_1), ff, d, down), g, "y")
 
-    eng, _ = single_op_engine(build, max_tokens=16, n_threads=THREADS)
+    eng, y = single_op_engine(build, max_tokens=16, n_threads=THREADS)
+    _check(eng, y, n_tok, _reference(shape, kind, scores), f"dense ffn {kind}")
     _run(benchmark, eng, shape=shape, kind=kind, n_tok=n_tok, path="dense", density=1.0, union=1.0)
 
 
@@ -102,6 +126,7 @@ def test_union_ffn(benchmark, shape, kind, n_tok, density):
         return b.down_axpy(b.weight("w", int(DType.Q4T), d, ff, nibbles), act, lists, union=union,
                            scales=b.weight("sc", int(DType.F16), 2 * d, ff // 32, scales))
 
-    eng, _ = single_op_engine(build, max_tokens=16, n_threads=THREADS)
+    eng, y = single_op_engine(build, max_tokens=16, n_threads=THREADS)
+    _check(eng, y, n_tok, _reference(shape, kind, scores, fires), f"union ffn {kind}")
     _run(benchmark, eng, shape=shape, kind=kind, n_tok=n_tok, path="union", density=float(fires.mean()),
          union=float(fires.any(axis=0).mean()), target_density=density, down="q8_0" if q8 else "q4t")

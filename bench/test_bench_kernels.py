@@ -10,6 +10,7 @@ from gguf import quants
 from pyinfer import _core
 from pyinfer._core import DType
 from pyinfer.runtime.graph_builder import single_op_engine
+from checks import deq, q8a, run_and_check, silu
 
 ISAS = _core.available_isas().split(",")
 THREADS = 2
@@ -41,9 +42,10 @@ def test_matmul(benchmark, isa, n_tok, shape):
     if shape == "output_head_q8_0" and n_tok > 1:
         pytest.skip("the output head only sees the rows that need logits")
     w, x = _weights(rows, k, qt), _acts(n_tok, k)
-    eng, _ = single_op_engine(lambda b: b.matmul(b.weight("w", int(qt), k, rows, w),
+    eng, y = single_op_engine(lambda b: b.matmul(b.weight("w", int(qt), k, rows, w),
                                                  b.weight("x", int(DType.F32), k, n_tok, x), "y"),
                               max_tokens=n_tok, n_threads=THREADS, isa=isa)
+    run_and_check(eng, n_tok, y.id, q8a(x) @ deq(w, qt, rows, k).T, f"matmul {shape}")
     benchmark.extra_info.update(rows=rows, k=k, n_tok=n_tok, weight_bytes=int(w.nbytes))
     benchmark(eng.run, n_tok)
 
@@ -57,9 +59,12 @@ def test_quantize_rmsnorm_silu(benchmark, isa):
         X = b.weight("x", int(DType.F32), FF, n_tok, x)
         U = b.weight("u", int(DType.F32), FF, n_tok, u)
         n = b.rms_norm(X, b.weight("g", int(DType.F32), FF, 1, g), 1e-5, "n")
-        return b.quantize(b.silu_mul(n, U, name="m"))
+        m = b.silu_mul(n, U, name="m")
+        return b.quantize(m), m
 
-    eng, _ = single_op_engine(build, max_tokens=n_tok, n_threads=THREADS, isa=isa)
+    eng, (_, m) = single_op_engine(build, max_tokens=n_tok, n_threads=THREADS, isa=isa)
+    norm = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * g
+    run_and_check(eng, n_tok, m.id, silu(norm) * u, "rms_norm + silu_mul")
     benchmark(eng.run, n_tok)
 
 
@@ -80,5 +85,12 @@ def test_attention_decode(benchmark, isa, n_ctx):
                                                                                       np.zeros_like(q))), P, heads, hd, 1e5)
         return b.attention(Q_, kc, vc, P, heads, kv_heads, hd, "o")
 
-    eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS, isa=isa)
+    eng, o = single_op_engine(build, max_tokens=1, n_threads=THREADS, isa=isa)
+    from reference_llama import rope
+
+    qr = rope(q, pos, heads, 64, 1e5).reshape(heads, hd)
+    kv = k.astype(np.float16).astype(np.float32).reshape(kv_heads, hd)  # the cache is fp16; other rows are zero
+    s_last = (qr * np.repeat(kv, heads // kv_heads, 0)).sum(-1) * hd ** -0.5
+    p_last = np.exp(s_last) / (np.exp(s_last) + (n_ctx - 1))            # zero keys score 0
+    run_and_check(eng, 1, o.id, (p_last[:, None] * np.repeat(kv, heads // kv_heads, 0)).reshape(1, -1), "attention")
     benchmark(eng.run, 1)

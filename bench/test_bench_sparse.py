@@ -15,6 +15,7 @@ from gguf import quants
 from pyinfer._core import DType
 from pyinfer.runtime.graph_builder import single_op_engine
 from pyinfer.runtime.sparse_ffn import q4t_from_blocks
+from checks import check_close, deq, q8a, run_and_check
 
 THREADS = 2
 SHAPES = {"smollm2": (576, 1536), "7b": (4096, 11008)}  # (d_model, d_ff)
@@ -44,11 +45,18 @@ def _run(benchmark, eng, **info):
     benchmark(eng.run, 1, ids)
 
 
+def _x(cols):
+    return np.random.default_rng(2).standard_normal((1, cols)).astype(np.float32)
+
+
 def _input(b, cols):
     tok = b.input("tokens")
     b.graph.input_tokens = tok.id
-    table = b.weight("x_table", int(DType.F32), cols, 1, np.random.default_rng(2).standard_normal((1, cols)).astype(np.float32))
-    return b.get_rows(table, tok, "x")
+    return b.get_rows(b.weight("x_table", int(DType.F32), cols, 1, _x(cols)), tok, "x")
+
+
+def _check(eng, out, want, what):
+    run_and_check(eng, 1, out.id, want, what, tokens=np.zeros(1, np.int32))
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -57,8 +65,9 @@ def test_dense(benchmark, shape, op):
     d, ff = SHAPES[shape]
     gate, down, _, _ = _mats(shape)
     rows, k, w = (ff, d, gate) if op == "gate_gemv" else (d, ff, down)
-    eng, _ = single_op_engine(lambda b: b.matmul(b.weight("w", int(DType.Q4_1), k, rows, w), _input(b, k), "y"),
+    eng, y = single_op_engine(lambda b: b.matmul(b.weight("w", int(DType.Q4_1), k, rows, w), _input(b, k), "y"),
                               max_tokens=1, n_threads=THREADS)
+    _check(eng, y, q8a(_x(k)) @ deq(w, Q.Q4_1, rows, k).T, op)
     _run(benchmark, eng, shape=shape, op=op, density=1.0, kind="dense")
 
 
@@ -73,7 +82,10 @@ def test_gather_gemv(benchmark, shape, density):
         active = b.active_set(b.weight("s", int(DType.F32), ff, 1, s), ff, "active", threshold=0.5)
         return b.matmul(b.weight("w", int(DType.Q4_1), d, ff, gate), _input(b, d), "y", active=active)
 
-    eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS)
+    eng, y = single_op_engine(build, max_tokens=1, n_threads=THREADS)
+    eng.run(1, np.zeros(1, np.int32))
+    rows = np.flatnonzero(s[0] > 0.5)  # the gather writes only the listed rows
+    check_close(eng.tensor(y.id, 1)[:, rows], (q8a(_x(d)) @ deq(gate, Q.Q4_1, ff, d).T)[:, rows], "gather_gemv")
     _run(benchmark, eng, shape=shape, op="gather_gemv", density=density, kind="sparse")
 
 
@@ -93,7 +105,9 @@ def test_down_axpy(benchmark, shape, density, fmt):
         return b.down_axpy(b.weight("w", int(DType.Q4T), d, ff, nibbles), a, active,
                            scales=b.weight("sc", int(DType.F16), 2 * d, ff // 32, scales))
 
-    eng, _ = single_op_engine(build, max_tokens=1, n_threads=THREADS)
+    eng, y = single_op_engine(build, max_tokens=1, n_threads=THREADS)
+    down = deq(down_t, Q.Q8_0, ff, d) if fmt == "q8_0" else deq(_mats(shape)[1], Q.Q4_1, d, ff).T
+    _check(eng, y, np.where(s > 0.5, s, 0) @ down, f"down_axpy_{fmt}")
     _run(benchmark, eng, shape=shape, op=f"down_axpy_{fmt}", density=density, kind="sparse")
 
 
