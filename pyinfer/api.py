@@ -83,6 +83,7 @@ class Model:
         if neuron_down not in NEURON_DOWN_CHOICES:
             raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
         self._max_batch = min(MAX_BATCH, n_ctx)
+        self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).
         runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns(max_tokens=1)
         graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down).graph

@@ -71,7 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--system", default=None, help="system message")
     _sparsity_args(c)
 
-    pp = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp protocol)")
+    pp = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp protocol)",
+                        description="llama.cpp's perplexity protocol: non-overlapping windows of --ctx tokens, each "
+                                    "from an empty cache, the second half of each window scored. With --sparsity, "
+                                    "every token is computed as sparse decode computes it (not as a dense prefill), "
+                                    "so the figure is the sparse model's quality.")
     _model_args(pp, ctx_default=512)
     pp.add_argument("-f", "--file", required=True, help="text file to score")
     pp.add_argument("--windows", type=int, default=None, help="score only the first N windows")
@@ -138,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args):
+def _load(args, **kwargs):
     from .api import load
 
     if args.threads is not None and args.threads < 1:
@@ -147,7 +151,7 @@ def _load(args):
     target = getattr(args, "target", None)
     if target is not None and not 0.0 <= target < 1.0:
         raise PyinferError("--target must be in [0, 1)")
-    return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target)
+    return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target, **kwargs)
 
 
 def _sampling(args) -> dict:
@@ -206,13 +210,15 @@ def cmd_perplexity(args) -> int:
         raise PyinferError(f"{args.file} is not UTF-8 text") from None
     if args.windows is not None and args.windows < 1:
         raise PyinferError("--windows must be at least 1")
-    model = _load(args)
+    # With sparsity, every token is computed as decode computes it (a window is one prefill, and prefill is
+    # dense): otherwise the figure would be the dense model's.
+    model = _load(args, emulate_prefill=args.sparsity != "off")
     r = perplexity(model, text, ctx=args.ctx, windows=args.windows, progress=not args.json)
     if args.json:
         print(json.dumps(r.as_dict()))
     else:
         print(f"perplexity: {r.perplexity:.4f}  ({r.windows} windows of {r.ctx} tokens, "
-              f"{r.scored_tokens} scored of {r.total_tokens})")
+              f"{r.scored_tokens} scored of {r.total_tokens}; {r.path} path)")
     return 0
 
 

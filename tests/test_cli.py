@@ -40,11 +40,24 @@ def test_bench_json(tiny_model_path):
 
 
 def test_perplexity_json(tiny_model_path, data_dir):
-    rc, out, err = cli("perplexity", "-m", tiny_model_path, "-f", str(data_dir / "tinyshakespeare.txt"),
+    rc, out, err = cli("perplexity", "-m", tiny_model_path, "-f", str(data_dir / "tinyshakespeare.excerpt.txt"),
                        "--ctx", "64", "--windows", "2", "--json")
     assert rc == 0, err
     r = json.loads(out)
     assert r["windows"] == 2 and r["scored_tokens"] == 2 * 31 and r["perplexity"] > 1
+    assert r["path"] == "dense"
+
+
+def test_perplexity_with_sparsity_scores_the_sparse_path(tiny_model_path, data_dir, tmp_path, monkeypatch):
+    """Each window is one prefill, and prefill is dense: before, --sparsity printed the dense figure."""
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    args = ("perplexity", "-m", tiny_model_path, "-f", str(data_dir / "tinyshakespeare.excerpt.txt"), "--ctx", "64",
+            "--windows", "2", "--json")
+    dense = json.loads(cli(*args)[1])
+    rc, out, err = cli(*args, "--sparsity", "auto", "--target", "0.6")
+    assert rc == 0, err
+    sparse = json.loads(out)
+    assert sparse["path"] == "sparse decode" and sparse["perplexity"] != dense["perplexity"]
 
 
 def test_default_model_resolution_uses_cache(tmp_path, monkeypatch):

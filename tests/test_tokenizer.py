@@ -1,14 +1,25 @@
-"""Token ids must equal llama.cpp's."""
+"""Token ids must equal llama.cpp's (the whole WikiText-2 test file: bench/tokenizer_check.py)."""
 import hashlib
+import json
+
+import pytest
 
 
-def test_wikitext_token_count_matches_llamacpp(real_model, data_dir):
-    text = (data_dir / "wikitext-2-raw-test.txt").read_text(encoding="utf-8")
+@pytest.fixture(scope="module")
+def llamacpp_ids(data_dir):
+    return json.loads((data_dir / "llamacpp_smollm2_ids.json").read_text(encoding="utf-8"))
+
+
+def test_wikitext_excerpt_ids_match_llamacpp(real_model, data_dir, llamacpp_ids):
+    text = (data_dir / "wikitext-2-raw-test.excerpt.txt").read_text(encoding="utf-8")
     ids = real_model.tokenize(text, add_bos=False)
-    assert len(ids) == 301948
-    # sha256 of str(list) recorded from llama.cpp in shared/reference
-    assert hashlib.sha256(str(ids).encode()).hexdigest() == \
-        "232ffdf0b0b01dfbb29f748df598462a3d4eb8ddec3e06fcf474f0df6676ba8a"
+    assert len(ids) == llamacpp_ids["excerpt_tokens"]
+    assert hashlib.sha256(str(ids).encode()).hexdigest() == llamacpp_ids["excerpt_sha256"]
+
+
+def test_edge_cases_match_llamacpp(real_model, llamacpp_ids):
+    for text, want in llamacpp_ids["edge_cases"].items():
+        assert real_model.tokenize(text, add_bos=False) == want, repr(text)
 
 
 def test_digits_and_punctuation(real_model):

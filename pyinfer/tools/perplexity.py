@@ -19,6 +19,7 @@ class PerplexityResult:
     scored_tokens: int
     total_tokens: int
     window_ppl: list[float]
+    path: str = "dense"  # "dense", or "sparse decode" when every token ran the sparse FFN
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -33,6 +34,8 @@ def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def perplexity(model, text: str, ctx: int = 512, windows: int | None = None, progress: bool = True) -> PerplexityResult:
+    """Each window is one run of ctx tokens. A sparse model scores its sparse path only when loaded with
+    emulate_prefill=True (what `pyinfer perplexity --sparsity` does); otherwise prefill runs dense."""
     from tqdm import tqdm
 
     if ctx < 4:
@@ -59,4 +62,5 @@ def perplexity(model, text: str, ctx: int = 512, windows: int | None = None, pro
         count += len(lp)
         per_window.append(math.exp(-lp.mean()))
         bar.set_postfix(ppl=f"{math.exp(nll / count):.4f}")
-    return PerplexityResult(math.exp(nll / count), n, ctx, count, len(tokens), per_window)
+    path = "sparse decode" if getattr(model, "emulate_prefill", False) else "dense"
+    return PerplexityResult(math.exp(nll / count), n, ctx, count, len(tokens), per_window, path)
