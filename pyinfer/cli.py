@@ -231,33 +231,33 @@ def cmd_bench(args) -> int:
         raise PyinferError(f"--ctx {args.ctx} is too small for this benchmark")
     model = _load(args)
     r = run_bench(model, args.prompt_tokens, args.gen_tokens, args.repetitions)
-    if args.json:
-        print(json.dumps(r.as_dict()))
-    else:
-        print(f"model    {model.path}")
-        print(f"threads  {r.threads} ({r.isa})")
-        print(f"prefill  {r.prefill_tok_s:8.1f} tok/s  ({r.prompt_tokens} tokens)")
-        print(f"decode   {r.decode_tok_s:8.1f} tok/s  ({r.gen_tokens} tokens)")
-        print(f"peak RSS {r.peak_rss_mb:8.1f} MB")
-    if model.sparsity is not None:
-        _report_sparsity(model, args.json)
+    sparsity = _measure_sparsity(model) if model.sparsity is not None else None
+    if args.json:  # one object, whatever the options
+        print(json.dumps(dict(r.as_dict(), sparsity=sparsity)))
+        return 0
+    print(f"model    {model.path}")
+    print(f"threads  {r.threads} ({r.isa})")
+    print(f"prefill  {r.prefill_tok_s:8.1f} tok/s  ({r.prompt_tokens} tokens)")
+    print(f"decode   {r.decode_tok_s:8.1f} tok/s  ({r.gen_tokens} tokens)")
+    print(f"peak RSS {r.peak_rss_mb:8.1f} MB")
+    if sparsity is not None:
+        mean = {k: sum(row[k] for row in sparsity["layers"]) / len(sparsity["layers"])
+                for k in ("computed_density", "true_density", "recall")}
+        plan = model.sparsity
+        print(f"sparsity {plan.mode}, target {plan.target:.0%}, predictors "
+              f"{'yes (%.1f KB)' % (plan.predictor_bytes() / 1024) if plan.has_predictors else 'no'}")
+        print(f"         gate/up rows computed {mean['computed_density']:.3f}, truly active {mean['true_density']:.3f}, "
+              f"recall {mean['recall']:.3f} (mean of layers; per layer with --json)")
     return 0
 
 
-def _report_sparsity(model, as_json: bool) -> None:
+def _measure_sparsity(model) -> dict:
     from .sparsity.calibrate import bundled_calibration_text
     from .sparsity.measure import measure_plan
 
     plan = model.sparsity
     rows = measure_plan(model, plan, model.tokenize(bundled_calibration_text()), 1024)
-    if as_json:
-        print(json.dumps({"sparsity_mode": plan.mode, "target": plan.target, "layers": rows}))
-        return
-    mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("computed_density", "true_density", "recall")}
-    print(f"sparsity {plan.mode}, target {plan.target:.0%}, predictors "
-          f"{'yes (%.1f KB)' % (plan.predictor_bytes() / 1024) if plan.has_predictors else 'no'}")
-    print(f"         gate/up rows computed {mean['computed_density']:.3f}, truly active {mean['true_density']:.3f}, "
-          f"recall {mean['recall']:.3f} (mean of layers; per layer with --json)")
+    return {"mode": plan.mode, "target": plan.target, "layers": rows}
 
 
 def cmd_profile(args) -> int:
