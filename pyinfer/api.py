@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -86,12 +87,12 @@ class Model:
         self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).
         runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns(max_tokens=1)
-        graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down).graph
-        try:
+        try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line, not a traceback
+            graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down).graph
             self._engine = _core.Engine(graph, max_tokens=self._max_batch, max_outputs=self._max_batch,
                                         n_threads=self.n_threads, isa=isa)
         except ValueError as e:
-            raise PyinferError(str(e)) from None
+            raise PyinferError(f"{Path(self.path).name}: {e}") from None
         self._cached: list[int] = []  # tokens whose K/V are in the cache at positions 0..len-1
         self._runs = 0                # forward calls so far: a stream sees whether someone else ran between steps
         self._lock = _ModelLock()

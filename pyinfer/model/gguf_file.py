@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import ModelFormatError, UnsupportedModelError
 from .config import LlamaConfig
+from .gguf_check import check_gguf_header
 
 SUPPORTED_ARCHS = ("llama",)
 # GGML type names that our kernels run (GGML ids are the _core.DType values).
@@ -43,6 +44,7 @@ class GGUFModelFile:
             magic = f.read(4)
         if magic != GGUF_MAGIC:
             raise ModelFormatError(f"{self.path} is not a GGUF file (bad magic {magic!r})")
+        check_gguf_header(self.path)  # every count and length bounded by the file, before the reader trusts them
         try:
             from gguf import GGUFReader
 
@@ -56,15 +58,33 @@ class GGUFModelFile:
             except Exception:
                 self.metadata[key] = None
         self.tensors: dict[str, GGUFTensor] = {}
+        extents = []
+        try:
+            alignment = int(self.metadata.get("general.alignment") or 32)
+        except (TypeError, ValueError):
+            alignment = 0
+        if alignment < 1 or alignment & (alignment - 1):
+            raise ModelFormatError(f"{self.path.name}: general.alignment must be a power of two")
         for t in self._reader.tensors:
             type_name = t.tensor_type.name
-            end = int(t.data_offset) + int(t.n_bytes)
+            start, end = int(t.data_offset), int(t.data_offset) + int(t.n_bytes)
             if end > size:
                 raise ModelFormatError(f"{self.path} is truncated: tensor {t.name} ends at byte {end}, file has {size}")
+            if start % alignment:
+                raise ModelFormatError(f"{self.path.name}: tensor {t.name} is not aligned to {alignment} bytes")
+            if t.name in self.tensors:
+                raise ModelFormatError(f"{self.path.name}: tensor {t.name} appears twice")
             shape = [int(d) for d in t.shape]
             cols = shape[0]
-            rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            rows = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+            if cols < 1 or rows < 1:
+                raise ModelFormatError(f"{self.path.name}: tensor {t.name} has an empty shape {shape}")
             self.tensors[t.name] = GGUFTensor(t.name, type_name, cols, rows, t.data)
+            extents.append((start, end, t.name))
+        extents.sort()
+        for (s0, e0, a), (s1, _, b) in zip(extents, extents[1:]):
+            if s1 < e0:
+                raise ModelFormatError(f"{self.path.name}: tensors {a} and {b} overlap")
         self.file_size = size
         # The reader holds ~1 KB of numpy views per metadata string (160 MB for a 49k-token vocabulary);
         # the tensors' memory maps outlive it.
@@ -111,9 +131,18 @@ class GGUFModelFile:
         if arch not in SUPPORTED_ARCHS:
             raise UnsupportedModelError(
                 f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
-        p = arch + "."
+        try:
+            cfg = self._llama_config(arch + ".")
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ModelFormatError(f"{self.path.name}: malformed model metadata ({_short(e)})") from None
+        self._check_config(cfg)
+        return cfg
+
+    def _llama_config(self, p: str) -> LlamaConfig:
         n_heads = int(self.require(p + "attention.head_count"))
         d_model = int(self.require(p + "embedding_length"))
+        if n_heads < 1 or d_model < 1:
+            raise ModelFormatError(f"{self.path.name}: head_count and embedding_length must be positive")
         head_dim = int(self.get(p + "rope.dimension_count", d_model // n_heads))
         if head_dim * n_heads != d_model:
             raise UnsupportedModelError("partial rotary embeddings (rope.dimension_count < head size) are not supported")
@@ -126,13 +155,40 @@ class GGUFModelFile:
             n_heads=n_heads,
             n_kv_heads=int(self.get(p + "attention.head_count_kv", n_heads)),
             head_dim=head_dim,
-            vocab_size=len(vocab) if vocab is not None else emb.rows,
+            vocab_size=len(vocab) if isinstance(vocab, list) else emb.rows,
             rope_base=float(self.get(p + "rope.freq_base", 10000.0)),
             norm_eps=float(self.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
             train_ctx=int(self.get(p + "context_length", 2048)),
             tied_output="output.weight" not in self.tensors,
             ffn_relu=str(self.get("pyinfer.ffn_activation", "silu")).lower() == "relu",
         )
+
+    def _check_config(self, c: LlamaConfig) -> None:
+        """Values that the graph would turn into wrong shapes or huge buffers: one line instead."""
+        def bad(why: str):
+            raise ModelFormatError(f"{self.path.name}: {why}")
+
+        if not 1 <= c.n_layers <= 4096 or sum(1 for n in self.tensors if n.endswith(".attn_norm.weight")) < c.n_layers:
+            bad(f"block_count {c.n_layers} does not match the file's layers")
+        if not (1 <= c.n_kv_heads <= c.n_heads and c.n_heads % c.n_kv_heads == 0):
+            bad(f"head_count {c.n_heads} is not a multiple of head_count_kv {c.n_kv_heads}")
+        if c.head_dim % 2:
+            bad(f"head size {c.head_dim} is odd (RoPE rotates pairs)")
+        if c.d_ff < 1:
+            bad("feed_forward_length must be positive")
+        emb = self.tensor("token_embd.weight")
+        if emb.cols != c.d_model or not 1 <= c.vocab_size <= emb.rows:
+            bad(f"token_embd.weight [{emb.rows}, {emb.cols}] does not match the vocabulary ({c.vocab_size}) "
+                f"and embedding_length ({c.d_model})")
+        if not (np.isfinite(c.rope_base) and c.rope_base > 0 and np.isfinite(c.norm_eps) and 0 <= c.norm_eps < 1):
+            bad("rope.freq_base or layer_norm_rms_epsilon is out of range")
+
+    def finite_norm(self, name: str) -> GGUFTensor:
+        """A norm weight, checked for NaN and Inf (a corrupt norm would turn every logit into NaN)."""
+        t = self.tensor(name)
+        if t.type_name in ("F32", "F16") and not np.isfinite(np.asarray(t.data)).all():
+            raise ModelFormatError(f"{self.path.name}: tensor {name} holds NaN or Inf")
+        return t
 
 
 def _short(e: Exception) -> str:

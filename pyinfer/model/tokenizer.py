@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..errors import UnsupportedModelError
+from ..errors import ModelFormatError, UnsupportedModelError
 
 # llama.cpp's pre-tokenizer regexes, per `tokenizer.ggml.pre`. Each entry: splits applied in
 # order before byte-level BPE.
@@ -44,9 +44,7 @@ class Tokenizer:
         if pre not in PRE_TOKENIZERS:
             raise UnsupportedModelError(
                 f"pre-tokenizer '{pre}' is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})")
-        tokens: Sequence[str] = metadata["tokenizer.ggml.tokens"]
-        merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges") or []]
-        types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        tokens, merges, types = _checked_vocab(metadata)
 
         vocab = {tok: i for i, tok in enumerate(tokens)}
         splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in PRE_TOKENIZERS[pre]]
@@ -55,7 +53,10 @@ class Tokenizer:
         pre_tok = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
         def make() -> HFTokenizer:
-            tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+            try:
+                tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+            except Exception as e:  # tokenizers reports a merge of unknown tokens as a plain Exception
+                raise ModelFormatError(f"the tokenizer in this file is inconsistent ({str(e).splitlines()[0][:200]})") from None
             tk.pre_tokenizer = pre_tok
             tk.decoder = decoders.ByteLevel()
             return tk
@@ -67,8 +68,8 @@ class Tokenizer:
                                           for i in sorted(self.special_ids)])
         self.tokens = tokens
         self.vocab_size = len(tokens)
-        self.bos_id = _opt_int(metadata.get("tokenizer.ggml.bos_token_id"))
-        self.eos_id = _opt_int(metadata.get("tokenizer.ggml.eos_token_id"))
+        self.bos_id = _opt_id(metadata.get("tokenizer.ggml.bos_token_id"), len(tokens), "bos")
+        self.eos_id = _opt_id(metadata.get("tokenizer.ggml.eos_token_id"), len(tokens), "eos")
         self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False)) and self.bos_id is not None
         self.end_of_generation = {i for i in self.special_ids if tokens[i] in _END_OF_GENERATION_TEXTS}
         if self.eos_id is not None:
@@ -108,5 +109,27 @@ class IncrementalDecoder:
         return ""
 
 
-def _opt_int(v) -> int | None:
-    return None if v is None else int(v)
+def _opt_id(v, n: int, what: str) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
+        raise ModelFormatError(f"tokenizer.ggml.{what}_token_id {v!r} is not a token id of this vocabulary")
+    return v
+
+
+def _checked_vocab(metadata: dict) -> tuple[list[str], list[tuple[str, str]], list[int]]:
+    """tokens, merges and token types, or a one-line ModelFormatError (a corrupt file decodes to None or to
+    values of the wrong type)."""
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ModelFormatError("tokenizer.ggml.tokens is missing or not a list of UTF-8 strings")
+    merges_raw = metadata.get("tokenizer.ggml.merges") or []
+    if not isinstance(merges_raw, list) or not all(isinstance(m, str) and " " in m for m in merges_raw):
+        raise ModelFormatError("tokenizer.ggml.merges is not a list of 'a b' strings")
+    types = metadata.get("tokenizer.ggml.token_type")
+    if types is None:
+        types = [1] * len(tokens)
+    if (not isinstance(types, list) or len(types) != len(tokens)
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in types)):
+        raise ModelFormatError("tokenizer.ggml.token_type does not give one integer type per token")
+    return tokens, [tuple(m.split(" ", 1)) for m in merges_raw], types

@@ -20,7 +20,7 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     b.records = []
 
     def w(name: str) -> T:
-        t = gguf.tensor(name)
+        t = gguf.finite_norm(name) if name.endswith("norm.weight") else gguf.tensor(name)
         return b.weight(name, t.dtype_id, t.cols, t.rows, t.data)
 
     tokens = b.input("tokens")                          # I32 [T]

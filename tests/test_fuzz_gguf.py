@@ -1,0 +1,41 @@
+"""A seeded subset of the GGUF fuzzer (bench/fuzz_gguf.py runs 10,000 cases): every mutant of the tiny model
+and of the real model's header loads and runs one token, or fails with a one-line PyinferError."""
+import struct
+
+import pytest
+from gguf_fuzz import Fuzzer, MutantFile, Mutation, _u64, make_cases, run_case, summarize
+from tiny_model import write_tiny_llama
+
+
+def test_300_seeded_mutants(tmp_path, real_model_path):
+    sources = {"tiny": str(write_tiny_llama(tmp_path / "tiny.gguf")), "real": real_model_path}
+    cases = make_cases(300, seed=1, real_share=0.1, have_real=True)
+    s = summarize(Fuzzer(sources, tmp_path, workers=2, timeout=120).run(cases))
+    assert s["cases"] == 300
+    assert not s["findings"], s["findings"][:5]
+
+
+def _explicit(layout, kind):
+    """The mutants behind the first run's findings, written out."""
+    f = {x.key: x for x in layout.fields}
+    t = {x.name: x for x in layout.tensors}
+    if kind == "huge_count":  # the gguf reader looped 2^32 times over empty slices: a hang
+        return Mutation(kind, "token_type count", [(f["tokenizer.ggml.token_type"].count_off, _u64(2 ** 32 + 1))])
+    if kind == "bad_utf8":    # tokens decoded to None: TypeError in the tokenizer
+        return Mutation(kind, "token 0", [(f["tokenizer.ggml.tokens"].string_offs[0] + 8, b"\xff")])
+    if kind == "nan_norm":    # every logit NaN
+        norm = t["output_norm.weight"]
+        return Mutation(kind, "output_norm", [(layout.data_start + norm.offset, struct.pack("<f", float("nan")))])
+    if kind == "zero_dim":    # GraphError traceback from the graph builder
+        return Mutation(kind, "ffn_down dim 0", [(t["blk.0.ffn_down.weight"].dims_off, _u64(0))])
+    a, b = layout.tensors[0], layout.tensors[1]
+    return Mutation(kind, "overlap", [(b.offset_off, _u64(a.offset))])
+
+
+@pytest.mark.parametrize("kind", ["huge_count", "bad_utf8", "nan_norm", "zero_dim", "overlap"])
+def test_findings_of_the_first_run_are_one_line_errors(tmp_path, kind):
+    mf = MutantFile(write_tiny_llama(tmp_path / "tiny.gguf"), tmp_path)
+    m = _explicit(mf.layout, kind)
+    outcome, detail = run_case(mf.apply(m))
+    mf.restore(m)
+    assert outcome == "error", (kind, outcome, detail)
