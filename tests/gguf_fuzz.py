@@ -300,8 +300,9 @@ def worker_main(sources: dict[str, str], workdir: str) -> None:
     import sys
 
     # An unbounded allocation becomes a MemoryError (a finding), not a machine out of memory.
-    limit = int(os.environ.get("PYINFER_FUZZ_MEMORY", 8 << 30))
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    limit = int(os.environ.get("PYINFER_FUZZ_MEMORY", 8 << 30))  # 0: no limit (ASan reserves terabytes of shadow)
+    if limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     files = {name: MutantFile(Path(p), Path(workdir)) for name, p in sources.items()}
     out = sys.stdout
     sys.stdout = sys.stderr  # progress bars and prints of the library never reach the protocol
