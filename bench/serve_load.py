@@ -12,10 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,15 +25,10 @@ from pyinfer.serve.simulate import lmsys_like_lengths
 
 sys.path.insert(0, str(Path(__file__).parent))
 from batch_decode import batch_throughput  # noqa: E402
+from serve_proc import running_server  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def workload(n: int, tokenizer, seed: int = 0):
@@ -110,23 +102,9 @@ def main() -> int:
     old = json.loads((RESULTS / "serve_load.json").read_text()) if args.merge else None
     results = dict(old["load"]) if old else {}
     for policy in args.schedulers:
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "pyinfer.cli", "serve", "--kv-budget", str(args.kv_budget),
-                                 "--scheduler", policy, "--port", str(port), "-t", str(args.threads)],
-                                env=dict(os.environ), stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(600):
-                try:
-                    if httpx.get(base + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
+        with running_server("--kv-budget", str(args.kv_budget), "--scheduler", policy, "-t", str(args.threads)) as (base, _):
             results[policy] = asyncio.run(run_load(base, work, args.concurrency, args.kv_budget, args.timeout))
             print(policy, json.dumps(results[policy]), file=sys.stderr)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     batch = {int(k): v for k, v in old["batch_decode_tok_s"].items()} if old else batch_throughput(args.threads)
     RESULTS.mkdir(exist_ok=True)
     meta = dict(requests=args.requests, concurrency=args.concurrency, kv_budget=args.kv_budget, threads=args.threads,
