@@ -240,6 +240,10 @@ PYBIND11_MODULE(_core, m) {
              e.engine->backend(size_t(backend)).inject_fault(node, thread);
            }, py::arg("node"), py::arg("thread"), py::arg("backend") = 0,
            "Tests only: node `node` throws on pool thread `thread` of `backend` (-1: never).")
+      .def("reserve_memory", [](PyEngine& e) {
+             py::gil_scoped_release release;
+             e.engine->reserve_memory();
+           }, "Make the KV cache, state and scratch resident now (a server reserves its KV budget at start).")
       .def_property_readonly("n_segments", [](const PyEngine& e) { return e.engine->executor().segments().size(); })
       .def("set_op_timing", [](PyEngine& e, bool on) { e.engine->cpu().set_op_timing(on); }, py::arg("on"),
            "Start (and reset) or stop accumulating wall time per op kind.")

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cstring>
 #include <new>
 #include <utility>
 
@@ -12,6 +13,10 @@ Buffer::Buffer(size_t bytes) : size_(bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   data_ = p;
+}
+
+void Buffer::prefault() {
+  if (data_) std::memset(data_, 0, size_);
 }
 
 Buffer::~Buffer() {

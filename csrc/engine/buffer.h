@@ -15,6 +15,8 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
+  // Touches every page now (they hold zeros either way), so the memory is resident from the start.
+  void prefault();
   void* data() const { return data_; }
   size_t size() const { return size_; }
 

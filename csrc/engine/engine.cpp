@@ -305,6 +305,13 @@ void Engine::check_inputs(int64_t n_tokens, int64_t n_outputs, int64_t kv_table_
   }
 }
 
+void Engine::reserve_memory() {
+  std::lock_guard<std::mutex> lock(run_mutex_);
+  state_.prefault();
+  scratch_.prefault();
+  inputs_.prefault();
+}
+
 void Engine::run(const int32_t* tokens, const int32_t* positions, int64_t n_tokens, const int32_t* out_ids,
                  int64_t n_outputs, const int32_t* slots, const int32_t* kv_table, int64_t kv_table_cols) {
   std::lock_guard<std::mutex> lock(run_mutex_);

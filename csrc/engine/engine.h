@@ -56,6 +56,9 @@ class Engine {
   const Executor& executor() const { return *executor_; }
   size_t scratch_bytes() const { return scratch_.size(); }
   size_t state_bytes() const { return state_.size(); }
+  // Makes the KV cache, state and scratch resident now instead of page by page as runs first touch them
+  // (a server reserves its whole KV budget at start; between runs only).
+  void reserve_memory();
   // The mutex run() holds: a caller that reads the run's outputs (logits) holds it across run + read.
   std::mutex& run_mutex() { return run_mutex_; }
 

@@ -85,6 +85,11 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         return self._special.decode(list(ids), skip_special_tokens=skip_special)
 
+    def max_token_bytes(self) -> int:
+        """Bytes of text the longest token stands for (byte-level BPE writes one character per byte), so a text
+        of B bytes has at least B / max_token_bytes() tokens."""
+        return max(len(t) for t in self.tokens)
+
     def token_text(self, token_id: int) -> str:
         return self.tokens[token_id]
 

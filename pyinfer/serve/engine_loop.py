@@ -54,12 +54,15 @@ class EngineLoop:
         self.thread = threading.Thread(target=self._run, name="pyinfer-engine", daemon=True)
 
     # ---- front-end side (any thread) -------------------------------------------------------
-    def check(self, prompt_len: int, max_tokens: int) -> str | None:
-        """Why this request can never run here, or None."""
-        cap = self.batch.max_blocks * self.batch.block_size
-        if prompt_len + max_tokens > min(cap, self.kv_budget):
-            return (f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds this server's limit of "
-                    f"{min(cap, self.kv_budget)} tokens per request")
+    @property
+    def max_request_tokens(self) -> int:
+        return min(self.batch.max_blocks * self.batch.block_size, self.kv_budget)
+
+    def check(self, prompt_len: int, max_tokens: int, at_least: bool = False) -> str | None:
+        """Why this request can never run here, or None. `at_least`: prompt_len is a lower bound."""
+        if prompt_len + max_tokens > self.max_request_tokens:
+            return (f"prompt ({'at least ' if at_least else ''}{prompt_len} tokens) + max_tokens ({max_tokens}) exceeds "
+                    f"this server's limit of {self.max_request_tokens} tokens per request")
         return None
 
     def submit(self, req: ServeRequest) -> int:

@@ -10,6 +10,7 @@ import hmac
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from ..model.tokenizer import IncrementalDecoder
@@ -41,6 +42,22 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         return JSONResponse(APIError(400, "request body is not valid JSON").body(), status_code=400)
 
     registry = make_registry(loop)
+    # Tokenizing runs off the event loop, on one thread: its allocator arena is reused request after request
+    # (a pool of threads would each keep the high-water mark of the largest prompt it saw).
+    tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyinfer-tokenize")
+    # No token is longer than this many bytes, so a prompt of B bytes has at least B / longest tokens: a
+    # prompt that cannot fit is refused before it is tokenized.
+    longest_token = tk.max_token_bytes()
+
+    def refuse_oversized(text: str, req) -> None:
+        at_least = len(text.encode("utf-8", "replace")) // max(1, longest_token)
+        _, max_tokens = sampling(req)
+        why = loop.check(at_least, max_tokens, at_least=True)
+        if why:
+            raise APIError(400, why, param="max_tokens", code="context_length_exceeded")
+
+    async def off_loop(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(tokenize_pool, fn, *args)
     expected_auth = f"Bearer {api_key}".encode() if api_key is not None else None
 
     def authorize(request: Request) -> None:
@@ -173,7 +190,9 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await read_body(request, CompletionRequest)
-        ids = await asyncio.to_thread(model.tokenize, body.text())  # a long prompt must not stall the event loop
+        text = body.text()
+        refuse_oversized(text, body)
+        ids = await off_loop(model.tokenize, text)  # a long prompt must not stall the event loop
         return await generate(request, body, ids, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -190,7 +209,8 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
             ids = model.tokenize(text, add_bos=False, special=True)
             return [tk.bos_id] + ids if tk.add_bos and tk.bos_id is not None and ids[:1] != [tk.bos_id] else ids
 
-        return await generate(request, body, await asyncio.to_thread(render), chat=True)
+        refuse_oversized("".join(m.as_dict()["content"] for m in body.messages), body)
+        return await generate(request, body, await off_loop(render), chat=True)
 
     @app.get("/v1/models")
     async def models(request: Request):

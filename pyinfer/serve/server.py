@@ -32,6 +32,7 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
     cap = min(model.config.train_ctx, max_seq_len or model.config.train_ctx, kv_budget)
     batch = BatchEngine(model.gguf, model.config, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, model.n_threads,
                         sparsity=plan)
+    batch.engine.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
     loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(model.tokenizer.end_of_generation))
     name = Path(model.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
     return create_app(model, loop, str(name), api_key), loop, model

@@ -4,7 +4,8 @@
 bundled calibration text (under a minute on 2 cores, like PowerInfer solving its placement on first
 load) and caches it. What it calibrates follows the measurements in bench/results/sparsity_curve.md:
 - SwiGLU models: the |SiLU(gate) * up| criterion at 40% FFN sparsity, thresholds only (gate and up run
-  dense, down only for active neurons): on SmolLM2 +0.8% perplexity at 1.17x our dense decode. Gate-first
+  dense, down only for active neurons): on SmolLM2 +0.8% perplexity at about 1.04x our dense decode
+  (bench/results/sparse_decode.md). Gate-first
   candidate filtering and trained predictors both measured worse there (quality and speed).
 - ReLU models: exact sparsity (gate > 0) plus trained predictors, which then also skip the gate.
 """
