@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -21,8 +22,10 @@ def free_port() -> int:
 def running_server(*args: str, startup_s: float = 120.0):
     """Yields (base URL, process) of `pyinfer serve ARGS --port P`, once /health answers; stops it after."""
     port = free_port()
+    # From a neutral folder: `-m` puts the working directory first on sys.path, and a source checkout's
+    # pyinfer/ (without its built _core) would shadow the installed package.
     proc = subprocess.Popen([sys.executable, "-m", "pyinfer.cli", "serve", "--port", str(port), *args],
-                            env=dict(os.environ), stderr=subprocess.DEVNULL)
+                            env=dict(os.environ), stderr=subprocess.DEVNULL, cwd=tempfile.gettempdir())
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_s

@@ -342,7 +342,7 @@ class Fuzzer:
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         return subprocess.Popen([sys.executable, "-c", code, json.dumps(self.sources), str(wd)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, bufsize=1, env=env)
+                                text=True, bufsize=1, env=env, cwd=wd)  # not the source tree: it has no _core
 
     def run(self, cases: list[Case], progress=None) -> list[dict]:
         import json
