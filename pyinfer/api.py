@@ -145,7 +145,6 @@ class Model:
             try:
                 self._engine.run(len(chunk), chunk, positions, rows)
             except ValueError as e:  # the engine refused the input (one line, as every user error)
-                self._cached = self._cached[:start + c0]
                 raise PyinferError(str(e)) from None
             if len(rows):
                 result[done:done + len(rows)] = self._engine.logits()

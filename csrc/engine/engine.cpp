@@ -253,7 +253,7 @@ void Engine::plan_input_checks() {
   stamp_.assign(size_t(std::max(stamp_rows, kv_blocks_)), 0);
 }
 
-void Engine::check_inputs(int64_t n_tokens, int64_t n_outputs, int64_t kv_table_cols) {
+void Engine::check_inputs(int64_t n_tokens, int64_t n_outputs) {
   auto next_stamp = [&]() {
     if (++stamp_gen_ == 0) {  // wrapped: forget every old stamp
       std::fill(stamp_.begin(), stamp_.end(), 0u);
@@ -282,10 +282,7 @@ void Engine::check_inputs(int64_t n_tokens, int64_t n_outputs, int64_t kv_table_
   if (graph_.input_kv_table < 0) return;
   // Paged: each token's block table, as far as its position reaches, holds distinct blocks of the cache,
   // and its KV slot is its position's row in them.
-  const Tensor& table = graph_.tensors[size_t(graph_.input_kv_table)];
-  if (kv_table_cols != table.cols)
-    throw GraphError("block table has " + std::to_string(kv_table_cols) + " columns, expected " +
-                     std::to_string(table.cols));
+  const Tensor& table = graph_.tensors[size_t(graph_.input_kv_table)];  // its width was checked by run()
   const auto* pos = static_cast<const int32_t*>(graph_.tensors[size_t(graph_.input_positions)].data);
   const auto* slots = graph_.input_slots >= 0 ? static_cast<const int32_t*>(graph_.tensors[size_t(graph_.input_slots)].data)
                                               : nullptr;
@@ -342,7 +339,7 @@ void Engine::run(const int32_t* tokens, const int32_t* positions, int64_t n_toke
                        std::to_string(table.cols));
     bind(graph_.input_kv_table, kv_table, n_tokens * table.cols, "kv_table");
   }
-  check_inputs(n_tokens, n_outputs, kv_table_cols);
+  check_inputs(n_tokens, n_outputs);
   executor_->run(RunShape{n_tokens, n_outputs});
 }
 

@@ -67,7 +67,7 @@ class Engine {
   void plan_memory();
   void check_row_coverage();
   void plan_input_checks();
-  void check_inputs(int64_t n_tokens, int64_t n_outputs, int64_t kv_table_cols);
+  void check_inputs(int64_t n_tokens, int64_t n_outputs);
 
   Graph graph_;
   EngineConfig cfg_;
