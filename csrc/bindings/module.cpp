@@ -146,7 +146,7 @@ PYBIND11_MODULE(_core, m) {
              n.max_tokens = max_tokens;
              n.when_list = when_list;
              n.when_sparse = when_sparse;
-             if (src.size() > n.src.size() || ints.size() > 4 || floats.size() > 4)
+             if (src.size() > n.src.size() || ints.size() > n.i.size() || floats.size() > n.f.size())
                throw GraphError("at most 6 sources and 4 int/float params");
              std::copy(src.begin(), src.end(), n.src.begin());
              std::copy(ints.begin(), ints.end(), n.i.begin());

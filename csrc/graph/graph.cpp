@@ -222,15 +222,21 @@ void Graph::validate() const {
         if (!(n.f[0] > 0.f) || !std::isfinite(n.f[0])) c.fail("the RoPE base must be positive");
         break;
       case OpKind::KvStore:
-        c.type(n.dst, DType::F16); c.type(n.src[0], DType::F32);
+        c.one_of(n.dst, {DType::F16, DType::Q8_0}, "KV cache");
+        c.type(n.src[0], DType::F32);
         c.cols(n.src[0], d.cols);
         if (d.storage != Storage::State) c.fail("KV cache must be state");
         c.index_source(n.src[1], d.rows, "KV rows");
         break;
       case OpKind::Attention: {
         c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32);
-        c.type(n.src[1], DType::F16); c.type(n.src[2], DType::F16);
+        c.one_of(n.src[1], {DType::F16, DType::Q8_0}, "K cache");
+        c.one_of(n.src[2], {DType::F16, DType::Q8_0}, "V cache");
         if (n.i[0] < 1 || n.i[1] < 1 || n.i[2] < 1 || n.i[0] % n.i[1]) c.fail("heads must be a multiple of kv heads");
+        if ((c.t(n.src[1]).type == DType::Q8_0 || c.t(n.src[2]).type == DType::Q8_0) && n.i[2] % kQuantBlock)
+          c.fail("a q8_0 KV cache needs a head_dim that is a multiple of 32");
+        if (n.i[4] < 0) c.fail("the sliding window must be >= 0");
+        if (!(n.f[0] > 0.f) || !std::isfinite(n.f[0])) c.fail("the attention scale must be positive");
         c.cols(n.src[0], int64_t(n.i[0]) * n.i[2]); c.cols(n.dst, int64_t(n.i[0]) * n.i[2]);
         c.cols(n.src[1], int64_t(n.i[1]) * n.i[2]); c.cols(n.src[2], int64_t(n.i[1]) * n.i[2]);
         const Tensor& kc = c.t(n.src[1]);

@@ -42,8 +42,9 @@ enum class OpKind : int32_t {
   MatMul = 3,     // dst[t][r] = dot(src0 row r, src1 row t)    src0: weight [r, K], src1: [t, K]
                   //   with src2 (active list): only rows r in token t's list are written (gather-GEMV)
   Rope = 4,       // in place allowed; src1: positions          i[0]: heads, i[1]: head_dim; f[0]: base
-  KvStore = 5,    // dst(F16 state)[src1[t]] = src0[t]
-  Attention = 6,  // src0: q, src1: K cache, src2: V cache, src3: positions  i[0]: heads, i[1]: kv heads, i[2]: head_dim; f[0]: scale
+  KvStore = 5,    // dst(F16 or Q8_0 state)[src1[t]] = src0[t]
+  Attention = 6,  // src0: q, src1: K cache, src2: V cache (F16 or Q8_0), src3: positions  i[0]: heads, i[1]: kv heads,
+                  //   i[2]: head_dim, i[4]: sliding window (0: none); f[0]: scale
                   //   paged (many sequences): src4: I32 [T, max blocks] block table of each token's sequence, i[3]: block size
   Add = 7,        // dst = src0 + src1
   SiluMul = 8,    // dst = act(src0) * src1                     i[0]: 0 SiLU, 1 ReLU
@@ -81,7 +82,7 @@ struct Node {
   OpKind op = OpKind::Add;
   int dst = -1;
   std::array<int, 6> src{{-1, -1, -1, -1, -1, -1}};
-  std::array<int32_t, 4> i{{0, 0, 0, 0}};
+  std::array<int32_t, 6> i{{0, 0, 0, 0, 0, 0}};
   std::array<float, 4> f{{0.f, 0.f, 0.f, 0.f}};
   int backend = 0;  // index into the engine's backend list
   RunIf run_if = RunIf::Always;

@@ -43,6 +43,8 @@ struct AxpyRowsArgs {
   float* tmp = nullptr;
 };
 
+struct AttnTileArgs;  // attention.h
+
 struct KernelTable {
   const char* isa;
   void (*matmul)(const MatMulArgs& a);
@@ -52,6 +54,9 @@ struct KernelTable {
   void (*axpy_f16_f32)(float alpha, const uint16_t* x, float* y, int64_t n);  // y += alpha * x
   void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);
   void (*axpy_rows)(const AxpyRowsArgs& a);
+  // Tiled attention (attention.h): one key tile against a block of query rows, and cache rows as floats.
+  void (*attn_tile)(const AttnTileArgs& a);
+  void (*kv_to_f32)(DType type, const uint8_t* src, float* dst, int64_t n);
 };
 
 // Implementations. The AVX2 table needs AVX2+FMA+F16C; NEON exists only on aarch64 builds.

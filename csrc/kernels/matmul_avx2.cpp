@@ -3,6 +3,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#include "kernels/attention.h"
 #include "kernels/kernels.h"
 
 namespace pyinfer {
@@ -208,7 +209,8 @@ void f32_to_f16_avx2(const float* x, uint16_t* y, int64_t n) {
 
 const KernelTable* kernels_avx2() {
   static const KernelTable table{"avx2", matmul_avx2, quantize_q8a_avx2, dot_f16_f32_avx2,
-                                 axpy_f16_f32_avx2, f32_to_f16_avx2, axpy_rows_avx2};
+                                 axpy_f16_f32_avx2, f32_to_f16_avx2, axpy_rows_avx2,
+                                 attn_tile_avx2, kv_to_f32_avx2};
   return &table;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/fp16.h"
+#include "kernels/attention.h"
 #include "kernels/kernels.h"
 
 namespace pyinfer {
@@ -111,7 +112,8 @@ void f32_to_f16_neon(const float* x, uint16_t* y, int64_t n) {
 
 const KernelTable* kernels_neon() {
   static const KernelTable table{"neon", matmul_neon, quantize_q8a_neon, dot_f16_f32_neon,
-                                 axpy_f16_f32_neon, f32_to_f16_neon, axpy_rows_neon};
+                                 axpy_f16_f32_neon, f32_to_f16_neon, axpy_rows_neon,
+                                 attn_tile_generic, kv_to_f32_generic};
   return &table;
 }
 

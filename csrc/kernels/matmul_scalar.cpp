@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/fp16.h"
+#include "kernels/attention.h"
 #include "kernels/kernels.h"
 
 namespace pyinfer {
@@ -114,7 +115,8 @@ void matmul_float_weights(const MatMulArgs& a) {
 
 const KernelTable& kernels_scalar() {
   static const KernelTable table{"scalar", matmul_scalar, quantize_q8a_scalar, dot_f16_f32_scalar,
-                                 axpy_f16_f32_scalar, f32_to_f16_scalar, axpy_rows_scalar};
+                                 axpy_f16_f32_scalar, f32_to_f16_scalar, axpy_rows_scalar,
+                                 attn_tile_generic, kv_to_f32_generic};
   return table;
 }
 

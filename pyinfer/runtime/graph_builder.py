@@ -103,12 +103,15 @@ class GraphBuilder:
         return self._node(Op.KV_STORE, cache, [x, positions])
 
     def attention(self, q: T, k_cache: T, v_cache: T, positions: T, heads: int, kv_heads: int, head_dim: int,
-                  name: str, kv_table: T | None = None, block_size: int = 0) -> T:
-        """With `kv_table` (I32 [T, max blocks]) the cache is paged: many sequences share it."""
+                  name: str, kv_table: T | None = None, block_size: int = 0, window: int = 0,
+                  scale: float | None = None) -> T:
+        """With `kv_table` (I32 [T, max blocks]) the cache is paged: many sequences share it. `window`: each
+        token sees only the keys of its last `window` positions (sliding-window layers; 0: all). `scale`
+        multiplies q.k (default 1/sqrt(head_dim)). The caches may be F16 or Q8_0."""
         out = self.activation(name, q.cols, rows=q.rows)
         src = [q, k_cache, v_cache, positions] + ([kv_table] if kv_table is not None else [])
-        return self._node(Op.ATTENTION, out, src, ints=[heads, kv_heads, head_dim, block_size],
-                          floats=[head_dim ** -0.5])
+        return self._node(Op.ATTENTION, out, src, ints=[heads, kv_heads, head_dim, block_size, window],
+                          floats=[head_dim ** -0.5 if scale is None else scale])
 
     def add(self, a: T, b: T, out: T | None = None, name: str = "add") -> T:
         return self._node(Op.ADD, out or self.activation(name, a.cols, rows=a.rows), [a, b])

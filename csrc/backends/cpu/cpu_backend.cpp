@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/cpu/sparse_ops.h"
+#include "kernels/attention.h"
 #include "kernels/ops_float.h"
 
 namespace pyinfer {
@@ -20,11 +21,20 @@ struct CpuBackend::Job {
 
 CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa)
     : kernels_(select_kernels(isa)), pool_(n_threads) {
+  int widest_head = 0;
   for (const Node& n : graph.nodes)
-    if (n.op == OpKind::Attention)
-      scratch_per_thread_ = std::max(scratch_per_thread_, graph.tensors[size_t(n.src[1])].rows);
+    if (n.op == OpKind::Attention) {
+      scratch_per_thread_ = std::max(scratch_per_thread_, attention_thread_floats(n.i[0], n.i[1], n.i[2]));
+      widest_head = std::max(widest_head, n.i[2]);
+    }
   scratch_per_thread_ = (scratch_per_thread_ + 15) / 16 * 16;  // keep each thread's slice on its own lines
   scratch_.assign(size_t(scratch_per_thread_ * pool_.size()), 0.f);
+  if (widest_head > 0) {  // split-K state: a few items per thread (attention.h)
+    split_items_ = int64_t(kAttnItemsPerThread) * pool_.size();
+    split_partial_.assign(size_t(attention_split_floats(split_items_, widest_head)), 0.f);
+    split_done_.reset(new std::atomic<int32_t>[size_t(split_items_)]);
+    for (int64_t i = 0; i < split_items_; ++i) split_done_[size_t(i)].store(0);
+  }
   for (const Node& n : graph.nodes) {
     if (n.op == OpKind::DownAxpy) {
       max_neurons_ = std::max(max_neurons_, graph.tensors[size_t(n.src[0])].rows);
@@ -102,23 +112,34 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
     case OpKind::Attention: {
       const Tensor& kc = g.tensors[size_t(n.src[1])];
       const Tensor& vc = g.tensors[size_t(n.src[2])];
-      const Tensor& pos = g.tensors[size_t(n.src[3])];
       const Tensor* table = n.src[4] >= 0 ? &g.tensors[size_t(n.src[4])] : nullptr;  // paged: [T, max blocks]
-      const int heads = n.i[0], kv_heads = n.i[1], hd = n.i[2];
-      const int group = heads / kv_heads;
-      float* scratch = scratch_.data() + ith * scratch_per_thread_;
-      thread_share(rows * heads, ith, nth, 1, r0, r1);
-      for (int64_t item = r0; item < r1; ++item) {
-        const int64_t t = item / heads;
-        const int h = int(item % heads);
-        const int64_t n_kv = int64_t(static_cast<const int32_t*>(pos.data)[t]) + 1;  // causal
-        const int64_t kv_off = int64_t(h / group) * hd;
-        attention_head(kernels_, row_ptr<const float>(*s0, t) + int64_t(h) * hd,
-                       static_cast<const uint16_t*>(kc.data) + kv_off, static_cast<const uint16_t*>(vc.data) + kv_off,
-                       kc.cols, n_kv, hd, n.f[0], scratch, row_ptr<float>(dst, t) + int64_t(h) * hd,
-                       table ? row_ptr<const int32_t>(*table, t) : nullptr, n.i[3]);
+      AttentionArgs a;
+      a.q = static_cast<const float*>(s0->data);
+      a.q_stride = s0->cols;
+      a.k = static_cast<const uint8_t*>(kc.data);
+      a.v = static_cast<const uint8_t*>(vc.data);
+      a.k_type = kc.type;
+      a.v_type = vc.type;
+      a.k_row_bytes = kc.row_bytes;
+      a.v_row_bytes = vc.row_bytes;
+      a.positions = static_cast<const int32_t*>(g.tensors[size_t(n.src[3])].data);
+      a.n_tokens = rows;
+      if (table) {
+        a.table = static_cast<const int32_t*>(table->data);
+        a.table_cols = table->cols;
+        a.block_size = n.i[3];
       }
-      return;
+      a.heads = n.i[0];
+      a.kv_heads = n.i[1];
+      a.head_dim = n.i[2];
+      a.window = n.i[4];
+      a.scale = n.f[0];
+      a.out = static_cast<float*>(dst.data);
+      a.out_stride = dst.cols;
+      return attention(kernels_, a,
+                       AttentionWorkspace{scratch_.data() + ith * scratch_per_thread_, split_partial_.data(),
+                                          split_done_.get(), split_items_},
+                       ith, nth);
     }
     case OpKind::ActiveSet: return cpu_active_set(g, n, shape, ith, nth);
     case OpKind::GatedAct: return cpu_gated_act(g, n, shape, ith, nth);
@@ -155,7 +176,10 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         break;
       case OpKind::KvStore: {
         const int32_t p = static_cast<const int32_t*>(s1->data)[r];
-        kernels_.f32_to_f16(row_ptr<const float>(*s0, r), row_ptr<uint16_t>(dst, p), dst.cols);
+        if (dst.type == DType::Q8_0)
+          quantize_row_q8_0(row_ptr<const float>(*s0, r), row_ptr<BlockQ8_0>(dst, p), dst.cols);
+        else
+          kernels_.f32_to_f16(row_ptr<const float>(*s0, r), row_ptr<uint16_t>(dst, p), dst.cols);
         break;
       }
       case OpKind::Add:

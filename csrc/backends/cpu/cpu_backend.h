@@ -41,8 +41,11 @@ class CpuBackend final : public Backend {
 
   const KernelTable& kernels_;
   ThreadPool pool_;
-  int64_t scratch_per_thread_ = 0;  // floats: attention scores over the longest KV cache
+  int64_t scratch_per_thread_ = 0;  // floats: attention tiles and softmax state (attention.h)
   std::vector<float> scratch_;
+  int64_t split_items_ = 0;          // split-K attention: partial states and per-pair completion counts
+  std::vector<float> split_partial_;
+  std::unique_ptr<std::atomic<int32_t>[]> split_done_;
   int64_t max_neurons_ = 0;  // n_ff. Per thread: kAxpyTokens lists of nonzero activations (down_axpy)
   std::vector<int32_t> neuron_ids_;
   std::vector<float> neuron_coef_;

@@ -1,0 +1,83 @@
+// Causal attention over a KV cache, tiled as flash attention is: a block of queries meets the cache one
+// key tile at a time with an online softmax, so no [T, T] score matrix exists and every K/V tile read
+// from the cache serves all query heads of its group (GQA) and all tokens of the block.
+//
+// Work items are (query block, kv head) pairs. When a run has too few of them to keep every thread busy
+// (decode: one token), each pair's key range is split into chunks (split-K); each chunk keeps its own
+// softmax state and the last chunk to finish merges them, so no barrier is needed inside the op.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "graph/dtype.h"
+#include "kernels/kernels.h"
+
+namespace pyinfer {
+
+constexpr int kAttnKeyTile = 64;     // keys per tile
+constexpr int kAttnBlockRows = 64;   // query rows (tokens x heads of one group) per work item, at most
+constexpr int kAttnSplitRows = 16;   // split-K only for items of at most this many query rows (decode)
+constexpr int kAttnItemsPerThread = 4;  // split-K aims at this many items per thread
+
+struct AttentionArgs {
+  const float* q = nullptr;          // F32 [T, heads * head_dim], RoPE applied
+  int64_t q_stride = 0;              // floats between token rows of q
+  const uint8_t* k = nullptr;        // cache rows [n_ctx, kv_heads * head_dim], F16 or Q8_0
+  const uint8_t* v = nullptr;
+  DType k_type = DType::F16, v_type = DType::F16;
+  size_t k_row_bytes = 0, v_row_bytes = 0;
+  const int32_t* positions = nullptr;  // I32 [T]: each token sees keys 0..position (its own included)
+  int64_t n_tokens = 0;
+  // Paged cache: token t's sequence has its j-th key in cache row table[t][j / block] * block + j % block.
+  const int32_t* table = nullptr;    // I32 [T, table_cols], or null: key j is cache row j
+  int64_t table_cols = 0;
+  int block_size = 1;
+  int heads = 1, kv_heads = 1, head_dim = 0;
+  int window = 0;                    // sliding window: keys with position > p - window (0: every key)
+  float scale = 1.f;                 // applied to q.k
+  float* out = nullptr;              // F32 [T, heads * head_dim]
+  int64_t out_stride = 0;
+};
+
+// Memory the op uses, sized once by attention_thread_floats / attention_split_floats (compute allocates
+// nothing).
+struct AttentionWorkspace {
+  float* thread = nullptr;           // this thread's slice: attention_thread_floats() floats
+  float* partial = nullptr;          // split-K partial states, shared by every thread
+  std::atomic<int32_t>* counters = nullptr;  // per split pair: chunks finished; zero between runs
+  int64_t max_split_items = 0;       // pairs * chunks never exceeds this (the partial/counter capacity)
+};
+
+int64_t attention_thread_floats(int heads, int kv_heads, int head_dim);
+// Floats of `partial` for `items` split items of a graph whose widest head is head_dim.
+int64_t attention_split_floats(int64_t items, int head_dim);
+
+// This thread's share (ith of nth) of one attention node. Every thread must call it with the same args.
+void attention(const KernelTable& k, const AttentionArgs& a, const AttentionWorkspace& ws, int ith, int nth);
+
+// Online-softmax update of `rows` query rows by one key tile (the per-ISA inner loop).
+struct AttnTileArgs {
+  const float* q;       // [rows, head_dim], scale applied
+  int64_t rows;
+  int head_dim;
+  const float* k;       // [n_keys rounded up to 4, head_dim], rows past n_keys zero
+  const float* v;       // [n_keys rounded up to 4, head_dim]
+  int n_keys;
+  const int32_t* lo;    // [rows]: row r sees tile keys [lo[r], hi[r])
+  const int32_t* hi;
+  float* m;             // [rows] running max of scores
+  float* l;             // [rows] running sum of exp(score - m)
+  float* acc;           // [rows, head_dim] running sum of exp(score - m) * v
+  float* scores;        // scratch: 2 * kAttnKeyTile floats
+};
+void attn_tile_generic(const AttnTileArgs& a);
+void attn_tile_avx2(const AttnTileArgs& a);
+
+// A cache row's slice (n elements of F16 or Q8_0) as floats.
+void kv_to_f32_generic(DType type, const uint8_t* src, float* dst, int64_t n);
+void kv_to_f32_avx2(DType type, const uint8_t* src, float* dst, int64_t n);
+// A row of a Q8_0 cache, as llama.cpp quantizes it (d = amax / 127 stored as fp16, q = round(x / d)).
+void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n);
+
+}  // namespace pyinfer

@@ -1,0 +1,192 @@
+// AVX2 inner loops of the tiled attention (attention.cpp has the tiling and the scalar reference).
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/attention.h"
+
+namespace pyinfer {
+namespace {
+
+// exp(x) for 8 lanes: Cephes' range reduction and degree-5 polynomial (about 1 ulp on [-87, 88]).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
+  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// The four sums of c0..c3, each over its 8 lanes.
+inline __m128 hsum4(__m256 c0, __m256 c1, __m256 c2, __m256 c3) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(c0, c1), _mm256_hadd_ps(c2, c3));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// Scores of rows r and r+1 (Two) against keys [j0, j1), j0 and j1 multiples of 4.
+template <bool Two>
+void scores(const AttnTileArgs& a, int64_t r, int j0, int j1, float* s0, float* s1) {
+  const int hd = a.head_dim;
+  const float* q0 = a.q + r * hd;
+  const float* q1 = Two ? q0 + hd : q0;
+  for (int j = j0; j < j1; j += 4) {
+    const float* k = a.k + int64_t(j) * hd;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+    for (int d = 0; d < hd; d += 8) {
+      const __m256 k0 = _mm256_loadu_ps(k + d), k1 = _mm256_loadu_ps(k + hd + d);
+      const __m256 k2 = _mm256_loadu_ps(k + 2 * hd + d), k3 = _mm256_loadu_ps(k + 3 * hd + d);
+      const __m256 x0 = _mm256_loadu_ps(q0 + d);
+      c00 = _mm256_fmadd_ps(x0, k0, c00); c01 = _mm256_fmadd_ps(x0, k1, c01);
+      c02 = _mm256_fmadd_ps(x0, k2, c02); c03 = _mm256_fmadd_ps(x0, k3, c03);
+      if (Two) {
+        const __m256 x1 = _mm256_loadu_ps(q1 + d);
+        c10 = _mm256_fmadd_ps(x1, k0, c10); c11 = _mm256_fmadd_ps(x1, k1, c11);
+        c12 = _mm256_fmadd_ps(x1, k2, c12); c13 = _mm256_fmadd_ps(x1, k3, c13);
+      }
+    }
+    _mm_storeu_ps(s0 + j, hsum4(c00, c01, c02, c03));
+    if (Two) _mm_storeu_ps(s1 + j, hsum4(c10, c11, c12, c13));
+  }
+}
+
+// Turns row r's scores over [w0, w1) (multiples of 8) into exp(s - m_new), zero outside the row's keys,
+// and updates its m and l. Returns the factor its accumulator must be scaled by.
+float softmax_row(const AttnTileArgs& a, int64_t r, float* s, int w0, int w1) {
+  const int lo = a.lo[r], hi = a.hi[r];
+  if (lo >= hi) {
+    for (int j = w0; j < w1; j += 8) _mm256_storeu_ps(s + j, _mm256_setzero_ps());
+    return 1.f;
+  }
+  const __m256i vlo = _mm256_set1_epi32(lo - 1), vhi = _mm256_set1_epi32(hi);
+  const __m256i step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  auto in_row = [&](int j) {
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(j), step);
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(idx, vlo), _mm256_cmpgt_epi32(vhi, idx)));
+  };
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  __m256 mx = ninf;
+  for (int j = w0; j < w1; j += 8) mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + j), in_row(j)));
+  const float m_new = std::fmax(a.m[r], hmax(mx));
+  const __m256 vm = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+  for (int j = w0; j < w1; j += 8) {
+    const __m256 p = _mm256_and_ps(in_row(j), exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm)));
+    _mm256_storeu_ps(s + j, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  const float alpha = std::exp(a.m[r] - m_new);  // 0 for the first keys (m was -inf)
+  a.l[r] = a.l[r] * alpha + hsum(sum);
+  a.m[r] = m_new;
+  return alpha;
+}
+
+// acc[r] = acc[r] * alpha + sum_j p[j] v[j] for rows r and r+1 (Two), keys [j0, j1).
+template <bool Two>
+void accumulate(const AttnTileArgs& a, int64_t r, int j0, int j1, const float* p0, const float* p1, float alpha0,
+                float alpha1) {
+  const int hd = a.head_dim;
+  float* acc0 = a.acc + r * hd;
+  float* acc1 = Two ? acc0 + hd : acc0;
+  int d = 0;
+  for (; d + 32 <= hd; d += 32) {
+    __m256 a0[4], a1[4];
+    for (int i = 0; i < 4; ++i) {
+      a0[i] = _mm256_mul_ps(_mm256_loadu_ps(acc0 + d + 8 * i), _mm256_set1_ps(alpha0));
+      if (Two) a1[i] = _mm256_mul_ps(_mm256_loadu_ps(acc1 + d + 8 * i), _mm256_set1_ps(alpha1));
+    }
+    for (int j = j0; j < j1; ++j) {
+      const float* v = a.v + int64_t(j) * hd + d;
+      const __m256 w0 = _mm256_set1_ps(p0[j]);
+      const __m256 w1 = _mm256_set1_ps(Two ? p1[j] : 0.f);
+      for (int i = 0; i < 4; ++i) {
+        const __m256 vv = _mm256_loadu_ps(v + 8 * i);
+        a0[i] = _mm256_fmadd_ps(w0, vv, a0[i]);
+        if (Two) a1[i] = _mm256_fmadd_ps(w1, vv, a1[i]);
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      _mm256_storeu_ps(acc0 + d + 8 * i, a0[i]);
+      if (Two) _mm256_storeu_ps(acc1 + d + 8 * i, a1[i]);
+    }
+  }
+  for (; d < hd; d += 8) {
+    __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(acc0 + d), _mm256_set1_ps(alpha0));
+    __m256 x1 = Two ? _mm256_mul_ps(_mm256_loadu_ps(acc1 + d), _mm256_set1_ps(alpha1)) : x0;
+    for (int j = j0; j < j1; ++j) {
+      const __m256 vv = _mm256_loadu_ps(a.v + int64_t(j) * hd + d);
+      x0 = _mm256_fmadd_ps(_mm256_set1_ps(p0[j]), vv, x0);
+      if (Two) x1 = _mm256_fmadd_ps(_mm256_set1_ps(p1[j]), vv, x1);
+    }
+    _mm256_storeu_ps(acc0 + d, x0);
+    if (Two) _mm256_storeu_ps(acc1 + d, x1);
+  }
+}
+
+template <bool Two>
+void tile_rows(const AttnTileArgs& a, int64_t r) {
+  const bool e0 = a.lo[r] >= a.hi[r], e1 = !Two || a.lo[r + 1] >= a.hi[r + 1];
+  if (e0 && e1) return;
+  // The keys either row sees; scores are computed in fours, softmax in eights (the tile is padded).
+  const int lo = std::min(e0 ? kAttnKeyTile : a.lo[r], e1 ? kAttnKeyTile : a.lo[r + 1]);
+  const int hi = std::max(e0 ? 0 : a.hi[r], e1 ? 0 : a.hi[r + 1]);
+  const int w0 = lo / 8 * 8, w1 = std::min((hi + 7) / 8 * 8, kAttnKeyTile);
+  float* s0 = a.scores;
+  float* s1 = a.scores + kAttnKeyTile;
+  scores<Two>(a, r, lo / 4 * 4, (hi + 3) / 4 * 4, s0, s1);
+  const float alpha0 = softmax_row(a, r, s0, w0, w1);
+  const float alpha1 = Two ? softmax_row(a, r + 1, s1, w0, w1) : 0.f;
+  accumulate<Two>(a, r, lo, hi, s0, s1, alpha0, alpha1);
+}
+
+}  // namespace
+
+void attn_tile_avx2(const AttnTileArgs& a) {
+  if (a.head_dim % 8) return attn_tile_generic(a);
+  int64_t r = 0;
+  for (; r + 2 <= a.rows; r += 2) tile_rows<true>(a, r);
+  if (r < a.rows) tile_rows<false>(a, r);
+}
+
+void kv_to_f32_avx2(DType type, const uint8_t* src, float* dst, int64_t n) {
+  if (type == DType::Q8_0) {
+    const auto* blocks = reinterpret_cast<const BlockQ8_0*>(src);
+    for (int64_t b = 0; b < n / kQuantBlock; ++b) {
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(blocks[b].d));
+      for (int i = 0; i < 4; ++i) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blocks[b].qs + 8 * i));
+        _mm256_storeu_ps(dst + b * kQuantBlock + 8 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+      }
+    }
+    return;
+  }
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(h[i]);
+}
+
+}  // namespace pyinfer
+#endif

@@ -1,0 +1,166 @@
+"""The tiled attention against numpy: lengths across every key-tile boundary, GQA, paged block tables,
+sliding windows, the q8_0 cache and split-K decode, for every kernel ISA this CPU can run."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from pyinfer import _core
+from pyinfer._core import DType, RowMode
+from pyinfer.runtime.graph_builder import GraphBuilder
+
+ISAS = _core.available_isas().split(",")
+TILE = 64  # kAttnKeyTile
+
+
+def cache_round(x: np.ndarray, cache: str) -> np.ndarray:
+    """What the cache gives back for x: fp16, or llama.cpp's Q8_0 blocks."""
+    if cache == "q8_0":
+        return quants.dequantize(quants.quantize(x, Q.Q8_0), Q.Q8_0).reshape(x.shape)
+    return x.astype(np.float16).astype(np.float32)
+
+
+def reference(q, keys, values, seq_rows, positions, heads, kv_heads, hd, window):
+    """q: [T, heads*hd]; keys/values: cache rows [n_ctx, kv_heads*hd]; seq_rows[t]: cache row of each key
+    position of token t's sequence."""
+    group = heads // kv_heads
+    out = np.zeros_like(q)
+    for t, p in enumerate(positions):
+        lo = max(0, p - window + 1) if window else 0
+        rows = seq_rows[t][lo:p + 1]
+        for h in range(heads):
+            g = h // group
+            k = keys[rows, g * hd:(g + 1) * hd].astype(np.float64)
+            v = values[rows, g * hd:(g + 1) * hd].astype(np.float64)
+            s = k @ q[t, h * hd:(h + 1) * hd].astype(np.float64) / np.sqrt(hd)
+            w = np.exp(s - s.max())
+            out[t, h * hd:(h + 1) * hd] = (w / w.sum()) @ v
+    return out
+
+
+def run_attention(q, keys, values, positions, heads, kv_heads, hd, *, isa, threads=2, window=0, cache="f16",
+                  table=None, block=0):
+    """Stores `keys`/`values` as the cache rows 0..n_ctx-1 and runs one attention node over it."""
+    n_ctx, width = keys.shape
+    T = q.shape[0]
+    dt = DType.Q8_0 if cache == "q8_0" else DType.F16
+    b = GraphBuilder()
+    rows = np.arange(n_ctx, dtype=np.int32)
+    kc, vc = b.state("kc", width, n_ctx, dt), b.state("vc", width, n_ctx, dt)
+    all_rows = b.weight("rows", int(DType.I32), 1, n_ctx, rows)
+    b.kv_store(kc, b.weight("k", int(DType.F32), width, n_ctx, keys), all_rows)
+    b.kv_store(vc, b.weight("v", int(DType.F32), width, n_ctx, values), all_rows)
+    pos = b.input("positions")
+    b.graph.input_positions = pos.id
+    kv_table = None
+    if table is not None:
+        kv_table = b.input("kv_table", cols=table.shape[1])
+        b.graph.input_kv_table = kv_table.id
+    qw = b.weight("q", int(DType.F32), heads * hd, T, q)
+    out = b.attention(qw, kc, vc, pos, heads, kv_heads, hd, "o", kv_table, block, window=window)
+    b.graph.pin(out.id)
+    eng = _core.Engine(b.graph, max_tokens=T, max_outputs=1, n_threads=threads, isa=isa)
+    kw = {"kv_table": table} if table is not None else {}
+    eng.run(T, positions=np.asarray(positions, np.int32), **kw)
+    return eng.tensor(out.id, T)
+
+
+def check(q, keys, values, positions, heads, kv_heads, hd, seq_rows=None, window=0, cache="f16", **kw):
+    got = run_attention(q, keys, values, positions, heads, kv_heads, hd, window=window, cache=cache, **kw)
+    if seq_rows is None:
+        seq_rows = [np.arange(keys.shape[0])] * len(positions)
+    want = reference(q, cache_round(keys, cache), cache_round(values, cache), seq_rows, positions, heads, kv_heads,
+                     hd, window)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+
+
+def data(rng, T, n_ctx, heads, kv_heads, hd):
+    return (rng.standard_normal((T, heads * hd)).astype(np.float32) * 2,  # peaked softmax, not uniform
+            rng.standard_normal((n_ctx, kv_heads * hd)).astype(np.float32),
+            rng.standard_normal((n_ctx, kv_heads * hd)).astype(np.float32))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n", [1, 5, TILE - 1, TILE, TILE + 1, 2 * TILE + 3, 300])
+@pytest.mark.parametrize("heads,kv_heads,hd", [(6, 2, 64), (4, 4, 32), (4, 1, 256), (3, 3, 24)])
+def test_prefill_every_tile_boundary(isa, n, heads, kv_heads, hd):
+    rng = np.random.default_rng(n * 7 + hd)
+    q, k, v = data(rng, n, n, heads, kv_heads, hd)
+    check(q, k, v, np.arange(n), heads, kv_heads, hd, isa=isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("depth", [1, TILE, 2 * TILE + 1, 700])
+def test_decode_at_depth_splits_the_keys(isa, threads, depth):
+    """One query over a long cache: with several threads its keys are split into chunks and merged."""
+    rng = np.random.default_rng(depth + threads)
+    heads, kv_heads, hd = 6, 2, 64
+    q, k, v = data(rng, 1, depth, heads, kv_heads, hd)
+    check(q, k, v, [depth - 1], heads, kv_heads, hd, isa=isa, threads=threads)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("window", [1, 7, TILE, 100])
+@pytest.mark.parametrize("tokens", ["prefill", "decode"])
+def test_sliding_window(isa, window, tokens):
+    rng = np.random.default_rng(window)
+    heads, kv_heads, hd, n = 4, 1, 32, 260
+    positions = np.arange(n) if tokens == "prefill" else [n - 1]
+    q, k, v = data(rng, len(positions), n, heads, kv_heads, hd)
+    check(q, k, v, positions, heads, kv_heads, hd, window=window, isa=isa, threads=3)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("positions", [np.arange(200), [0], [199], np.arange(150, 200)])
+@pytest.mark.parametrize("window", [0, 50])
+def test_q8_0_cache(isa, positions, window):
+    rng = np.random.default_rng(len(positions))
+    heads, kv_heads, hd = 6, 2, 64
+    q, k, v = data(rng, len(positions), 200, heads, kv_heads, hd)
+    check(q, k, v, positions, heads, kv_heads, hd, cache="q8_0", window=window, isa=isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("cache", ["f16", "q8_0"])
+def test_paged_batch_of_sequences(isa, cache):
+    """Three sequences in one batch, their blocks scattered over the cache: a prefill chunk, a decode
+    step, and a second chunk at depth, each through its own block table."""
+    rng = np.random.default_rng(5)
+    heads, kv_heads, hd, block, n_blocks = 6, 3, 32, 16, 40
+    n_ctx = block * n_blocks
+    perm = rng.permutation(n_blocks).astype(np.int32)
+    tables = [perm[0:12], perm[12:20], perm[20:40]]
+    width = 20
+    table_rows, positions, seq_rows = [], [], []
+    for seq, toks in [(0, np.arange(0, 90)), (1, [120]), (2, np.arange(250, 300))]:
+        blocks = np.zeros(width, np.int32)
+        blocks[:len(tables[seq])] = tables[seq]
+        phys = (blocks[:, None] * block + np.arange(block)).reshape(-1)
+        for p in toks:
+            table_rows.append(blocks)
+            positions.append(int(p))
+            seq_rows.append(phys)
+    q, k, v = data(rng, len(positions), n_ctx, heads, kv_heads, hd)
+    check(q, k, v, positions, heads, kv_heads, hd, seq_rows=seq_rows, cache=cache, isa=isa,
+          table=np.stack(table_rows), block=block)
+
+
+def _bad_attention(hd: int, window: int, cache: DType):
+    b = GraphBuilder()
+    kc, vc = b.state("kc", 2 * hd, 8, cache), b.state("vc", 2 * hd, 8, cache)
+    pos = b.input("positions")
+    b.graph.input_positions = pos.id
+    q = b.weight("q", int(DType.F32), 2 * hd, 1, np.zeros((1, 2 * hd), np.float32))
+    b.attention(q, kc, vc, pos, 2, 2, hd, "o", window=window)
+    _core.Engine(b.graph, max_tokens=1, max_outputs=1, n_threads=1)
+
+
+def test_bad_attention_parameters_are_refused():
+    _bad_attention(64, 0, DType.Q8_0)  # fine
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _bad_attention(48, 0, DType.Q8_0)
+    with pytest.raises(ValueError, match="sliding window"):
+        _bad_attention(64, -1, DType.F16)
+    with pytest.raises(ValueError, match="K cache"):
+        _bad_attention(64, 0, DType.F32)
