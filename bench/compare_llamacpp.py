@@ -33,11 +33,12 @@ PROMPT = "Once upon a time"
 
 
 class LlamaCpp:
-    def __init__(self, path: str, threads: int, n_ctx: int, logits_all: bool = False):
+    def __init__(self, path: str, threads: int, n_ctx: int, logits_all: bool = False, **options):
+        """`options` go to llama_cpp.Llama (flash_attn, type_k, type_v, ...)."""
         from llama_cpp import Llama
 
         self.llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                         logits_all=logits_all, verbose=False)
+                         logits_all=logits_all, verbose=False, **options)
 
     def tokenize(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode(), add_bos=False, special=False)

@@ -14,7 +14,7 @@ from .model.chat_template import render_chat
 from .model.gguf_file import GGUFModelFile
 from .model.pull import resolve_model
 from .model.tokenizer import IncrementalDecoder, Tokenizer
-from .runtime.llama_graph import build_llama_graph
+from .runtime.llama_graph import CACHE_TYPES, build_llama_graph
 from .runtime.sampling import Sampler, SamplingParams
 from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
 from .runtime.stops import apply_stops
@@ -28,7 +28,8 @@ def load(path_or_name: str | os.PathLike | None = None, n_threads: int | None = 
          isa: str = "auto", sparsity="off", target: float | None = None, **kwargs) -> "Model":
     """Loads a GGUF model. `path_or_name`: a file, or None / "smollm2" for the default model.
     `sparsity`: "off", "auto" (calibrate on first use, then cached) or a sparsity file from
-    `pyinfer train-predictors`; `target`: FFN sparsity for "auto" (default 0.5)."""
+    `pyinfer train-predictors`; `target`: FFN sparsity for "auto" (default 0.5). Other keywords go to
+    `Model` (cache_type="q8_0", neuron_down, ...)."""
     return Model(resolve_model(path_or_name), n_threads=n_threads, n_ctx=n_ctx, isa=isa, sparsity=sparsity,
                  target=target, **kwargs)
 
@@ -65,11 +66,14 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto",
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
-                 neuron_down: str = "auto"):
+                 neuron_down: str = "auto", cache_type: str = "f16"):
         """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
-        the sparse path); by default prefill runs dense."""
+        the sparse path); by default prefill runs dense. `cache_type`: the KV cache's element type, "f16"
+        (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0)."""
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise PyinferError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        if cache_type not in CACHE_TYPES:
+            raise PyinferError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
         if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
             raise PyinferError(f"n_threads must be a positive integer, got {n_threads!r}")
         self.path = str(path)
@@ -77,6 +81,10 @@ class Model:
         self.config = self.gguf.llama_config()
         self.tokenizer = Tokenizer(self.gguf.metadata)
         self.n_ctx = n_ctx
+        self.cache_type = cache_type
+        if cache_type == "q8_0" and self.config.head_dim % 32:
+            raise PyinferError(f"a q8_0 KV cache needs a head size that is a multiple of 32; this model's is "
+                               f"{self.config.head_dim} (use cache_type f16)")
         self.n_threads = n_threads or physical_cores()
         self.chat_template = self.gguf.get("tokenizer.chat_template")
         self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
@@ -88,7 +96,8 @@ class Model:
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).
         runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns(max_tokens=1)
         try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line, not a traceback
-            graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down).graph
+            graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down,
+                                      cache_type=cache_type).graph
             self._engine = _core.Engine(graph, max_tokens=self._max_batch, max_outputs=self._max_batch,
                                         n_threads=self.n_threads, isa=isa)
         except ValueError as e:

@@ -34,7 +34,12 @@ then its cache directory ($PYINFER_CACHE or ~/.cache/pyinfer), and otherwise pul
 def _model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
     p.add_argument("-m", "--model", default=None, help="GGUF file, or 'smollm2' (default model)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores)")
-    p.add_argument("-c", "--ctx", type=int, default=ctx_default, help=f"context length in tokens (default {ctx_default})")
+    p.add_argument("-c", "--ctx", type=int, default=ctx_default,
+                   help=f"context length in tokens (default {ctx_default})" if ctx_default else
+                   "context length in tokens (default: what the test needs)")
+    p.add_argument("-ct", "--cache-type", default="f16", choices=["f16", "q8_0"],
+                   help="KV cache type, as llama.cpp's -ctk/-ctv: f16 (default) or q8_0 (half the memory and the "
+                        "bytes each decode step reads at depth)")
 
 
 def _sparsity_args(p: argparse.ArgumentParser) -> None:
@@ -82,10 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--json", action="store_true", help="print the result as JSON")
     _sparsity_args(pp)
 
-    b = sub.add_parser("bench", help="prefill/decode tokens per second and peak RSS")
-    _model_args(b)
+    b = sub.add_parser("bench", help="prefill/decode tokens per second and peak RSS",
+                       description="llama-bench's tests: pp (prefill --prompt-tokens pseudo-random tokens) and tg "
+                                   "(--gen-tokens greedy decode steps). With --depth D both start with D tokens "
+                                   "already in the KV cache (llama-bench -d): decode speed at long context.",
+                       epilog="example: pyinfer bench -p 512 -g 64 --depth 4096 --cache-type q8_0 --json")
+    _model_args(b, ctx_default=0)
     b.add_argument("-p", "--prompt-tokens", type=int, default=256, help="prefill length (default 256)")
     b.add_argument("-g", "--gen-tokens", type=int, default=128, help="decode steps (default 128)")
+    b.add_argument("-d", "--depth", type=int, default=0, help="tokens in the KV cache before each test (default 0)")
     b.add_argument("-r", "--repetitions", type=int, default=3, help="runs per test; median is reported")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
     _sparsity_args(b)
@@ -151,7 +161,9 @@ def _load(args, **kwargs):
     target = getattr(args, "target", None)
     if target is not None and not 0.0 <= target < 1.0:
         raise PyinferError("--target must be in [0, 1)")
-    return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target, **kwargs)
+    cache = getattr(args, "cache_type", "f16")
+    return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target,
+                cache_type=cache, **kwargs)
 
 
 def _sampling(args) -> dict:
@@ -227,18 +239,25 @@ def cmd_bench(args) -> int:
 
     if args.prompt_tokens < 1 or args.gen_tokens < 1 or args.repetitions < 1:
         raise PyinferError("--prompt-tokens, --gen-tokens and --repetitions must be at least 1")
-    if max(args.prompt_tokens, args.gen_tokens + 8) > args.ctx:
-        raise PyinferError(f"--ctx {args.ctx} is too small for this benchmark")
+    if args.depth < 0:
+        raise PyinferError("--depth must be >= 0")
+    need = args.depth + max(args.prompt_tokens, args.gen_tokens + 32)  # tg at depth 0 starts after a short prompt
+    if not args.ctx:
+        args.ctx = need
+    if need > args.ctx:
+        raise PyinferError(f"--ctx {args.ctx} is too small: depth + test need {need} tokens (omit --ctx to size it)")
     model = _load(args)
-    r = run_bench(model, args.prompt_tokens, args.gen_tokens, args.repetitions)
+    r = run_bench(model, args.prompt_tokens, args.gen_tokens, args.repetitions, depth=args.depth)
     sparsity = _measure_sparsity(model) if model.sparsity is not None else None
     if args.json:  # one object, whatever the options
         print(json.dumps(dict(r.as_dict(), sparsity=sparsity)))
         return 0
     print(f"model    {model.path}")
     print(f"threads  {r.threads} ({r.isa})")
-    print(f"prefill  {r.prefill_tok_s:8.1f} tok/s  ({r.prompt_tokens} tokens)")
-    print(f"decode   {r.decode_tok_s:8.1f} tok/s  ({r.gen_tokens} tokens)")
+    at = f" at depth {r.depth}" if r.depth else ""
+    print(f"cache    {r.cache_type}")
+    print(f"prefill  {r.prefill_tok_s:8.1f} tok/s  ({r.prompt_tokens} tokens{at})")
+    print(f"decode   {r.decode_tok_s:8.1f} tok/s  ({r.gen_tokens} tokens{at})")
     print(f"peak RSS {r.peak_rss_mb:8.1f} MB")
     if sparsity is not None:
         mean = {k: sum(row[k] for row in sparsity["layers"]) / len(sparsity["layers"])

@@ -6,7 +6,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from pyinfer import _core
-from pyinfer._core import DType, RowMode
+from pyinfer._core import DType
 from pyinfer.runtime.graph_builder import GraphBuilder
 
 ISAS = _core.available_isas().split(",")

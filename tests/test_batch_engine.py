@@ -8,9 +8,15 @@ from pyinfer.serve.batch_engine import BatchEngine, SeqWork
 from pyinfer.sparsity.plan import SparsityPlan
 
 
-def test_batched_sequences_match_single_sequence_runs(tiny_model_path):
-    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=128)
-    be = BatchEngine(m.gguf, m.config, num_blocks=12, block_size=4, max_seq_len=40, n_threads=2, max_batch_tokens=8)
+@pytest.mark.parametrize("cache", ["f16", "q8_0"])
+def test_batched_sequences_match_single_sequence_runs(tiny_model_path, tmp_path, cache):
+    path = tiny_model_path
+    if cache == "q8_0":  # needs heads of 32 values
+        from tiny_model import write_tiny_llama
+        path = str(write_tiny_llama(tmp_path / "hd32.gguf", config={"n_heads": 2, "n_kv_heads": 1}))
+    m = pyinfer.load(path, n_threads=2, n_ctx=128, cache_type=cache)
+    be = BatchEngine(m.gguf, m.config, num_blocks=12, block_size=4, max_seq_len=40, n_threads=2, max_batch_tokens=8,
+                     cache_type=cache)
     a, b = [5, 9, 13, 40, 41, 7, 8], [60, 61, 3]
     # blocks deliberately scattered and interleaved between the two sequences
     ta, tb = [7, 2, 9], [4, 11]

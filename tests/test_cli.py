@@ -115,3 +115,16 @@ def test_bad_sparsity_file_is_one_line_error(tiny_model_path, tmp_path):
 def test_serve_rejects_bad_arguments(tiny_model_path):
     rc, _, err = cli("serve", "-m", tiny_model_path, "--kv-budget", "8")
     assert rc == 2 and "--kv-budget" in err
+
+
+def test_bench_at_depth_with_q8_0_cache(tiny_model_path, tmp_path):
+    from tiny_model import write_tiny_llama
+
+    hd32 = str(write_tiny_llama(tmp_path / "hd32.gguf", config={"n_heads": 2, "n_kv_heads": 1}))
+    rc, out, err = cli("bench", "-m", hd32, "-p", "16", "-g", "8", "-r", "1", "--depth", "100",
+                       "--cache-type", "q8_0", "--json")
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["depth"] == 100 and r["cache_type"] == "q8_0" and r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+    rc, out, err = cli("bench", "-m", tiny_model_path, "-p", "16", "-g", "8", "--depth", "100", "--ctx", "64")
+    assert rc == 2 and "too small" in err and len(err.strip().splitlines()) == 1

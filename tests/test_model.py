@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import pyinfer
+from pyinfer.errors import PyinferError
 from reference_llama import reference_logits
 
 
@@ -74,3 +75,22 @@ def test_eval_last_equals_all_logits_last_row(real_model):
     ids = real_model.tokenize("Hello world, this is a test")
     np.testing.assert_allclose(real_model.eval(ids), real_model.eval(ids, all_logits=True)[-1], rtol=1e-5,
                                atol=1e-5)
+
+
+def test_q8_0_cache_tracks_the_f16_cache(tmp_path):
+    """The q8_0 cache rounds K and V to 8 bits per 32 values: logits move a little, the argmax rarely."""
+    from tiny_model import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "hd32.gguf", config={"n_heads": 2, "n_kv_heads": 1})
+    ids = list(np.random.default_rng(3).integers(0, 200, 120))
+    f16 = pyinfer.load(str(path), n_threads=2, n_ctx=128).eval(ids, all_logits=True)
+    q8 = pyinfer.load(str(path), n_threads=2, n_ctx=128, cache_type="q8_0").eval(ids, all_logits=True)
+    assert np.abs(q8 - f16).max() / np.abs(f16).max() < 0.05
+    assert (q8.argmax(-1) == f16.argmax(-1)).mean() > 0.9
+
+
+def test_bad_cache_type_is_one_line(tiny_model_path):
+    with pytest.raises(PyinferError, match="cache_type must be one of f16, q8_0"):
+        pyinfer.load(tiny_model_path, cache_type="q4_0")
+    with pytest.raises(PyinferError, match="multiple of 32"):  # the tiny model's heads have 16 values
+        pyinfer.load(tiny_model_path, cache_type="q8_0")

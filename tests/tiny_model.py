@@ -19,9 +19,11 @@ def tiny_vocab() -> tuple[list[str], list[str]]:
 
 
 def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_type: Q = Q.Q8_0,
-                     override_types: dict[str, np.dtype] | None = None, ffn_activation: str | None = None) -> Path:
+                     override_types: dict[str, np.dtype] | None = None, ffn_activation: str | None = None,
+                     config: dict | None = None) -> Path:
+    """`config` overrides entries of TINY (e.g. n_heads=2 for a head size of 32)."""
     rng = np.random.default_rng(seed)
-    c = TINY
+    c = dict(TINY, **(config or {}))
     tokens, merges = tiny_vocab()
     vocab = len(tokens)
     vocab_padded = vocab  # rows need no padding; columns are multiples of 32

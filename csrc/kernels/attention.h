@@ -16,7 +16,7 @@
 namespace pyinfer {
 
 constexpr int kAttnKeyTile = 64;     // keys per tile
-constexpr int kAttnBlockRows = 64;   // query rows (tokens x heads of one group) per work item, at most
+constexpr int kAttnBlockRows = 128;  // query rows (tokens x heads of one group) per work item, at most
 constexpr int kAttnSplitRows = 16;   // split-K only for items of at most this many query rows (decode)
 constexpr int kAttnItemsPerThread = 4;  // split-K aims at this many items per thread
 

@@ -85,14 +85,20 @@ float softmax_row(const AttnTileArgs& a, int64_t r, float* s, int w0, int w1) {
     const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(j), step);
     return _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(idx, vlo), _mm256_cmpgt_epi32(vhi, idx)));
   };
+  // Only the vectors that straddle the row's ends need a mask.
+  auto inside = [&](int j) { return j >= lo && j + 8 <= hi; };
   const __m256 ninf = _mm256_set1_ps(-INFINITY);
   __m256 mx = ninf;
-  for (int j = w0; j < w1; j += 8) mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + j), in_row(j)));
+  for (int j = w0; j < w1; j += 8) {
+    const __m256 x = _mm256_loadu_ps(s + j);
+    mx = _mm256_max_ps(mx, inside(j) ? x : _mm256_blendv_ps(ninf, x, in_row(j)));
+  }
   const float m_new = std::fmax(a.m[r], hmax(mx));
   const __m256 vm = _mm256_set1_ps(m_new);
   __m256 sum = _mm256_setzero_ps();
   for (int j = w0; j < w1; j += 8) {
-    const __m256 p = _mm256_and_ps(in_row(j), exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm)));
+    __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+    if (!inside(j)) p = _mm256_and_ps(in_row(j), p);
     _mm256_storeu_ps(s + j, p);
     sum = _mm256_add_ps(sum, p);
   }

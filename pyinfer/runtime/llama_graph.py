@@ -1,21 +1,28 @@
 """The llama-family forward pass (LLaMA, Mistral, SmolLM) as an op graph."""
 from __future__ import annotations
 
-from .._core import RowMode
+from .._core import DType, RowMode
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import SparsityPlan
 from .graph_builder import GraphBuilder, T
 from .sparse_ffn import SparseRuns, dense_ffn, sparse_ffn
 
+# KV cache element types by their llama.cpp names.
+CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0}
+
 
 def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
                       runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
-                      paged: tuple[int, int] | None = None) -> GraphBuilder:
+                      paged: tuple[int, int] | None = None, cache_type: str = "f16") -> GraphBuilder:
     """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
-    in blocks (continuous batching); each run then also takes every token's KV slot and block table."""
+    in blocks (continuous batching); each run then also takes every token's KV slot and block table.
+    `cache_type`: "f16" or "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token)."""
+    if cache_type not in CACHE_TYPES:
+        raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
+    kv_dtype = CACHE_TYPES[cache_type]
     b = GraphBuilder()
     b.records = []
 
@@ -44,8 +51,8 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         v = b.matmul(w(p + "attn_v.weight"), h, "v")
         b.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_base)
         b.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base)
-        k_cache = b.state(f"k_cache.{il}", cfg.kv_width, n_ctx)  # F16 [n_ctx, n_kv_heads * head_dim]
-        v_cache = b.state(f"v_cache.{il}", cfg.kv_width, n_ctx)
+        k_cache = b.state(f"k_cache.{il}", cfg.kv_width, n_ctx, kv_dtype)  # F16|Q8_0 [n_ctx, n_kv_heads * head_dim]
+        v_cache = b.state(f"v_cache.{il}", cfg.kv_width, n_ctx, kv_dtype)
         b.kv_store(k_cache, k, slots)
         b.kv_store(v_cache, v, slots)
         o = b.attention(q, k_cache, v_cache, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, "attn",

@@ -12,7 +12,8 @@ BLOCK_SIZE = 16
 
 
 def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_POLICY, n_threads: int | None = None,
-                 api_key: str | None = None, max_seq_len: int | None = None, sparsity="off", target=None):
+                 api_key: str | None = None, max_seq_len: int | None = None, sparsity="off", target=None,
+                 cache_type: str = "f16"):
     """Returns (app, loop, model); call loop.start() before serving."""
     from ..api import load
     from ..sparsity.resolve import resolve_sparsity
@@ -31,7 +32,7 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
     plan = resolve_sparsity(sparsity, model.gguf, model.config, model.tokenizer.encode, target, model.n_threads)
     cap = min(model.config.train_ctx, max_seq_len or model.config.train_ctx, kv_budget)
     batch = BatchEngine(model.gguf, model.config, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, model.n_threads,
-                        sparsity=plan)
+                        sparsity=plan, cache_type=cache_type)
     batch.engine.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
     loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(model.tokenizer.end_of_generation))
     name = Path(model.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
@@ -42,7 +43,7 @@ def serve(args) -> int:
     import uvicorn
 
     app, loop, model = build_server(args.model, args.kv_budget, args.scheduler, args.threads, args.api_key,
-                                    sparsity=args.sparsity, target=args.target)
+                                    sparsity=args.sparsity, target=args.target, cache_type=args.cache_type)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"pyinfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
     loop.start()
