@@ -164,3 +164,48 @@ def test_bad_attention_parameters_are_refused():
         _bad_attention(64, -1, DType.F16)
     with pytest.raises(ValueError, match="K cache"):
         _bad_attention(64, 0, DType.F32)
+
+
+def test_a_failed_split_step_leaves_the_next_run_correct():
+    """A fault on one pool thread in a split-K attention step stops it part-way (some chunks never report);
+    the engine's next run must still merge every chunk of every pair."""
+    rng = np.random.default_rng(9)
+    heads, kv_heads, hd, depth = 6, 2, 64, 700
+    q, k, v = data(rng, 1, depth, heads, kv_heads, hd)
+    b = GraphBuilder()
+    kc, vc = b.state("kc", kv_heads * hd, depth), b.state("vc", kv_heads * hd, depth)
+    rows = b.weight("rows", int(DType.I32), 1, depth, np.arange(depth, dtype=np.int32))
+    b.kv_store(kc, b.weight("k", int(DType.F32), kv_heads * hd, depth, k), rows)
+    b.kv_store(vc, b.weight("v", int(DType.F32), kv_heads * hd, depth, v), rows)
+    pos = b.input("positions")
+    b.graph.input_positions = pos.id
+    out = b.attention(b.weight("q", int(DType.F32), heads * hd, 1, q), kc, vc, pos, heads, kv_heads, hd, "o")
+    b.graph.pin(out.id)
+    eng = _core.Engine(b.graph, max_tokens=1, max_outputs=1, n_threads=2)
+    p = np.array([depth - 1], np.int32)
+    want = reference(q, cache_round(k, "f16"), cache_round(v, "f16"), [np.arange(depth)], p, heads, kv_heads, hd, 0)
+    attention_node = 2
+    for thread in (0, 1):
+        eng._inject_fault(attention_node, thread)
+        with pytest.raises(RuntimeError, match="injected fault"):
+            eng.run(1, positions=p)
+        eng._inject_fault(-1, -1)
+        for _ in range(3):
+            eng.run(1, positions=p)
+            np.testing.assert_allclose(eng.tensor(out.id, 1), want, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.filterwarnings("ignore:overflow")
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_key_a_row_cannot_see_never_reaches_it(isa):
+    """An inf value (f16 overflow) at the last position poisons only the token that sees it, not the earlier
+    tokens computed in the same block and key tile (groups of 3 heads: kernel row pairs straddle tokens)."""
+    rng = np.random.default_rng(11)
+    heads, kv_heads, hd, n = 3, 1, 32, 40
+    q, k, v = data(rng, n, n, heads, kv_heads, hd)
+    v[-1] = 1e6  # beyond fp16: inf in the cache
+    got = run_attention(q, k, v, np.arange(n), heads, kv_heads, hd, isa=isa)
+    want = reference(q[:-1], cache_round(k, "f16"), cache_round(v, "f16"), [np.arange(n)] * (n - 1),
+                     np.arange(n - 1), heads, kv_heads, hd, 0)
+    assert np.isfinite(got[:-1]).all()
+    np.testing.assert_allclose(got[:-1], want, rtol=2e-4, atol=2e-5)

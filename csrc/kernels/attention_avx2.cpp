@@ -108,46 +108,59 @@ float softmax_row(const AttnTileArgs& a, int64_t r, float* s, int w0, int w1) {
   return alpha;
 }
 
-// acc[r] = acc[r] * alpha + sum_j p[j] v[j] for rows r and r+1 (Two), keys [j0, j1).
-template <bool Two>
-void accumulate(const AttnTileArgs& a, int64_t r, int j0, int j1, const float* p0, const float* p1, float alpha0,
-                float alpha1) {
+// acc[r][d, d + 8 NV) = acc * alpha + sum_j p[j] v[j][d, d + 8 NV) over each row's own keys [lo, hi), for rows
+// r and r+1 (Two). Keys both rows see are read once for the pair; a row never touches a key outside its range
+// (a masked weight of 0 times an inf value would be NaN).
+template <bool Two, int NV>
+void accumulate_chunk(const AttnTileArgs& a, int64_t r, int d, const float* p0, const float* p1, float alpha0,
+                      float alpha1) {
   const int hd = a.head_dim;
-  float* acc0 = a.acc + r * hd;
+  float* acc0 = a.acc + r * hd + d;
   float* acc1 = Two ? acc0 + hd : acc0;
-  int d = 0;
-  for (; d + 32 <= hd; d += 32) {
-    __m256 a0[4], a1[4];
-    for (int i = 0; i < 4; ++i) {
-      a0[i] = _mm256_mul_ps(_mm256_loadu_ps(acc0 + d + 8 * i), _mm256_set1_ps(alpha0));
-      if (Two) a1[i] = _mm256_mul_ps(_mm256_loadu_ps(acc1 + d + 8 * i), _mm256_set1_ps(alpha1));
-    }
+  const int lo0 = a.lo[r], hi0 = a.hi[r];
+  const int lo1 = Two ? a.lo[r + 1] : 0, hi1 = Two ? a.hi[r + 1] : 0;
+  const int c0 = std::max(lo0, lo1), c1 = std::min(hi0, hi1);  // keys both rows see (Two)
+  __m256 x0[NV], x1[NV];
+  for (int i = 0; i < NV; ++i) {
+    x0[i] = _mm256_mul_ps(_mm256_loadu_ps(acc0 + 8 * i), _mm256_set1_ps(alpha0));
+    x1[i] = Two ? _mm256_mul_ps(_mm256_loadu_ps(acc1 + 8 * i), _mm256_set1_ps(alpha1)) : x0[i];
+  }
+  auto one = [&](__m256* x, const float* p, int j0, int j1) {
     for (int j = j0; j < j1; ++j) {
       const float* v = a.v + int64_t(j) * hd + d;
-      const __m256 w0 = _mm256_set1_ps(p0[j]);
-      const __m256 w1 = _mm256_set1_ps(Two ? p1[j] : 0.f);
-      for (int i = 0; i < 4; ++i) {
+      const __m256 w = _mm256_set1_ps(p[j]);
+      for (int i = 0; i < NV; ++i) x[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), x[i]);
+    }
+  };
+  if (Two && c0 < c1) {
+    for (int j = c0; j < c1; ++j) {
+      const float* v = a.v + int64_t(j) * hd + d;
+      const __m256 w0 = _mm256_set1_ps(p0[j]), w1 = _mm256_set1_ps(p1[j]);
+      for (int i = 0; i < NV; ++i) {
         const __m256 vv = _mm256_loadu_ps(v + 8 * i);
-        a0[i] = _mm256_fmadd_ps(w0, vv, a0[i]);
-        if (Two) a1[i] = _mm256_fmadd_ps(w1, vv, a1[i]);
+        x0[i] = _mm256_fmadd_ps(w0, vv, x0[i]);
+        x1[i] = _mm256_fmadd_ps(w1, vv, x1[i]);
       }
     }
-    for (int i = 0; i < 4; ++i) {
-      _mm256_storeu_ps(acc0 + d + 8 * i, a0[i]);
-      if (Two) _mm256_storeu_ps(acc1 + d + 8 * i, a1[i]);
-    }
+    one(x0, p0, lo0, std::min(hi0, c0));
+    one(x0, p0, std::max(lo0, c1), hi0);
+    one(x1, p1, lo1, std::min(hi1, c0));
+    one(x1, p1, std::max(lo1, c1), hi1);
+  } else {
+    one(x0, p0, lo0, hi0);
+    if (Two) one(x1, p1, lo1, hi1);
   }
-  for (; d < hd; d += 8) {
-    __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(acc0 + d), _mm256_set1_ps(alpha0));
-    __m256 x1 = Two ? _mm256_mul_ps(_mm256_loadu_ps(acc1 + d), _mm256_set1_ps(alpha1)) : x0;
-    for (int j = j0; j < j1; ++j) {
-      const __m256 vv = _mm256_loadu_ps(a.v + int64_t(j) * hd + d);
-      x0 = _mm256_fmadd_ps(_mm256_set1_ps(p0[j]), vv, x0);
-      if (Two) x1 = _mm256_fmadd_ps(_mm256_set1_ps(p1[j]), vv, x1);
-    }
-    _mm256_storeu_ps(acc0 + d, x0);
-    if (Two) _mm256_storeu_ps(acc1 + d, x1);
+  for (int i = 0; i < NV; ++i) {
+    _mm256_storeu_ps(acc0 + 8 * i, x0[i]);
+    if (Two) _mm256_storeu_ps(acc1 + 8 * i, x1[i]);
   }
+}
+
+template <bool Two>
+void accumulate(const AttnTileArgs& a, int64_t r, const float* p0, const float* p1, float alpha0, float alpha1) {
+  int d = 0;
+  for (; d + 32 <= a.head_dim; d += 32) accumulate_chunk<Two, 4>(a, r, d, p0, p1, alpha0, alpha1);
+  for (; d < a.head_dim; d += 8) accumulate_chunk<Two, 1>(a, r, d, p0, p1, alpha0, alpha1);
 }
 
 template <bool Two>
@@ -163,7 +176,7 @@ void tile_rows(const AttnTileArgs& a, int64_t r) {
   scores<Two>(a, r, lo / 4 * 4, (hi + 3) / 4 * 4, s0, s1);
   const float alpha0 = softmax_row(a, r, s0, w0, w1);
   const float alpha1 = Two ? softmax_row(a, r + 1, s1, w0, w1) : 0.f;
-  accumulate<Two>(a, r, lo, hi, s0, s1, alpha0, alpha1);
+  accumulate<Two>(a, r, s0, s1, alpha0, alpha1);
 }
 
 }  // namespace

@@ -99,8 +99,8 @@ class GraphBuilder:
     def rope(self, x: T, positions: T, heads: int, head_dim: int, base: float) -> T:
         return self._node(Op.ROPE, x, [x, positions], ints=[heads, head_dim], floats=[base])
 
-    def kv_store(self, cache: T, x: T, positions: T) -> T:
-        return self._node(Op.KV_STORE, cache, [x, positions])
+    def kv_store(self, cache: T, x: T, positions: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
+        return self._node(Op.KV_STORE, cache, [x, positions], run_if=run_if)
 
     def attention(self, q: T, k_cache: T, v_cache: T, positions: T, heads: int, kv_heads: int, head_dim: int,
                   name: str, kv_table: T | None = None, block_size: int = 0, window: int = 0,

@@ -55,7 +55,11 @@ void CpuBackend::compute(const Graph& graph, const std::vector<int>& nodes, cons
   failed_step_.store(kNoFailure, std::memory_order_relaxed);
   error_ = nullptr;
   pool_.run(&CpuBackend::run_job, &job);
-  if (failed_step_.load(std::memory_order_acquire) != kNoFailure) std::rethrow_exception(error_);
+  if (failed_step_.load(std::memory_order_acquire) != kNoFailure) {
+    // A node that stopped part-way may leave split-K attention counters mid-count: the next run starts clean.
+    for (int64_t i = 0; i < split_items_; ++i) split_done_[size_t(i)].store(0, std::memory_order_relaxed);
+    std::rethrow_exception(error_);
+  }
 }
 
 void CpuBackend::run_job(void* p, int ith, int nth) {
