@@ -81,24 +81,4 @@ void relu_mul_row(const float* gate, const float* up, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = (gate[i] > 0.f ? gate[i] : 0.f) * up[i];
 }
 
-void attention_head(const KernelTable& k, const float* q, const uint16_t* keys, const uint16_t* values,
-                    int64_t kv_stride, int64_t n_kv, int head_dim, float scale, float* scratch, float* out,
-                    const int32_t* blocks, int block_size) {
-  // Cache row of the sequence's j-th token: j itself, or through the paged block table.
-  auto row = [&](int64_t j) -> int64_t { return blocks ? int64_t(blocks[j / block_size]) * block_size + j % block_size : j; };
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < n_kv; ++j) {
-    scratch[j] = k.dot_f16_f32(keys + row(j) * kv_stride, q, head_dim) * scale;
-    mx = std::fmax(mx, scratch[j]);
-  }
-  float sum = 0.f;
-  for (int64_t j = 0; j < n_kv; ++j) {
-    scratch[j] = std::exp(scratch[j] - mx);
-    sum += scratch[j];
-  }
-  const float inv = 1.f / sum;
-  std::memset(out, 0, sizeof(float) * size_t(head_dim));
-  for (int64_t j = 0; j < n_kv; ++j) k.axpy_f16_f32(scratch[j] * inv, values + row(j) * kv_stride, out, head_dim);
-}
-
 }  // namespace pyinfer

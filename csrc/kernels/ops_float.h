@@ -19,11 +19,4 @@ void add_row(const float* a, const float* b, float* y, int64_t n);
 void silu_mul_row(const float* gate, const float* up, float* y, int64_t n);
 void relu_mul_row(const float* gate, const float* up, float* y, int64_t n);  // ReGLU (ReLU models)
 
-// One query row of one head against n_kv cached keys/values (fp16, `kv_stride` elements apart).
-// scratch: n_kv floats. With `blocks` (a paged block table), token j of the sequence sits in cache row
-// blocks[j / block_size] * block_size + j % block_size; without, in row j.
-void attention_head(const KernelTable& k, const float* q, const uint16_t* keys, const uint16_t* values,
-                    int64_t kv_stride, int64_t n_kv, int head_dim, float scale, float* scratch, float* out,
-                    const int32_t* blocks = nullptr, int block_size = 1);
-
 }  // namespace pyinfer
