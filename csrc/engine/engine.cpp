@@ -236,7 +236,7 @@ void Engine::plan_input_checks() {
         }
         break;
       case OpKind::Attention: {
-        const int64_t cache_rows = ts[size_t(n.src[1])].rows;  // scores scratch holds this many per thread
+        const int64_t cache_rows = ts[size_t(n.src[1])].rows;  // positions index cache rows
         if ((c = check_of(n.src[3]))) {
           c->limit = std::min(c->limit, cache_rows);
           if (n.src[4] >= 0) c->limit = std::min(c->limit, ts[size_t(n.src[4])].cols * n.i[3]);
