@@ -14,7 +14,12 @@ class DType(enum.IntEnum):
     F16 = 1
     Q4_0 = 2
     Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
     I32 = 26
     BF16 = 30
     Q8A = 1000

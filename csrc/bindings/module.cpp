@@ -60,7 +60,8 @@ PYBIND11_MODULE(_core, m) {
   py::enum_<DType>(m, "DType")
       .value("F32", DType::F32).value("F16", DType::F16).value("BF16", DType::BF16)
       .value("Q4_0", DType::Q4_0).value("Q4_1", DType::Q4_1).value("Q8_0", DType::Q8_0)
-      .value("I32", DType::I32).value("Q8A", DType::Q8A).value("Q4T", DType::Q4T);
+      .value("Q5_0", DType::Q5_0).value("Q5_1", DType::Q5_1).value("Q4_K", DType::Q4_K).value("Q5_K", DType::Q5_K)
+      .value("Q6_K", DType::Q6_K).value("I32", DType::I32).value("Q8A", DType::Q8A).value("Q4T", DType::Q4T);
   py::enum_<OpKind>(m, "Op")
       .value("GET_ROWS", OpKind::GetRows).value("RMS_NORM", OpKind::RmsNorm).value("QUANTIZE", OpKind::Quantize)
       .value("MAT_MUL", OpKind::MatMul).value("ROPE", OpKind::Rope).value("KV_STORE", OpKind::KvStore)

@@ -11,7 +11,12 @@ enum class DType : int32_t {
   F16 = 1,
   Q4_0 = 2,
   Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
   Q8_0 = 8,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
   I32 = 26,
   BF16 = 30,
   // Activations quantized on the fly for integer-dot GEMV/GEMM. Not a GGUF type.
@@ -22,23 +27,43 @@ enum class DType : int32_t {
   Q4T = 1001,
 };
 
-constexpr int kQuantBlock = 32;  // elements per block, for every quantized type here
+constexpr int kQuantBlock = 32;  // elements per block of the legacy types and of activations (Q8A)
+constexpr int kSuperBlock = 256; // elements per K-quant super-block (8 sub-blocks of 32)
 
 // Stored GGUF blocks. fp16 fields are raw bits.
 struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };           // x = d * (q - 8)
 struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[16]; };  // x = d * q + m
 struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };            // x = d * q
+// 5-bit types: low nibbles as in Q4_0, the fifth bit of element j in bit j of qh.
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };             // x = d * (q - 16)
+struct BlockQ5_1 { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[16]; }; // x = d * q + m
+// K-quants: 256 elements, 8 sub-blocks of 32 with 6-bit scale and min packed in 12 bytes. Sub-block j
+// (0..7) is x = d * sc[j] * q - dmin * mn[j]; its nibbles are qs[32 * (j / 2) ..] (low for even j).
+struct BlockQ4_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qs[128]; };
+// Q5_K adds the fifth bit of element l of sub-block j as bit j of qh[l].
+struct BlockQ5_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+// Q6_K: 16 sub-blocks of 16 with int8 scales; x = d * sc * (q - 32), q = 4 low bits in ql, 2 high in qh.
+struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
 // Activation block: fp32 scale and s = d * sum(q), which folds Q4_1's offset and Q4_0's -8 into one FMA.
 struct BlockQ8A { float d; float s; int8_t qs[32]; };
 static_assert(sizeof(BlockQ4_0) == 18, "GGUF Q4_0 layout");
 static_assert(sizeof(BlockQ4_1) == 20, "GGUF Q4_1 layout");
 static_assert(sizeof(BlockQ8_0) == 34, "GGUF Q8_0 layout");
 static_assert(sizeof(BlockQ8A) == 40, "activation block layout");
+static_assert(sizeof(BlockQ5_0) == 22, "GGUF Q5_0 layout");
+static_assert(sizeof(BlockQ5_1) == 24, "GGUF Q5_1 layout");
+static_assert(sizeof(BlockQ4_K) == 144, "GGUF Q4_K layout");
+static_assert(sizeof(BlockQ5_K) == 176, "GGUF Q5_K layout");
+static_assert(sizeof(BlockQ6_K) == 210, "GGUF Q6_K layout");
 
 bool dtype_is_quantized(DType t);
+// Weights that the integer-dot matmul runs against Q8A activations.
+bool dtype_is_integer_dot(DType t);
+// Elements per block: 256 for K-quants, 32 for other quantized types, 1 for float types.
+int64_t dtype_block_elems(DType t);
 bool dtype_is_known(DType t);
 const char* dtype_name(DType t);
-// Bytes of one row of `n` elements; n must be a multiple of 32 for block types.
+// Bytes of one row of `n` elements; n must be a multiple of dtype_block_elems(t).
 size_t dtype_row_bytes(DType t, int64_t n);
 
 }  // namespace pyinfer

@@ -1,5 +1,7 @@
 #include "graph/graph.h"
 
+#include "graph/op_params.h"
+
 #include <cmath>
 #include <initializer_list>
 #include <vector>
@@ -43,8 +45,9 @@ int Graph::add_tensor(Tensor t) {
     throw GraphError("tensor '" + t.name + "': cols must be in [1, 2^31], got " + std::to_string(t.cols));
   if (t.rows < 0 || t.rows > kMaxRows)
     throw GraphError("tensor '" + t.name + "': rows must be in [0, 2^40], got " + std::to_string(t.rows));
-  if (dtype_is_quantized(t.type) && t.cols % kQuantBlock != 0)
-    throw GraphError("tensor '" + t.name + "': quantized row length must be a multiple of 32");
+  if (t.cols % dtype_block_elems(t.type) != 0)
+    throw GraphError("tensor '" + t.name + "': a " + dtype_name(t.type) + " row length must be a multiple of " +
+                     std::to_string(dtype_block_elems(t.type)) + ", got " + std::to_string(t.cols));
   t.row_bytes = dtype_row_bytes(t.type, t.cols);
   checked_bytes(t.name, t.rows, t.row_bytes);
   tensors.push_back(std::move(t));
@@ -184,14 +187,16 @@ void Graph::validate() const {
       case OpKind::GetRows: {
         const Tensor& table = c.t(n.src[0]);
         c.type(n.dst, DType::F32); c.cols(n.src[0], d.cols);
-        c.one_of(n.src[0], {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "table");
+        if (!dtype_is_integer_dot(table.type)) c.one_of(n.src[0], {DType::F32, DType::F16, DType::BF16}, "table");
         if (table.row_mode != RowMode::Fixed) c.fail("the table must have fixed rows");
         c.index_source(n.src[1], table.rows, "row ids");
+        if (!std::isfinite(n.f[0])) c.fail("the row scale must be finite");
         break;
       }
       case OpKind::RmsNorm:
         c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::F32);
-        c.cols(n.src[0], d.cols); c.cols(n.src[1], d.cols);
+        c.cols(n.src[0], d.cols); c.cols(n.src[1], n.i[0] > 0 ? n.i[0] : d.cols);
+        if (n.i[0] < 0 || (n.i[0] > 0 && d.cols % n.i[0])) c.fail("the norm segment must divide the columns");
         if (!(n.f[0] >= 0.f && n.f[0] < 1.f)) c.fail("eps must be in [0, 1)");
         break;
       case OpKind::Quantize:
@@ -200,12 +205,11 @@ void Graph::validate() const {
       case OpKind::MatMul: {
         const Tensor& w = c.t(n.src[0]);
         c.type(n.dst, DType::F32);
-        c.one_of(n.src[0], {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q8_0}, "weight");
+        if (!dtype_is_integer_dot(w.type)) c.one_of(n.src[0], {DType::F32, DType::F16, DType::BF16}, "weight");
         if (w.row_mode != RowMode::Fixed) c.fail("the weight must have fixed rows");
         c.cols(n.src[1], w.cols);
         if (d.cols != w.rows) c.fail("dst columns must equal weight rows");
-        const bool q = w.type == DType::Q4_0 || w.type == DType::Q4_1 || w.type == DType::Q8_0;
-        c.type(n.src[1], q ? DType::Q8A : DType::F32);
+        c.type(n.src[1], dtype_is_integer_dot(w.type) ? DType::Q8A : DType::F32);
         if (n.src[2] >= 0) {  // a list per token, or one list (a union) for every token
           c.list_source(n.src[2], w.rows);
           const Tensor& l = c.t(n.src[2]);
@@ -220,6 +224,7 @@ void Graph::validate() const {
         if (n.i[0] < 1 || n.i[1] < 2 || int64_t(n.i[0]) * n.i[1] != d.cols || n.i[1] % 2)
           c.fail("heads * head_dim must equal columns, with an even head_dim");
         if (!(n.f[0] > 0.f) || !std::isfinite(n.f[0])) c.fail("the RoPE base must be positive");
+        if (n.i[2] != int32_t(RopeMode::Normal) && n.i[2] != int32_t(RopeMode::Neox)) c.fail("unknown RoPE mode");
         break;
       case OpKind::KvStore:
         c.one_of(n.dst, {DType::F16, DType::Q8_0}, "KV cache");
@@ -255,6 +260,7 @@ void Graph::validate() const {
       case OpKind::SiluMul:
         c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::F32);
         c.cols(n.src[0], d.cols); c.cols(n.src[1], d.cols);
+        if (n.i[0] < 0 || n.i[0] >= kActivations) c.fail("unknown activation");
         break;
       case OpKind::SelectRows: {
         const Tensor& x = c.t(n.src[0]);
@@ -289,6 +295,7 @@ void Graph::validate() const {
         c.cols(n.src[0], d.cols); c.cols(n.src[1], d.cols);
         c.list_source(n.src[2], d.cols);
         if (c.t(n.src[2]).row_mode != RowMode::Tokens) c.fail("gated_act reads one active list per token");
+        if (n.i[0] < 0 || n.i[0] >= kActivations) c.fail("unknown activation");
         break;
       case OpKind::DownAxpy: {
         const Tensor& w = c.t(n.src[0]);

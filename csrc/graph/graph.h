@@ -36,18 +36,18 @@ struct Tensor {
 };
 
 enum class OpKind : int32_t {
-  GetRows = 0,    // dst[i] = dequant(src0[src1[i]])            src0: table, src1: I32 ids
-  RmsNorm = 1,    // dst = src0 / rms(src0) * src1              f[0]: eps
+  GetRows = 0,    // dst[i] = dequant(src0[src1[i]]) * f[0]     src0: table, src1: I32 ids; f[0]: scale (0: none)
+  RmsNorm = 1,    // dst = src0 / rms(src0) * src1              f[0]: eps; i[0]: segment (0: row), src1 [1, segment]
   Quantize = 2,   // dst(Q8A) = quantize(src0 f32)
   MatMul = 3,     // dst[t][r] = dot(src0 row r, src1 row t)    src0: weight [r, K], src1: [t, K]
                   //   with src2 (active list): only rows r in token t's list are written (gather-GEMV)
-  Rope = 4,       // in place allowed; src1: positions          i[0]: heads, i[1]: head_dim; f[0]: base
+  Rope = 4,       // in place allowed; src1: positions          i[0]: heads, i[1]: head_dim, i[2]: RopeMode; f[0]: base
   KvStore = 5,    // dst(F16 or Q8_0 state)[src1[t]] = src0[t]
   Attention = 6,  // src0: q, src1: K cache, src2: V cache (F16 or Q8_0), src3: positions  i[0]: heads, i[1]: kv heads,
                   //   i[2]: head_dim, i[4]: sliding window (0: none); f[0]: scale
                   //   paged (many sequences): src4: I32 [T, max blocks] block table of each token's sequence, i[3]: block size
   Add = 7,        // dst = src0 + src1
-  SiluMul = 8,    // dst = act(src0) * src1                     i[0]: 0 SiLU, 1 ReLU
+  SiluMul = 8,    // dst = act(src0) * src1                     i[0]: Activation (ops_float.h)
   SelectRows = 9, // dst[o] = src0[src1[o]]                     src1: I32 row ids of this batch
   // ---- neuron-aware (sparse FFN) ops. An "active list" is I32 [T, n_ff + 1]: a count, then ids ascending.
   BiasRelu = 10,  // dst = max(0, src0 + src1[0])               src1: F32 [1, cols] bias
@@ -55,7 +55,7 @@ enum class OpKind : int32_t {
                   //   mode 0 (predictor): [0, hot) + {hot + j : src0[j] > src1[0][j]}, src1: F32 [1, n_ff - hot]
                   //   mode 1 (threshold): {j : |f(src0[j])| > t}, f = identity, or SiLU when i[3] == 1
   GatedAct = 12,  // dst[j] = act(src0[j]) * src1[j], or 0 when |.| <= f[0], for j in list src2 (other columns untouched)
-                  //   i[0]: 0 SiLU, 1 ReLU
+                  //   i[0]: Activation (ops_float.h)
   DownAxpy = 13,  // dst[t] = sum_{j in list src2} src1[t][j] * src0[row(j)]   src0: neuron-major down [n_ff, d]
                   //   src3: group scales F16 [n_ff / 32, 2d] (Q4T only); src4: I32 [1, n_ff] row(j) (else j)
   ScatterCols = 14,  // dst[t][src1[0][k]] = src0[t][k]          src1: I32 [1, n] permutation

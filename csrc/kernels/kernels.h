@@ -11,7 +11,7 @@ namespace pyinfer {
 
 // dst[t * ldd + r] = dot(weight row r, activation row t) for r in [r0, r1), t in [0, n_tok).
 struct MatMulArgs {
-  DType wtype;               // Q4_0, Q4_1 or Q8_0 (integer dot) / F32, F16, BF16 (float dot)
+  DType wtype;               // dtype_is_integer_dot (Q4_0 .. Q6_K) / F32, F16, BF16 (float dot)
   const uint8_t* w;          // weight rows, w_row_bytes apart
   size_t w_row_bytes;
   int64_t k;                 // row length in elements
@@ -68,6 +68,10 @@ const KernelTable* kernels_neon();     // nullptr when not compiled in
 const KernelTable& select_kernels(const std::string& isa);
 // Comma-separated ISAs usable on this CPU, best first.
 std::string available_isas();
+
+// The portable integer-dot matmul (every quantized type): the reference, and what NEON uses for the
+// types it has no kernel of its own for.
+void matmul_scalar(const MatMulArgs& a);
 
 // Shared float-weight matmul (F32/F16/BF16): not on any hot path of the quantized models.
 void matmul_float_weights(const MatMulArgs& a);

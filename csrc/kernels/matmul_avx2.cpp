@@ -5,6 +5,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
+#include "kernels/quant_blocks.h"
 
 namespace pyinfer {
 namespace {
@@ -23,65 +24,144 @@ inline __m256i unpack_nibbles(const uint8_t* qs) {
   return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
 }
 
-// Sum of u8 x s8 products in 8 int32 lanes, as floats.
-inline __m256 dot_u8s8(__m256i u, __m256i s) {
-  const __m256i p16 = _mm256_maddubs_epi16(u, s);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+// 32 bytes whose bit 4 is bit j of the 32-bit mask (the fifth bit of Q5_0 / Q5_1 elements).
+inline __m256i fifth_bits(const uint8_t* qh_bytes) {
+  uint32_t qh;
+  __builtin_memcpy(&qh, qh_bytes, 4);
+  // Byte i takes mask byte i / 8, then keeps bit i % 8.
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(int(qh)), _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-// Per weight type: how a block decodes to bytes, its scale, and its per-block offset (times s).
-template <DType WT> struct WeightBlock;
-template <> struct WeightBlock<DType::Q4_1> {
-  using Block = BlockQ4_1;
-  static constexpr bool kSigned = false;
-  static __m256i q(const Block& b) { return unpack_nibbles(b.qs); }
-  static float d(const Block& b) { return _cvtsh_ss(b.d); }
-  static float m(const Block& b) { return _cvtsh_ss(b.m); }
-};
-template <> struct WeightBlock<DType::Q4_0> {
-  using Block = BlockQ4_0;
-  static constexpr bool kSigned = false;
-  static __m256i q(const Block& b) { return unpack_nibbles(b.qs); }
-  static float d(const Block& b) { return _cvtsh_ss(b.d); }
-  static float m(const Block& b) { return -8.f * _cvtsh_ss(b.d); }  // d*(q-8) = d*q + (-8d)
-};
-template <> struct WeightBlock<DType::Q8_0> {
-  using Block = BlockQ8_0;
-  static constexpr bool kSigned = true;
-  static __m256i q(const Block& b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)); }
-  static float d(const Block& b) { return _cvtsh_ss(b.d); }
-  static float m(const Block&) { return 0.f; }
+// Per weight type: piece b (32 elements) of a row as bytes q, 16-bit scales for elements 0..15 and
+// 16..31 (all 1 for the legacy types), a float scale d and an offset m multiplied by the activation's s.
+// Element j is d * sc[j / 16] * q[j] + m.
+struct Piece {
+  __m256i q;
+  __m256i sc16;
+  float d, m;
 };
 
-// NR weight rows x NT tokens: each weight block is decoded once and reused NT times.
+template <DType WT> struct WeightBlock;
+template <> struct WeightBlock<DType::Q4_1> {
+  static constexpr bool kSigned = false;
+  static void load(const uint8_t* row, int64_t b, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockQ4_1*>(row)[b];
+    p.q = unpack_nibbles(blk.qs);
+    p.sc16 = _mm256_set1_epi16(1);
+    p.d = _cvtsh_ss(blk.d);
+    p.m = _cvtsh_ss(blk.m);
+  }
+};
+template <> struct WeightBlock<DType::Q4_0> {
+  static constexpr bool kSigned = false;
+  static void load(const uint8_t* row, int64_t b, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
+    p.q = unpack_nibbles(blk.qs);
+    p.sc16 = _mm256_set1_epi16(1);
+    p.d = _cvtsh_ss(blk.d);
+    p.m = -8.f * p.d;  // d*(q-8) = d*q + (-8d)
+  }
+};
+template <> struct WeightBlock<DType::Q5_0> {
+  static constexpr bool kSigned = false;
+  static void load(const uint8_t* row, int64_t b, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
+    p.q = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(blk.qh));
+    p.sc16 = _mm256_set1_epi16(1);
+    p.d = _cvtsh_ss(blk.d);
+    p.m = -16.f * p.d;
+  }
+};
+template <> struct WeightBlock<DType::Q5_1> {
+  static constexpr bool kSigned = false;
+  static void load(const uint8_t* row, int64_t b, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
+    p.q = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(blk.qh));
+    p.sc16 = _mm256_set1_epi16(1);
+    p.d = _cvtsh_ss(blk.d);
+    p.m = _cvtsh_ss(blk.m);
+  }
+};
+template <> struct WeightBlock<DType::Q8_0> {
+  static constexpr bool kSigned = true;
+  static void load(const uint8_t* row, int64_t b, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
+    p.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
+    p.sc16 = _mm256_set1_epi16(1);
+    p.d = _cvtsh_ss(blk.d);
+    p.m = 0.f;
+  }
+};
+// Q4_K and Q5_K: sub-block j = b % 8 of super-block b / 8.
+template <DType WT> struct KQuantBlock {
+  static constexpr bool kSigned = false;
+  static void load(const uint8_t* row, int64_t b, Piece& p) {
+    constexpr bool kFive = WT == DType::Q5_K;
+    const int64_t sb = b / 8;
+    const int j = int(b % 8);
+    const uint8_t* base = row + sb * (kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K));
+    const auto& k4 = *reinterpret_cast<const BlockQ4_K*>(base);  // d, dmin and scales share offsets
+    const uint8_t* qs = kFive ? reinterpret_cast<const BlockQ5_K*>(base)->qs : k4.qs;
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j / 2)));
+    p.q = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0f));
+    if (kFive) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const BlockQ5_K*>(base)->qh));
+      const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+      p.q = _mm256_or_si256(p.q, _mm256_slli_epi16(hi, 4));
+    }
+    int sc, mn;
+    kquant_scale_min(k4.scales, j, sc, mn);
+    p.sc16 = _mm256_set1_epi16(int16_t(sc));
+    p.d = _cvtsh_ss(k4.d);
+    p.m = -_cvtsh_ss(k4.dmin) * float(mn);
+  }
+};
+template <> struct WeightBlock<DType::Q4_K> : KQuantBlock<DType::Q4_K> {};
+template <> struct WeightBlock<DType::Q5_K> : KQuantBlock<DType::Q5_K> {};
+template <> struct WeightBlock<DType::Q6_K> {
+  static constexpr bool kSigned = true;
+  static void load(const uint8_t* row, int64_t b, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+    const int j = int(b % 8), half = j / 4, g = j % 4;
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * half + 32 * (g & 1)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * half));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((g >> 1) * 4)), _mm256_set1_epi8(0x0f));
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
+    p.q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+    const int16_t s0 = blk.scales[8 * half + 2 * g], s1 = blk.scales[8 * half + 2 * g + 1];
+    p.sc16 = _mm256_setr_m128i(_mm_set1_epi16(s0), _mm_set1_epi16(s1));
+    p.d = _cvtsh_ss(blk.d);
+    p.m = 0.f;
+  }
+};
+
+// NR weight rows x NT tokens: each weight piece is decoded once and reused NT times.
 template <DType WT, int NR, int NT>
 inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int64_t nb, float (&res)[NR][NT]) {
   using P = WeightBlock<WT>;
-  using Block = typename P::Block;
   __m256 acc[NR][NT];
   float off[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) { acc[r][t] = _mm256_setzero_ps(); off[r][t] = 0.f; }
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i wq[NR];
-    float dw[NR], mw[NR];
-    for (int r = 0; r < NR; ++r) {
-      const Block& blk = reinterpret_cast<const Block*>(wrows[r])[b];
-      wq[r] = P::q(blk);
-      dw[r] = P::d(blk);
-      mw[r] = P::m(blk);
-    }
+    Piece w[NR];
+    for (int r = 0; r < NR; ++r) P::load(wrows[r], b, w[r]);
     for (int t = 0; t < NT; ++t) {
       const BlockQ8A& xb = xrows[t][b];
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       for (int r = 0; r < NR; ++r) {
-        __m256 p;
-        if (P::kSigned)  // maddubs wants unsigned x signed: move w's sign onto x
-          p = dot_u8s8(_mm256_sign_epi8(wq[r], wq[r]), _mm256_sign_epi8(xq, wq[r]));
-        else
-          p = dot_u8s8(wq[r], xq);
-        acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw[r] * xb.d), acc[r][t]);
-        off[r][t] += mw[r] * xb.s;
+        // maddubs wants unsigned x signed: for signed weights move w's sign onto x. Pairs of products
+        // fit int16 (|q| <= 32 or q <= 31 against |x| <= 127; Q8_0 is also within range of maddubs'
+        // saturation for llama.cpp-style blocks), then madd applies the per-16 scales in int32.
+        const __m256i p16 = P::kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(w[r].q, w[r].q), _mm256_sign_epi8(xq, w[r].q))
+                                       : _mm256_maddubs_epi16(w[r].q, xq);
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, w[r].sc16));
+        acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(w[r].d * xb.d), acc[r][t]);
+        off[r][t] += w[r].m * xb.s;
       }
     }
   }
@@ -136,6 +216,11 @@ void matmul_avx2(const MatMulArgs& a) {
     case DType::Q4_0: return matmul_typed<DType::Q4_0>(a);
     case DType::Q4_1: return matmul_typed<DType::Q4_1>(a);
     case DType::Q8_0: return matmul_typed<DType::Q8_0>(a);
+    case DType::Q5_0: return matmul_typed<DType::Q5_0>(a);
+    case DType::Q5_1: return matmul_typed<DType::Q5_1>(a);
+    case DType::Q4_K: return matmul_typed<DType::Q4_K>(a);
+    case DType::Q5_K: return matmul_typed<DType::Q5_K>(a);
+    case DType::Q6_K: return matmul_typed<DType::Q6_K>(a);
     default: return matmul_float_weights(a);
   }
 }

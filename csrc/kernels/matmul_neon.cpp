@@ -48,6 +48,8 @@ float row_dot(DType wt, const uint8_t* w, const BlockQ8A* x, int64_t nb) {
 
 void matmul_neon(const MatMulArgs& a) {
   if (!dtype_is_quantized(a.wtype)) return matmul_float_weights(a);
+  // The 5-bit and K-quant types have no NEON kernel yet: the portable one computes them.
+  if (a.wtype != DType::Q4_0 && a.wtype != DType::Q4_1 && a.wtype != DType::Q8_0) return matmul_scalar(a);
   const int64_t nb = a.k / kQuantBlock;
   for (int64_t t = 0; t < a.n_tok; ++t) {
     const auto* x = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + t * a.x_row_bytes);

@@ -4,41 +4,19 @@
 #include "kernels/fp16.h"
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
+#include "kernels/quant_blocks.h"
 
 namespace pyinfer {
 namespace {
 
-// sum(q * xq) over one block of packed nibbles (GGML order: low nibbles first, then high).
-inline int32_t nibble_dot(const uint8_t* qs, const int8_t* xq) {
-  int32_t isum = 0;
-  for (int j = 0; j < 16; ++j) isum += (qs[j] & 0x0f) * xq[j] + (qs[j] >> 4) * xq[j + 16];
-  return isum;
+// One weight piece against one activation block: d * dx * sum_h scale[h] * sum(q * xq over half h) + m * s.
+inline float dot_piece(const Piece32& p, const BlockQ8A& x) {
+  int32_t half[2] = {0, 0};
+  for (int j = 0; j < 32; ++j) half[j / 16] += int32_t(p.q[j]) * x.qs[j];
+  return p.d * x.d * float(p.scale[0] * half[0] + p.scale[1] * half[1]) + p.m * x.s;
 }
 
-float dot_q4_0(const BlockQ4_0* w, const BlockQ8A* x, int64_t nb) {
-  float sum = 0.f;
-  // sum((q - 8) * xq) * dx = sum(q * xq) * dx - 8 * s
-  for (int64_t b = 0; b < nb; ++b)
-    sum += fp16_to_fp32(w[b].d) * (x[b].d * float(nibble_dot(w[b].qs, x[b].qs)) - 8.f * x[b].s);
-  return sum;
-}
-
-float dot_q4_1(const BlockQ4_1* w, const BlockQ8A* x, int64_t nb) {
-  float sum = 0.f;
-  for (int64_t b = 0; b < nb; ++b)
-    sum += fp16_to_fp32(w[b].d) * x[b].d * float(nibble_dot(w[b].qs, x[b].qs)) + fp16_to_fp32(w[b].m) * x[b].s;
-  return sum;
-}
-
-float dot_q8_0(const BlockQ8_0* w, const BlockQ8A* x, int64_t nb) {
-  float sum = 0.f;
-  for (int64_t b = 0; b < nb; ++b) {
-    int32_t isum = 0;
-    for (int j = 0; j < 32; ++j) isum += w[b].qs[j] * x[b].qs[j];
-    sum += fp16_to_fp32(w[b].d) * x[b].d * float(isum);
-  }
-  return sum;
-}
+}  // namespace
 
 void matmul_scalar(const MatMulArgs& a) {
   if (!dtype_is_quantized(a.wtype)) return matmul_float_weights(a);
@@ -49,15 +27,18 @@ void matmul_scalar(const MatMulArgs& a) {
     for (int64_t i = a.r0; i < a.r1; ++i) {
       const int64_t r = a.row_ids ? a.row_ids[i] : i;
       const uint8_t* w = a.w + r * a.w_row_bytes;
-      switch (a.wtype) {
-        case DType::Q4_0: out[r] = dot_q4_0(reinterpret_cast<const BlockQ4_0*>(w), x, nb); break;
-        case DType::Q4_1: out[r] = dot_q4_1(reinterpret_cast<const BlockQ4_1*>(w), x, nb); break;
-        case DType::Q8_0: out[r] = dot_q8_0(reinterpret_cast<const BlockQ8_0*>(w), x, nb); break;
-        default: break;
+      float sum = 0.f;
+      Piece32 p;
+      for (int64_t b = 0; b < nb; ++b) {
+        decode_piece(a.wtype, w, b, p);
+        sum += dot_piece(p, x[b]);
       }
+      out[r] = sum;
     }
   }
 }
+
+namespace {
 
 void quantize_q8a_scalar(const float* x, BlockQ8A* y, int64_t n) {
   for (int64_t b = 0; b < n / kQuantBlock; ++b) {

@@ -4,19 +4,33 @@
 #include <cstdint>
 
 #include "graph/dtype.h"
+#include "graph/op_params.h"
 #include "kernels/kernels.h"
 
 namespace pyinfer {
 
-// SiLU, shared by the dense and sparse FFN ops so both paths round alike.
+
+// Shared by the dense and sparse FFN ops so both paths round alike.
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
+inline float gelu_tanh(float x) {
+  const float kSqrt2OverPi = 0.7978845608f;
+  return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * x * (1.f + 0.044715f * x * x)));
+}
+inline float gated_act(Activation a, float g, float u) {
+  switch (a) {
+    case Activation::SiLU: return silu(g) * u;
+    case Activation::ReLU: return (g > 0.f ? g : 0.f) * u;
+    case Activation::GeluTanh: return gelu_tanh(g) * u;
+    case Activation::ReLU2: return (g > 0.f ? g * g : 0.f) * u;
+    case Activation::DReLU: return (g > 0.f ? g : 0.f) * (u > 0.f ? u : 0.f);
+  }
+  return 0.f;
+}
 
 void dequantize_row(DType type, const uint8_t* src, float* dst, int64_t n);
 void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, float eps);
-// Rotates adjacent pairs (GGML's "normal" RoPE, used by the llama architecture).
-void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base);
+void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode);
 void add_row(const float* a, const float* b, float* y, int64_t n);
-void silu_mul_row(const float* gate, const float* up, float* y, int64_t n);
-void relu_mul_row(const float* gate, const float* up, float* y, int64_t n);  // ReGLU (ReLU models)
+void gated_act_row(Activation a, const float* gate, const float* up, float* y, int64_t n);
 
 }  // namespace pyinfer

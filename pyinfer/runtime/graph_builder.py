@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from .. import _core
 from .._core import DType, Op, RowMode, RunIf, Storage
 
-INTEGER_DOT_WEIGHTS = {DType.Q4_0, DType.Q4_1, DType.Q8_0}
+INTEGER_DOT_WEIGHTS = {DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K,
+                       DType.Q6_K}
 
 
 @dataclass(frozen=True)

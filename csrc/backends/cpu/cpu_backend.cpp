@@ -164,19 +164,26 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
     switch (n.op) {
       case OpKind::GetRows: {
         const int32_t id = static_cast<const int32_t*>(s1->data)[r];
-        dequantize_row(s0->type, row_ptr<const uint8_t>(*s0, id), row_ptr<float>(dst, r), dst.cols);
+        float* y = row_ptr<float>(dst, r);
+        dequantize_row(s0->type, row_ptr<const uint8_t>(*s0, id), y, dst.cols);
+        if (n.f[0] != 0.f)
+          for (int64_t c = 0; c < dst.cols; ++c) y[c] *= n.f[0];
         break;
       }
       case OpKind::RmsNorm:
-        rms_norm_row(row_ptr<const float>(*s0, r), static_cast<const float*>(s1->data), row_ptr<float>(dst, r),
-                     dst.cols, n.f[0]);
+      {  // i[0] > 0: each segment of i[0] columns is normalised on its own (per-head QK-norm)
+        const int64_t seg = n.i[0] > 0 ? n.i[0] : dst.cols;
+        for (int64_t c = 0; c < dst.cols; c += seg)
+          rms_norm_row(row_ptr<const float>(*s0, r) + c, static_cast<const float*>(s1->data), row_ptr<float>(dst, r) + c,
+                       seg, n.f[0]);
         break;
+      }
       case OpKind::Quantize:
         kernels_.quantize_q8a(row_ptr<const float>(*s0, r), row_ptr<BlockQ8A>(dst, r), dst.cols);
         break;
       case OpKind::Rope:
         rope_row(row_ptr<const float>(*s0, r), row_ptr<float>(dst, r), static_cast<const int32_t*>(s1->data)[r],
-                 n.i[0], n.i[1], n.f[0]);
+                 n.i[0], n.i[1], n.f[0], RopeMode(n.i[2]));
         break;
       case OpKind::KvStore: {
         const int32_t p = static_cast<const int32_t*>(s1->data)[r];
@@ -190,8 +197,8 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         add_row(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r), dst.cols);
         break;
       case OpKind::SiluMul:
-        (n.i[0] == 1 ? relu_mul_row : silu_mul_row)(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r),
-                                                    row_ptr<float>(dst, r), dst.cols);
+        gated_act_row(Activation(n.i[0]), row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r),
+                      row_ptr<float>(dst, r), dst.cols);
         break;
       case OpKind::BiasRelu: {
         const float* x = row_ptr<const float>(*s0, r);

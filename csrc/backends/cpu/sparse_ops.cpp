@@ -127,7 +127,7 @@ void cpu_active_union(const Graph& g, const Node& n, const RunShape& shape, int 
 
 void cpu_gated_act(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth) {
   const Tensor& dst = g.tensors[size_t(n.dst)];
-  const bool relu = n.i[0] == 1;
+  const Activation act = Activation(n.i[0]);
   const float thr = n.f[0];
   for (int64_t t = 0; t < rows_in_run(dst, shape); ++t) {
     const float* gate = row_ptr<const float>(src(g, n, 0), t);
@@ -138,7 +138,7 @@ void cpu_gated_act(const Graph& g, const Node& n, const RunShape& shape, int ith
     thread_share(list[0], ith, nth, 16, k0, k1);
     for (int64_t kk = k0; kk < k1; ++kk) {
       const int32_t j = list[1 + kk];
-      const float a = (relu ? (gate[j] > 0.f ? gate[j] : 0.f) : silu(gate[j])) * up[j];
+      const float a = gated_act(act, gate[j], up[j]);
       y[j] = std::fabs(a) > thr ? a : 0.f;
     }
   }

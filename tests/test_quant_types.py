@@ -1,0 +1,94 @@
+"""The 5-bit and K-quant weight types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) against gguf-py's dequantize, for
+every kernel ISA this CPU can run: the embedding lookup (GetRows) and the integer-dot matmul."""
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from pyinfer import _core
+from pyinfer._core import DType
+from test_ops import q8a_reference, run_single
+
+ISAS = _core.available_isas().split(",")
+NEW_TYPES = [Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# Byte offsets of each type's fp16 fields inside a block (the rest of a block is free bits).
+FP16_FIELDS = {Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
+
+
+def random_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:
+    """Rows of random blocks: every packed bit random, fp16 scales in a realistic range. Exercises every
+    nibble, high bit, 6-bit scale and sign that real files can hold."""
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    nb = cols // block_elems
+    raw = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
+    for off in FP16_FIELDS[qtype]:
+        scale = (rng.uniform(0.2, 1.0, size=(rows, nb)) * rng.choice([-1, 1], size=(rows, nb))) * 0.02
+        raw[:, :, off:off + 2] = scale.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * block_bytes)
+
+
+def test_row_bytes_match_gguf():
+    for qt in NEW_TYPES:
+        block_elems, block_bytes = GGML_QUANT_SIZES[qt]
+        assert _core.row_bytes(DType(int(qt)), 4 * block_elems) == 4 * block_bytes
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", NEW_TYPES)
+def test_get_rows_dequantizes_like_gguf(isa, qtype):
+    rng = np.random.default_rng(int(qtype))
+    rows, cols = 6, 512
+    w = random_blocks(qtype, rows, cols, rng)
+    want = quants.dequantize(w, qtype).reshape(rows, cols)
+    ids = np.array([5, 0, 3], dtype=np.int32)
+
+    def build(b):
+        table = b.weight("table", int(qtype), cols, rows, w)
+        return b.get_rows(table, b.weight("ids", int(DType.I32), 1, len(ids), ids), "rows")
+
+    eng, out = run_single(build, len(ids), isa)
+    np.testing.assert_allclose(eng.tensor(out.id, len(ids)), want[ids], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", NEW_TYPES)
+@pytest.mark.parametrize("n_tok", [1, 3, 4, 9])
+def test_matmul_matches_dequantized_reference(isa, qtype, n_tok):
+    rng = np.random.default_rng(100 + int(qtype) * 10 + n_tok)
+    rows, k = 37, 512  # rows not a multiple of the row tiles; two K-quant super-blocks per row
+    w = random_blocks(qtype, rows, k, rng)
+    wd = quants.dequantize(w, qtype).reshape(rows, k).astype(np.float64)
+    x = rng.standard_normal((n_tok, k)).astype(np.float32)
+
+    def build(b):
+        return b.matmul(b.weight("w", int(qtype), k, rows, w), b.weight("x", int(DType.F32), k, n_tok, x), "y")
+
+    eng, y = run_single(build, n_tok, isa)
+    q, d = q8a_reference(x)
+    want = (q * d).reshape(n_tok, k).astype(np.float64) @ wd.T  # the integer dot is exact up to float sums
+    np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1])
+def test_quantized_by_gguf_roundtrip(qtype):
+    """Weights quantized by gguf-py (not just random bits) give the same products."""
+    rng = np.random.default_rng(7)
+    rows, k, n_tok = 16, 256, 2
+    w = rng.standard_normal((rows, k)).astype(np.float32)
+    wq = quants.quantize(w, qtype)
+    wd = quants.dequantize(wq, qtype).reshape(rows, k)
+    x = rng.standard_normal((n_tok, k)).astype(np.float32)
+    eng, y = run_single(lambda b: b.matmul(b.weight("w", int(qtype), k, rows, wq),
+                                           b.weight("x", int(DType.F32), k, n_tok, x), "y"), n_tok, "auto")
+    q, d = q8a_reference(x)
+    want = (q * d).reshape(n_tok, k) @ wd.T
+    np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+
+
+def test_k_quant_row_length_must_be_a_multiple_of_256():
+    from pyinfer.runtime.graph_builder import GraphBuilder
+
+    b = GraphBuilder()
+    with pytest.raises(ValueError, match="multiple of 256"):
+        b.weight("w", int(Q.Q4_K), 128, 2, np.zeros((2, 72), dtype=np.uint8))
