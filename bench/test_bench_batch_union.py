@@ -91,7 +91,7 @@ def test_dense_ffn(benchmark, shape, kind, n_tok):
         if kind == "predicted":
             g = b.matmul(b.weight("g", int(DType.Q4_1), d, ff, gate), x, "gate")
             u = b.matmul(b.weight("u", int(DType.Q4_1), d, ff, gate), x, "up")
-            b.silu_mul(g, u, out=g)
+            b.gated_mul(g, u, out=g)
         else:  # gate/up are the same on both paths: only the un-permuting copy and the down GEMM
             g = b.scatter_cols(s, b.weight("perm", int(DType.I32), ff, 1, np.arange(ff, dtype=np.int32)), "act")
         return b.matmul(b.weight("down", int(DType.Q4_1), ff, d, down), g, "y")

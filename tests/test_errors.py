@@ -78,6 +78,59 @@ def test_unsupported_architecture(tmp_path):
     assert_one_line_error(rc, err, "architecture 'gpt2' is not supported")
 
 
+def test_unsupported_tensor_type_names_it_and_the_supported_ones(tmp_path):
+    from gguf import GGMLQuantizationType as Q
+
+    from tiny_model import random_k_blocks, write_tiny_llama
+
+    p = write_tiny_llama(tmp_path / "q2k.gguf", config=dict(d_model=256, d_ff=256, n_heads=4, n_kv_heads=2))
+    # Same file with ffn_down's type switched to Q3_K (a K-quant pyinfer does not run) and its bytes to match
+    from gguf import GGUFReader, GGUFWriter
+
+    r = GGUFReader(str(p))
+    w = GGUFWriter(str(tmp_path / "q3k.gguf"), "llama")
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        v = f.contents()
+        if isinstance(v, list):
+            w.add_array(key, v)
+        elif isinstance(v, str):
+            w.add_string(key, v)
+        elif isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, float):
+            w.add_float32(key, v)
+        else:
+            w.add_uint32(key, int(v))
+    rng = np.random.default_rng(0)
+    for t in r.tensors:
+        shape = [int(d) for d in reversed(t.shape)]
+        if t.name == "blk.0.ffn_down.weight":
+            raw = rng.integers(0, 256, size=(shape[0], shape[1] // 256 * 110), dtype=np.uint8)
+            w.add_tensor(t.name, raw, raw_dtype=Q.Q3_K)
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    rc, _, err = run_cli("generate", "-m", str(tmp_path / "q3k.gguf"), "hi")
+    assert_one_line_error(rc, err, "type Q3_K")
+    assert "Q4_K" in err and "Q6_K" in err and "Q5_0" in err
+
+
+def test_relu_family_never_runs_as_silu():
+    from pyinfer.model.config import Activation, detect_activation
+
+    assert detect_activation("llama", {"general.name": "ReluLLaMA-7B"}) == Activation.RELU
+    assert detect_activation("llama", {"general.basename": "prosparse-llama-2"}) == Activation.RELU
+    assert detect_activation("llama", {"general.name": "Bamboo-7B"}) == Activation.RELU
+    assert detect_activation("llama", {"general.name": "TurboSparse-Mistral"}) == Activation.DRELU
+    assert detect_activation("llama", {"general.name": "SmolLM2"}) == Activation.SILU
+    assert detect_activation("gemma3", {}) == Activation.GELU_TANH
+    assert detect_activation("llama", {"llama.ffn_activation": "relu2"}) == Activation.RELU2
+    with pytest.raises(ValueError, match="unknown FFN activation"):
+        detect_activation("llama", {"pyinfer.ffn_activation": "swoosh"})
+
+
 def test_prompt_longer_than_context(tiny_model_path):
     rc, _, err = run_cli("generate", "-m", tiny_model_path, "-c", "16", "the " * 40)
     assert_one_line_error(rc, err, "context")

@@ -20,6 +20,35 @@ def test_tiny_model_matches_numpy_reference(tiny_model_path, isa):
     _agree(m.eval(ids, all_logits=True), reference_logits(m.gguf, ids), 0.9995)
 
 
+@pytest.fixture(scope="module")
+def tiny_gemma_path(tmp_path_factory) -> str:
+    from tiny_model import write_tiny_gemma3
+
+    return str(write_tiny_gemma3(tmp_path_factory.mktemp("gemma") / "tiny-gemma3.gguf"))
+
+
+@pytest.mark.parametrize("isa", pyinfer._core.available_isas().split(","))
+def test_tiny_gemma3_matches_numpy_reference(tiny_gemma_path, isa):
+    """Every Gemma 3 feature (scaled embeddings, QK-norm, NEOX RoPE, sliding-window local layers with their
+    own RoPE base, post norms, GELU, K-quant and Q5_0 weights) against the numpy forward, over more tokens
+    than the window so the local layers drop keys."""
+    m = pyinfer.load(tiny_gemma_path, n_threads=2, n_ctx=64, isa=isa)
+    assert m.config.arch == "gemma3" and m.config.activation == pyinfer.model.config.Activation.GELU_TANH
+    assert m.config.head_dim * m.config.n_heads != m.config.d_model
+    ids = m.tokenize("the cat in the hat is a thing that the thin hat is in")
+    assert len(ids) > 2 * m.config.sliding_window
+    _agree(m.eval(ids, all_logits=True), reference_logits(m.gguf, ids), 0.9995)
+
+
+def test_tiny_gemma3_decode_equals_prefill(tiny_gemma_path):
+    """Decode steps past the window see the same keys as the batched prefill did."""
+    m = pyinfer.load(tiny_gemma_path, n_threads=2, n_ctx=64)
+    ids = m.tokenize("the theme in the thin hat the theme")
+    full = m.eval(ids, all_logits=True)
+    step = [m._forward([t], i, np.array([0]))[0] for i, t in enumerate(ids)]
+    np.testing.assert_allclose(full, np.stack(step), rtol=1e-4, atol=1e-4)
+
+
 def test_batched_prefill_equals_token_by_token(tiny_model_path):
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     ids = m.tokenize("the theme in the thin hat")

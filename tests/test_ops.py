@@ -93,7 +93,7 @@ def test_rms_norm_add_silu_mul(isa):
         G = b.weight("g", int(DType.F32), k, 1, g)
         n = b.rms_norm(A, G, 1e-5, "n")
         s = b.add(A, C, name="s")
-        m = b.silu_mul(A, C, name="m")
+        m = b.gated_mul(A, C, name="m")
         return n, s, m
 
     eng, (n, s, m) = run_single(build, n_tok, isa)

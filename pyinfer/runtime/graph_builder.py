@@ -74,11 +74,14 @@ class GraphBuilder:
         return dst
 
     # ---- ops ----------------------------------------------------------------------------
-    def get_rows(self, table: T, ids: T, name: str) -> T:
-        return self._node(Op.GET_ROWS, self.activation(name, table.cols, rows=ids.rows), [table, ids])
+    def get_rows(self, table: T, ids: T, name: str, scale: float = 0.0) -> T:
+        """Rows of `table` as F32, times `scale` (0: unscaled)."""
+        return self._node(Op.GET_ROWS, self.activation(name, table.cols, rows=ids.rows), [table, ids], floats=[scale])
 
-    def rms_norm(self, x: T, weight: T, eps: float, name: str) -> T:
-        return self._node(Op.RMS_NORM, self.activation(name, x.cols, rows=x.rows), [x, weight], floats=[eps])
+    def rms_norm(self, x: T, weight: T, eps: float, name: str, segment: int = 0, out: T | None = None) -> T:
+        """With `segment`, each run of `segment` columns (a head) is normalised on its own, all with `weight`."""
+        return self._node(Op.RMS_NORM, out or self.activation(name, x.cols, rows=x.rows), [x, weight],
+                          ints=[segment], floats=[eps])
 
     def quantize(self, x: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """Q8A copy of an activation, shared by every matmul that reads it in the same runs."""
@@ -97,8 +100,9 @@ class GraphBuilder:
         dst = out or self.activation(name, w.n_rows, rows=x.rows)
         return self._node(Op.MAT_MUL, dst, [w, src] + ([active] if active else []), run_if=run_if)
 
-    def rope(self, x: T, positions: T, heads: int, head_dim: int, base: float) -> T:
-        return self._node(Op.ROPE, x, [x, positions], ints=[heads, head_dim], floats=[base])
+    def rope(self, x: T, positions: T, heads: int, head_dim: int, base: float, neox: bool = False) -> T:
+        """In place. `neox`: element i pairs with i + head_dim / 2 (Gemma); else adjacent pairs (llama)."""
+        return self._node(Op.ROPE, x, [x, positions], ints=[heads, head_dim, int(neox)], floats=[base])
 
     def kv_store(self, cache: T, x: T, positions: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         return self._node(Op.KV_STORE, cache, [x, positions], run_if=run_if)
@@ -117,10 +121,11 @@ class GraphBuilder:
     def add(self, a: T, b: T, out: T | None = None, name: str = "add") -> T:
         return self._node(Op.ADD, out or self.activation(name, a.cols, rows=a.rows), [a, b])
 
-    def silu_mul(self, gate: T, up: T, out: T | None = None, name: str = "silu_mul", relu: bool = False,
-                 run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
+    def gated_mul(self, gate: T, up: T, out: T | None = None, name: str = "act", act: int = 0,
+                  run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
+        """act(gate) * up; `act` is a model.config.Activation (SiLU by default)."""
         return self._node(Op.SILU_MUL, out or self.activation(name, gate.cols, rows=gate.rows), [gate, up],
-                          ints=[int(relu)], run_if=run_if)
+                          ints=[int(act)], run_if=run_if)
 
     # ---- neuron-aware FFN ops (see graph.h for the active-list layout) ---------------------
     def bias_relu(self, x: T, bias: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
@@ -135,9 +140,9 @@ class GraphBuilder:
         return self._node(Op.ACTIVE_SET, dst, [scores] + ([cut] if cut is not None else []),
                           ints=[n_ff, hot, mode, int(silu)], floats=[threshold], run_if=run_if)
 
-    def gated_act(self, gate: T, up: T, active: T, threshold: float, relu: bool = False,
+    def gated_act(self, gate: T, up: T, active: T, threshold: float, act: int = 0,
                   run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
-        return self._node(Op.GATED_ACT, gate, [gate, up, active], ints=[int(relu)], floats=[threshold],
+        return self._node(Op.GATED_ACT, gate, [gate, up, active], ints=[int(act)], floats=[threshold],
                           run_if=run_if)
 
     def down_axpy(self, down_t: T, act: T, active: T, name: str = "down", out: T | None = None,

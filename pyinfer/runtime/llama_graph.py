@@ -1,4 +1,8 @@
-"""The llama-family forward pass (LLaMA, Mistral, SmolLM) as an op graph."""
+"""The llama-family forward pass (LLaMA, SmolLM, Gemma 3) as an op graph.
+
+Gemma 3 is the llama layer plus a few switches in the config: scaled embeddings, per-head RMS norm of q
+and k, NEOX RoPE with a base per layer kind, sliding-window local layers, norms after attention and after
+the FFN, and a GELU-gated FFN."""
 from __future__ import annotations
 
 from .._core import DType, RowMode
@@ -42,29 +46,39 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         b.graph.input_slots, b.graph.input_kv_table = slots.id, kv_table.id
 
     embed = w("token_embd.weight")                      # [vocab, d_model]
-    x = b.get_rows(embed, tokens, "x")                  # F32 [T, d_model], the residual stream
+    x = b.get_rows(embed, tokens, "x", scale=cfg.embed_scale)  # F32 [T, d_model], the residual stream
     for il in range(cfg.n_layers):
         p = f"blk.{il}."
         h = b.rms_norm(x, w(p + "attn_norm.weight"), cfg.norm_eps, "attn_in")
         q = b.matmul(w(p + "attn_q.weight"), h, "q")    # F32 [T, n_heads * head_dim]
         k = b.matmul(w(p + "attn_k.weight"), h, "k")    # F32 [T, n_kv_heads * head_dim]
         v = b.matmul(w(p + "attn_v.weight"), h, "v")
-        b.rope(q, positions, cfg.n_heads, cfg.head_dim, cfg.rope_base)
-        b.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base)
+        if cfg.qk_norm:                                 # each head normalised on its own
+            q = b.rms_norm(q, w(p + "attn_q_norm.weight"), cfg.norm_eps, "q_normed", segment=cfg.head_dim)
+            k = b.rms_norm(k, w(p + "attn_k_norm.weight"), cfg.norm_eps, "k_normed", segment=cfg.head_dim)
+        base = cfg.layer_rope_base(il)
+        b.rope(q, positions, cfg.n_heads, cfg.head_dim, base, neox=cfg.rope_neox)
+        b.rope(k, positions, cfg.n_kv_heads, cfg.head_dim, base, neox=cfg.rope_neox)
         k_cache = b.state(f"k_cache.{il}", cfg.kv_width, n_ctx, kv_dtype)  # F16|Q8_0 [n_ctx, n_kv_heads * head_dim]
         v_cache = b.state(f"v_cache.{il}", cfg.kv_width, n_ctx, kv_dtype)
         b.kv_store(k_cache, k, slots)
         b.kv_store(v_cache, v, slots)
         o = b.attention(q, k_cache, v_cache, positions, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, "attn",
-                        kv_table, block_size)
-        b.add(x, b.matmul(w(p + "attn_output.weight"), o, "attn_out"), out=x)
+                        kv_table, block_size, window=cfg.window(il), scale=cfg.attn_scale)
+        o = b.matmul(w(p + "attn_output.weight"), o, "attn_out")  # F32 [T, d_model]
+        if cfg.post_norms:
+            o = b.rms_norm(o, w(p + "post_attention_norm.weight"), cfg.norm_eps, "attn_out_normed", out=o)
+        b.add(x, o, out=x)
         h = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps, "ffn_in")  # F32 [T, d_model]
         if record:
-            b.add(x, _recorded_ffn(b, w, h, il, cfg), out=x)
+            f = _recorded_ffn(b, w, h, il, cfg)
         elif sparsity is not None:
-            b.add(x, sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type), out=x)
+            f = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type)
         else:
-            b.add(x, dense_ffn(b, w, h, il, cfg), out=x)
+            f = dense_ffn(b, w, h, il, cfg)
+        if cfg.post_norms:
+            f = b.rms_norm(f, w(p + "post_ffw_norm.weight"), cfg.norm_eps, "ffn_out_normed", out=f)
+        b.add(x, f, out=x)
 
     # Only rows that need logits go through the final norm and the (large) output head.
     xo = b.select_rows(x, out_ids, "x_out")             # F32 [O, d_model]
@@ -79,7 +93,7 @@ def _recorded_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
     p = f"blk.{il}."
     gate = b.matmul(w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff], pre-activation
     up = b.matmul(w(p + "ffn_up.weight"), h, "up")
-    act = b.silu_mul(gate, up, name="act", relu=cfg.ffn_relu)
+    act = b.gated_mul(gate, up, name="act", act=cfg.activation)
     for t in (h, gate, up):
         b.graph.pin(t.id)
     b.records.append((h.id, gate.id, up.id))

@@ -30,7 +30,7 @@ def dense_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
     p = f"blk.{il}."
     gate = b.matmul(w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff]
     up = b.matmul(w(p + "ffn_up.weight"), h, "up")
-    b.silu_mul(gate, up, out=gate, relu=cfg.ffn_relu)
+    b.gated_mul(gate, up, out=gate, act=cfg.activation)
     return b.matmul(w(p + "ffn_down.weight"), gate, "ffn_out")  # F32 [T, d_model]
 
 
@@ -129,7 +129,7 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
                runs: SparseRuns, down_type: str = "auto") -> T:
     lp: LayerPlan = plan.layers[il]
     p = f"blk.{il}."
-    n_ff, relu = cfg.d_ff, cfg.ffn_relu
+    n_ff, act_kind = cfg.d_ff, cfg.activation
     perm = lp.perm.astype(np.int32)
     g_src, u_src = gguf.tensor(p + "ffn_gate.weight"), gguf.tensor(p + "ffn_up.weight")
     gate_w = b.weight(p + "ffn_gate.perm", g_src.dtype_id, g_src.cols, n_ff, permuted_rows(gguf, g_src.name, perm))
@@ -173,7 +173,7 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     else:  # threshold only: gate and up dense, down over the active neurons
         gate = b.matmul(gate_w, h, "gate")
         up = b.matmul(up_w, h, "up")
-        b.silu_mul(gate, up, out=gate, relu=relu)
+        b.gated_mul(gate, up, out=gate, act=act_kind)
         lists = b.active_set(gate, n_ff, "active", threshold=lp.threshold, run_if=few)
     limits = runs.predicted if pred is not None or gate_first else runs.threshold
     # I32 [1, n_ff + 1]: count (-1: dense) and ids
@@ -186,10 +186,10 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     if pred is not None:
         act = b.matmul(gate_w, h, "gate_s", active=union, run_if=sparse)
         up_s = b.matmul(up_w, h, "up_s", active=union, run_if=sparse)
-        b.gated_act(act, up_s, lists, 0.0 if cats else lp.threshold, relu=relu, run_if=sparse)
+        b.gated_act(act, up_s, lists, 0.0 if cats else lp.threshold, act=act_kind, run_if=sparse)
     elif gate_first:
         up_s = b.matmul(up_w, h, "up_s", active=union, run_if=sparse)
-        b.gated_act(gate, up_s, lists, 0.0 if cats else lp.threshold, relu=relu, run_if=sparse)
+        b.gated_act(gate, up_s, lists, 0.0 if cats else lp.threshold, act=act_kind, run_if=sparse)
     b.down_axpy(down_t, act, lists, out=out, scales=scales, row_map=row_map, union=union, run_if=sparse)
 
     # 3. Dense: the GEMMs, un-permuted before the original down.
@@ -197,7 +197,7 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
         gate = b.matmul(gate_w, h, "gate_d", run_if=dense)
     if up is None:
         up = b.matmul(up_w, h, "up_d", run_if=dense)
-        b.silu_mul(gate, up, out=gate, relu=relu, run_if=dense)
+        b.gated_mul(gate, up, out=gate, act=act_kind, run_if=dense)
     act_d = b.scatter_cols(gate, perm_w, "act", run_if=dense)
     b.matmul(w(p + "ffn_down.weight"), act_d, "ffn_out", out=out, run_if=dense)
     return out
