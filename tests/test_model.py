@@ -49,6 +49,17 @@ def test_tiny_gemma3_decode_equals_prefill(tiny_gemma_path):
     np.testing.assert_allclose(full, np.stack(step), rtol=1e-4, atol=1e-4)
 
 
+def test_real_gemma3_matches_numpy_reference(gemma_model):
+    ids = gemma_model.tokenize("The capital of France is Paris. The capital of Italy is")
+    assert ids[0] == gemma_model.tokenizer.bos_id
+    want = reference_logits(gemma_model.gguf, ids)
+    got = gemma_model.eval(ids, all_logits=True)
+    _agree(got, want, 0.995)
+    assert got[-1].argmax() == want[-1].argmax()
+    assert "Rome" in gemma_model.generate("The capital of France is Paris. The capital of Italy is", max_tokens=4,
+                                          temperature=0)
+
+
 def test_batched_prefill_equals_token_by_token(tiny_model_path):
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     ids = m.tokenize("the theme in the thin hat")

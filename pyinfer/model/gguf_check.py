@@ -1,21 +1,44 @@
-"""A bounds check of a GGUF header before the `gguf` reader sees it.
+"""Reads a GGUF header (metadata and tensor directory), bounding every count and length by the file.
 
-The reader trusts every count and length in the file: an array that claims 2^32 items in a 4 KB file
-makes it loop four billion times over empty slices, and a string longer than the file reads as empty.
-This walk bounds each count by the bytes left in the file, so a corrupt header fails in milliseconds with
-one line that says where."""
+`gguf.GGUFReader` trusts every count in the file (an array that claims 2^32 items in a 4 KB file makes it
+loop four billion times) and builds numpy views per string: 16 s for Gemma 3's 262,144-token vocabulary.
+This walk bounds each count by the bytes left, so a corrupt header fails in milliseconds with one line that
+says where, and decodes the values as it goes (0.1 s for the same file). Tensor data stays with the
+caller's memory map; the `gguf` package still names the types and dequantizes."""
 from __future__ import annotations
 
 import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ..errors import ModelFormatError
 
-# GGUF value types: (name, bytes) of the scalars; 8 is a string, 9 an array.
+# GGUF value types: bytes and numpy dtype of the scalars; 8 is a string, 9 an array.
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_SCALAR_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8",
+                  11: "<i8", 12: "<f8"}
+_BOOL = 7
 _STRING, _ARRAY = 8, 9
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: list[int]      # GGUF order: shape[0] is the row length
+    type_id: int          # GGML type id
+    offset: int           # from the start of the data section
+
+
+@dataclass
+class GGUFHeader:
+    metadata: dict[str, Any]
+    tensors: list[TensorInfo]
+    data_start: int       # byte offset of the data section (after the header, aligned)
 
 
 class _Cursor:
@@ -47,6 +70,35 @@ class _Cursor:
         s = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         return s
+
+    def value(self, vtype: int, what: str) -> Any:
+        """Decodes one value (strings as str, arrays as lists). A string, or an array of strings, that is not
+        valid UTF-8 decodes to None: its user (the tokenizer, a config key) reports it in one line."""
+        start = self.pos
+        self.skip_value(vtype, what)  # bounds first
+        if vtype in _SCALAR_BYTES:
+            v = np.frombuffer(self.buf, _SCALAR_DTYPES[vtype], 1, start)[0].item()
+            return bool(v) if vtype == _BOOL else v
+        if vtype == _STRING:
+            try:
+                return bytes(self.buf[start + 8:self.pos]).decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        itype, count = struct.unpack_from("<IQ", self.buf, start)
+        body = start + 12
+        if itype in _SCALAR_BYTES:
+            items = np.frombuffer(self.buf, _SCALAR_DTYPES[itype], count, body).tolist()
+            return [bool(v) for v in items] if itype == _BOOL else items
+        out, pos = [], body
+        raw = self.buf
+        try:
+            for _ in range(count):
+                n = struct.unpack_from("<Q", raw, pos)[0]
+                out.append(bytes(raw[pos + 8:pos + 8 + n]).decode("utf-8"))
+                pos += 8 + n
+        except UnicodeDecodeError:
+            return None
+        return out
 
     def skip_value(self, vtype: int, what: str) -> None:
         if vtype in _SCALAR_BYTES:
@@ -82,6 +134,11 @@ class _Cursor:
 
 def check_gguf_header(path: Path) -> None:
     """Raises ModelFormatError unless every count, length and tensor shape of the header fits the file."""
+    read_gguf_header(path, decode=False)
+
+
+def read_gguf_header(path: Path, decode: bool = True) -> GGUFHeader:
+    """The header's metadata and tensor directory, or a one-line ModelFormatError."""
     with open(path, "rb") as f:
         try:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -90,12 +147,12 @@ def check_gguf_header(path: Path) -> None:
     with buf:
         c = _Cursor(memoryview(buf), path)
         try:
-            _walk(c)
+            return _walk(c, decode)
         finally:
             c.buf.release()
 
 
-def _walk(c: _Cursor) -> None:
+def _walk(c: _Cursor, decode: bool) -> GGUFHeader:
     c.need(4, "magic")
     c.pos = 4
     version = c.u32("version")
@@ -107,23 +164,38 @@ def _walk(c: _Cursor) -> None:
         c.fail(f"header claims {n_kv} metadata entries")
     if n_tensors * 24 > c.size - c.pos:  # a tensor entry takes at least 24 bytes
         c.fail(f"header claims {n_tensors} tensors")
+    metadata: dict[str, Any] = {}
     for i in range(n_kv):
         key = c.string(f"metadata key {i}")
         try:
             name = key.decode("utf-8")
         except UnicodeDecodeError:
             c.fail(f"metadata key {i} is not UTF-8")
-        c.skip_value(c.u32(f"type of '{name}'"), f"'{name}'")
+        vtype = c.u32(f"type of '{name}'")
+        if decode:
+            metadata[name] = c.value(vtype, f"'{name}'")
+        else:
+            c.skip_value(vtype, f"'{name}'")
+    tensors = []
     for i in range(n_tensors):
         name = c.string(f"tensor name {i}").decode("utf-8", "replace")
         nd = c.u32(f"dimensions of tensor '{name}'")
         if not 1 <= nd <= _MAX_DIMS:
             c.fail(f"tensor '{name}' has {nd} dimensions (1..{_MAX_DIMS})")
         elements = 1
+        shape = []
         for d in range(nd):
             n = c.u64(f"shape of tensor '{name}'")
             elements *= n
             if n < 1 or elements > 1 << 48:
                 c.fail(f"tensor '{name}' has shape dimension {d} = {n}")
-        c.u32(f"type of tensor '{name}'")
-        c.u64(f"offset of tensor '{name}'")
+            shape.append(n)
+        type_id = c.u32(f"type of tensor '{name}'")
+        offset = c.u64(f"offset of tensor '{name}'")
+        tensors.append(TensorInfo(name, shape, type_id, offset))
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1 or alignment & (alignment - 1):
+        if decode:
+            raise ModelFormatError(f"{c.path.name}: general.alignment must be a power of two")
+        alignment = 32
+    return GGUFHeader(metadata, tensors, -(-c.pos // alignment) * alignment)

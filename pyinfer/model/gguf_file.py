@@ -1,17 +1,17 @@
 """Reads a GGUF file with the `gguf` package, memory-mapped: weights stay in their stored format."""
 from __future__ import annotations
 
-import gc
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import ModelFormatError, UnsupportedModelError
 from .config import Activation, LlamaConfig, detect_activation
-from .gguf_check import check_gguf_header
+from .gguf_check import TensorInfo, read_gguf_header
 
 SUPPORTED_ARCHS = ("llama", "gemma3")
 # GGML type names that our kernels run (GGML ids are the _core.DType values).
@@ -22,6 +22,9 @@ SUPPORTED_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 
 GEMMA3_GLOBAL_EVERY = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 GGUF_MAGIC = b"GGUF"
+# Element types that gguf's reader gives typed views of; block types are rows of bytes.
+_ELEMENT_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
+                   "I32": np.int32, "I64": np.int64}
 
 
 @dataclass
@@ -49,52 +52,54 @@ class GGUFModelFile:
             magic = f.read(4)
         if magic != GGUF_MAGIC:
             raise ModelFormatError(f"{self.path} is not a GGUF file (bad magic {magic!r})")
-        check_gguf_header(self.path)  # every count and length bounded by the file, before the reader trusts them
-        try:
-            from gguf import GGUFReader
-
-            self._reader = GGUFReader(str(self.path), "r")
-        except Exception as e:  # the reader raises many types on corrupt input
-            raise ModelFormatError(f"{self.path} is not a valid GGUF file ({_short(e)})") from None
-        self.metadata: dict[str, Any] = {}
-        for key, field in self._reader.fields.items():
-            try:
-                self.metadata[key] = field.contents()
-            except Exception:
-                self.metadata[key] = None
+        header = read_gguf_header(self.path)  # every count and length bounded by the file
+        self.metadata: dict[str, Any] = header.metadata
         self.tensors: dict[str, GGUFTensor] = {}
+        raw = np.memmap(self.path, dtype=np.uint8, mode="r")
         extents = []
-        try:
-            alignment = int(self.metadata.get("general.alignment") or 32)
-        except (TypeError, ValueError):
-            alignment = 0
-        if alignment < 1 or alignment & (alignment - 1):
-            raise ModelFormatError(f"{self.path.name}: general.alignment must be a power of two")
-        for t in self._reader.tensors:
-            type_name = t.tensor_type.name
-            start, end = int(t.data_offset), int(t.data_offset) + int(t.n_bytes)
-            if end > size:
-                raise ModelFormatError(f"{self.path} is truncated: tensor {t.name} ends at byte {end}, file has {size}")
-            if start % alignment:
-                raise ModelFormatError(f"{self.path.name}: tensor {t.name} is not aligned to {alignment} bytes")
+        for t in header.tensors:
+            tensor = self._tensor_view(t, raw, header.data_start, size)
             if t.name in self.tensors:
                 raise ModelFormatError(f"{self.path.name}: tensor {t.name} appears twice")
-            shape = [int(d) for d in t.shape]
-            cols = shape[0]
-            rows = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
-            if cols < 1 or rows < 1:
-                raise ModelFormatError(f"{self.path.name}: tensor {t.name} has an empty shape {shape}")
-            self.tensors[t.name] = GGUFTensor(t.name, type_name, cols, rows, t.data)
-            extents.append((start, end, t.name))
+            self.tensors[t.name] = tensor
+            start = header.data_start + t.offset
+            extents.append((start, start + tensor.data.nbytes, t.name))
         extents.sort()
         for (s0, e0, a), (s1, _, b) in zip(extents, extents[1:]):
             if s1 < e0:
                 raise ModelFormatError(f"{self.path.name}: tensors {a} and {b} overlap")
         self.file_size = size
-        # The reader holds ~1 KB of numpy views per metadata string (160 MB for a 49k-token vocabulary);
-        # the tensors' memory maps outlive it.
-        del self._reader
-        gc.collect()
+
+    def _tensor_view(self, t: TensorInfo, raw: np.ndarray, data_start: int, size: int) -> GGUFTensor:
+        """The tensor's bytes in the file's memory map, typed as gguf's reader types them."""
+        try:
+            qtype = GGMLQuantizationType(t.type_id)
+            block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ModelFormatError(f"{self.path.name}: tensor {t.name} has unknown type id {t.type_id}") from None
+        cols = t.shape[0]
+        rows = int(np.prod(t.shape[1:], dtype=np.int64)) if len(t.shape) > 1 else 1
+        if cols % block_elems:
+            raise ModelFormatError(f"{self.path.name}: tensor {t.name} has {cols} columns, not a multiple of "
+                                   f"{qtype.name}'s block of {block_elems}")
+        row_bytes = cols // block_elems * block_bytes
+        start = data_start + t.offset
+        end = start + rows * row_bytes
+        if end > size:
+            raise ModelFormatError(f"{self.path} is truncated: tensor {t.name} ends at byte {end}, file has {size}")
+        if t.offset % self._alignment:
+            raise ModelFormatError(f"{self.path.name}: tensor {t.name} is not aligned to {self._alignment} bytes")
+        data = raw[start:end]
+        typed = _ELEMENT_DTYPES.get(qtype.name)
+        if typed is not None:
+            data = data.view(typed).reshape((rows, cols) if len(t.shape) > 1 else (cols,))
+        else:  # blocks: rows of bytes
+            data = data.reshape((rows, row_bytes) if len(t.shape) > 1 else (row_bytes,))
+        return GGUFTensor(t.name, qtype.name, cols, rows, data)
+
+    @property
+    def _alignment(self) -> int:
+        return int(self.metadata.get("general.alignment", 32))
 
     def fingerprint(self) -> str:
         """Identity of this model for sidecar files: the file size, the header (metadata, tensor

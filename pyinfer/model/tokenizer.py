@@ -1,12 +1,14 @@
 """Builds the model's tokenizer from GGUF metadata with the `tokenizers` library.
 
 Token ids must equal llama.cpp's, so the pre-tokenizer follows llama.cpp's table for
-`tokenizer.ggml.pre` and special tokens are only matched when asked for (parse_special)."""
+`tokenizer.ggml.pre` and special tokens are only matched when asked for (parse_special).
+SentencePiece vocabularies ("llama") are built in tokenizer_spm.py."""
 from __future__ import annotations
 
 from typing import Sequence
 
 from ..errors import ModelFormatError, UnsupportedModelError
+from .tokenizer_spm import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, build_spm_tokenizers
 
 # llama.cpp's pre-tokenizer regexes, per `tokenizer.ggml.pre`. Each entry: splits applied in
 # order before byte-level BPE.
@@ -22,55 +24,35 @@ PRE_TOKENIZERS = {
     "llama-bpe": [_LLAMA3_REGEX],
     "llama3": [_LLAMA3_REGEX],
 }
-# Token types in GGUF (llama.cpp's llama_token_type).
-TOKEN_TYPE_CONTROL = 3
-TOKEN_TYPE_USER_DEFINED = 4
 # Control tokens that end a turn even when they are not the declared EOS.
 _END_OF_GENERATION_TEXTS = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>"}
 
 
 class Tokenizer:
-    """Byte-level BPE tokenizer with llama.cpp-compatible ids."""
+    """Byte-level BPE ("gpt2") or SentencePiece ("llama") tokenizer with llama.cpp-compatible ids."""
 
     def __init__(self, metadata: dict):
-        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
-
         kind = metadata.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise UnsupportedModelError(
-                f"tokenizer model '{kind}' is not supported yet (supported: gpt2 byte-level BPE)")
-        pre = str(metadata.get("tokenizer.ggml.pre") or "default")
-        if pre not in PRE_TOKENIZERS:
-            raise UnsupportedModelError(
-                f"pre-tokenizer '{pre}' is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+        if kind not in ("gpt2", "llama"):
+            raise UnsupportedModelError(f"tokenizer model '{kind}' is not supported yet "
+                                        "(supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece)")
+        regexes = _pre_tokenizer_regexes(metadata) if kind == "gpt2" else []
         tokens, merges, types = _checked_vocab(metadata)
-
-        vocab = {tok: i for i, tok in enumerate(tokens)}
-        splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in PRE_TOKENIZERS[pre]]
-        # ByteLevel maps bytes to GPT-2's printable alphabet; its own regex is off because the
-        # splits above already reproduce llama.cpp's.
-        pre_tok = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-
-        def make() -> HFTokenizer:
-            try:
-                tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-            except Exception as e:  # tokenizers reports a merge of unknown tokens as a plain Exception
-                raise ModelFormatError(f"the tokenizer in this file is inconsistent ({str(e).splitlines()[0][:200]})") from None
-            tk.pre_tokenizer = pre_tok
-            tk.decoder = decoders.ByteLevel()
-            return tk
-
-        self._plain = make()              # special-token text is ordinary text
-        self._special = make()            # control tokens in the text become their ids
-        self.special_ids = {i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)}
-        self._special.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                          for i in sorted(self.special_ids)])
+        if kind == "llama":
+            unk_id = _opt_id(metadata.get("tokenizer.ggml.unknown_token_id"), len(tokens), "unknown")
+            spm = build_spm_tokenizers(tokens, types, metadata, unk_id)
+            self._plain, self._special, self.special_ids = spm.plain, spm.special, set(spm.special_ids)
+            self._max_token_bytes = spm.max_token_bytes
+        else:
+            self._plain, self._special, self.special_ids = _byte_level_bpe(tokens, merges, types, regexes)
+            self._max_token_bytes = max(len(t) for t in tokens)  # one character per byte
         self.tokens = tokens
         self.vocab_size = len(tokens)
         self.bos_id = _opt_id(metadata.get("tokenizer.ggml.bos_token_id"), len(tokens), "bos")
         self.eos_id = _opt_id(metadata.get("tokenizer.ggml.eos_token_id"), len(tokens), "eos")
-        self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False)) and self.bos_id is not None
+        # llama.cpp adds BOS to SentencePiece prompts unless the file says not to.
+        add_bos = metadata.get("tokenizer.ggml.add_bos_token", kind == "llama")
+        self.add_bos = bool(add_bos) and self.bos_id is not None
         self.end_of_generation = {i for i in self.special_ids if tokens[i] in _END_OF_GENERATION_TEXTS}
         if self.eos_id is not None:
             self.end_of_generation.add(self.eos_id)
@@ -86,9 +68,9 @@ class Tokenizer:
         return self._special.decode(list(ids), skip_special_tokens=skip_special)
 
     def max_token_bytes(self) -> int:
-        """Bytes of text the longest token stands for (byte-level BPE writes one character per byte), so a text
-        of B bytes has at least B / max_token_bytes() tokens."""
-        return max(len(t) for t in self.tokens)
+        """Bytes of text the longest token stands for, so a text of B bytes has at least B / max_token_bytes()
+        tokens."""
+        return self._max_token_bytes
 
     def token_text(self, token_id: int) -> str:
         return self.tokens[token_id]
@@ -112,6 +94,41 @@ class IncrementalDecoder:
             self.prefix, self.read = self.read, len(self.ids)
             return after[len(before):]
         return ""
+
+
+def _pre_tokenizer_regexes(metadata: dict) -> list[str]:
+    pre = str(metadata.get("tokenizer.ggml.pre") or "default")
+    if pre not in PRE_TOKENIZERS:
+        raise UnsupportedModelError(
+            f"pre-tokenizer '{pre}' is not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+    return PRE_TOKENIZERS[pre]
+
+
+def _byte_level_bpe(tokens: list[str], merges: list[tuple[str, str]], types: list[int], regexes: list[str]):
+    """(plain, special, special ids) for a byte-level BPE vocabulary."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in regexes]
+    # ByteLevel maps bytes to GPT-2's printable alphabet; its own regex is off because the
+    # splits above already reproduce llama.cpp's.
+    pre_tok = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+    def make() -> HFTokenizer:
+        try:
+            tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+        except Exception as e:  # tokenizers reports a merge of unknown tokens as a plain Exception
+            raise ModelFormatError(f"the tokenizer in this file is inconsistent ({str(e).splitlines()[0][:200]})") from None
+        tk.pre_tokenizer = pre_tok
+        tk.decoder = decoders.ByteLevel()
+        return tk
+
+    plain = make()              # special-token text is ordinary text
+    special = make()            # control tokens in the text become their ids
+    special_ids = {i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)}
+    special.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special_ids)])
+    return plain, special, special_ids
 
 
 def _opt_id(v, n: int, what: str) -> int | None:
