@@ -16,7 +16,7 @@ def test_neon_matches_scalar(tmp_path):
     files = [ROOT / "tests/cpp/neon_vs_scalar.cpp"] + [src / f for f in (
         "kernels/matmul_neon.cpp", "kernels/matmul_scalar.cpp", "kernels/matmul_avx2.cpp", "graph/dtype.cpp",
         "kernels/sparse_ffn_neon.cpp", "kernels/sparse_ffn_scalar.cpp", "kernels/sparse_ffn_avx2.cpp",
-        "kernels/attention.cpp", "kernels/attention_avx2.cpp", "kernels/quant_blocks.cpp")]
+        "kernels/attention.cpp", "kernels/attention_avx2.cpp", "kernels/quant_blocks.cpp", "kernels/ops_float.cpp")]
     exe = tmp_path / "neon_vs_scalar"
     subprocess.run([CXX, "-O2", "-std=c++17", "-static", f"-I{src}", *map(str, files), "-o", str(exe)], check=True)
     out = subprocess.run([QEMU, str(exe)], capture_output=True, text=True, check=True, timeout=120).stdout

@@ -183,3 +183,23 @@ def test_bad_graph_and_run_inputs_raise_valueerror():
         _core.Engine(GraphBuilder().graph, isa="no-such-isa")
     with pytest.raises(ValueError, match="bytes"):
         GraphBuilder().weight("w", int(DType.Q4_1), 64, 4, np.zeros(10, np.uint8))
+
+
+@pytest.mark.parametrize("act", [0, 1, 2, 3, 4])
+def test_gated_activations_match_numpy_and_agree_across_isas(act):
+    """SiLU, ReLU, GELU(tanh, through the fp16 table), ReLU^2 and dReLU; every ISA gives the same values."""
+    n_tok, k = 3, 203  # a tail after the 8-wide SIMD loop
+    g = (RNG.standard_normal((n_tok, k)) * 4).astype(np.float32)
+    g[0, :4] = [-11.0, 11.0, -10.0, 10.0]  # the table's edges
+    u = RNG.standard_normal((n_tok, k)).astype(np.float32)
+    gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+    want = {0: g / (1 + np.exp(-g)) * u, 1: np.maximum(g, 0) * u, 2: gelu * u, 3: np.maximum(g, 0) ** 2 * u,
+            4: np.maximum(g, 0) * np.maximum(u, 0)}[act]
+    outs = []
+    for isa in ISAS:
+        eng, y = run_single(lambda b: b.gated_mul(b.weight("g", int(DType.F32), k, n_tok, g),
+                                                  b.weight("u", int(DType.F32), k, n_tok, u), act=act), n_tok, isa)
+        outs.append(eng.tensor(y.id, n_tok))
+        np.testing.assert_allclose(outs[-1], want, rtol=2e-3, atol=2e-3)  # GELU: inputs rounded to fp16
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])

@@ -29,7 +29,7 @@ bool cpu_has_avx512_vnni() {
 std::vector<const KernelTable*> usable() {
   std::vector<const KernelTable*> out;
   const bool avx2 = kernels_avx2() && cpu_has_avx2_fma_f16c();
-  if (avx2 && kernels_avx512_vnni() && cpu_has_avx512_vnni()) out.push_back(kernels_avx512_vnni());
+  if (avx2 && kernels_avx512() && cpu_has_avx512_vnni()) out.push_back(kernels_avx512());
   if (avx2) out.push_back(kernels_avx2());
   if (kernels_neon()) out.push_back(kernels_neon());
   out.push_back(&kernels_scalar());

@@ -57,12 +57,15 @@ struct KernelTable {
   // Tiled attention (attention.h): one key tile against a block of query rows, and cache rows as floats.
   void (*attn_tile)(const AttnTileArgs& a);
   void (*kv_to_f32)(DType type, const uint8_t* src, float* dst, int64_t n);
+  // y = GELU(gate) * up through the fp16 table of gelu_fp16_table() (ops_float.h), the same values as the
+  // portable gelu_tanh(); SIMD converts to fp16 and gathers 8 at a time.
+  void (*gelu_mul)(const float* gate, const float* up, float* y, int64_t n);
 };
 
 // Implementations. The AVX2 table needs AVX2+FMA+F16C; NEON exists only on aarch64 builds.
 const KernelTable& kernels_scalar();
 const KernelTable* kernels_avx2();     // nullptr when not compiled in
-const KernelTable* kernels_avx512_vnni();  // AVX2 table + VNNI integer dots; nullptr when not compiled in
+const KernelTable* kernels_avx512();   // AVX2 table + AVX-512VL/VNNI matmul; nullptr when not compiled in
 const KernelTable* kernels_neon();     // nullptr when not compiled in
 
 // "auto" picks the best table this CPU supports; a named ISA that the CPU or build lacks throws.

@@ -5,7 +5,8 @@
 
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
-#include "kernels/matmul_x86_tiles.h"
+#include "kernels/matmul_x86.h"
+#include "kernels/ops_float.h"
 
 namespace pyinfer {
 namespace {
@@ -75,12 +76,29 @@ void f32_to_f16_avx2(const float* x, uint16_t* y, int64_t n) {
   for (; i < n; ++i) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+// GELU(gate) * up: F16C rounds 8 gates to fp16 and their bits index the shared table (ops_float.cpp), so
+// the values equal gelu_tanh()'s; |gate| >= 10 takes 0 or gate, as there.
+void gelu_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
+  const float* table = gelu_fp16_table();
+  const __m256 lo = _mm256_set1_ps(-10.f), hi = _mm256_set1_ps(10.f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256i bits = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT));
+    __m256 v = _mm256_i32gather_ps(table, bits, 4);
+    v = _mm256_blendv_ps(v, g, _mm256_cmp_ps(g, hi, _CMP_GE_OQ));
+    v = _mm256_blendv_ps(v, _mm256_setzero_ps(), _mm256_cmp_ps(g, lo, _CMP_LE_OQ));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(v, _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) gelu_mul_generic(gate + i, up + i, y + i, n - i);
+}
+
 }  // namespace
 
 const KernelTable* kernels_avx2() {
-  static const KernelTable table{"avx2", matmul_x86, quantize_q8a_avx2, dot_f16_f32_avx2,
+  static const KernelTable table{"avx2", matmul_x86<TileShape<4, 2, 4>>, quantize_q8a_avx2, dot_f16_f32_avx2,
                                  axpy_f16_f32_avx2, f32_to_f16_avx2, axpy_rows_avx2,
-                                 attn_tile_avx2, kv_to_f32_avx2};
+                                 attn_tile_avx2, kv_to_f32_avx2, gelu_mul_avx2};
   return &table;
 }
 

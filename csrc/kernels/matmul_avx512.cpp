@@ -1,17 +1,18 @@
-// AVX-512 VNNI table: the AVX2 table with the integer-dot matmul rebuilt so vpdpbusd (256-bit, AVX512VL)
-// replaces the maddubs + madd pair. Compiled alone with -mavx512f/bw/vl/vnni on top of the AVX2 flags;
-// select_kernels() checks the CPU first. Everything else is the AVX2 code, shared by pointer.
+// AVX-512 table: the AVX2 table with the integer-dot matmul rebuilt for AVX-512VL + VNNI (vpdpbusd for the
+// byte dots, 32 vector registers for bigger tiles). Compiled alone with those flags; select_kernels()
+// checks the CPU first. Every other entry is the AVX2 code, shared by pointer.
 #if defined(__x86_64__) || defined(_M_X64)
 #include "kernels/kernels.h"
-#include "kernels/matmul_x86_tiles.h"
+#include "kernels/matmul_x86.h"
 
 namespace pyinfer {
 
-const KernelTable* kernels_avx512_vnni() {
+const KernelTable* kernels_avx512() {
   static const KernelTable table = [] {
     KernelTable t = *kernels_avx2();
-    t.isa = "avx512vnni";
-    t.matmul = matmul_x86;
+    t.isa = "avx512";
+    // 4 rows x 4 tokens: of 4x4, 4x6, 6x4 and 8x2 (bench/results/quant_kernels.md) the best or tied.
+    t.matmul = matmul_x86<TileShape<4, 4, 4>>;
     return t;
   }();
   return &table;
@@ -21,6 +22,6 @@ const KernelTable* kernels_avx512_vnni() {
 #else
 #include "kernels/kernels.h"
 namespace pyinfer {
-const KernelTable* kernels_avx512_vnni() { return nullptr; }
+const KernelTable* kernels_avx512() { return nullptr; }
 }  // namespace pyinfer
 #endif

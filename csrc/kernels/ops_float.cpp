@@ -38,9 +38,12 @@ void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, floa
 
 void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode) {
   // One angle per pair, shared by every head; any head size (no fixed-size table of angles).
+  // The pair frequencies base^(-2i/d) form a geometric series: one pow per row, not one per pair.
   const int half = head_dim / 2;
-  for (int i = 0; i < half; ++i) {
-    const double theta = double(pos) * std::pow(double(base), -2.0 * i / head_dim);
+  const double ratio = std::pow(double(base), -2.0 / head_dim);
+  double freq = 1.0;
+  for (int i = 0; i < half; ++i, freq *= ratio) {
+    const double theta = double(pos) * freq;
     const float cs = float(std::cos(theta)), sn = float(std::sin(theta));
     const int first = mode == RopeMode::Neox ? i : 2 * i, second = mode == RopeMode::Neox ? i + half : 2 * i + 1;
     for (int h = 0; h < heads; ++h) {
@@ -66,6 +69,10 @@ const float* gelu_fp16_table() {
     return t;
   }();
   return table.data();
+}
+
+void gelu_mul_generic(const float* gate, const float* up, float* y, int64_t n) {
+  gated_act_row(Activation::GeluTanh, gate, up, y, n);
 }
 
 void gated_act_row(Activation a, const float* gate, const float* up, float* y, int64_t n) {

@@ -37,5 +37,7 @@ void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, floa
 void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode);
 void add_row(const float* a, const float* b, float* y, int64_t n);
 void gated_act_row(Activation a, const float* gate, const float* up, float* y, int64_t n);
+// gated_act_row for GELU: the portable entry of KernelTable::gelu_mul.
+void gelu_mul_generic(const float* gate, const float* up, float* y, int64_t n);
 
 }  // namespace pyinfer

@@ -197,8 +197,12 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         add_row(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r), dst.cols);
         break;
       case OpKind::SiluMul:
-        gated_act_row(Activation(n.i[0]), row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r),
-                      row_ptr<float>(dst, r), dst.cols);
+        if (Activation(n.i[0]) == Activation::GeluTanh)
+          kernels_.gelu_mul(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r),
+                            dst.cols);
+        else
+          gated_act_row(Activation(n.i[0]), row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r),
+                        row_ptr<float>(dst, r), dst.cols);
         break;
       case OpKind::BiasRelu: {
         const float* x = row_ptr<const float>(*s0, r);

@@ -1,6 +1,6 @@
-// The x86 integer-dot matmul tiles, shared by the AVX2 and the AVX-512 VNNI kernel tables. Each of those
-// translation units includes this header with its own ISA flags; everything is in an anonymous namespace,
-// so the two instantiations never meet at link time.
+// The x86 integer-dot matmul, shared by the AVX2 and the AVX-512 kernel tables: each of those translation
+// units includes this header with its own ISA flags and tile shape. Everything is in an anonymous
+// namespace, so the two builds never meet at link time.
 #pragma once
 #include <immintrin.h>
 
@@ -45,68 +45,92 @@ struct Piece {
   float d, m;
 };
 
+// Types whose blocks are one piece need no per-block preparation; K-quants decode the packed scales of a
+// super-block once for its eight pieces.
+struct OnePiecePerBlock {
+  static constexpr int kPieces = 1;
+  static constexpr bool kOffset = true;  // m != 0
+  struct Cache {};
+  static void prepare(const uint8_t*, int64_t, Cache&) {}
+};
+
 template <DType WT> struct WeightBlock;
-template <> struct WeightBlock<DType::Q4_1> {
+template <> struct WeightBlock<DType::Q4_1> : OnePiecePerBlock {
   static constexpr bool kSigned = false;
   static constexpr bool kSubScales = false;
-  static void load(const uint8_t* row, int64_t b, Piece& p) {
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ4_1*>(row)[b];
     p.q = unpack_nibbles(blk.qs);
     p.d = _cvtsh_ss(blk.d);
     p.m = _cvtsh_ss(blk.m);
   }
 };
-template <> struct WeightBlock<DType::Q4_0> {
+template <> struct WeightBlock<DType::Q4_0> : OnePiecePerBlock {
   static constexpr bool kSigned = false;
   static constexpr bool kSubScales = false;
-  static void load(const uint8_t* row, int64_t b, Piece& p) {
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
     p.q = unpack_nibbles(blk.qs);
     p.d = _cvtsh_ss(blk.d);
     p.m = -8.f * p.d;  // d*(q-8) = d*q + (-8d)
   }
 };
-template <> struct WeightBlock<DType::Q5_0> {
+template <> struct WeightBlock<DType::Q5_0> : OnePiecePerBlock {
   static constexpr bool kSigned = false;
   static constexpr bool kSubScales = false;
-  static void load(const uint8_t* row, int64_t b, Piece& p) {
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
     p.q = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(blk.qh));
     p.d = _cvtsh_ss(blk.d);
     p.m = -16.f * p.d;
   }
 };
-template <> struct WeightBlock<DType::Q5_1> {
+template <> struct WeightBlock<DType::Q5_1> : OnePiecePerBlock {
   static constexpr bool kSigned = false;
   static constexpr bool kSubScales = false;
-  static void load(const uint8_t* row, int64_t b, Piece& p) {
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
     p.q = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(blk.qh));
     p.d = _cvtsh_ss(blk.d);
     p.m = _cvtsh_ss(blk.m);
   }
 };
-template <> struct WeightBlock<DType::Q8_0> {
+template <> struct WeightBlock<DType::Q8_0> : OnePiecePerBlock {
+  static constexpr bool kOffset = false;
   static constexpr bool kSigned = true;
   static constexpr bool kSubScales = false;
-  static void load(const uint8_t* row, int64_t b, Piece& p) {
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
     p.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
     p.d = _cvtsh_ss(blk.d);
     p.m = 0.f;
   }
 };
-// Q4_K and Q5_K: sub-block j = b % 8 of super-block b / 8.
+// Q4_K and Q5_K: piece j = b % 8 of super-block b / 8, with its scale d * sc[j] and offset -dmin * mn[j]
+// decoded once per super-block.
 template <DType WT> struct KQuantBlock {
+  static constexpr bool kFive = WT == DType::Q5_K;
+  static constexpr size_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  static constexpr int kPieces = 8;
+  static constexpr bool kOffset = true;
   static constexpr bool kSigned = false;
   static constexpr bool kSubScales = false;
-  static void load(const uint8_t* row, int64_t b, Piece& p) {
-    constexpr bool kFive = WT == DType::Q5_K;
-    const int64_t sb = b / 8;
+  struct Cache { float d[8], m[8]; };
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) {
+    const auto& k4 = *reinterpret_cast<const BlockQ4_K*>(row + sb * kBytes);  // d, dmin, scales: same offsets
+    const float d = _cvtsh_ss(k4.d), dmin = _cvtsh_ss(k4.dmin);
+    const uint8_t* s = k4.scales;
+    for (int j = 0; j < 4; ++j) {  // 6-bit scale and min; pieces 4..7 borrow the top bits of bytes 0..7
+      c.d[j] = d * float(s[j] & 63);
+      c.m[j] = -dmin * float(s[j + 4] & 63);
+      c.d[j + 4] = d * float((s[j + 8] & 0x0f) | ((s[j] >> 6) << 4));
+      c.m[j + 4] = -dmin * float((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+    }
+  }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
     const int j = int(b % 8);
-    const uint8_t* base = row + sb * (kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K));
-    const auto& k4 = *reinterpret_cast<const BlockQ4_K*>(base);  // d, dmin and scales share offsets
-    const uint8_t* qs = kFive ? reinterpret_cast<const BlockQ5_K*>(base)->qs : k4.qs;
+    const uint8_t* base = row + (b / 8) * kBytes;
+    const uint8_t* qs = kFive ? reinterpret_cast<const BlockQ5_K*>(base)->qs : reinterpret_cast<const BlockQ4_K*>(base)->qs;
     const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (j / 2)));
     p.q = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0f));
     if (kFive) {
@@ -114,18 +138,20 @@ template <DType WT> struct KQuantBlock {
       const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
       p.q = _mm256_or_si256(p.q, _mm256_slli_epi16(hi, 4));
     }
-    int sc, mn;
-    kquant_scale_min(k4.scales, j, sc, mn);
-    p.d = _cvtsh_ss(k4.d) * float(sc);  // one scale for the whole piece
-    p.m = -_cvtsh_ss(k4.dmin) * float(mn);
+    p.d = c.d[j];
+    p.m = c.m[j];
   }
 };
 template <> struct WeightBlock<DType::Q4_K> : KQuantBlock<DType::Q4_K> {};
 template <> struct WeightBlock<DType::Q5_K> : KQuantBlock<DType::Q5_K> {};
 template <> struct WeightBlock<DType::Q6_K> {
+  static constexpr int kPieces = 8;
+  static constexpr bool kOffset = false;
   static constexpr bool kSigned = true;
   static constexpr bool kSubScales = true;
-  static void load(const uint8_t* row, int64_t b, Piece& p) {
+  struct Cache { float d; };
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = _cvtsh_ss(reinterpret_cast<const BlockQ6_K*>(row)[sb].d); }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
     const int j = int(b % 8), half = j / 4, g = j % 4;
     const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * half + 32 * (g & 1)));
@@ -135,15 +161,14 @@ template <> struct WeightBlock<DType::Q6_K> {
     p.q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
     const int16_t s0 = blk.scales[8 * half + 2 * g], s1 = blk.scales[8 * half + 2 * g + 1];
     p.sc16 = _mm256_setr_m128i(_mm_set1_epi16(s0), _mm_set1_epi16(s1));
-    p.d = _cvtsh_ss(blk.d);
+    p.d = c.d;
     p.m = 0.f;
   }
 };
 
 // Integer dot of a piece with 32 activation bytes, as 8 int32 partial sums. Unsigned x signed is what
-// the instructions take: signed weights move their sign onto x. Pairs of products fit int16 for maddubs
-// (|q| <= 128 against |x| <= 127, and Q8A never holds -128). With AVX512-VNNI, vpdpbusd does the
-// multiply and the 4-way sum in one instruction.
+// maddubs takes: signed weights move their sign onto x. Pairs of products fit int16 (|q| <= 128 against
+// |x| <= 127, and Q8A never holds -128). With AVX512-VNNI, vpdpbusd does both steps in one instruction.
 template <typename P>
 inline __m256i piece_dot(const Piece& w, __m256i xq) {
   const __m256i u = P::kSigned ? _mm256_sign_epi8(w.q, w.q) : w.q;
@@ -164,21 +189,73 @@ inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int6
   float off[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) { acc[r][t] = _mm256_setzero_ps(); off[r][t] = 0.f; }
+  typename P::Cache cache[NR];
   for (int64_t b = 0; b < nb; ++b) {
+    if (b % P::kPieces == 0)
+      for (int r = 0; r < NR; ++r) P::prepare(wrows[r], b / P::kPieces, cache[r]);
     Piece w[NR];
-    for (int r = 0; r < NR; ++r) P::load(wrows[r], b, w[r]);
+    for (int r = 0; r < NR; ++r) P::load(wrows[r], b, cache[r], w[r]);
     for (int t = 0; t < NT; ++t) {
       const BlockQ8A& xb = xrows[t][b];
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       for (int r = 0; r < NR; ++r) {
         const __m256 p = _mm256_cvtepi32_ps(piece_dot<P>(w[r], xq));
         acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(w[r].d * xb.d), acc[r][t]);
-        off[r][t] += w[r].m * xb.s;
+        if (P::kOffset) off[r][t] += w[r].m * xb.s;
       }
     }
   }
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) res[r][t] = hsum(acc[r][t]) + off[r][t];
+}
+
+// NR weight rows x NT (2..8) tokens of consecutive activation rows `x_stride` bytes apart. Like tile(), but
+// the per-block float work is vectorised across the tokens: their activation scales and sums are gathered
+// as lanes once per block, so each (row, token) pair costs the integer dot, a lane permute and an FMA.
+template <DType WT, int NR, int NT>
+inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t x_stride, int64_t nb,
+                        float (&res)[NR][NT]) {
+  static_assert(NT >= 2 && NT <= 8, "tokens are lanes of one vector");
+  using P = WeightBlock<WT>;
+  __m256 acc[NR][NT];
+  __m256 off[NR];
+  for (int r = 0; r < NR; ++r) {
+    off[r] = _mm256_setzero_ps();
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  // Byte offsets of the tokens' rows, in floats for the gather; lanes >= NT stay masked off.
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i vindex = _mm256_mullo_epi32(lane, _mm256_set1_epi32(x_stride / 4));
+  const __m256 mask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(NT), lane));
+  typename P::Cache cache[NR];
+  for (int64_t b = 0; b < nb; ++b) {
+    if (b % P::kPieces == 0)
+      for (int r = 0; r < NR; ++r) P::prepare(wrows[r], b / P::kPieces, cache[r]);
+    Piece w[NR];
+    for (int r = 0; r < NR; ++r) P::load(wrows[r], b, cache[r], w[r]);
+    const float* xb = &x0[b].d;  // BlockQ8A: d, then s
+    const __m256 dx = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xb, vindex, mask, 4);
+    const __m256 sx = P::kOffset ? _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xb + 1, vindex, mask, 4) : dx;
+    __m256 dd[NR];
+    for (int r = 0; r < NR; ++r) {
+      dd[r] = _mm256_mul_ps(dx, _mm256_set1_ps(w[r].d));
+      if (P::kOffset) off[r] = _mm256_fmadd_ps(sx, _mm256_set1_ps(w[r].m), off[r]);
+    }
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8A& xt = *reinterpret_cast<const BlockQ8A*>(reinterpret_cast<const uint8_t*>(x0 + b) + t * x_stride);
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt.qs));
+      const __m256i tt = _mm256_set1_epi32(t);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 p = _mm256_cvtepi32_ps(piece_dot<P>(w[r], xq));
+        acc[r][t] = _mm256_fmadd_ps(p, _mm256_permutevar8x32_ps(dd[r], tt), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    float o[8];
+    _mm256_storeu_ps(o, off[r]);
+    for (int t = 0; t < NT; ++t) res[r][t] = hsum(acc[r][t]) + o[t];
+  }
 }
 
 template <DType WT, int NR, int NT>
@@ -193,7 +270,10 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
     const uint8_t* wr[NR];
     for (int i = 0; i < NR; ++i) wr[i] = a.w + row(r + i) * a.w_row_bytes;
     float res[NR][NT];
-    tile<WT, NR, NT>(wr, xr, nb, res);
+    if constexpr (NT > 1)
+      tile_tokens<WT, NR, NT>(wr, xr[0], int32_t(a.x_row_bytes), nb, res);
+    else
+      tile<WT, NR, NT>(wr, xr, nb, res);
     for (int i = 0; i < NR; ++i)
       for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r + i)] = res[i][t];
   }
@@ -205,35 +285,39 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   }
 }
 
-template <DType WT>
+// Tile shapes: rows x 1 token for decode, rows x tokens for prefill; an ISA with 32 vector registers
+// (AVX-512VL) holds bigger tiles.
+template <int kDecodeRows, int kRows, int kTokens>
+struct TileShape {
+  static constexpr int decode_rows = kDecodeRows, rows = kRows, tokens = kTokens;
+};
+
+template <DType WT, typename S>
 void matmul_typed(const MatMulArgs& a) {
-  if (a.n_tok == 1) return rows_for_tokens<WT, 4, 1>(a, a.r0, a.r1, 0);
+  if (a.n_tok == 1) return rows_for_tokens<WT, S::decode_rows, 1>(a, a.r0, a.r1, 0);
   // Row chunks outer so a chunk of weights stays in L1 while every token tile passes over it.
   constexpr int64_t kRowChunk = 64;
   for (int64_t c0 = a.r0; c0 < a.r1; c0 += kRowChunk) {
     const int64_t c1 = c0 + kRowChunk < a.r1 ? c0 + kRowChunk : a.r1;
     int64_t t = 0;
-    for (; t + 4 <= a.n_tok; t += 4) rows_for_tokens<WT, 2, 4>(a, c0, c1, t);
-    switch (a.n_tok - t) {
-      case 3: rows_for_tokens<WT, 2, 3>(a, c0, c1, t); break;
-      case 2: rows_for_tokens<WT, 2, 2>(a, c0, c1, t); break;
-      case 1: rows_for_tokens<WT, 2, 1>(a, c0, c1, t); break;
-      default: break;
-    }
+    for (; t + S::tokens <= a.n_tok; t += S::tokens) rows_for_tokens<WT, S::rows, S::tokens>(a, c0, c1, t);
+    for (; t + 2 <= a.n_tok; t += 2) rows_for_tokens<WT, S::rows, 2>(a, c0, c1, t);
+    if (t < a.n_tok) rows_for_tokens<WT, S::rows, 1>(a, c0, c1, t);
   }
 }
 
 // Every integer-dot type; float weights take the shared path.
+template <typename S>
 void matmul_x86(const MatMulArgs& a) {
   switch (a.wtype) {
-    case DType::Q4_0: return matmul_typed<DType::Q4_0>(a);
-    case DType::Q4_1: return matmul_typed<DType::Q4_1>(a);
-    case DType::Q8_0: return matmul_typed<DType::Q8_0>(a);
-    case DType::Q5_0: return matmul_typed<DType::Q5_0>(a);
-    case DType::Q5_1: return matmul_typed<DType::Q5_1>(a);
-    case DType::Q4_K: return matmul_typed<DType::Q4_K>(a);
-    case DType::Q5_K: return matmul_typed<DType::Q5_K>(a);
-    case DType::Q6_K: return matmul_typed<DType::Q6_K>(a);
+    case DType::Q4_0: return matmul_typed<DType::Q4_0, S>(a);
+    case DType::Q4_1: return matmul_typed<DType::Q4_1, S>(a);
+    case DType::Q8_0: return matmul_typed<DType::Q8_0, S>(a);
+    case DType::Q5_0: return matmul_typed<DType::Q5_0, S>(a);
+    case DType::Q5_1: return matmul_typed<DType::Q5_1, S>(a);
+    case DType::Q4_K: return matmul_typed<DType::Q4_K, S>(a);
+    case DType::Q5_K: return matmul_typed<DType::Q5_K, S>(a);
+    case DType::Q6_K: return matmul_typed<DType::Q6_K, S>(a);
     default: return matmul_float_weights(a);
   }
 }
