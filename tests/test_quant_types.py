@@ -70,17 +70,20 @@ def test_matmul_matches_dequantized_reference(isa, qtype, n_tok):
     np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1])
-def test_quantized_by_gguf_roundtrip(qtype):
-    """Weights quantized by gguf-py (not just random bits) give the same products."""
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1, Q.Q4_0, Q.Q8_0])
+@pytest.mark.parametrize("k,n_tok", [(256, 2), (96, 5), (96, 1)])
+def test_quantized_by_gguf_roundtrip(isa, qtype, k, n_tok):
+    """Weights quantized by gguf-py (not just random bits) give the same products; an odd number of blocks
+    per row and a token count that leaves a remainder after the tiles."""
     rng = np.random.default_rng(7)
-    rows, k, n_tok = 16, 256, 2
+    rows = 16
     w = rng.standard_normal((rows, k)).astype(np.float32)
     wq = quants.quantize(w, qtype)
     wd = quants.dequantize(wq, qtype).reshape(rows, k)
     x = rng.standard_normal((n_tok, k)).astype(np.float32)
     eng, y = run_single(lambda b: b.matmul(b.weight("w", int(qtype), k, rows, wq),
-                                           b.weight("x", int(DType.F32), k, n_tok, x), "y"), n_tok, "auto")
+                                           b.weight("x", int(DType.F32), k, n_tok, x), "y"), n_tok, isa)
     q, d = q8a_reference(x)
     want = (q * d).reshape(n_tok, k) @ wd.T
     np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())

@@ -258,6 +258,8 @@ inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t
   }
 }
 
+constexpr int64_t kAhead = 16;  // tiles; 8 and 16 measured alike
+
 template <DType WT, int NR, int NT>
 void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   const int64_t nb = a.k / kQuantBlock;
@@ -269,6 +271,13 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   for (; r + NR <= r1; r += NR) {
     const uint8_t* wr[NR];
     for (int i = 0; i < NR; ++i) wr[i] = a.w + row(r + i) * a.w_row_bytes;
+    // Decode streams each weight once from memory: ask for the rows kAhead tiles on well before they are
+    // needed. One sequential stream per core leaves the hardware prefetcher short of misses in flight: on
+    // the 2-core test VM this took Gemma 3's Q8_0 output head from 15.5-18.7 ms to 9.2-11 ms.
+    if (NT == 1 && !a.row_ids && r + (kAhead + 1) * NR <= r1) {
+      const char* next = reinterpret_cast<const char*>(a.w + (r + kAhead * NR) * a.w_row_bytes);
+      for (size_t off = 0; off < NR * a.w_row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    }
     float res[NR][NT];
     if constexpr (NT > 1)
       tile_tokens<WT, NR, NT>(wr, xr[0], int32_t(a.x_row_bytes), nb, res);
