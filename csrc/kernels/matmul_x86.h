@@ -212,11 +212,10 @@ inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int6
 // NR weight rows x NT (2..8) tokens of consecutive activation rows `x_stride` bytes apart. Like tile(), but
 // the per-block float work is vectorised across the tokens: their activation scales and sums are gathered
 // as lanes once per block, so each (row, token) pair costs the integer dot, a lane permute and an FMA.
-template <DType WT, int NR, int NT>
+template <typename P, int NR, int NT>
 inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t x_stride, int64_t nb,
                         float (&res)[NR][NT]) {
   static_assert(NT >= 2 && NT <= 8, "tokens are lanes of one vector");
-  using P = WeightBlock<WT>;
   __m256 acc[NR][NT];
   __m256 off[NR];
   for (int r = 0; r < NR; ++r) {
@@ -280,7 +279,7 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
     }
     float res[NR][NT];
     if constexpr (NT > 1)
-      tile_tokens<WT, NR, NT>(wr, xr[0], int32_t(a.x_row_bytes), nb, res);
+      tile_tokens<WeightBlock<WT>, NR, NT>(wr, xr[0], int32_t(a.x_row_bytes), nb, res);
     else
       tile<WT, NR, NT>(wr, xr, nb, res);
     for (int i = 0; i < NR; ++i)
@@ -301,11 +300,92 @@ struct TileShape {
   static constexpr int decode_rows = kDecodeRows, rows = kRows, tokens = kTokens;
 };
 
+// Prefill decodes each weight piece once per row chunk into plain bytes (q, d, m), then every token tile of
+// the run reads those instead of decoding the packed blocks again: the decode (shuffles and masks for
+// Q5_0, nibble splits, fp16 scales) was about half the instructions per (row, token) pair.
+struct DecodedPiece {
+  int8_t q[32];
+  float d, m;
+  int16_t sc[2];  // Q6_K's scales of elements 0..15 and 16..31
+};
+
+template <typename Source>
+struct DecodedBlock : OnePiecePerBlock {
+  static constexpr bool kSigned = Source::kSigned;
+  static constexpr bool kSubScales = Source::kSubScales;
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
+    const DecodedPiece& dp = reinterpret_cast<const DecodedPiece*>(row)[b];
+    p.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp.q));
+    if (kSubScales) p.sc16 = _mm256_setr_m128i(_mm_set1_epi16(dp.sc[0]), _mm_set1_epi16(dp.sc[1]));
+    p.d = dp.d;
+    p.m = dp.m;
+  }
+};
+
+// Rows [c0, c1) decoded to `out` (row i - c0 at out + (i - c0) * nb).
+template <DType WT>
+void decode_rows(const MatMulArgs& a, int64_t c0, int64_t c1, int64_t nb, DecodedPiece* out) {
+  using P = WeightBlock<WT>;
+  for (int64_t i = c0; i < c1; ++i) {
+    const uint8_t* w = a.w + (a.row_ids ? a.row_ids[i] : i) * a.w_row_bytes;
+    typename P::Cache cache;
+    DecodedPiece* o = out + (i - c0) * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      if (b % P::kPieces == 0) P::prepare(w, b / P::kPieces, cache);
+      Piece p;
+      P::load(w, b, cache, p);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o[b].q), p.q);
+      o[b].d = p.d;
+      o[b].m = P::kOffset ? p.m : 0.f;
+      if (P::kSubScales) {
+        o[b].sc[0] = int16_t(_mm256_extract_epi16(p.sc16, 0));
+        o[b].sc[1] = int16_t(_mm256_extract_epi16(p.sc16, 8));
+      }
+    }
+  }
+}
+
+template <DType WT, int NR, int NT>
+void decoded_rows_for_tokens(const MatMulArgs& a, const DecodedPiece* chunk, int64_t c0, int64_t c1, int64_t nb,
+                             int64_t t0) {
+  using D = DecodedBlock<WeightBlock<WT>>;
+  const auto* x0 = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + t0 * a.x_row_bytes);
+  auto row = [&](int64_t i) -> int64_t { return a.row_ids ? a.row_ids[i] : i; };
+  int64_t r = c0;
+  for (; r < c1; r += NR) {
+    const int nr = int(c1 - r < NR ? c1 - r : NR);
+    const uint8_t* wr[NR];
+    for (int i = 0; i < NR; ++i)  // a short last tile repeats its last row and drops the copies
+      wr[i] = reinterpret_cast<const uint8_t*>(chunk + (r + (i < nr ? i : nr - 1) - c0) * nb);
+    float res[NR][NT];
+    tile_tokens<D, NR, NT>(wr, x0, int32_t(a.x_row_bytes), nb, res);
+    for (int i = 0; i < nr; ++i)
+      for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r + i)] = res[i][t];
+  }
+}
+
 template <DType WT, typename S>
 void matmul_typed(const MatMulArgs& a) {
   if (a.n_tok == 1) return rows_for_tokens<WT, S::decode_rows, 1>(a, a.r0, a.r1, 0);
-  // Row chunks outer so a chunk of weights stays in L1 while every token tile passes over it.
+  const int64_t nb = a.k / kQuantBlock;
+  // Row chunks outer so a chunk of weights stays in L1/L2 while every token tile passes over it.
   constexpr int64_t kRowChunk = 64;
+  constexpr int64_t kDecodedPieces = (48 << 10) / sizeof(DecodedPiece);  // 48 KiB on the stack
+  const int64_t decoded_rows = nb > 0 ? kDecodedPieces / nb : 0;
+  if (a.n_tok >= 2 * S::tokens && decoded_rows >= S::rows) {
+    DecodedPiece chunk[kDecodedPieces];
+    const int64_t rows = decoded_rows < kRowChunk ? decoded_rows - decoded_rows % S::rows : kRowChunk;
+    for (int64_t c0 = a.r0; c0 < a.r1; c0 += rows) {
+      const int64_t c1 = c0 + rows < a.r1 ? c0 + rows : a.r1;
+      decode_rows<WT>(a, c0, c1, nb, chunk);
+      int64_t t = 0;
+      for (; t + S::tokens <= a.n_tok; t += S::tokens)
+        decoded_rows_for_tokens<WT, S::rows, S::tokens>(a, chunk, c0, c1, nb, t);
+      for (; t + 2 <= a.n_tok; t += 2) decoded_rows_for_tokens<WT, S::rows, 2>(a, chunk, c0, c1, nb, t);
+      if (t < a.n_tok) rows_for_tokens<WT, S::rows, 1>(a, c0, c1, t);
+    }
+    return;
+  }
   for (int64_t c0 = a.r0; c0 < a.r1; c0 += kRowChunk) {
     const int64_t c1 = c0 + kRowChunk < a.r1 ? c0 + kRowChunk : a.r1;
     int64_t t = 0;
