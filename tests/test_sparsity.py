@@ -208,3 +208,39 @@ def test_auto_on_a_relu_model_trains_predictors(relu_model_path, tmp_path, monke
     m = pyinfer.load(relu_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
     assert m.sparsity.mode == "relu" and m.sparsity.has_predictors
     assert all(lp.threshold == 0.0 for lp in m.sparsity.layers)
+
+
+# ---- GELU-gated FFNs (Gemma 3) ------------------------------------------------------------------
+def test_gelu_model_sparse_paths(tmp_path, monkeypatch):
+    """A GeGLU model: the all-active plans reproduce dense decode, and `auto` calibrates with the |GELU(g) u|
+    criterion (no SiLU gate cuts) and emulated prefill equals token-by-token sparse decode."""
+    from tiny_model import TINY_GEMMA3, write_tiny_gemma3
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    path = str(write_tiny_gemma3(tmp_path / "g.gguf", seed=2, types={k: Q.F32 for k in
+                                 ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}))
+    dense = pyinfer.load(path, n_threads=2, n_ctx=64)
+    ff = TINY_GEMMA3["d_ff"]
+    rng = np.random.default_rng(0)
+    layers = []
+    for _ in range(TINY_GEMMA3["n_layers"]):
+        pred = Predictor(quants.quantize(np.zeros((32, TINY_GEMMA3["d_model"]), np.float32), Q.Q8_0),
+                         np.zeros(32, np.float32), quants.quantize(np.zeros((ff - 16, 32), np.float32), Q.Q8_0),
+                         np.full(ff - 16, -1.0, np.float32), {"recall": 1.0})
+        layers.append(LayerPlan(rng.permutation(ff).astype(np.int32), 0.0, 16, pred))
+    plan = SparsityPlan("contrib", 0.0, layers, dense.gguf.fingerprint())
+    sparse = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=plan)
+    ref = decode_logits(dense, TOKENS)
+    # Only float summation order differs (axpy over neurons vs the dense down), through seven layers.
+    np.testing.assert_allclose(decode_logits(sparse, TOKENS), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+
+    auto = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity="auto", target=0.5, progress=False)
+    assert auto.sparsity.mode == "contrib" and all(lp.gate_threshold == 0 for lp in auto.sparsity.layers)
+    emu = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity="auto", target=0.5, progress=False,
+                       emulate_prefill=True)
+    got = decode_logits(auto, TOKENS)
+    np.testing.assert_allclose(emu.eval(TOKENS, all_logits=True), got, rtol=1e-4, atol=1e-4)
+    assert np.abs(got - decode_logits(dense, TOKENS)).max() > 1e-4  # it really is sparse
+    with pytest.raises(PyinferError, match="CATS"):
+        from pyinfer.sparsity.recorder import criterion
+        criterion("gate", np.zeros((1, 4)), np.zeros((1, 4)), dense.config.activation)

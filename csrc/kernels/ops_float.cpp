@@ -37,13 +37,22 @@ void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, floa
 }
 
 void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode) {
-  // One angle per pair, shared by every head; any head size (no fixed-size table of angles).
-  // The pair frequencies base^(-2i/d) form a geometric series: one pow per row, not one per pair.
+  // One angle per pair, shared by every head; any head size (no fixed-size table of angles). The pair
+  // frequencies base^(-2i/d) are the same for every row of a run: each thread keeps the last set it
+  // computed, so the pow calls happen once per (base, head size) instead of once per pair and row.
+  constexpr int kMaxCachedPairs = 512;
+  thread_local double freq[kMaxCachedPairs];
+  thread_local float freq_base = 0.f;
+  thread_local int freq_head_dim = 0;
   const int half = head_dim / 2;
-  const double ratio = std::pow(double(base), -2.0 / head_dim);
-  double freq = 1.0;
-  for (int i = 0; i < half; ++i, freq *= ratio) {
-    const double theta = double(pos) * freq;
+  const bool cached = half <= kMaxCachedPairs;
+  if (cached && (freq_base != base || freq_head_dim != head_dim)) {
+    for (int i = 0; i < half; ++i) freq[i] = std::pow(double(base), -2.0 * i / head_dim);
+    freq_base = base;
+    freq_head_dim = head_dim;
+  }
+  for (int i = 0; i < half; ++i) {
+    const double theta = double(pos) * (cached ? freq[i] : std::pow(double(base), -2.0 * i / head_dim));
     const float cs = float(std::cos(theta)), sn = float(std::sin(theta));
     const int first = mode == RopeMode::Neox ? i : 2 * i, second = mode == RopeMode::Neox ? i + half : 2 * i + 1;
     for (int h = 0; h < heads; ++h) {

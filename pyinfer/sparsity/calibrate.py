@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PyinferError
-from ..model.config import LlamaConfig
+from ..model.config import Activation, LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from .plan import LayerPlan, SparsityPlan
 from .predictor import TrainConfig, train_layer
@@ -41,9 +41,12 @@ def profile_model(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int], max_tok
     mode = mode or default_mode(cfg)
     prof = Profile.empty(mode, cfg.n_layers, cfg.d_ff, gguf.fingerprint(), dict(info or {}))
 
+    # The |SiLU(gate)| histogram feeds gate-first (CATS-style) cuts, which the engine runs for SiLU only.
+    gate_first = cfg.activation == Activation.SILU and mode != "relu"
+
     def on_layer(il, h, gate, up):
-        gate_crit = None if mode == "relu" else np.abs(gate / (1.0 + np.exp(-gate)))
-        prof.add(il, criterion(mode, gate, up), gate_crit)
+        gate_crit = np.abs(gate / (1.0 + np.exp(-gate))) if gate_first else None
+        prof.add(il, criterion(mode, gate, up, cfg.activation), gate_crit)
 
     prof.tokens = Recorder(gguf, cfg, n_threads).run(ids, max_tokens, on_layer, "profiling", progress)
     return prof
@@ -57,7 +60,7 @@ def collect_training_data(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int],
 
     def on_layer(il, h, gate, up):
         xs[il].append(h.astype(np.float16))
-        ys[il].append(np.packbits(criterion(mode, gate, up)[:, perms[il]] > thresholds[il], axis=1))
+        ys[il].append(np.packbits(criterion(mode, gate, up, cfg.activation)[:, perms[il]] > thresholds[il], axis=1))
 
     Recorder(gguf, cfg, n_threads).run(ids, max_tokens, on_layer, "collecting", progress)
     return xs, ys
@@ -79,7 +82,7 @@ def build_plan(gguf: GGUFModelFile, cfg: LlamaConfig, profile: Profile, target: 
     layers = [LayerPlan(perms[il], float(thr[il])) for il in range(cfg.n_layers)]
     # Expected share of neurons active per token (for ReLU models the target says nothing about it).
     info = dict(info or {}, density=float(profile.frequencies(thr).mean()))
-    if train is None and gate_recall is not None and mode == "contrib":
+    if train is None and gate_recall is not None and mode == "contrib" and cfg.activation == Activation.SILU:
         for lp, cut in zip(layers, profile.gate_cuts(thr, gate_recall)):
             lp.gate_threshold = float(cut)
         info = dict(info or {}, gate_recall=gate_recall)

@@ -26,7 +26,7 @@ def measure_plan(model, plan: SparsityPlan, ids: list[int], max_tokens: int = 10
 
     def on_layer(il, h, gate, up):
         lp = plan.layers[il]
-        crit = criterion(plan.mode, gate, up)[:, lp.perm]
+        crit = criterion(plan.mode, gate, up, cfg.activation)[:, lp.perm]
         true = crit > lp.threshold
         comp = _predicted(lp, h, gate, cfg.d_ff)
         a = acc[il]

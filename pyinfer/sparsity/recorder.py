@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import PyinferError
-from ..model.config import LlamaConfig
+from ..model.config import Activation, LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..runtime.llama_graph import build_llama_graph
 
@@ -52,11 +52,28 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def criterion(mode: str, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """The per-neuron activation criterion (bigger = more active). F32 [T, d_ff]."""
+def gated(act: Activation, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """act(gate) * up, as the engine's gated_mul computes it (GELU there goes through an fp16 table)."""
+    if act == Activation.SILU:
+        return silu(gate) * up
+    if act == Activation.GELU_TANH:
+        return 0.5 * gate * (1.0 + np.tanh(0.7978845608 * (gate + 0.044715 * gate ** 3))) * up
+    if act == Activation.RELU:
+        return np.maximum(gate, 0.0) * up
+    if act == Activation.RELU2:
+        return np.maximum(gate, 0.0) ** 2 * up
+    return np.maximum(gate, 0.0) * np.maximum(up, 0.0)  # dReLU
+
+
+def criterion(mode: str, gate: np.ndarray, up: np.ndarray, act: Activation = Activation.SILU) -> np.ndarray:
+    """The per-neuron activation criterion (bigger = more active). F32 [T, d_ff]. contrib: |act(gate) * up|
+    for any gated FFN (SwiGLU, GeGLU); gate: |SiLU(gate)| (CATS, SwiGLU only); relu: ReLU models."""
     if mode == "contrib":
-        return np.abs(silu(gate) * up)
+        return np.abs(gated(act, gate, up))
     if mode == "gate":
+        if act != Activation.SILU:
+            raise PyinferError(f"the 'gate' criterion (CATS) is defined for SiLU models; this one uses "
+                               f"{act.name} (use contrib)")
         return np.abs(silu(gate))
     if mode == "relu":
         return np.maximum(gate, 0.0) * np.abs(up)
