@@ -40,8 +40,8 @@ class LlamaCpp:
         self.llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
                          logits_all=logits_all, verbose=False, **options)
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.llm.tokenize(text.encode(), add_bos=False, special=False)
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        return self.llm.tokenize(text.encode(), add_bos=add_bos, special=False)
 
     def decode(self, prompt_ids: list[int], n: int) -> tuple[float, list[int]]:
         llm = self.llm
@@ -80,7 +80,10 @@ def pyinfer_prefill(m, ids: list[int]) -> float:
     return time.perf_counter() - t0
 
 
-def llamacpp_perplexity(path: str, text_tokens: list[int], ctx: int, windows: int, threads: int) -> float:
+def llamacpp_perplexity(path: str, text_tokens: list[int], ctx: int, windows: int, threads: int,
+                        bos: int | None = None) -> float:
+    """llama.cpp's perplexity protocol; with `bos` (models that add one) each window's first token is
+    replaced by it, as llama-perplexity does."""
     from tqdm import tqdm
 
     ll = LlamaCpp(path, threads, ctx, logits_all=True)
@@ -88,7 +91,9 @@ def llamacpp_perplexity(path: str, text_tokens: list[int], ctx: int, windows: in
     rows = np.arange(first, ctx - 1)
     nll, count = 0.0, 0
     for w in tqdm(range(windows), desc="llama.cpp perplexity", file=sys.stderr):
-        chunk = text_tokens[w * ctx:(w + 1) * ctx]
+        chunk = list(text_tokens[w * ctx:(w + 1) * ctx])
+        if bos is not None:
+            chunk[0] = bos
         ll.llm.reset()
         ll.llm.eval(chunk)
         logits = np.asarray(ll.llm.scores[:ctx], dtype=np.float32)[rows]
@@ -121,7 +126,7 @@ def main() -> int:
     ours = pyinfer.load(path, n_threads=args.threads, n_ctx=2048)
     peer = LlamaCpp(path, args.threads, 2048)
     prompt_ids = ours.tokenize(PROMPT)
-    assert prompt_ids == peer.tokenize(PROMPT), "tokenizers disagree"
+    assert prompt_ids == peer.tokenize(PROMPT, add_bos=ours.tokenizer.add_bos), "tokenizers disagree"
     rng = np.random.default_rng(0)
     rounds = []
     # warm-up: page in the weights, start threads
@@ -162,7 +167,8 @@ def main() -> int:
         ppl = perplexity(pyinfer.load(path, n_threads=args.threads, n_ctx=512), text, 512, args.ppl_windows)
         toks = ours.tokenize(text, add_bos=False)
         out["perplexity"] = {"windows": args.ppl_windows, "ctx": 512, "pyinfer": ppl.perplexity,
-                             "llama.cpp": llamacpp_perplexity(path, toks, 512, args.ppl_windows, args.threads)}
+                             "llama.cpp": llamacpp_perplexity(path, toks, 512, args.ppl_windows, args.threads,
+                                                              ours.tokenizer.bos_id if ours.tokenizer.add_bos else None)}
         out["perplexity"]["ratio"] = out["perplexity"]["pyinfer"] / out["perplexity"]["llama.cpp"]
     out["pyinfer_bench"] = peak_rss(path, args.threads)
     out["rss_over_gguf_mb"] = out["pyinfer_bench"]["peak_rss_mb"] - out["gguf_bytes"] / 2**20

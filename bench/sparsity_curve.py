@@ -23,6 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 import pyinfer  # noqa: E402
 from compare_llamacpp import LlamaCpp, pyinfer_decode  # noqa: E402
+from pyinfer.model.config import Activation  # noqa: E402
 from pyinfer.model.pull import resolve_model  # noqa: E402
 from pyinfer.sparsity.calibrate import build_plan, profile_model, read_calibration  # noqa: E402
 from pyinfer.sparsity.measure import measure_plan  # noqa: E402
@@ -30,6 +31,7 @@ from pyinfer.sparsity.predictor import TrainConfig  # noqa: E402
 from pyinfer.tools.perplexity import perplexity  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
+RESULT_STEM = "sparsity_curve"
 AUTO_CONFIG = "thr 40%"  # what sparsity="auto" calibrates for SwiGLU models (pyinfer/sparsity/resolve.py)
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -47,8 +49,11 @@ def bytes_per_token(model, plan=None, measured=None) -> float:
         if plan is not None and ".ffn_" in name and not name.endswith("norm.weight"):
             il = int(name.split(".")[1])
             m = measured[il]
-            if "ffn_down" in name:  # lossless neuron-major Q4T: active rows + the 32-neuron groups' scales
-                total += nbytes * (0.8 * m["active_density"] + 0.2)
+            if "ffn_down" in name:
+                if t.type_name in ("Q4_0", "Q4_1"):  # lossless neuron-major Q4T: active rows + group scales
+                    total += nbytes * (0.8 * m["active_density"] + 0.2)
+                else:  # re-quantized neuron-major Q8_0 rows of the active neurons
+                    total += t.rows * t.cols * 34 / 32 * m["active_density"]
             elif "ffn_gate" in name and not plan.layers[il].predictor:
                 total += nbytes  # without a predictor the gate is computed in full
             else:
@@ -72,9 +77,14 @@ def main() -> int:
     ap.add_argument("--rank", type=int, default=64, help="predictor rank (0: sized per layer)")
     ap.add_argument("--gate-recall", type=float, default=0.95, help="gate-first: share of active neurons kept")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("-m", "--model", default=None, help="GGUF file or named model (default: SmolLM2)")
+    ap.add_argument("--tag", default="", help="results go to sparsity_curve[_TAG].{json,md,png}")
+    ap.add_argument("--no-predictors", action="store_true", help="thresholds only (no predictor training)")
     args = ap.parse_args()
+    global RESULT_STEM
+    RESULT_STEM = "sparsity_curve" + (f"_{args.tag}" if args.tag else "")
 
-    path = str(resolve_model(None))
+    path = str(resolve_model(args.model))
     wiki = (DATA / "wikitext-2-raw-test.txt").read_text()
     calib = read_calibration(DATA / "pride-and-prejudice.txt")
     dense = pyinfer.load(path, n_threads=args.threads, n_ctx=512)
@@ -88,9 +98,12 @@ def main() -> int:
     for target in args.targets:
         configs[f"thr {target:.0%}"] = dict(plan=build_plan(dense.gguf, dense.config, prof, target, None, 0,
                                                             args.threads, None, progress=False), target=target)
-        configs[f"gate-first {target:.0%}"] = dict(
-            plan=build_plan(dense.gguf, dense.config, prof, target, None, 0, args.threads, None, progress=False,
-                            gate_recall=args.gate_recall), target=target)
+        if dense.config.activation == Activation.SILU:  # gate-first cuts are |SiLU(gate)| cuts
+            configs[f"gate-first {target:.0%}"] = dict(
+                plan=build_plan(dense.gguf, dense.config, prof, target, None, 0, args.threads, None, progress=False,
+                                gate_recall=args.gate_recall), target=target)
+        if args.no_predictors:
+            continue
         train = TrainConfig(fixed_rank=args.rank or None)
         t0 = time.time()
         plan = build_plan(dense.gguf, dense.config, prof, target, ids, args.train_tokens, args.threads, train)
@@ -143,16 +156,16 @@ def main() -> int:
     meta = dict(machine=platform.processor() or platform.machine(), threads=args.threads, windows=args.windows,
                 rounds=args.rounds, gen=args.gen, profile_tokens=prof.tokens, train_tokens=args.train_tokens,
                 rank=args.rank, llamacpp_tok_s=statistics.median(speeds["llama.cpp"]) if llama else None,
-                date=time.strftime("%Y-%m-%d"))
+                date=time.strftime("%Y-%m-%d"), model=Path(path).name)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sparsity_curve.json").write_text(json.dumps({"meta": meta, "rows": out}, indent=1))
+    (RESULTS / f"{RESULT_STEM}.json").write_text(json.dumps({"meta": meta, "rows": out}, indent=1))
     write_table(out, meta)
-    plot(out)
+    plot(out, meta["model"])
     return 0
 
 
 def write_table(rows, meta) -> None:
-    lines = [f"# Activation sparsity on SmolLM2-135M-Instruct Q4_1 ({meta['threads']} threads, {meta['date']})", "",
+    lines = [f"# Activation sparsity on {meta['model']} ({meta['threads']} threads, {meta['date']})", "",
              f"Perplexity: WikiText-2 test, {meta['windows']} windows of 512, llama.cpp scoring, sparse decode "
              f"semantics for every token. Speed: greedy decode of {meta['gen']} tokens, {meta['rounds']} alternating "
              f"rounds, median of per-round ratios. Calibration: pride-and-prejudice.txt "
@@ -166,10 +179,10 @@ def write_table(rows, meta) -> None:
         lines.append(f"| {r['config']} | {r['perplexity']:.3f} | {r['ppl_vs_dense']:+.2%} | {r['decode_tok_s']:.1f} | "
                      f"{r['vs_dense']:.3f} | {vl} | {r['bytes_per_token'] / 1e6:.1f} | {comp} | {rec} | "
                      f"{r['predictor_bytes'] / 1024:.0f} |")
-    (RESULTS / "sparsity_curve.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{RESULT_STEM}.md").write_text("\n".join(lines) + "\n")
 
 
-def plot(rows) -> None:
+def plot(rows, model: str) -> None:
     from pyinfer.sparsity.plots import _pyplot
 
     plt = _pyplot()
@@ -192,10 +205,10 @@ def plot(rows) -> None:
     ax.set_ylim(-2, 30)
     ax.set_xlabel("decode speed vs our dense engine (×)")
     ax.set_ylabel("perplexity increase (%)")
-    ax.set_title("SmolLM2-135M: FFN sparsity target (labels) vs quality and speed")
+    ax.set_title(f"{model}: FFN sparsity target (labels) vs quality and speed")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "sparsity_curve.png", dpi=120)
+    fig.savefig(RESULTS / f"{RESULT_STEM}.png", dpi=120)
     plt.close(fig)
 
 
