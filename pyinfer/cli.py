@@ -362,6 +362,8 @@ def cmd_pull(args) -> int:
 
 
 def cmd_info(args) -> int:
+    from collections import Counter
+
     from . import _core
 
     model = _load(args)
@@ -369,6 +371,15 @@ def cmd_info(args) -> int:
     print(f"model      {model.path}")
     print(f"arch       {model.gguf.architecture}  layers={c.n_layers} d_model={c.d_model} d_ff={c.d_ff} "
           f"heads={c.n_heads}/{c.n_kv_heads} vocab={c.vocab_size}")
+    print(f"activation {c.activation.name.lower()}  weights: " + ", ".join(
+        f"{k} {v}" for k, v in sorted(Counter(t.type_name for t in model.gguf.tensors.values()).items())))
+    if model.gguf.powerinfer:
+        from .sparsity.powerinfer import THRESHOLD_KEY, gpu_index, has_predictors
+
+        gi = gpu_index(model.path, c.n_layers)
+        print(f"powerinfer predictors={'yes' if has_predictors(model.gguf) else 'no'} "
+              f"sparse_threshold={model.gguf.get(THRESHOLD_KEY, 0.0)} gpu index="
+              f"{gi['file'] + ' ' + str(gi['gpu_neurons_per_layer']) if gi else 'none'}")
     print(f"kernels    {model.isa} (available: {_core.available_isas()})  threads={model.n_threads}")
     devs = _core.cuda_devices()
     print(f"cuda       built={_core.cuda_built()} devices={[d['name'] for d in devs] or 'none'}")

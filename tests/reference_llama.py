@@ -55,6 +55,18 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def gated_act(act, g):
+    """The gate's activation, from the model's Activation (SiLU, ReLU or GELU-tanh)."""
+    from pyinfer.model.config import Activation
+
+    if act == Activation.GELU_TANH:
+        return gelu_tanh(g)
+    if act == Activation.RELU:
+        return np.maximum(g, 0)
+    assert act == Activation.SILU, act
+    return g / (1 + np.exp(-g))
+
+
 def head_norm(x, w, heads, eps):
     """RMS norm of each head on its own (Gemma 3's QK-norm). x: [T, heads*hd]."""
     T = x.shape[0]
@@ -91,7 +103,7 @@ def reference_logits(f: GGUFModelFile, tokens: list[int]) -> np.ndarray:
         h = rms_norm(x, dequant(f, p + "ffn_norm.weight"), c.norm_eps)
         g = h @ dequant(f, p + "ffn_gate.weight").T
         u = h @ dequant(f, p + "ffn_up.weight").T
-        y = ((gelu_tanh(g) if gemma else g / (1 + np.exp(-g))) * u) @ dequant(f, p + "ffn_down.weight").T
+        y = (gated_act(c.activation, g) * u) @ dequant(f, p + "ffn_down.weight").T
         if gemma:
             y = rms_norm(y, dequant(f, p + "post_ffw_norm.weight"), c.norm_eps)
         x = x + y

@@ -244,3 +244,69 @@ def test_gelu_model_sparse_paths(tmp_path, monkeypatch):
     with pytest.raises(PyinferError, match="CATS"):
         from pyinfer.sparsity.recorder import criterion
         criterion("gate", np.zeros((1, 4)), np.zeros((1, 4)), dense.config.activation)
+
+
+# ---- PowerInfer's model files --------------------------------------------------------------------
+def test_powerinfer_file_runs_its_own_predictors(tmp_path):
+    """A file in PowerInfer's converter layout (PWRI magic, fc1/fc2 predictors, transposed down, threshold
+    key): it loads as a ReLU model, its dense path equals the numpy reference with down = down_t^T, and
+    sparsity="auto" uses its predictors (no calibration) exactly as numpy computes them: neuron j runs
+    when (fc2 relu(fc1 x))[j] >= threshold, with the Q8_0 predictor weights the engine holds."""
+    from gguf import GGMLQuantizationType as GQ
+
+    from reference_llama import reference_logits
+    from tiny_model import write_tiny_llama
+
+    path = str(write_tiny_llama(tmp_path / "pwri.gguf", seed=7, matrix_type=Q.F32, embed_type=Q.F32,
+                                powerinfer=dict(rank=32, threshold=0.25)))
+    assert open(path, "rb").read(4) == b"PWRI"
+    dense = pyinfer.load(path, n_threads=2, n_ctx=64)
+    assert dense.gguf.powerinfer and dense.config.activation == pyinfer.model.config.Activation.RELU
+    np.testing.assert_allclose(dense.eval(TOKENS, all_logits=True), reference_logits(dense.gguf, TOKENS),
+                               rtol=1e-3, atol=1e-3)
+
+    sparse = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    plan = sparse.sparsity
+    assert plan.info["calibration"] == "powerinfer predictors" and plan.info["sparse_threshold"] == 0.25
+    got = decode_logits(sparse, TOKENS)
+
+    # numpy: the same forward with each layer's FFN restricted to the predicted neurons
+    g = dense.gguf
+    c = dense.config
+
+    def deq(name):
+        t = g.tensor(name)
+        return quants.dequantize(np.asarray(t.data), GQ[t.type_name]).reshape(t.rows, t.cols).astype(np.float64)
+
+    import reference_llama as R
+
+    def q8(a):  # the engine's activation rounding before an integer dot: 8 bits per 32 values
+        b = a.reshape(len(a), -1, 32)
+        amax = np.abs(b).max(-1, keepdims=True)
+        return (np.rint(b * np.where(amax > 0, 127 / np.where(amax > 0, amax, 1), 0)) * amax / 127).reshape(a.shape)
+
+    def predicted_ffn_logits():
+        emb = deq("token_embd.weight")
+        x = emb[TOKENS]
+        pos = np.arange(len(TOKENS))
+        for il in range(c.n_layers):
+            p = f"blk.{il}."
+            h = R.rms_norm(x, deq(p + "attn_norm.weight")[0], c.norm_eps)
+            q = R.rope(h @ deq(p + "attn_q.weight").T, pos, c.n_heads, c.head_dim, c.rope_base)
+            k = R.rope(h @ deq(p + "attn_k.weight").T, pos, c.n_kv_heads, c.head_dim, c.rope_base)
+            v = h @ deq(p + "attn_v.weight").T
+            x = x + R.attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim) @ deq(p + "attn_output.weight").T
+            h = R.rms_norm(x, deq(p + "ffn_norm.weight")[0], c.norm_eps)
+            pred = plan.layers[il].predictor
+            w1 = quants.dequantize(pred.w1_q8, GQ.Q8_0).reshape(pred.rank, -1)
+            w2 = quants.dequantize(pred.w2_q8, GQ.Q8_0).reshape(c.d_ff, pred.rank)
+            active = (q8(np.maximum(q8(h) @ w1.T, 0)) @ w2.T) >= 0.25
+            gate = np.maximum(h @ deq(p + "ffn_gate.weight").T, 0) * (h @ deq(p + "ffn_up.weight").T) * active
+            x = x + gate @ deq(p + "ffn_down_t.weight")
+        h = R.rms_norm(x, deq("output_norm.weight")[0], c.norm_eps)
+        return h @ emb.T
+
+    want = predicted_ffn_logits()
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < 2e-3 * scale  # a near-tie score could flip one neuron: none here
+    assert np.abs(got - decode_logits(dense, TOKENS)).max() > 1e-3 * scale  # and the predictor did skip some

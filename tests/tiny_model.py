@@ -11,6 +11,31 @@ from tokenizers.pre_tokenizers import ByteLevel
 TINY = dict(n_layers=2, d_model=64, d_ff=96, n_heads=4, n_kv_heads=2, rope_base=10000.0, eps=1e-5)
 
 
+def _add_shape(w: GGUFWriter, c: dict) -> None:
+    w.add_block_count(c["n_layers"])
+    w.add_context_length(256)
+    w.add_embedding_length(c["d_model"])
+    w.add_feed_forward_length(c["d_ff"])
+    w.add_head_count(c["n_heads"])
+    w.add_head_count_kv(c["n_kv_heads"])
+    w.add_rope_freq_base(c["rope_base"])
+    w.add_layer_norm_rms_eps(c["eps"])
+
+
+def _add_tiny_vocab(w: GGUFWriter) -> int:
+    """The byte-level BPE vocabulary of tiny_vocab(); returns its size."""
+    tokens, merges = tiny_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    return len(tokens)
+
+
 def tiny_vocab() -> tuple[list[str], list[str]]:
     alphabet = sorted(ByteLevel.alphabet())
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
@@ -47,27 +72,12 @@ def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, typ
     rng = np.random.default_rng(seed)
     c = dict(TINY_GEMMA3, **(config or {}))
     kinds = dict(GEMMA3_TYPES, **(types or {}))
-    tokens, merges = tiny_vocab()
     w = GGUFWriter(str(path), "gemma3")
-    w.add_block_count(c["n_layers"])
-    w.add_context_length(256)
-    w.add_embedding_length(c["d_model"])
-    w.add_feed_forward_length(c["d_ff"])
-    w.add_head_count(c["n_heads"])
-    w.add_head_count_kv(c["n_kv_heads"])
+    _add_shape(w, c)
     w.add_key_length(c["head_dim"])
     w.add_value_length(c["head_dim"])
-    w.add_rope_freq_base(c["rope_base"])
-    w.add_layer_norm_rms_eps(c["eps"])
     w.add_sliding_window(c["window"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    vocab = _add_tiny_vocab(w)
 
     def add(name: str, shape: tuple, qtype: Q, scale: float = 0.1):
         a = (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -80,7 +90,7 @@ def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, typ
 
     d, ff, hd = c["d_model"], c["d_ff"], c["head_dim"]
     qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
-    add("token_embd.weight", (len(tokens), d), Q.Q8_0, 1.0)
+    add("token_embd.weight", (vocab, d), Q.Q8_0, 1.0)
     for il in range(c["n_layers"]):
         p = f"blk.{il}."
         for norm, n in (("attn_norm", d), ("ffn_norm", d), ("post_attention_norm", d), ("post_ffw_norm", d),
@@ -103,32 +113,20 @@ def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, typ
 
 def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_type: Q = Q.Q8_0,
                      override_types: dict[str, np.dtype] | None = None, ffn_activation: str | None = None,
-                     config: dict | None = None) -> Path:
-    """`config` overrides entries of TINY (e.g. n_heads=2 for a head size of 32)."""
+                     config: dict | None = None, powerinfer: dict | None = None) -> Path:
+    """`config` overrides entries of TINY (e.g. n_heads=2 for a head size of 32). `powerinfer`
+    (dict(rank=R, threshold=T or None)) writes the layout of PowerInfer's converter instead: predictor MLPs
+    blk.N.fc1/fc2, ffn_down stored transposed as ffn_down_t, `powerinfer.sparse_threshold`, no activation
+    key, and the magic PWRI."""
     rng = np.random.default_rng(seed)
     c = dict(TINY, **(config or {}))
-    tokens, merges = tiny_vocab()
-    vocab = len(tokens)
-    vocab_padded = vocab  # rows need no padding; columns are multiples of 32
     w = GGUFWriter(str(path), "llama")
-    w.add_block_count(c["n_layers"])
-    w.add_context_length(256)
-    w.add_embedding_length(c["d_model"])
-    w.add_feed_forward_length(c["d_ff"])
-    w.add_head_count(c["n_heads"])
-    w.add_head_count_kv(c["n_kv_heads"])
-    w.add_rope_freq_base(c["rope_base"])
-    w.add_layer_norm_rms_eps(c["eps"])
+    _add_shape(w, c)
     if ffn_activation:
         w.add_string("pyinfer.ffn_activation", ffn_activation)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (vocab - 3))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    if powerinfer and powerinfer.get("threshold") is not None:
+        w.add_float32("powerinfer.sparse_threshold", powerinfer["threshold"])
+    vocab_padded = _add_tiny_vocab(w)  # rows need no padding; columns are multiples of 32
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -156,10 +154,18 @@ def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_t
         add(p + "ffn_norm.weight", (d,), Q.F32, 0.3)
         add(p + "ffn_gate.weight", (ff, d), matrix_type)
         add(p + "ffn_up.weight", (ff, d), matrix_type)
-        add(p + "ffn_down.weight", (d, ff), matrix_type)
+        if powerinfer:  # the converter's layout: down transposed, then the layer's predictor
+            add(p + "ffn_down_t.weight", (ff, d), matrix_type)
+            add(p + "fc1.weight", (powerinfer["rank"], d), Q.F16, 0.3)
+            add(p + "fc2.weight", (ff, powerinfer["rank"]), Q.F16, 0.3)
+        else:
+            add(p + "ffn_down.weight", (d, ff), matrix_type)
     add("output_norm.weight", (d,), Q.F32, 0.3)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if powerinfer:
+        with open(path, "r+b") as f:
+            f.write(b"PWRI")
     return path

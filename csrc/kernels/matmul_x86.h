@@ -4,6 +4,8 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "kernels/kernels.h"
 #include "kernels/quant_blocks.h"
 
@@ -55,46 +57,27 @@ struct OnePiecePerBlock {
 };
 
 template <DType WT> struct WeightBlock;
-template <> struct WeightBlock<DType::Q4_1> : OnePiecePerBlock {
+// Q4_0, Q4_1, Q5_0 and Q5_1: nibbles (plus a fifth bit from qh), a scale, and an offset that is stored (the
+// _1 types) or minus half the range times the scale (the _0 types: d * (q - 8) = d * q - 8d).
+template <typename Block, bool kFifthBit, bool kStoredMin>
+struct NibbleBlock : OnePiecePerBlock {
   static constexpr bool kSigned = false;
   static constexpr bool kSubScales = false;
   static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
-    const auto& blk = reinterpret_cast<const BlockQ4_1*>(row)[b];
+    const Block& blk = reinterpret_cast<const Block*>(row)[b];
     p.q = unpack_nibbles(blk.qs);
+    if constexpr (kFifthBit) p.q = _mm256_or_si256(p.q, fifth_bits(blk.qh));
     p.d = _cvtsh_ss(blk.d);
-    p.m = _cvtsh_ss(blk.m);
+    if constexpr (kStoredMin)
+      p.m = _cvtsh_ss(blk.m);
+    else
+      p.m = (kFifthBit ? -16.f : -8.f) * p.d;
   }
 };
-template <> struct WeightBlock<DType::Q4_0> : OnePiecePerBlock {
-  static constexpr bool kSigned = false;
-  static constexpr bool kSubScales = false;
-  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
-    const auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
-    p.q = unpack_nibbles(blk.qs);
-    p.d = _cvtsh_ss(blk.d);
-    p.m = -8.f * p.d;  // d*(q-8) = d*q + (-8d)
-  }
-};
-template <> struct WeightBlock<DType::Q5_0> : OnePiecePerBlock {
-  static constexpr bool kSigned = false;
-  static constexpr bool kSubScales = false;
-  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
-    const auto& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
-    p.q = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(blk.qh));
-    p.d = _cvtsh_ss(blk.d);
-    p.m = -16.f * p.d;
-  }
-};
-template <> struct WeightBlock<DType::Q5_1> : OnePiecePerBlock {
-  static constexpr bool kSigned = false;
-  static constexpr bool kSubScales = false;
-  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
-    const auto& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
-    p.q = _mm256_or_si256(unpack_nibbles(blk.qs), fifth_bits(blk.qh));
-    p.d = _cvtsh_ss(blk.d);
-    p.m = _cvtsh_ss(blk.m);
-  }
-};
+template <> struct WeightBlock<DType::Q4_0> : NibbleBlock<BlockQ4_0, false, false> {};
+template <> struct WeightBlock<DType::Q4_1> : NibbleBlock<BlockQ4_1, false, true> {};
+template <> struct WeightBlock<DType::Q5_0> : NibbleBlock<BlockQ5_0, true, false> {};
+template <> struct WeightBlock<DType::Q5_1> : NibbleBlock<BlockQ5_1, true, true> {};
 template <> struct WeightBlock<DType::Q8_0> : OnePiecePerBlock {
   static constexpr bool kOffset = false;
   static constexpr bool kSigned = true;
@@ -201,7 +184,9 @@ inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int6
       for (int r = 0; r < NR; ++r) {
         const __m256 p = _mm256_cvtepi32_ps(piece_dot<P>(w[r], xq));
         acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(w[r].d * xb.d), acc[r][t]);
-        if (P::kOffset) off[r][t] += w[r].m * xb.s;
+        // An explicit FMA, as tile_tokens' vector one: the gather path (one token) and the dense path (token
+        // tiles) must give the same bits whatever the compiler's contraction setting.
+        if (P::kOffset) off[r][t] = std::fma(w[r].m, xb.s, off[r][t]);
       }
     }
   }

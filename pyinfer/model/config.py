@@ -33,16 +33,19 @@ _DRELU_FAMILY = re.compile(r"turbosparse", re.IGNORECASE)
 ARCH_ACTIVATION = {"llama": Activation.SILU, "gemma3": Activation.GELU_TANH}
 
 
-def detect_activation(arch: str, metadata: dict) -> Activation:
+def detect_activation(arch: str, metadata: dict, powerinfer: bool = False) -> Activation:
     """From the architecture, then an explicit key (`{arch}.ffn_activation` or `pyinfer.ffn_activation`, which
-    pyinfer's own exports write), then the ReLU families' names. A ReLU-family file must never run as SiLU."""
+    pyinfer's own exports write), then the ReLU families' names; a PowerInfer file (its converter takes
+    ReLU-gated models only) is ReLU unless its name says dReLU. A ReLU-family file must never run as SiLU."""
     for key in (f"{arch}.ffn_activation", "pyinfer.ffn_activation"):
         if metadata.get(key):
             return Activation.parse(str(metadata[key]))
     base = ARCH_ACTIVATION.get(arch, Activation.SILU)
-    if base != Activation.SILU:
-        return base
+    if powerinfer and base == Activation.SILU:
+        base = Activation.RELU
     names = " ".join(str(metadata.get(k) or "") for k in ("general.name", "general.basename", "general.finetune"))
+    if base not in (Activation.SILU, Activation.RELU):
+        return base
     if _DRELU_FAMILY.search(names):
         return Activation.DRELU
     if _RELU_FAMILY.search(names):

@@ -22,6 +22,7 @@ SUPPORTED_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 
 GEMMA3_GLOBAL_EVERY = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 GGUF_MAGIC = b"GGUF"
+POWERINFER_MAGIC = b"PWRI"  # PowerInfer's converter overwrites the magic; the layout after it is GGUF's
 # Element types that gguf's reader gives typed views of; block types are rows of bytes.
 _ELEMENT_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
                    "I32": np.int32, "I64": np.int64}
@@ -50,8 +51,9 @@ class GGUFModelFile:
         size = self.path.stat().st_size
         with open(self.path, "rb") as f:
             magic = f.read(4)
-        if magic != GGUF_MAGIC:
+        if magic not in (GGUF_MAGIC, POWERINFER_MAGIC):
             raise ModelFormatError(f"{self.path} is not a GGUF file (bad magic {magic!r})")
+        self.powerinfer = magic == POWERINFER_MAGIC
         header = read_gguf_header(self.path)  # every count and length bounded by the file
         self.metadata: dict[str, Any] = header.metadata
         self.tensors: dict[str, GGUFTensor] = {}
@@ -69,6 +71,26 @@ class GGUFModelFile:
             if s1 < e0:
                 raise ModelFormatError(f"{self.path.name}: tensors {a} and {b} overlap")
         self.file_size = size
+        self._present_transposed_down()
+
+    def _present_transposed_down(self) -> None:
+        """PowerInfer files store each FFN down projection transposed (`ffn_down_t`, [n_ff, d_model]); the
+        dense path reads `ffn_down` [d_model, n_ff], so it is presented too: float types transposed as they
+        are, block types through F32 (a copy in RAM: the cost of reading these files)."""
+        for name in [n for n in self.tensors if n.endswith(".ffn_down_t.weight")]:
+            down = name.replace(".ffn_down_t.", ".ffn_down.")
+            if down in self.tensors:
+                continue
+            t = self.tensors[name]
+            self.powerinfer = True
+            if t.type_name in ("F32", "F16"):
+                data = np.ascontiguousarray(np.asarray(t.data).reshape(t.rows, t.cols).T)
+                self.tensors[down] = GGUFTensor(down, t.type_name, t.rows, t.cols, data)
+            elif t.type_name in SUPPORTED_TYPES:
+                from gguf import quants
+
+                w = quants.dequantize(np.asarray(t.data), GGMLQuantizationType[t.type_name]).reshape(t.rows, t.cols)
+                self.tensors[down] = GGUFTensor(down, "F32", t.rows, t.cols, np.ascontiguousarray(w.T, np.float32))
 
     def _tensor_view(self, t: TensorInfo, raw: np.ndarray, data_start: int, size: int) -> GGUFTensor:
         """The tensor's bytes in the file's memory map, typed as gguf's reader types them."""
@@ -175,7 +197,7 @@ class GGUFModelFile:
             norm_eps=float(self.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
             train_ctx=int(self.get(p + "context_length", 2048)),
             tied_output="output.weight" not in self.tensors,
-            activation=detect_activation(arch, self.metadata),
+            activation=detect_activation(arch, self.metadata, powerinfer=self.powerinfer),
             arch=arch,
             embed_scale=float(np.sqrt(d_model)) if gemma else 0.0,
             qk_norm=gemma,

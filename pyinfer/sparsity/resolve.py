@@ -40,6 +40,10 @@ def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, targ
             raise PyinferError("this sparsity plan was calibrated for a different model")
         return spec
     if spec == "auto":
+        from .powerinfer import has_predictors, predictor_plan
+
+        if has_predictors(gguf):  # PowerInfer's own predictors: no calibration
+            return predictor_plan(gguf, cfg)
         target = AUTO_TARGET if target is None else target
         path = auto_plan_path(fp, target)
         if path.is_file():
