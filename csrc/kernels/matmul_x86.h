@@ -164,6 +164,14 @@ inline __m256i piece_dot(const Piece& w, __m256i xq) {
 #endif
 }
 
+// Piece b of each of NR rows (a K-quant super-block's scales are unpacked at its first piece).
+template <typename P, int NR>
+inline void load_pieces(const uint8_t* const* wrows, int64_t b, typename P::Cache (&cache)[NR], Piece (&w)[NR]) {
+  if (b % P::kPieces == 0)
+    for (int r = 0; r < NR; ++r) P::prepare(wrows[r], b / P::kPieces, cache[r]);
+  for (int r = 0; r < NR; ++r) P::load(wrows[r], b, cache[r], w[r]);
+}
+
 // NR weight rows x NT tokens: each weight piece is decoded once and reused NT times.
 template <DType WT, int NR, int NT>
 inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int64_t nb, float (&res)[NR][NT]) {
@@ -174,10 +182,8 @@ inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int6
     for (int t = 0; t < NT; ++t) { acc[r][t] = _mm256_setzero_ps(); off[r][t] = 0.f; }
   typename P::Cache cache[NR];
   for (int64_t b = 0; b < nb; ++b) {
-    if (b % P::kPieces == 0)
-      for (int r = 0; r < NR; ++r) P::prepare(wrows[r], b / P::kPieces, cache[r]);
     Piece w[NR];
-    for (int r = 0; r < NR; ++r) P::load(wrows[r], b, cache[r], w[r]);
+    load_pieces<P, NR>(wrows, b, cache, w);
     for (int t = 0; t < NT; ++t) {
       const BlockQ8A& xb = xrows[t][b];
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
@@ -213,10 +219,8 @@ inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t
   const __m256 mask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(NT), lane));
   typename P::Cache cache[NR];
   for (int64_t b = 0; b < nb; ++b) {
-    if (b % P::kPieces == 0)
-      for (int r = 0; r < NR; ++r) P::prepare(wrows[r], b / P::kPieces, cache[r]);
     Piece w[NR];
-    for (int r = 0; r < NR; ++r) P::load(wrows[r], b, cache[r], w[r]);
+    load_pieces<P, NR>(wrows, b, cache, w);
     const float* xb = &x0[b].d;  // BlockQ8A: d, then s
     const __m256 dx = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xb, vindex, mask, 4);
     const __m256 sx = P::kOffset ? _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xb + 1, vindex, mask, 4) : dx;
