@@ -40,15 +40,6 @@ def test_tiny_gemma3_matches_numpy_reference(tiny_gemma_path, isa):
     _agree(m.eval(ids, all_logits=True), reference_logits(m.gguf, ids), 0.9995)
 
 
-def test_tiny_gemma3_decode_equals_prefill(tiny_gemma_path):
-    """Decode steps past the window see the same keys as the batched prefill did."""
-    m = pyinfer.load(tiny_gemma_path, n_threads=2, n_ctx=64)
-    ids = m.tokenize("the theme in the thin hat the theme")
-    full = m.eval(ids, all_logits=True)
-    step = [m._forward([t], i, np.array([0]))[0] for i, t in enumerate(ids)]
-    np.testing.assert_allclose(full, np.stack(step), rtol=1e-4, atol=1e-4)
-
-
 def test_real_gemma3_matches_numpy_reference(gemma_model):
     ids = gemma_model.tokenize("The capital of France is Paris. The capital of Italy is")
     assert ids[0] == gemma_model.tokenizer.bos_id
@@ -60,9 +51,11 @@ def test_real_gemma3_matches_numpy_reference(gemma_model):
                                           temperature=0)
 
 
-def test_batched_prefill_equals_token_by_token(tiny_model_path):
-    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
-    ids = m.tokenize("the theme in the thin hat")
+@pytest.mark.parametrize("model_path", ["tiny_model_path", "tiny_gemma_path"])
+def test_batched_prefill_equals_token_by_token(model_path, request):
+    """On Gemma 3 the decode steps also pass its window: they must see the keys the batched prefill saw."""
+    m = pyinfer.load(request.getfixturevalue(model_path), n_threads=2, n_ctx=64)
+    ids = m.tokenize("the theme in the thin hat the theme")
     full = m.eval(ids, all_logits=True)
     step = [m._forward([t], i, np.array([0]))[0] for i, t in enumerate(ids)]
     np.testing.assert_allclose(full, np.stack(step), rtol=1e-4, atol=1e-4)

@@ -10,11 +10,16 @@ def llamacpp_ids(data_dir):
     return json.loads((data_dir / "llamacpp_smollm2_ids.json").read_text(encoding="utf-8"))
 
 
-def test_wikitext_excerpt_ids_match_llamacpp(real_model, data_dir, llamacpp_ids):
+def assert_excerpt_ids(encode, data_dir, reference: dict) -> None:
+    """The WikiText-2 excerpt's ids (count and sha256 of str(ids)) equal llama.cpp's, recorded in `reference`."""
     text = (data_dir / "wikitext-2-raw-test.excerpt.txt").read_text(encoding="utf-8")
-    ids = real_model.tokenize(text, add_bos=False)
-    assert len(ids) == llamacpp_ids["excerpt_tokens"]
-    assert hashlib.sha256(str(ids).encode()).hexdigest() == llamacpp_ids["excerpt_sha256"]
+    ids = encode(text, add_bos=False)
+    assert len(ids) == reference["excerpt_tokens"]
+    assert hashlib.sha256(str(ids).encode()).hexdigest() == reference["excerpt_sha256"]
+
+
+def test_wikitext_excerpt_ids_match_llamacpp(real_model, data_dir, llamacpp_ids):
+    assert_excerpt_ids(real_model.tokenize, data_dir, llamacpp_ids)
 
 
 def test_edge_cases_match_llamacpp(real_model, llamacpp_ids):
@@ -170,10 +175,7 @@ def gemma_llamacpp_ids(data_dir):
 
 
 def test_gemma_wikitext_excerpt_ids_match_llamacpp(gemma_tokenizer, data_dir, gemma_llamacpp_ids):
-    text = (data_dir / "wikitext-2-raw-test.excerpt.txt").read_text(encoding="utf-8")
-    ids = gemma_tokenizer.encode(text, add_bos=False)
-    assert len(ids) == gemma_llamacpp_ids["excerpt_tokens"]
-    assert hashlib.sha256(str(ids).encode()).hexdigest() == gemma_llamacpp_ids["excerpt_sha256"]
+    assert_excerpt_ids(gemma_tokenizer.encode, data_dir, gemma_llamacpp_ids)
 
 
 @pytest.mark.parametrize("special", [False, True])

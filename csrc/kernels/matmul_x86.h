@@ -300,6 +300,7 @@ struct DecodedPiece {
 
 template <typename Source>
 struct DecodedBlock : OnePiecePerBlock {
+  static constexpr bool kOffset = Source::kOffset;  // Q8_0, Q6_K: no offset to gather and accumulate
   static constexpr bool kSigned = Source::kSigned;
   static constexpr bool kSubScales = Source::kSubScales;
   static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
@@ -325,7 +326,7 @@ void decode_rows(const MatMulArgs& a, int64_t c0, int64_t c1, int64_t nb, Decode
       P::load(w, b, cache, p);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o[b].q), p.q);
       o[b].d = p.d;
-      o[b].m = P::kOffset ? p.m : 0.f;
+      o[b].m = p.m;
       if (P::kSubScales) {
         o[b].sc[0] = int16_t(_mm256_extract_epi16(p.sc16, 0));
         o[b].sc[1] = int16_t(_mm256_extract_epi16(p.sc16, 8));

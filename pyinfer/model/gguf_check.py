@@ -39,6 +39,7 @@ class GGUFHeader:
     metadata: dict[str, Any]
     tensors: list[TensorInfo]
     data_start: int       # byte offset of the data section (after the header, aligned)
+    alignment: int        # general.alignment (32 when absent): tensor offsets are multiples of it
 
 
 class _Cursor:
@@ -198,4 +199,4 @@ def _walk(c: _Cursor, decode: bool) -> GGUFHeader:
         if decode:
             raise ModelFormatError(f"{c.path.name}: general.alignment must be a power of two")
         alignment = 32
-    return GGUFHeader(metadata, tensors, -(-c.pos // alignment) * alignment)
+    return GGUFHeader(metadata, tensors, -(-c.pos // alignment) * alignment, alignment)

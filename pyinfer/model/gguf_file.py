@@ -10,8 +10,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import ModelFormatError, UnsupportedModelError
-from .config import Activation, LlamaConfig, detect_activation
-from .gguf_check import TensorInfo, read_gguf_header
+from .config import LlamaConfig, detect_activation
+from .gguf_check import GGUFHeader, TensorInfo, read_gguf_header
 
 SUPPORTED_ARCHS = ("llama", "gemma3")
 # GGML type names that our kernels run (GGML ids are the _core.DType values).
@@ -60,7 +60,7 @@ class GGUFModelFile:
         raw = np.memmap(self.path, dtype=np.uint8, mode="r")
         extents = []
         for t in header.tensors:
-            tensor = self._tensor_view(t, raw, header.data_start, size)
+            tensor = self._tensor_view(t, raw, header, size)
             if t.name in self.tensors:
                 raise ModelFormatError(f"{self.path.name}: tensor {t.name} appears twice")
             self.tensors[t.name] = tensor
@@ -92,7 +92,7 @@ class GGUFModelFile:
                 w = quants.dequantize(np.asarray(t.data), GGMLQuantizationType[t.type_name]).reshape(t.rows, t.cols)
                 self.tensors[down] = GGUFTensor(down, "F32", t.rows, t.cols, np.ascontiguousarray(w.T, np.float32))
 
-    def _tensor_view(self, t: TensorInfo, raw: np.ndarray, data_start: int, size: int) -> GGUFTensor:
+    def _tensor_view(self, t: TensorInfo, raw: np.ndarray, header: GGUFHeader, size: int) -> GGUFTensor:
         """The tensor's bytes in the file's memory map, typed as gguf's reader types them."""
         try:
             qtype = GGMLQuantizationType(t.type_id)
@@ -105,12 +105,12 @@ class GGUFModelFile:
             raise ModelFormatError(f"{self.path.name}: tensor {t.name} has {cols} columns, not a multiple of "
                                    f"{qtype.name}'s block of {block_elems}")
         row_bytes = cols // block_elems * block_bytes
-        start = data_start + t.offset
+        start = header.data_start + t.offset
         end = start + rows * row_bytes
         if end > size:
             raise ModelFormatError(f"{self.path} is truncated: tensor {t.name} ends at byte {end}, file has {size}")
-        if t.offset % self._alignment:
-            raise ModelFormatError(f"{self.path.name}: tensor {t.name} is not aligned to {self._alignment} bytes")
+        if t.offset % header.alignment:
+            raise ModelFormatError(f"{self.path.name}: tensor {t.name} is not aligned to {header.alignment} bytes")
         data = raw[start:end]
         typed = _ELEMENT_DTYPES.get(qtype.name)
         if typed is not None:
@@ -118,10 +118,6 @@ class GGUFModelFile:
         else:  # blocks: rows of bytes
             data = data.reshape((rows, row_bytes) if len(t.shape) > 1 else (row_bytes,))
         return GGUFTensor(t.name, qtype.name, cols, rows, data)
-
-    @property
-    def _alignment(self) -> int:
-        return int(self.metadata.get("general.alignment", 32))
 
     def fingerprint(self) -> str:
         """Identity of this model for sidecar files: the file size, the header (metadata, tensor
@@ -224,8 +220,6 @@ class GGUFModelFile:
             bad("feed_forward_length must be positive")
         if c.sliding_window < 0:
             bad("attention.sliding_window must not be negative")
-        if c.activation not in Activation:
-            bad(f"unknown FFN activation {c.activation}")
         emb = self.tensor("token_embd.weight")
         if emb.cols != c.d_model or not 1 <= c.vocab_size <= emb.rows:
             bad(f"token_embd.weight [{emb.rows}, {emb.cols}] does not match the vocabulary ({c.vocab_size}) "
