@@ -66,10 +66,13 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto",
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
-                 neuron_down: str = "auto", cache_type: str = "f16"):
+                 neuron_down: str = "auto", cache_type: str = "f16", ram_budget: str | int | None = None):
         """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
         the sparse path); by default prefill runs dense. `cache_type`: the KV cache's element type, "f16"
-        (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0)."""
+        (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0).
+        `ram_budget` (bytes, or a size such as "80M"): the most bytes of weights kept in RAM; the FFN neurons
+        that do not fit are streamed from a bundle file written next to the sparsity cache (needs a
+        sparsity plan). Results equal the in-RAM run of the same plan bit for bit."""
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise PyinferError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if cache_type not in CACHE_TYPES:
@@ -91,13 +94,23 @@ class Model:
                                          self.n_threads, progress)
         if neuron_down not in NEURON_DOWN_CHOICES:
             raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
+        self.offload = None
+        if ram_budget is not None:
+            from .model.pull import cache_dir
+            from .offload import OffloadedFfn, parse_size
+
+            if self.sparsity is None:
+                raise PyinferError("a RAM budget streams FFN neurons and needs a sparsity plan (sparsity='auto' "
+                                   "or a file)")
+            self.offload = OffloadedFfn(self.gguf, self.config, self.sparsity, neuron_down, parse_size(ram_budget),
+                                        cache_dir(), progress=progress)
         self._max_batch = min(MAX_BATCH, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).
         runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns(max_tokens=1)
         try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line, not a traceback
             graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down,
-                                      cache_type=cache_type).graph
+                                      cache_type=cache_type, offload=self.offload).graph
             self._engine = _core.Engine(graph, max_tokens=self._max_batch, max_outputs=self._max_batch,
                                         n_threads=self.n_threads, isa=isa)
         except ValueError as e:

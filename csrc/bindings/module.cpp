@@ -22,6 +22,7 @@ using HeldBuffer = std::shared_ptr<py::buffer_info>;
 struct PyGraph {
   Graph graph;
   std::vector<HeldBuffer> keep_alive;
+  std::shared_ptr<NeuronStore> store;  // of the paged weights, if any
 };
 
 struct PyEngine {
@@ -69,7 +70,7 @@ PYBIND11_MODULE(_core, m) {
       .value("SELECT_ROWS", OpKind::SelectRows).value("BIAS_RELU", OpKind::BiasRelu)
       .value("ACTIVE_SET", OpKind::ActiveSet).value("GATED_ACT", OpKind::GatedAct)
       .value("DOWN_AXPY", OpKind::DownAxpy).value("SCATTER_COLS", OpKind::ScatterCols)
-      .value("ACTIVE_UNION", OpKind::ActiveUnion);
+      .value("ACTIVE_UNION", OpKind::ActiveUnion).value("NEURON_FETCH", OpKind::NeuronFetch);
   py::enum_<RunIf>(m, "RunIf")
       .value("ALWAYS", RunIf::Always).value("SINGLE_TOKEN", RunIf::SingleToken)
       .value("MULTI_TOKEN", RunIf::MultiToken);
@@ -102,6 +103,56 @@ PYBIND11_MODULE(_core, m) {
     return out;
   }, "Visible CUDA devices (empty when CUDA was not built or no driver/GPU is present).");
 
+  py::class_<NeuronStore, std::shared_ptr<NeuronStore>>(m, "NeuronStore")
+      .def(py::init([](const std::string& path, const py::list& layers, int ring_slots, bool direct_io) {
+             std::vector<BundleLayer> ls;
+             for (const auto& item : layers) {
+               const py::dict d = item.cast<py::dict>();
+               BundleLayer b;
+               b.n_ff = d["n_ff"].cast<int64_t>();
+               b.resident = d["resident"].cast<int64_t>();
+               b.file_offset = d["file_offset"].cast<uint64_t>();
+               b.bundle_bytes = d["bundle_bytes"].cast<uint64_t>();
+               const auto offs = d["part_offsets"].cast<std::vector<uint64_t>>();
+               if (offs.size() != size_t(kBundleParts)) throw GraphError("part_offsets needs 3 entries");
+               std::copy(offs.begin(), offs.end(), b.part_offset.begin());
+               if (d.contains("down_rows") && !d["down_rows"].is_none())
+                 b.row_of[size_t(BundlePart::Down)] = d["down_rows"].cast<std::vector<int32_t>>();
+               ls.push_back(std::move(b));
+             }
+             py::gil_scoped_release release;
+             try {
+               return std::make_shared<NeuronStore>(path, std::move(ls), ring_slots, direct_io);
+             } catch (const std::invalid_argument& e) {
+               throw GraphError(e.what());
+             }
+           }), py::arg("path"), py::arg("layers"), py::arg("ring_slots") = 2, py::arg("direct_io") = true,
+           "Opens a bundle file and reads each layer's resident bundles. layers: dicts of n_ff, resident, "
+           "file_offset, bundle_bytes, part_offsets (gate, up, down) and optional down_rows (table row of bundle k).")
+      .def("fetch", [](NeuronStore& s, int layer) {
+             py::gil_scoped_release release;
+             s.fetch(layer);
+           }, py::arg("layer"), "Tests: make a layer's rows readable, as a NeuronFetch node does.")
+      .def("row", [](const NeuronStore& s, int layer, int part, int64_t row, int64_t n_bytes) {
+             if (layer < 0 || layer >= s.n_layers() || part < 0 || part >= kBundleParts || row < 0 ||
+                 row >= s.layer(layer).n_ff || n_bytes < 0)
+               throw GraphError("no such row");
+             const uint8_t* p = s.table(layer, BundlePart(part))[row];
+             if (!p) throw GraphError("row is not fetched");
+             return py::bytes(reinterpret_cast<const char*>(p), size_t(n_bytes));
+           }, py::arg("layer"), py::arg("part"), py::arg("row"), py::arg("n_bytes"),
+           "Tests: the first n_bytes of a row as the tables point to it now.")
+      .def("stats", [](const NeuronStore& s) {
+             const NeuronStoreStats st = s.stats();
+             py::dict d;
+             d["bytes_read"] = st.bytes_read; d["reads"] = st.reads; d["read_seconds"] = st.read_seconds;
+             d["wait_seconds"] = st.wait_seconds; d["fetches"] = st.fetches; d["resident_bytes"] = st.resident_bytes;
+             d["ring_bytes"] = st.ring_bytes; d["direct_io"] = st.direct_io;
+             return d;
+           }, "Reads, bytes and seconds since the last reset_stats().")
+      .def("reset_stats", &NeuronStore::reset_stats)
+      .def_property_readonly("n_layers", &NeuronStore::n_layers);
+
   py::class_<PyGraph>(m, "Graph")
       .def(py::init<>())
       .def("add_weight", [](PyGraph& g, const std::string& name, DType type, int64_t cols, int64_t rows, py::buffer data) {
@@ -131,6 +182,24 @@ PYBIND11_MODULE(_core, m) {
              g.keep_alive.push_back(std::move(held));
              return id;
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("rows"), py::arg("data"))
+      .def("add_paged_weight", [](PyGraph& g, const std::string& name, DType type, int64_t cols, int64_t rows,
+                                  std::shared_ptr<NeuronStore> store, int layer, int part) {
+             if (g.store && g.store != store) throw GraphError("a graph reads from one neuron store");
+             if (layer < 0 || layer >= store->n_layers() || part < 0 || part >= kBundleParts)
+               throw GraphError("weight '" + name + "': no such layer or part in the neuron store");
+             const BundleLayer& b = store->layer(layer);
+             if (rows != b.n_ff || cols < 1 || cols > kMaxCols || (dtype_is_quantized(type) && cols % kQuantBlock))
+               throw GraphError("weight '" + name + "': shape does not match the neuron store's layer");
+             const uint64_t part_end = part + 1 < kBundleParts ? b.part_offset[size_t(part) + 1] : b.bundle_bytes;
+             if (part_end - b.part_offset[size_t(part)] < dtype_row_bytes(type, cols))
+               throw GraphError("weight '" + name + "': rows are longer than the bundle part that holds them");
+             Tensor t{name, type, cols, rows, RowMode::Fixed, Storage::External};
+             t.data = const_cast<uint8_t**>(store->table(layer, BundlePart(part)));
+             t.paged = true;
+             g.store = std::move(store);
+             return g.graph.add_tensor(t);
+           }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("rows"), py::arg("store"), py::arg("layer"),
+           py::arg("part"), "A weight whose rows a NeuronStore holds (part: 0 gate, 1 up, 2 down).")
       .def("add_tensor", [](PyGraph& g, const std::string& name, DType type, int64_t cols, RowMode mode,
                             Storage storage, int64_t rows) {
              if (storage == Storage::External) throw GraphError("use add_weight for external tensors");
@@ -187,6 +256,7 @@ PYBIND11_MODULE(_core, m) {
                        const std::vector<int>& backend_threads) {
              auto e = std::make_unique<PyEngine>();
              EngineConfig cfg{max_tokens, max_outputs, n_threads, isa, backend_threads};
+             cfg.neuron_store = g.store;
              e->engine = std::make_unique<Engine>(g.graph, cfg);
              e->keep_alive = g.keep_alive;
              return e;

@@ -26,12 +26,17 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
     if (size_t(n.backend) >= cfg_.backend_threads.size())
       throw GraphError("a node names backend " + std::to_string(n.backend) + "; this engine has " +
                        std::to_string(cfg_.backend_threads.size()));
+  for (const Node& n : graph_.nodes)
+    if (n.op == OpKind::NeuronFetch && (!cfg_.neuron_store || n.i[0] >= cfg_.neuron_store->n_layers()))
+      throw GraphError("a neuron_fetch node names layer " + std::to_string(n.i[0]) + ", which the neuron store " +
+                       (cfg_.neuron_store ? "does not have" : "is missing for"));
   plan_memory();
   check_row_coverage();
   plan_input_checks();
   std::vector<Backend*> backends;
   for (int threads : cfg_.backend_threads) {
     backends_.push_back(std::make_unique<CpuBackend>(graph_, threads, cfg_.isa));
+    backends_.back()->set_neuron_store(cfg_.neuron_store.get());
     backends.push_back(backends_.back().get());
   }
   executor_ = std::make_unique<Executor>(graph_, backends, plan_segments(graph_, buffer_of_));

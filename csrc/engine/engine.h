@@ -11,6 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "engine/buffer.h"
 #include "executor/executor.h"
+#include "offload/neuron_store.h"
 #include "graph/graph.h"
 
 namespace pyinfer {
@@ -23,6 +24,8 @@ struct EngineConfig {
   // Threads of each CPU backend instance; empty: one backend of n_threads. Node.backend indexes this list,
   // so a second instance (its own pool and cores) can run part of the graph at the same time as the first.
   std::vector<int> backend_threads;
+  // Where the graph's paged weights come from (NeuronFetch nodes); shared with the graph's builder.
+  std::shared_ptr<NeuronStore> neuron_store;
 };
 
 // What every run checks of one named input before the graph reads it.

@@ -26,6 +26,7 @@ const char* op_name(OpKind op) {
     case OpKind::DownAxpy: return "down_axpy";
     case OpKind::ScatterCols: return "scatter_cols";
     case OpKind::ActiveUnion: return "active_union";
+    case OpKind::NeuronFetch: return "neuron_fetch";
     case OpKind::Count: break;
   }
   return "?";
@@ -333,6 +334,11 @@ void Graph::validate() const {
           c.fail("the union is one row of state");
         if (n.i[1] < 1) c.fail("the token limit must be at least 1");
         union_written[size_t(n.dst)] = true;
+        break;
+      case OpKind::NeuronFetch:
+        c.type(n.dst, DType::I32);
+        if (d.storage != Storage::State) c.fail("the fetch marker is state");
+        if (n.i[0] < 0) c.fail("the layer must not be negative");
         break;
       default:
         c.fail("unknown op");

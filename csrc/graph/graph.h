@@ -33,6 +33,9 @@ struct Tensor {
   Storage storage = Storage::Scratch;
   size_t row_bytes = 0;
   void* data = nullptr;  // bound by the engine (Scratch/State/Input) or the caller (External)
+  // A paged weight (offload/neuron_store.h): `data` is a table of `rows` row pointers that a NeuronFetch
+  // node makes valid before the weight is read.
+  bool paged = false;
 };
 
 enum class OpKind : int32_t {
@@ -63,6 +66,8 @@ enum class OpKind : int32_t {
                      //   or count -1 ("run dense") when the run has more than i[1] tokens, or when the mean
                      //   list density exceeds f[0] or the union's density f[1] (one token: the density f[2]).
                      //   i[0]: n_ff
+  NeuronFetch = 16,  // makes every row of layer i[0]'s paged FFN weights readable (offload/neuron_store.h);
+                     //   dst: I32 state [1, 1], untouched (it orders the fetch before the FFN's readers)
   Count              // number of op kinds (not an op)
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);

@@ -23,6 +23,9 @@ struct MatMulArgs {
   int64_t ldd;               // floats between dst rows (tokens)
   // Gather-GEMV: when set, computes rows row_ids[r] for r in [r0, r1) and writes dst[t * ldd + row_ids[r]].
   const int32_t* row_ids = nullptr;
+  // Paged weights (offload/neuron_store.h): row r lies at w_rows[r] instead of w + r * w_row_bytes.
+  const uint8_t* const* w_rows = nullptr;
+  const uint8_t* row(int64_t r) const { return w_rows ? w_rows[r] : w + r * int64_t(w_row_bytes); }
 };
 
 // y[c0, c1) += sum_k coef[k] * W[ids[k]][c0, c1): the down projection over active neurons only, from a
@@ -41,6 +44,9 @@ struct AxpyRowsArgs {
   const uint16_t* scales = nullptr;
   int64_t scales_stride = 0;
   float* tmp = nullptr;
+  // Paged weights (offload/neuron_store.h): row j lies at w_rows[j] instead of w + j * w_row_bytes.
+  const uint8_t* const* w_rows = nullptr;
+  const uint8_t* row(int64_t j) const { return w_rows ? w_rows[j] : w + j * int64_t(w_row_bytes); }
 };
 
 struct AttnTileArgs;  // attention.h

@@ -56,7 +56,7 @@ void matmul_neon(const MatMulArgs& a) {
     const auto* x = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + t * a.x_row_bytes);
     for (int64_t i = a.r0; i < a.r1; ++i) {
       const int64_t r = a.row_ids ? a.row_ids[i] : i;
-      a.dst[t * a.ldd + r] = row_dot(a.wtype, a.w + r * a.w_row_bytes, x, nb);
+      a.dst[t * a.ldd + r] = row_dot(a.wtype, a.row(r), x, nb);
     }
   }
 }

@@ -27,7 +27,7 @@ void matmul_scalar(const MatMulArgs& a) {
     float* out = a.dst + t * a.ldd;
     for (int64_t i = a.r0; i < a.r1; ++i) {
       const int64_t r = a.row_ids ? a.row_ids[i] : i;
-      const uint8_t* w = a.w + r * a.w_row_bytes;
+      const uint8_t* w = a.row(r);
       float sum = 0.f;
       Piece32 p;
       for (int64_t b = 0; b < nb; ++b) {
@@ -80,7 +80,7 @@ void matmul_float_weights(const MatMulArgs& a) {
     float* out = a.dst + t * a.ldd;
     for (int64_t i = a.r0; i < a.r1; ++i) {
       const int64_t r = a.row_ids ? a.row_ids[i] : i;
-      const uint8_t* w = a.w + r * a.w_row_bytes;
+      const uint8_t* w = a.row(r);
       float s = 0.f;
       if (a.wtype == DType::F32) {
         const float* wf = reinterpret_cast<const float*>(w);

@@ -258,13 +258,15 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   int64_t r = r0;
   for (; r + NR <= r1; r += NR) {
     const uint8_t* wr[NR];
-    for (int i = 0; i < NR; ++i) wr[i] = a.w + row(r + i) * a.w_row_bytes;
+    for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
     // Decode streams each weight once from memory: ask for the rows kAhead tiles on well before they are
     // needed. One sequential stream per core leaves the hardware prefetcher short of misses in flight: on
     // the 2-core test VM this took Gemma 3's Q8_0 output head from 15.5-18.7 ms to 9.2-11 ms.
     if (NT == 1 && !a.row_ids && r + (kAhead + 1) * NR <= r1) {
-      const char* next = reinterpret_cast<const char*>(a.w + (r + kAhead * NR) * a.w_row_bytes);
-      for (size_t off = 0; off < NR * a.w_row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+      for (int i = 0; i < NR; ++i) {
+        const char* next = reinterpret_cast<const char*>(a.row(r + kAhead * NR + i));
+        for (size_t off = 0; off < a.w_row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+      }
     }
     float res[NR][NT];
     if constexpr (NT > 1)
@@ -275,7 +277,7 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
       for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r + i)] = res[i][t];
   }
   for (; r < r1; ++r) {
-    const uint8_t* wr[1] = {a.w + row(r) * a.w_row_bytes};
+    const uint8_t* wr[1] = {a.row(row(r))};
     float res[1][NT];
     tile<WT, 1, NT>(wr, xr, nb, res);
     for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r)] = res[0][t];
@@ -317,7 +319,7 @@ template <DType WT>
 void decode_rows(const MatMulArgs& a, int64_t c0, int64_t c1, int64_t nb, DecodedPiece* out) {
   using P = WeightBlock<WT>;
   for (int64_t i = c0; i < c1; ++i) {
-    const uint8_t* w = a.w + (a.row_ids ? a.row_ids[i] : i) * a.w_row_bytes;
+    const uint8_t* w = a.row(a.row_ids ? a.row_ids[i] : i);
     typename P::Cache cache;
     DecodedPiece* o = out + (i - c0) * nb;
     for (int64_t b = 0; b < nb; ++b) {

@@ -87,7 +87,7 @@ void axpy_q4t(const AxpyRowsArgs& a) {
     for (int64_t c = 0; c < width; c += 8) _mm256_storeu_ps(a.tmp + c, _mm256_setzero_ps());
     // Active rows are scattered: prefetch this thread's slice of the next group's rows while this one runs.
     for (int64_t p = g.end; p < a.n && a.ids[p] / kQuantBlock == g.group + 1; ++p) {
-      const char* row = reinterpret_cast<const char*>(a.w + int64_t(a.ids[p]) * a.w_row_bytes + a.c0 / 2);
+      const char* row = reinterpret_cast<const char*>(a.row(a.ids[p]) + a.c0 / 2);
       for (int64_t off = 0; off < width / 2; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
     }
     for_rows_by4(g.begin, g.end, [&](int64_t k) { q4t_accumulate<4>(a, k); }, [&](int64_t k) { q4t_accumulate<1>(a, k); });

@@ -63,7 +63,7 @@ void axpy_group(const AxpyRowsArgs& a, int64_t k) {
 // Q4T: per 32-neuron group, t = sum_j c_j * nibbles_j over this thread's columns, then y += scale * t +
 // offset * sum_j c_j with the group's shared scales.
 void q4t_accumulate(const AxpyRowsArgs& a, int64_t i, uint8x16_t mask) {
-  const uint8_t* row = a.w + int64_t(a.ids[i]) * a.w_row_bytes;
+  const uint8_t* row = a.row(a.ids[i]);
   const float c = a.coef[i];
   for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
     float* t = a.tmp + b * kQuantBlock - a.c0;

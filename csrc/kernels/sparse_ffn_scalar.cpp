@@ -14,7 +14,7 @@ void axpy_q4t_scalar(const AxpyRowsArgs& a) {
   for_each_q4t_group(a, [&](const Q4TGroup& g) {
     for (int64_t c = a.c0; c < a.c1; ++c) a.tmp[c - a.c0] = 0.f;
     for (int64_t e = g.begin; e < g.end; ++e) {
-      const uint8_t* row = a.w + int64_t(a.ids[e]) * a.w_row_bytes;
+      const uint8_t* row = a.row(a.ids[e]);
       const float c = a.coef[e];
       for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
         const uint8_t* qs = row + 16 * b;
@@ -37,7 +37,7 @@ void axpy_q4t_scalar(const AxpyRowsArgs& a) {
 void axpy_rows_scalar(const AxpyRowsArgs& a) {
   if (a.wtype == DType::Q4T) return axpy_q4t_scalar(a);
   for (int64_t k = 0; k < a.n; ++k) {
-    const uint8_t* row = a.w + int64_t(a.ids[k]) * a.w_row_bytes;
+    const uint8_t* row = a.row(a.ids[k]);
     const float c = a.coef[k];
     switch (a.wtype) {
       case DType::Q8_0: {

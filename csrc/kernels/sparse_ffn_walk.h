@@ -21,7 +21,7 @@ inline void for_rows_by4(int64_t begin, int64_t end, Four four, One one) {
 template <typename Block, int NN>
 inline std::array<const Block*, NN> active_rows(const AxpyRowsArgs& a, int64_t k) {
   std::array<const Block*, NN> rows;
-  for (int i = 0; i < NN; ++i) rows[size_t(i)] = reinterpret_cast<const Block*>(a.w + int64_t(a.ids[k + i]) * a.w_row_bytes);
+  for (int i = 0; i < NN; ++i) rows[size_t(i)] = reinterpret_cast<const Block*>(a.row(a.ids[k + i]));
   return rows;
 }
 

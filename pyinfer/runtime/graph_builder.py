@@ -49,6 +49,18 @@ class GraphBuilder:
         dt = DType(dtype)
         return T(self.graph.add_weight(name, dt, cols, rows, data), cols, dt, RowMode.FIXED, rows)
 
+    def paged_weight(self, name: str, dtype: int, cols: int, rows: int, store, layer: int, part: int) -> T:
+        """A weight whose rows a NeuronStore holds (part 0: gate, 1: up, 2: down); read it only after
+        neuron_fetch(layer)."""
+        dt = DType(dtype)
+        return T(self.graph.add_paged_weight(name, dt, cols, rows, store, layer, part), cols, dt, RowMode.FIXED, rows)
+
+    def neuron_fetch(self, layer: int) -> T:
+        """Makes every row of the layer's paged weights readable (reads its cold tail, or waits for the
+        read-ahead that already did)."""
+        dst = self.state(f"blk.{layer}.ffn.fetched", 1, 1, DType.I32)
+        return self._node(Op.NEURON_FETCH, dst, [], ints=[layer])
+
     def activation(self, name: str, cols: int, dtype: DType = DType.F32, rows: RowMode = RowMode.TOKENS) -> T:
         # An op over a fixed-row tensor (a test feeding weights as inputs) still yields one row per token.
         rows = RowMode.TOKENS if rows == RowMode.FIXED else rows

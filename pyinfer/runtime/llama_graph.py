@@ -18,12 +18,13 @@ CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0}
 
 def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
                       runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
-                      paged: tuple[int, int] | None = None, cache_type: str = "f16") -> GraphBuilder:
+                      paged: tuple[int, int] | None = None, cache_type: str = "f16", offload=None) -> GraphBuilder:
     """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
     in blocks (continuous batching); each run then also takes every token's KV slot and block table.
-    `cache_type`: "f16" or "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token)."""
+    `cache_type`: "f16" or "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token).
+    `offload`: an offload.OffloadedFfn (with `sparsity`): the FFN rows come from its neuron store."""
     if cache_type not in CACHE_TYPES:
         raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
     kv_dtype = CACHE_TYPES[cache_type]
@@ -73,7 +74,7 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         if record:
             f = _recorded_ffn(b, w, h, il, cfg)
         elif sparsity is not None:
-            f = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type)
+            f = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type, offload)
         else:
             f = dense_ffn(b, w, h, il, cfg)
         if cfg.post_norms:

@@ -125,27 +125,57 @@ class SparseRuns:
         return SparseRuns(16, (-1.0, -1.0), (-1.0, -1.0), -1.0)
 
 
-def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, plan: SparsityPlan,
-               runs: SparseRuns, down_type: str = "auto") -> T:
-    lp: LayerPlan = plan.layers[il]
+@dataclass
+class FfnArrays:
+    """The bytes the neuron-aware path reads for one layer: neuron k of the plan's hot-first order is row k
+    of gate and up, and row `down_rows[k]` of down (Q4T keeps down in the original neuron order)."""
+    gate_type: int
+    gate: np.ndarray           # U8 [n_ff, gate row bytes], permuted
+    up_type: int
+    up: np.ndarray             # U8 [n_ff, up row bytes], permuted
+    down_type: int
+    down: np.ndarray           # [n_ff, down row bytes]: neuron-major down
+    scales: np.ndarray | None  # F16 [n_ff / 32, 2 d] (Q4T only): shared by 32 neurons, never offloaded
+    down_rows: np.ndarray | None  # I32 [n_ff]: down row of hot-first neuron k (Q4T), else None (row k)
+
+
+def ffn_arrays(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, il: int, down_type: str = "auto"
+               ) -> FfnArrays:
     p = f"blk.{il}."
-    n_ff, act_kind = cfg.d_ff, cfg.activation
-    perm = lp.perm.astype(np.int32)
+    perm = plan.layers[il].perm.astype(np.int32)
     g_src, u_src = gguf.tensor(p + "ffn_gate.weight"), gguf.tensor(p + "ffn_up.weight")
-    gate_w = b.weight(p + "ffn_gate.perm", g_src.dtype_id, g_src.cols, n_ff, permuted_rows(gguf, g_src.name, perm))
-    up_w = b.weight(p + "ffn_up.perm", u_src.dtype_id, u_src.cols, n_ff, permuted_rows(gguf, u_src.name, perm))
-    perm_w = b.weight(p + "ffn.perm", int(DType.I32), n_ff, 1, perm)
+    gate, up = permuted_rows(gguf, g_src.name, perm), permuted_rows(gguf, u_src.name, perm)
     down_type = pick_neuron_down(plan, down_type)
     q4t = q4t_down(gguf, p + "ffn_down.weight") if down_type == "q4t" and cfg.d_model % 32 == 0 else None
     if q4t is not None:  # lossless; rows stay in the original order, so list ids are mapped through perm
-        down_t = b.weight(p + "ffn_down.q4t", int(DType.Q4T), cfg.d_model, n_ff, q4t[0])
-        scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * cfg.d_model, n_ff // 32, q4t[1])
-        row_map = perm_w
+        return FfnArrays(g_src.dtype_id, gate, u_src.dtype_id, up, int(DType.Q4T), q4t[0], q4t[1], perm)
+    dt_type, dt_data = neuron_major_down(gguf, p + "ffn_down.weight", perm, "q8_0" if down_type == "q4t"
+                                         else down_type)
+    return FfnArrays(g_src.dtype_id, gate, u_src.dtype_id, up, int(dt_type), dt_data.reshape(cfg.d_ff, -1),
+                     None, None)
+
+
+def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, plan: SparsityPlan,
+               runs: SparseRuns, down_type: str = "auto", offload=None) -> T:
+    """`offload`: a runtime.offload.OffloadedFfn whose neuron store holds this layer's gate, up and down rows
+    (the graph fetches them before the FFN reads them); None: the rows are copied into RAM here."""
+    lp: LayerPlan = plan.layers[il]
+    p = f"blk.{il}."
+    n_ff, act_kind = cfg.d_ff, cfg.activation
+    perm_w = b.weight(p + "ffn.perm", int(DType.I32), n_ff, 1, lp.perm.astype(np.int32))
+    if offload is not None:
+        gate_w, up_w, down_t, scales = offload.layer_weights(b, il)
+        row_map = perm_w if scales is not None else None  # Q4T rows stay in the original neuron order
     else:
-        dt_type, dt_data = neuron_major_down(gguf, p + "ffn_down.weight", perm, "q8_0" if down_type == "q4t"
-                                             else down_type)
-        down_t = b.weight(p + "ffn_down.neurons", int(dt_type), cfg.d_model, n_ff, dt_data)
+        fa = ffn_arrays(gguf, cfg, plan, il, down_type)
+        gate_w = b.weight(p + "ffn_gate.perm", fa.gate_type, cfg.d_model, n_ff, fa.gate)
+        up_w = b.weight(p + "ffn_up.perm", fa.up_type, cfg.d_model, n_ff, fa.up)
+        name = p + ("ffn_down.q4t" if fa.scales is not None else "ffn_down.neurons")
+        down_t = b.weight(name, fa.down_type, cfg.d_model, n_ff, fa.down)
         scales = row_map = None
+        if fa.scales is not None:
+            scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * cfg.d_model, n_ff // 32, fa.scales)
+            row_map = perm_w
     out = b.activation("ffn_out", cfg.d_model, rows=h.rows)
     if gate_w.dtype in INTEGER_DOT_WEIGHTS:
         b.quantize(h)  # one Q8A copy of h for the predictor and both paths

@@ -110,6 +110,7 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       if (r0 >= r1) return;
       MatMulArgs a{s0->type, static_cast<const uint8_t*>(s0->data), s0->row_bytes, s0->cols, r0, r1,
                    s1->data, s1->row_bytes, rows_in_run(*s1, shape), static_cast<float*>(dst.data), dst.cols};
+      a.w_rows = weight_rows(*s0);
       kernels_.matmul(a);
       return;
     }
@@ -145,6 +146,12 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
                                           split_done_.get(), split_items_},
                        ith, nth);
     }
+    case OpKind::NeuronFetch:
+      if (ith == 0) {
+        if (!store_) throw GraphError("the graph reads offloaded neurons but no neuron store is attached");
+        store_->fetch(n.i[0]);
+      }
+      return;
     case OpKind::ActiveSet: return cpu_active_set(g, n, shape, ith, nth);
     case OpKind::GatedAct: return cpu_gated_act(g, n, shape, ith, nth);
     case OpKind::ActiveUnion: return cpu_active_union(g, n, shape, ith, neuron_ids_.data());

@@ -11,6 +11,7 @@
 #include "executor/backend.h"
 #include "executor/thread_pool.h"
 #include "kernels/kernels.h"
+#include "offload/neuron_store.h"
 
 namespace pyinfer {
 
@@ -33,6 +34,8 @@ class CpuBackend final : public Backend {
   const std::vector<double>& op_seconds() const { return op_seconds_; }
   const std::vector<int64_t>& op_calls() const { return op_calls_; }
   const char* isa() const { return kernels_.isa; }
+  // Where NeuronFetch nodes fetch from (the engine's; not owned).
+  void set_neuron_store(NeuronStore* store) { store_ = store; }
 
  private:
   struct Job;
@@ -41,6 +44,7 @@ class CpuBackend final : public Backend {
 
   const KernelTable& kernels_;
   ThreadPool pool_;
+  NeuronStore* store_ = nullptr;
   int64_t scratch_per_thread_ = 0;  // floats: attention tiles and softmax state (attention.h)
   std::vector<float> scratch_;
   int64_t split_items_ = 0;          // split-K attention: partial states and per-pair completion counts

@@ -89,6 +89,7 @@ void cpu_gather_matmul(const KernelTable& k, const Graph& g, const Node& n, cons
     MatMulArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes, w.cols, r0, r1,
                  row_ptr<const uint8_t>(x, t), x.row_bytes, shared ? n_tok : 1, row_ptr<float>(dst, t), dst.cols,
                  list + 1};
+    a.w_rows = weight_rows(w);
     k.matmul(a);
   }
 }
@@ -214,6 +215,7 @@ void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const Ru
         AxpyRowsArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes, scratch.ids + i * scratch.stride,
                        scratch.coef + i * scratch.stride, m[i], tc, std::min(tc + tile, c1),
                        row_ptr<float>(dst, t0 + i)};
+        a.w_rows = weight_rows(w);
         if (w.type == DType::Q4T) {
           const Tensor& sc = src(g, n, 3);
           a.scales = static_cast<const uint16_t*>(sc.data);

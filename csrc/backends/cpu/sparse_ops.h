@@ -35,6 +35,11 @@ T* row_ptr(const Tensor& t, int64_t row) {
   return reinterpret_cast<T*>(static_cast<uint8_t*>(t.data) + row * int64_t(t.row_bytes));
 }
 
+// The row pointer table of a paged weight (offload/neuron_store.h), or nullptr for a contiguous one.
+inline const uint8_t* const* weight_rows(const Tensor& w) {
+  return w.paged ? static_cast<const uint8_t* const*>(w.data) : nullptr;
+}
+
 // Contiguous share [begin, end) of n items for thread ith, in multiples of `align`.
 inline void thread_share(int64_t n, int ith, int nth, int64_t align, int64_t& begin, int64_t& end) {
   const int64_t units = (n + align - 1) / align;

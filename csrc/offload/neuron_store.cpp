@@ -1,0 +1,249 @@
+#include "offload/neuron_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+namespace pyinfer {
+
+namespace {
+
+uint64_t round_down(uint64_t x, uint64_t a) { return x / a * a; }
+uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+uint8_t* aligned_bytes(uint64_t n) {
+  void* p = nullptr;
+  if (n == 0) return nullptr;
+  if (posix_memalign(&p, NeuronStore::kIoAlign, size_t(n)) != 0) throw std::bad_alloc();
+  return static_cast<uint8_t*>(p);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io)
+    : layers_(std::move(layers)), path_(path) {
+  if (ring_slots < 1 || ring_slots > 64) throw std::invalid_argument("ring_slots must be 1..64");
+  uint64_t resident_bytes = 0, slot_bytes = 0;
+  cold_pos_.assign(layers_.size(), -1);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const BundleLayer& b = layers_[l];
+    if (b.n_ff < 1 || b.resident < 0 || b.resident > b.n_ff || b.bundle_bytes == 0 || b.file_offset % kIoAlign)
+      throw std::invalid_argument("bundle layer " + std::to_string(l) + " has an invalid layout");
+    for (int p = 0; p < kBundleParts; ++p) {
+      if (b.part_offset[size_t(p)] >= b.bundle_bytes)
+        throw std::invalid_argument("bundle layer " + std::to_string(l) + ": a part lies outside the bundle");
+      const auto& rows = b.row_of[size_t(p)];
+      if (!rows.empty() && int64_t(rows.size()) != b.n_ff)
+        throw std::invalid_argument("bundle layer " + std::to_string(l) + ": row map of the wrong length");
+      std::vector<uint8_t> seen(size_t(b.n_ff), 0);
+      for (int32_t r : rows) {
+        if (r < 0 || r >= b.n_ff || seen[size_t(r)]) throw std::invalid_argument("bundle row map is not a permutation");
+        seen[size_t(r)] = 1;
+      }
+    }
+    resident_bytes += round_up(uint64_t(b.resident) * b.bundle_bytes, kIoAlign);
+    if (b.resident < b.n_ff) {
+      cold_pos_[l] = int(cold_order_.size());
+      cold_order_.push_back(int(l));
+      slot_bytes = std::max(slot_bytes, tail_end(b) - tail_begin(b));
+    }
+  }
+  tables_.resize(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l)
+    for (auto& t : tables_[l]) t.assign(size_t(layers_[l].n_ff), nullptr);
+
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct_io ? O_DIRECT : 0));
+  direct_ = direct_io && fd_ >= 0;
+  if (fd_ < 0 && direct_io) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // O_DIRECT refused at open
+  if (fd_ < 0) throw std::runtime_error("cannot open bundle file " + path + ": " + std::strerror(errno));
+  try {
+    resident_ = aligned_bytes(resident_bytes);
+    uint64_t off = 0;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const BundleLayer& b = layers_[l];
+      const uint64_t bytes = round_up(uint64_t(b.resident) * b.bundle_bytes, kIoAlign);
+      if (bytes) read_exact(resident_ + off, b.file_offset, bytes);
+      point_rows(int(l), 0, b.resident, resident_ + off, b.file_offset);
+      off += bytes;
+    }
+    const int n_slots = cold_order_.empty() ? 0 : std::min<int>(ring_slots, int(cold_order_.size()));
+    ring_ = aligned_bytes(uint64_t(n_slots) * slot_bytes);
+    for (int s = 0; s < n_slots; ++s) slots_.push_back(Slot{ring_ + uint64_t(s) * slot_bytes, -1, SlotState::Empty});
+    stats_.resident_bytes = resident_bytes;
+    stats_.ring_bytes = uint64_t(n_slots) * slot_bytes;
+    stats_.direct_io = direct_;
+  } catch (...) {
+    ::close(fd_);
+    std::free(resident_);
+    std::free(ring_);
+    throw;
+  }
+  if (!slots_.empty()) reader_ = std::thread(&NeuronStore::reader, this);
+}
+
+NeuronStore::~NeuronStore() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (reader_.joinable()) reader_.join();
+  ::close(fd_);
+  std::free(resident_);
+  std::free(ring_);
+}
+
+uint64_t NeuronStore::tail_begin(const BundleLayer& b) const {
+  return round_down(b.file_offset + uint64_t(b.resident) * b.bundle_bytes, kIoAlign);
+}
+
+uint64_t NeuronStore::tail_end(const BundleLayer& b) const {
+  return round_up(b.file_offset + uint64_t(b.n_ff) * b.bundle_bytes, kIoAlign);
+}
+
+void NeuronStore::read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes) {
+  uint64_t done = 0;
+  while (done < bytes) {
+    const ssize_t got = ::pread(fd_, dst + done, size_t(bytes - done), off_t(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && errno == EINVAL && direct_) {  // some file systems accept O_DIRECT at open, not at read
+      const int plain = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+      if (plain < 0) throw std::runtime_error("cannot reopen bundle file " + path_ + ": " + std::strerror(errno));
+      ::close(fd_);
+      fd_ = plain;
+      direct_ = false;
+      continue;
+    }
+    if (got < 0) throw std::runtime_error("reading bundle file " + path_ + ": " + std::strerror(errno));
+    if (got == 0) throw std::runtime_error("bundle file " + path_ + " is shorter than its layout (truncated?)");
+    done += uint64_t(got);
+  }
+}
+
+void NeuronStore::point_rows(int layer, int64_t k0, int64_t k1, const uint8_t* base, uint64_t base_offset) {
+  const BundleLayer& b = layers_[size_t(layer)];
+  for (int p = 0; p < kBundleParts; ++p) {
+    auto& table = tables_[size_t(layer)][size_t(p)];
+    const auto& rows = b.row_of[size_t(p)];
+    for (int64_t k = k0; k < k1; ++k)  // base holds the file from base_offset on
+      table[size_t(rows.empty() ? k : rows[size_t(k)])] =
+          base + (b.file_offset + uint64_t(k) * b.bundle_bytes + b.part_offset[size_t(p)] - base_offset);
+  }
+}
+
+const uint8_t* const* NeuronStore::table(int layer, BundlePart part) const {
+  return tables_.at(size_t(layer))[size_t(part)].data();
+}
+
+void NeuronStore::fetch(int layer) {
+  if (layer < 0 || size_t(layer) >= layers_.size()) throw std::out_of_range("fetch: no such layer");
+  if (cold_pos_[size_t(layer)] < 0) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++stats_.fetches;
+  for (Slot& s : slots_)
+    if (s.state == SlotState::InUse) s.state = SlotState::Empty;  // the previous layer's compute is done
+  auto find = [&]() -> Slot* {
+    for (Slot& s : slots_)
+      if (s.layer == layer && s.state != SlotState::Empty) return &s;
+    return nullptr;
+  };
+  if (!find()) {
+    // Out of the expected order (a failed run, or the first fetch): restart the read-ahead at this layer.
+    cv_.wait(lock, [&] {
+      for (const Slot& s : slots_)
+        if (s.state == SlotState::Reading) return false;
+      return true;
+    });
+    for (Slot& s : slots_) s = Slot{s.mem, -1, SlotState::Empty};
+    next_read_ = size_t(cold_pos_[size_t(layer)]);
+    error_ = nullptr;
+  }
+  cv_.notify_all();
+  Slot* slot = nullptr;
+  cv_.wait(lock, [&] {
+    slot = find();
+    return error_ || (slot && slot->state == SlotState::Ready);
+  });
+  if (error_ && !(slot && slot->state == SlotState::Ready)) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    for (Slot& s : slots_) s = Slot{s.mem, -1, SlotState::Empty};
+    std::rethrow_exception(e);
+  }
+  slot->state = SlotState::InUse;
+  const BundleLayer& b = layers_[size_t(layer)];
+  point_rows(layer, b.resident, b.n_ff, slot->mem, tail_begin(b));
+  stats_.wait_seconds += seconds_since(t0);
+}
+
+void NeuronStore::reader() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    Slot* slot = nullptr;
+    cv_.wait(lock, [&] {
+      if (stop_) return true;
+      if (error_) return false;  // until fetch() has reported it
+      for (Slot& s : slots_)
+        if (s.state == SlotState::Empty) {
+          slot = &s;
+          return true;
+        }
+      return false;
+    });
+    if (stop_) return;
+    const int layer = cold_order_[next_read_];
+    next_read_ = (next_read_ + 1) % cold_order_.size();
+    slot->layer = layer;
+    slot->state = SlotState::Reading;
+    const BundleLayer& b = layers_[size_t(layer)];
+    const uint64_t begin = tail_begin(b), bytes = tail_end(b) - begin;
+    lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::exception_ptr failed;
+    try {
+      read_exact(slot->mem, begin, bytes);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    const double dt = seconds_since(t0);
+    lock.lock();
+    stats_.read_seconds += dt;
+    stats_.direct_io = direct_;
+    if (failed) {
+      error_ = failed;
+      slot->state = SlotState::Empty;
+      slot->layer = -1;
+    } else {
+      stats_.bytes_read += bytes;
+      ++stats_.reads;
+      slot->state = SlotState::Ready;
+    }
+    cv_.notify_all();
+  }
+}
+
+NeuronStoreStats NeuronStore::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void NeuronStore::reset_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const NeuronStoreStats keep = stats_;
+  stats_ = NeuronStoreStats{};
+  stats_.resident_bytes = keep.resident_bytes;
+  stats_.ring_bytes = keep.ring_bytes;
+  stats_.direct_io = keep.direct_io;
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,102 @@
+// Neurons that do not fit in the RAM budget, read from a bundle file while the model computes
+// (PowerInfer-2 / LLM in a flash on a PC).
+//
+// The bundle file holds, per layer, every neuron's gate row, up row and down row side by side in the
+// plan's hot-first order, so one read fetches all three. A layer's first `resident` bundles (the hottest)
+// are read once into RAM; the rest of the layer (its cold tail) is streamed through a small ring of slots
+// by a dedicated I/O thread that reads ahead in layer order, so the read of the next layers overlaps the
+// compute of this one. Weights the graph reads through the store are "paged": their `data` is a table of
+// row pointers the store keeps pointing at wherever each row is now.
+#pragma once
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace pyinfer {
+
+// Parts of a bundle, in file order.
+enum class BundlePart : int { Gate = 0, Up = 1, Down = 2 };
+constexpr int kBundleParts = 3;
+
+struct BundleLayer {
+  int64_t n_ff = 0;
+  int64_t resident = 0;          // bundles [0, resident) stay in RAM
+  uint64_t file_offset = 0;      // of bundle 0; the layer's region is padded to kIoAlign in the file
+  uint64_t bundle_bytes = 0;     // gate | up | down
+  std::array<uint64_t, kBundleParts> part_offset{};  // of each part inside a bundle
+  // Which table row bundle k feeds for each part: empty means k (a down kept in the original neuron order
+  // passes the plan's permutation).
+  std::array<std::vector<int32_t>, kBundleParts> row_of{};
+};
+
+struct NeuronStoreStats {
+  uint64_t bytes_read = 0;       // by the I/O thread, cold tails only
+  uint64_t reads = 0;            // layer tails read
+  double read_seconds = 0;       // inside pread
+  double wait_seconds = 0;       // fetch() blocked on a tail that was not read yet (I/O not hidden)
+  uint64_t fetches = 0;          // fetch() calls for layers with a cold tail
+  uint64_t resident_bytes = 0;
+  uint64_t ring_bytes = 0;
+  bool direct_io = false;        // O_DIRECT accepted by the file system
+};
+
+class NeuronStore {
+ public:
+  static constexpr uint64_t kIoAlign = 4096;
+  // Opens `path` and reads every layer's resident bundles. ring_slots >= 1 tails are buffered (2 lets one
+  // layer compute while the next is read). Throws std::runtime_error naming the file on any I/O error.
+  NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io);
+  ~NeuronStore();
+  NeuronStore(const NeuronStore&) = delete;
+  NeuronStore& operator=(const NeuronStore&) = delete;
+
+  // Row pointer table of one part of one layer: [n_ff] pointers, valid for the rows fetch() made ready.
+  const uint8_t* const* table(int layer, BundlePart part) const;
+  int n_layers() const { return int(layers_.size()); }
+  const BundleLayer& layer(int l) const { return layers_.at(size_t(l)); }
+  // Makes every row of `layer` readable through its tables until the next fetch() of another layer with a
+  // cold tail (the previous layer's slot is handed back to the reader here). Blocks until the tail is read;
+  // rethrows an I/O error of the reader thread.
+  void fetch(int layer);
+  NeuronStoreStats stats() const;
+  void reset_stats();
+
+ private:
+  enum class SlotState { Empty, Reading, Ready, InUse };
+  struct Slot {
+    uint8_t* mem = nullptr;
+    int layer = -1;
+    SlotState state = SlotState::Empty;
+  };
+  uint64_t tail_begin(const BundleLayer& b) const;  // aligned file range of the cold tail
+  uint64_t tail_end(const BundleLayer& b) const;
+  void read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes);
+  void point_rows(int layer, int64_t k0, int64_t k1, const uint8_t* base, uint64_t base_offset);
+  void reader();
+
+  std::vector<BundleLayer> layers_;
+  std::vector<std::array<std::vector<const uint8_t*>, kBundleParts>> tables_;
+  std::vector<int> cold_order_;      // layers with a cold tail, in compute order
+  std::vector<int> cold_pos_;        // layer -> index in cold_order_ (-1: fully resident)
+  std::string path_;
+  int fd_ = -1;
+  bool direct_ = false;
+  uint8_t* resident_ = nullptr;
+  uint8_t* ring_ = nullptr;
+  std::vector<Slot> slots_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  size_t next_read_ = 0;             // index into cold_order_ of the next tail to read
+  bool stop_ = false;
+  std::exception_ptr error_;
+  NeuronStoreStats stats_;
+  std::thread reader_;
+};
+
+}  // namespace pyinfer

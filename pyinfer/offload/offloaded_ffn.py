@@ -1,0 +1,128 @@
+"""A RAM budget for weights: what must stay (attention, norms, embeddings, head, predictors, Q4T scales and
+the read ring) stays, the rest of the budget keeps each layer's hottest FFN neurons, and the cold tails are
+streamed from the bundle file by the neuron store's reader thread while the model computes."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _core
+from .._core import DType
+from ..errors import PyinferError
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from ..sparsity.plan import SparsityPlan
+from .bundles import ALIGN, BundleLayout, align, open_or_write, read_scales
+from .resident import ResidentChoice, greedy_resident, solve_resident
+
+_FFN_WEIGHT = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)(_t)?\.weight$")
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20, "MB": 1000 ** 2, "MIB": 1 << 20,
+          "G": 1 << 30, "GB": 1000 ** 3, "GIB": 1 << 30}
+# A read request costs about this long on top of its bytes (QD1 4 KiB reads measured 132 MB/s against
+# 1 GB/s at 1 MiB on the test VM: ~30 us per request); in bytes at 1 GB/s it is what a layer kept whole saves.
+READ_REQUEST_BYTES = 32 * 1024
+RING_SLOTS = 2
+
+
+def parse_size(text: str | int) -> int:
+    """'300M', '1.5GiB', '2G', '123456' -> bytes (K/M/G are binary, KB/MB/GB decimal)."""
+    if isinstance(text, (int, np.integer)):
+        n = int(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).upper() not in _UNITS:
+            raise PyinferError(f"not a size: {text!r} (examples: 300M, 1.5G, 2GiB, 123456)")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n <= 0:
+        raise PyinferError(f"a size must be positive, got {text!r}")
+    return n
+
+
+def fmt_size(n: float) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+@dataclass
+class OffloadPlan:
+    """What stays in RAM and what is streamed, under one budget."""
+    budget: int
+    fixed_bytes: int                 # non-FFN weights + predictors + scales + ring
+    ring_bytes: int
+    resident: list[int]              # per layer: hottest neurons kept
+    resident_bytes: int
+    streamed_bytes: int              # bundle bytes read per token (every cold tail once)
+    ffn_bytes: int                   # all bundles
+    choice: ResidentChoice
+    greedy: ResidentChoice
+    info: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"ram_budget": self.budget, "fixed_bytes": self.fixed_bytes, "ring_bytes": self.ring_bytes,
+                "resident_ffn_bytes": self.resident_bytes, "streamed_bytes_per_token": self.streamed_bytes,
+                "ffn_bundle_bytes": self.ffn_bytes, "resident_neurons": self.resident,
+                "solver": self.choice.solver, "solve_seconds": round(self.choice.seconds, 4),
+                "greedy_value": self.greedy.value, "solver_value": self.choice.value,
+                "solver_differs_from_greedy": self.choice.counts != self.greedy.counts, **self.info}
+
+
+def non_ffn_bytes(gguf: GGUFModelFile) -> int:
+    return sum(t.data.nbytes for name, t in gguf.tensors.items() if not _FFN_WEIGHT.match(name))
+
+
+def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, budget: int,
+                 ring_slots: int = RING_SLOTS) -> OffloadPlan:
+    n_ff = [e["n_ff"] for e in layout.layers]
+    bundle = [e["bundle_bytes"] for e in layout.layers]
+    scales = sum(int(np.prod(e["scales_shape"])) * 2 for e in layout.layers if "scales_shape" in e)
+    ring = ring_slots * max(align(n * b) + ALIGN for n, b in zip(n_ff, bundle))
+    fixed = non_ffn_bytes(gguf) + plan.predictor_bytes() + scales + ring
+    if budget < fixed:
+        raise PyinferError(f"a RAM budget of {fmt_size(budget)} is below the minimum of {fmt_size(fixed)} "
+                           f"(attention, embeddings, head, predictors and the read ring must stay in RAM)")
+    capacity = budget - fixed
+    choice = solve_resident(n_ff, bundle, capacity, layer_bonus=READ_REQUEST_BYTES)
+    greedy = greedy_resident(n_ff, bundle, capacity)
+    resident_bytes = sum(k * b for k, b in zip(choice.counts, bundle))
+    ffn = sum(n * b for n, b in zip(n_ff, bundle))
+    return OffloadPlan(budget, fixed, ring, choice.counts, resident_bytes, ffn - resident_bytes, ffn, choice, greedy)
+
+
+class OffloadedFfn:
+    """The neuron store of one model under one budget, and the paged weights the graph reads from it."""
+
+    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, budget: int,
+                 cache, ring_slots: int = RING_SLOTS, direct_io: bool = True, progress: bool = True):
+        from ..runtime.sparse_ffn import pick_neuron_down
+
+        self.cfg = cfg
+        self.down_type = pick_neuron_down(plan, down_type)
+        self.layout = open_or_write(cache, gguf, cfg, plan, self.down_type, progress)
+        self.plan = plan_offload(gguf, plan, self.layout, budget, ring_slots)
+        layers = []
+        for il, e in enumerate(self.layout.layers):
+            layers.append({"n_ff": e["n_ff"], "resident": self.plan.resident[il], "file_offset": e["file_offset"],
+                           "bundle_bytes": e["bundle_bytes"], "part_offsets": e["part_offsets"],
+                           "down_rows": plan.layers[il].perm.astype(np.int32).tolist() if e["down_rows"] else None})
+        try:
+            self.store = _core.NeuronStore(str(self.layout.path), layers, ring_slots, direct_io)
+        except (RuntimeError, ValueError) as e:
+            raise PyinferError(str(e)) from None
+        self._scales = [read_scales(self.layout, il) for il in range(len(layers))]
+
+    def layer_weights(self, b, il: int):
+        """(gate, up, down, Q4T scales or None) of layer `il`: paged weights, after a fetch node."""
+        e, d, n_ff = self.layout.layers[il], self.cfg.d_model, self.cfg.d_ff
+        p = f"blk.{il}."
+        b.neuron_fetch(il)
+        gate = b.paged_weight(p + "ffn_gate.paged", e["types"][0], d, n_ff, self.store, il, 0)
+        up = b.paged_weight(p + "ffn_up.paged", e["types"][1], d, n_ff, self.store, il, 1)
+        down = b.paged_weight(p + "ffn_down.paged", e["types"][2], d, n_ff, self.store, il, 2)
+        scales = None
+        if self._scales[il] is not None:
+            scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * d, n_ff // 32, self._scales[il])
+        return gate, up, down, scales
+
+    def stats(self) -> dict:
+        return dict(self.store.stats())
