@@ -26,6 +26,10 @@ activation sparsity (decode computes only the FFN neurons that fire):
   pyinfer train-predictors --profile smollm2.profile.npz -f calib.txt --target 0.5 -o smollm2.sparse.npz
   pyinfer bench --sparsity smollm2.sparse.npz         # adds per-layer density and predictor recall
 
+larger than RAM (hot neurons stay in RAM, cold ones stream from disk):
+  pyinfer generate --sparsity auto --ram-budget 80M "Once upon a time"
+  pyinfer bench --sparsity auto --ram-budget 80M --json   # adds bytes read per token and I/O overlap
+
 serving (OpenAI-compatible, continuous batching under a KV budget):
   pyinfer serve --kv-budget 8192 --scheduler hedge --port 8000
 
@@ -52,6 +56,10 @@ def _sparsity_args(p: argparse.ArgumentParser) -> None:
                         "public-domain text, then cached), or a file from `pyinfer train-predictors`")
     p.add_argument("--target", type=float, default=None,
                    help="FFN sparsity that --sparsity auto calibrates for (default: 0.4 for SwiGLU models)")
+    p.add_argument("--ram-budget", default=None, metavar="SIZE",
+                   help="most bytes of weights kept in RAM, e.g. 80M or 1.5G (with --sparsity): each layer's "
+                        "hottest FFN neurons stay, the rest are streamed from a bundle file on disk while the "
+                        "model computes; results are identical to the in-RAM run")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -170,6 +178,9 @@ def _load(args, **kwargs):
     if target is not None and not 0.0 <= target < 1.0:
         raise PyinferError("--target must be in [0, 1)")
     cache = getattr(args, "cache_type", "f16")
+    budget = getattr(args, "ram_budget", None)
+    if budget is not None:
+        kwargs["ram_budget"] = budget
     return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target,
                 cache_type=cache, **kwargs)
 
@@ -267,6 +278,12 @@ def cmd_bench(args) -> int:
     print(f"prefill  {r.prefill_tok_s:8.1f} tok/s  ({r.prompt_tokens} tokens{at})")
     print(f"decode   {r.decode_tok_s:8.1f} tok/s  ({r.gen_tokens} tokens{at})")
     print(f"peak RSS {r.peak_rss_mb:8.1f} MB")
+    if r.offload is not None:
+        o = r.offload
+        print(f"offload  budget {o['ram_budget'] / 2**20:.1f} MiB: FFN {o['ram_hit_rate']:.0%} in RAM, "
+              f"{o['bytes_read_per_token'] / 2**20:.2f} MiB read per token "
+              f"({o['read_bandwidth_mb_s'] or 0:.0f} MB/s, {'O_DIRECT' if o['direct_io'] else 'buffered'}), "
+              f"{o['io_hidden_share']:.0%} of read time hidden behind compute")
     if sparsity is not None:
         mean = {k: sum(row[k] for row in sparsity["layers"]) / len(sparsity["layers"])
                 for k in ("computed_density", "true_density", "recall")}

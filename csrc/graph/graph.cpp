@@ -339,6 +339,7 @@ void Graph::validate() const {
         c.type(n.dst, DType::I32);
         if (d.storage != Storage::State) c.fail("the fetch marker is state");
         if (n.i[0] < 0) c.fail("the layer must not be negative");
+        if (n.i[1] != 0 && n.i[1] != 1) c.fail("i[1] must be 0 (fetch) or 1 (release)");
         break;
       default:
         c.fail("unknown op");

@@ -66,7 +66,8 @@ enum class OpKind : int32_t {
                      //   or count -1 ("run dense") when the run has more than i[1] tokens, or when the mean
                      //   list density exceeds f[0] or the union's density f[1] (one token: the density f[2]).
                      //   i[0]: n_ff
-  NeuronFetch = 16,  // makes every row of layer i[0]'s paged FFN weights readable (offload/neuron_store.h);
+  NeuronFetch = 16,  // i[1] = 0: makes every row of layer i[0]'s paged FFN weights readable; i[1] = 1: the
+                     //   layer's readers are done, its buffer may be reused (offload/neuron_store.h).
                      //   dst: I32 state [1, 1], untouched (it orders the fetch before the FFN's readers)
   Count              // number of op kinds (not an op)
 };

@@ -232,6 +232,17 @@ void NeuronStore::reader() {
   }
 }
 
+void NeuronStore::release(int layer) {
+  if (layer < 0 || size_t(layer) >= layers_.size()) throw std::out_of_range("release: no such layer");
+  if (cold_pos_[size_t(layer)] < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Slot& s : slots_)
+      if (s.state == SlotState::InUse && s.layer == layer) s.state = SlotState::Empty;
+  }
+  cv_.notify_all();
+}
+
 NeuronStoreStats NeuronStore::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;

@@ -63,6 +63,9 @@ class NeuronStore {
   // cold tail (the previous layer's slot is handed back to the reader here). Blocks until the tail is read;
   // rethrows an I/O error of the reader thread.
   void fetch(int layer);
+  // The compute is done with `layer`'s rows: its slot goes back to the reader now rather than at the next
+  // fetch (so the read-ahead also runs while attention and the output head compute).
+  void release(int layer);
   NeuronStoreStats stats() const;
   void reset_stats();
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from ..errors import PyinferError
 from ..model.config import LlamaConfig
@@ -87,10 +88,8 @@ def write_bundles(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig, plan: Spars
         with open(tmp, "wb") as f:
             f.write(b"\0" * HEADER_BYTES)
             offset = HEADER_BYTES
-            for il in range(cfg.n_layers):
-                if progress:
-                    print(f"\rpyinfer: writing neuron bundles {il + 1}/{cfg.n_layers}", end="", file=sys.stderr,
-                          flush=True)
+            for il in tqdm(range(cfg.n_layers), desc="pyinfer: writing neuron bundles", unit="layer",
+                           disable=not progress, file=sys.stderr, leave=False):
                 fa = ffn_arrays(gguf, cfg, plan, il, down_type)
                 # Bundle k holds hot-first neuron k whole: a Q4T down keeps the original order, so its row perm[k].
                 down = fa.down if fa.down_rows is None else np.asarray(fa.down)[fa.down_rows]
@@ -127,9 +126,6 @@ def write_bundles(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig, plan: Spars
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    finally:
-        if progress:
-            print(file=sys.stderr)
     return BundleLayout(path, layers, offset)
 
 

@@ -71,13 +71,25 @@ def non_ffn_bytes(gguf: GGUFModelFile) -> int:
     return sum(t.data.nbytes for name, t in gguf.tensors.items() if not _FFN_WEIGHT.match(name))
 
 
+def ring_bytes(layout: BundleLayout, ring_slots: int = RING_SLOTS) -> int:
+    """The read ring: slots for whole layers (a tail can be the whole layer), page-aligned at both ends."""
+    return ring_slots * max(align(e["n_ff"] * e["bundle_bytes"]) + ALIGN for e in layout.layers)
+
+
+def minimum_budget(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, ring_slots: int = RING_SLOTS
+                   ) -> int:
+    """What must stay in RAM whatever the budget: every weight but the FFN's, the predictors, the Q4T
+    scales and the read ring."""
+    scales = sum(int(np.prod(e["scales_shape"])) * 2 for e in layout.layers if "scales_shape" in e)
+    return non_ffn_bytes(gguf) + plan.predictor_bytes() + scales + ring_bytes(layout, ring_slots)
+
+
 def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, budget: int,
                  ring_slots: int = RING_SLOTS) -> OffloadPlan:
     n_ff = [e["n_ff"] for e in layout.layers]
     bundle = [e["bundle_bytes"] for e in layout.layers]
-    scales = sum(int(np.prod(e["scales_shape"])) * 2 for e in layout.layers if "scales_shape" in e)
-    ring = ring_slots * max(align(n * b) + ALIGN for n, b in zip(n_ff, bundle))
-    fixed = non_ffn_bytes(gguf) + plan.predictor_bytes() + scales + ring
+    ring = ring_bytes(layout, ring_slots)
+    fixed = minimum_budget(gguf, plan, layout, ring_slots)
     if budget < fixed:
         raise PyinferError(f"a RAM budget of {fmt_size(budget)} is below the minimum of {fmt_size(fixed)} "
                            f"(attention, embeddings, head, predictors and the read ring must stay in RAM)")
@@ -93,9 +105,10 @@ class OffloadedFfn:
     """The neuron store of one model under one budget, and the paged weights the graph reads from it."""
 
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, budget: int,
-                 cache, ring_slots: int = RING_SLOTS, direct_io: bool = True, progress: bool = True):
+                 cache, ring_slots: int | None = None, direct_io: bool = True, progress: bool = True):
         from ..runtime.sparse_ffn import pick_neuron_down
 
+        ring_slots = ring_slots or RING_SLOTS
         self.cfg = cfg
         self.down_type = pick_neuron_down(plan, down_type)
         self.layout = open_or_write(cache, gguf, cfg, plan, self.down_type, progress)

@@ -230,4 +230,6 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
         b.gated_mul(gate, up, out=gate, act=act_kind, run_if=dense)
     act_d = b.scatter_cols(gate, perm_w, "act", run_if=dense)
     b.matmul(w(p + "ffn_down.weight"), act_d, "ffn_out", out=out, run_if=dense)
+    if offload is not None:
+        b.neuron_fetch(il, release=True)
     return out

@@ -30,15 +30,15 @@ class SeqWork:
 class BatchEngine:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, num_blocks: int, block_size: int, max_seq_len: int,
                  n_threads: int, max_batch_tokens: int = 512, sparsity=None, runs: SparseRuns = SparseRuns(),
-                 cache_type: str = "f16"):
-        """With `sparsity`, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the
+                 cache_type: str = "f16", offload=None):
+        """`offload`: an offload.OffloadedFfn streaming the FFN neurons that do not fit a RAM budget. With `sparsity`, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the
         sparse FFN over the union of their active neurons while it is sparse enough (sparse_ffn.py)."""
         self.cfg, self.block_size, self.num_blocks = cfg, block_size, num_blocks
         self.max_blocks = -(-max_seq_len // block_size)
         self.max_batch_tokens = max_batch_tokens
         try:
             b = build_llama_graph(gguf, cfg, num_blocks * block_size, sparsity, runs,
-                                  paged=(block_size, self.max_blocks), cache_type=cache_type)
+                                  paged=(block_size, self.max_blocks), cache_type=cache_type, offload=offload)
             self.engine = _core.Engine(b.graph, max_tokens=max_batch_tokens, max_outputs=max_batch_tokens,
                                        n_threads=n_threads)
         except ValueError as e:

@@ -13,8 +13,8 @@ BLOCK_SIZE = 16
 
 def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_POLICY, n_threads: int | None = None,
                  api_key: str | None = None, max_seq_len: int | None = None, sparsity="off", target=None,
-                 cache_type: str = "f16"):
-    """Returns (app, loop, model); call loop.start() before serving."""
+                 cache_type: str = "f16", ram_budget=None):
+    """Returns (app, loop, model); call loop.start() before serving. `ram_budget`: as load()'s."""
     from ..api import load
     from ..sparsity.resolve import resolve_sparsity
     from .batch_engine import BatchEngine
@@ -31,8 +31,16 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
     model = load(model_path, n_threads=n_threads, n_ctx=16)
     plan = resolve_sparsity(sparsity, model.gguf, model.config, model.tokenizer.encode, target, model.n_threads)
     cap = min(model.config.train_ctx, max_seq_len or model.config.train_ctx, kv_budget)
+    offload = None
+    if ram_budget is not None:
+        from ..model.pull import cache_dir
+        from ..offload import OffloadedFfn, parse_size
+
+        if plan is None:
+            raise PyinferError("--ram-budget streams FFN neurons and needs --sparsity (auto or a file)")
+        offload = OffloadedFfn(model.gguf, model.config, plan, "auto", parse_size(ram_budget), cache_dir())
     batch = BatchEngine(model.gguf, model.config, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, model.n_threads,
-                        sparsity=plan, cache_type=cache_type)
+                        sparsity=plan, cache_type=cache_type, offload=offload)
     batch.engine.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
     loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(model.tokenizer.end_of_generation))
     name = Path(model.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
@@ -43,7 +51,8 @@ def serve(args) -> int:
     import uvicorn
 
     app, loop, model = build_server(args.model, args.kv_budget, args.scheduler, args.threads, args.api_key,
-                                    sparsity=args.sparsity, target=args.target, cache_type=args.cache_type)
+                                    sparsity=args.sparsity, target=args.target, cache_type=args.cache_type,
+                                    ram_budget=args.ram_budget)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"pyinfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
     loop.start()

@@ -21,9 +21,24 @@ class BenchResult:
     decode_tok_s: float
     peak_rss_mb: float
     repetitions: int
+    offload: dict | None = None  # under a RAM budget: the plan and the decode test's I/O (offload_stats)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def offload_stats(model, store_stats: dict, tokens: int, seconds: float) -> dict:
+    """Bytes read per token, the share of FFN bytes served from RAM, and how much of the read time the
+    compute hid: a decode step waits only for the part of each read its compute did not cover."""
+    plan = model.offload.plan
+    read_s, wait_s = store_stats["read_seconds"], store_stats["wait_seconds"]
+    return {**plan.summary(), "direct_io": store_stats["direct_io"],
+            "bytes_read_per_token": store_stats["bytes_read"] / max(tokens, 1),
+            "ram_hit_rate": plan.resident_bytes / max(plan.ffn_bytes, 1),
+            "read_seconds_per_token": read_s / max(tokens, 1), "wait_seconds_per_token": wait_s / max(tokens, 1),
+            "io_hidden_share": max(0.0, 1.0 - wait_s / read_s) if read_s > 0 else 1.0,
+            "read_bandwidth_mb_s": store_stats["bytes_read"] / read_s / 1e6 if read_s > 0 else None,
+            "decode_seconds": seconds}
 
 
 def peak_rss_mb() -> float:
@@ -86,7 +101,13 @@ def run_bench(model, prompt_tokens: int = 256, gen_tokens: int = 128, repetition
     bench_prefill(model, min(prompt_tokens, 16))  # warm up pages and threads
     logits = fill_depth(model, depth)
     pp = [prompt_tokens / bench_prefill(model, prompt_tokens, seed=i, depth=depth) for i in range(repetitions)]
-    tg = [gen_tokens / bench_decode(model, gen_tokens, depth=depth, depth_logits=logits)[0]
-          for _ in range(repetitions)]
+    offload = getattr(model, "offload", None)
+    if offload is not None:
+        offload.store.reset_stats()
+    seconds = [bench_decode(model, gen_tokens, depth=depth, depth_logits=logits)[0] for _ in range(repetitions)]
+    tg = [gen_tokens / s for s in seconds]
+    io = None
+    if offload is not None:  # the decode tests' reads (and the short prompt before each)
+        io = offload_stats(model, offload.store.stats(), gen_tokens * repetitions, sum(seconds))
     return BenchResult(model.n_threads, model.isa, prompt_tokens, gen_tokens, depth, model.cache_type,
-                       float(np.median(pp)), float(np.median(tg)), peak_rss_mb(), repetitions)
+                       float(np.median(pp)), float(np.median(tg)), peak_rss_mb(), repetitions, io)

@@ -149,7 +149,10 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
     case OpKind::NeuronFetch:
       if (ith == 0) {
         if (!store_) throw GraphError("the graph reads offloaded neurons but no neuron store is attached");
-        store_->fetch(n.i[0]);
+        if (n.i[1] == 0)
+          store_->fetch(n.i[0]);
+        else
+          store_->release(n.i[0]);
       }
       return;
     case OpKind::ActiveSet: return cpu_active_set(g, n, shape, ith, nth);

@@ -1,0 +1,232 @@
+"""Offload under a RAM budget: exactness against the in-RAM run of the same plan, the neuron store, the
+resident-set program, and bad input (budgets, stale or broken bundle files, I/O errors, a full disk)."""
+import errno
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+import pyinfer
+from pyinfer import _core
+from pyinfer.errors import PyinferError
+from pyinfer.offload import bundles as bundles_mod
+from pyinfer.offload.bundles import open_or_write, plan_id
+from pyinfer.offload.offloaded_ffn import minimum_budget, parse_size
+from pyinfer.offload.resident import greedy_resident, solve_resident
+from pyinfer.runtime.sparse_ffn import ffn_arrays, pick_neuron_down
+from test_sparsity import TOKENS, all_active_plan, decode_logits
+from tiny_model import TINY
+
+FF, L = TINY["d_ff"], TINY["n_layers"]
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def threshold_plan(fp, seed=1):
+    """Threshold only (gate and up dense, down over the active rows) with a random neuron order."""
+    plan = all_active_plan(fp, seed=seed, threshold=0.02)
+    for lp in plan.layers:
+        lp.predictor, lp.hot = None, 0
+    return plan
+
+
+def budgets(model, plan, down="auto"):
+    from pyinfer.model.pull import cache_dir
+
+    layout = open_or_write(cache_dir(), model.gguf, model.config, plan, pick_neuron_down(plan, down), progress=False)
+    low = minimum_budget(model.gguf, plan, layout)
+    ffn = sum(e["n_ff"] * e["bundle_bytes"] for e in layout.layers)
+    return [low, low + ffn // 3, low + ffn]
+
+
+def greedy_tokens(model, n=12):
+    return model.generate(TOKENS[:4], max_tokens=n, temperature=0)
+
+
+@pytest.mark.parametrize("kind,down", [("threshold", "q4t"), ("threshold", "q8_0"), ("predictor", "q4t"),
+                                       ("predictor", "q8_0")])
+def test_offloaded_runs_equal_in_ram_bit_for_bit(tiny_model_path, cache, kind, down):
+    ram = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    fp = ram.gguf.fingerprint()
+    plan = threshold_plan(fp) if kind == "threshold" else all_active_plan(fp, seed=2)
+    ram = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down=down)
+    want_decode, want_prefill, want_tokens = (decode_logits(ram, TOKENS), ram.eval(TOKENS, all_logits=True),
+                                              greedy_tokens(ram))
+    for budget in budgets(ram, plan, down):
+        off = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down=down,
+                           ram_budget=budget, progress=False)
+        assert np.array_equal(decode_logits(off, TOKENS), want_decode)
+        assert np.array_equal(off.eval(TOKENS, all_logits=True), want_prefill)
+        assert greedy_tokens(off) == want_tokens
+        st = off.offload.stats()
+        streamed = off.offload.plan.streamed_bytes
+        assert (st["bytes_read"] > 0) == (streamed > 0)
+
+
+def test_store_serves_each_row_in_any_fetch_order(tiny_model_path, cache):
+    model = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
+    plan = all_active_plan(model.gguf.fingerprint(), seed=4)
+    layout = open_or_write(cache, model.gguf, model.config, plan, "q4t", progress=False)
+    arrays = [ffn_arrays(model.gguf, model.config, plan, il, "q4t") for il in range(L)]
+    for ring, resident in itertools.product((1, 2, 3), ([0, 0], [32, 64], [FF, 40])):
+        layers = [{"n_ff": e["n_ff"], "resident": resident[il], "file_offset": e["file_offset"],
+                   "bundle_bytes": e["bundle_bytes"], "part_offsets": e["part_offsets"],
+                   "down_rows": plan.layers[il].perm.tolist()} for il, e in enumerate(layout.layers)]
+        store = _core.NeuronStore(str(layout.path), layers, ring_slots=ring)
+        for il in (1, 0, 0, 1, 1, 0):
+            store.fetch(il)
+            fa = arrays[il]
+            for k in (0, 31, 32, FF - 1):
+                assert store.row(il, 0, k, fa.gate.shape[1]) == fa.gate[k].tobytes()
+                assert store.row(il, 1, k, fa.up.shape[1]) == fa.up[k].tobytes()
+                assert store.row(il, 2, k, fa.down.shape[1]) == fa.down[k].tobytes()  # original order
+        cold = sum(1 for il in range(L) if resident[il] < FF)
+        assert (store.stats()["bytes_read"] > 0) == (cold > 0)
+
+
+def test_store_refuses_bad_layouts(tmp_path):
+    path = tmp_path / "b.bundles"
+    path.write_bytes(b"\0" * 8192)
+    good = {"n_ff": 4, "resident": 0, "file_offset": 4096, "bundle_bytes": 64, "part_offsets": [0, 16, 32]}
+    for bad in ({"resident": 5}, {"file_offset": 100}, {"part_offsets": [0, 16, 64]}, {"down_rows": [0, 0, 1, 2]},
+                {"bundle_bytes": 0}):
+        with pytest.raises(ValueError):
+            _core.NeuronStore(str(path), [dict(good, **bad)])
+    with pytest.raises(RuntimeError, match="cannot open"):
+        _core.NeuronStore(str(tmp_path / "missing"), [good])
+    with pytest.raises(RuntimeError, match="shorter"):  # the resident prefix lies past the end
+        _core.NeuronStore(str(path), [dict(good, resident=4, file_offset=8192)])
+
+
+# ---- the resident-set program ----------------------------------------------------------------------
+def brute_force(n_ff, bundle, capacity, group, values, bonus):
+    sizes = [[group] * (n // group) + ([n % group] if n % group else []) for n in n_ff]
+    best = (-1.0, None)
+    for kept in itertools.product(*[range(len(s) + 1) for s in sizes]):
+        cost = sum(sum(s[:k]) * b for s, k, b in zip(sizes, kept, bundle))
+        if cost > capacity:
+            continue
+        v = 0.0
+        for l, k in enumerate(kept):
+            v += float(values[l][:sum(sizes[l][:k])].sum()) + (bonus if k == len(sizes[l]) else 0.0)
+        best = max(best, (v, kept), key=lambda e: e[0])
+    return best[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_program_is_optimal_and_within_budget(seed):
+    rng = np.random.default_rng(seed)
+    n_ff = [int(x) for x in rng.integers(40, 130, size=3)]
+    bundle = [int(x) for x in rng.integers(10, 60, size=3)]
+    values = [np.sort(rng.random(n))[::-1] * b for n, b in zip(n_ff, bundle)]  # hot-first
+    capacity = int(rng.integers(0, sum(n * b for n, b in zip(n_ff, bundle))))
+    bonus = float(rng.choice([0.0, 500.0]))
+    c = solve_resident(n_ff, bundle, capacity, group=32, value_per_neuron=values, layer_bonus=bonus)
+    assert c.solver == "highs" and c.bytes <= capacity
+    assert c.value == pytest.approx(brute_force(n_ff, bundle, capacity, 32, values, bonus), rel=1e-6)
+    g = greedy_resident(n_ff, bundle, capacity, group=32, value_per_neuron=values)
+    assert g.bytes <= capacity and g.value <= c.value + 1e-6
+
+
+def test_keeping_a_layer_whole_changes_the_answer():
+    """Two layers of 64 neurons x 10 bytes, room for 64 neurons: without the request bonus the program may
+    split (equal value), with it it keeps one layer whole; the greedy fill never sees the bonus."""
+    c = solve_resident([64, 64], [10, 10], 640, group=32, layer_bonus=100.0)
+    assert sorted(c.counts) == [0, 64]
+    assert c.value == pytest.approx(640 + 100)
+
+
+def test_program_falls_back_to_greedy_without_highs(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_highs(name, *a, **k):
+        if name == "highspy":
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_highs)
+    c = solve_resident([64, 64], [10, 10], 700)
+    assert c.solver == "greedy" and "highspy" in c.info["fallback"] and c.bytes <= 700
+
+
+# ---- bad input --------------------------------------------------------------------------------------
+def test_sizes():
+    assert parse_size("80M") == 80 << 20 and parse_size("1.5G") == 3 << 29 and parse_size("2GB") == 2 * 10 ** 9
+    assert parse_size(4096) == 4096
+    for bad in ("", "12 parsecs", "-3M", "0"):
+        with pytest.raises(PyinferError):
+            parse_size(bad)
+
+
+def test_budget_below_the_minimum_names_it(tiny_model_path, cache):
+    ram = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
+    plan = threshold_plan(ram.gguf.fingerprint())
+    low = budgets(ram, plan)[0]
+    with pytest.raises(PyinferError, match=r"below the minimum of [0-9.]+ MiB"):
+        pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=plan, ram_budget=low - 1, progress=False)
+    with pytest.raises(PyinferError, match="needs a sparsity plan"):
+        pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, ram_budget="1G")
+
+
+def test_a_stale_or_foreign_bundle_file_is_rebuilt(tiny_model_path, cache):
+    ram = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
+    plan = threshold_plan(ram.gguf.fingerprint())
+    low = budgets(ram, plan)[0]
+    path = bundles_mod.bundle_path(cache, ram.gguf, plan_id(plan, pick_neuron_down(plan, "auto")))
+    good = path.read_bytes()
+    want = decode_logits(pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=plan), TOKENS)
+    for damage in (lambda b: b[:len(b) // 2],                                             # truncated
+                   lambda b: b.replace(ram.gguf.fingerprint()[:16].encode(), b"0" * 16),  # another model's
+                   lambda b: b"junk" + b[4:]):                                            # not a bundle file
+        path.write_bytes(damage(good))
+        off = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=plan, ram_budget=low, progress=False)
+        assert path.read_bytes() == good
+        assert np.array_equal(decode_logits(off, TOKENS), want)
+
+
+HEAD = bundles_mod.HEADER_BYTES
+
+
+def test_an_io_error_is_an_exception_not_a_crash(tiny_model_path, cache):
+    ram = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = threshold_plan(ram.gguf.fingerprint())
+    low = budgets(ram, plan)[0]
+    off = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, ram_budget=low, progress=False)
+    path = off.offload.layout.path
+    want = decode_logits(off, TOKENS)
+    good = path.read_bytes()
+    os.truncate(path, HEAD + 4096)  # the cold tails are gone from under the open store
+    with pytest.raises(RuntimeError, match="shorter than its layout"):
+        for _ in range(3):  # the tails already read ahead are still served; the next reads fail
+            off.eval(TOKENS[:3])
+    with pytest.raises(RuntimeError):  # reported again, not once and then garbage
+        off.eval(TOKENS[:3])
+    path.write_bytes(good)  # the same file back: the same model works again
+    assert np.array_equal(decode_logits(off, TOKENS), want)
+
+
+def test_a_full_disk_leaves_no_half_file(tiny_model_path, cache, monkeypatch):
+    ram = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
+    plan = threshold_plan(ram.gguf.fingerprint())
+    calls = {"n": 0}
+    import pyinfer.runtime.sparse_ffn as sf
+
+    orig = sf.ffn_arrays
+
+    def full_disk(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return orig(*a, **k)
+
+    monkeypatch.setattr(sf, "ffn_arrays", full_disk)
+    with pytest.raises(PyinferError, match="No space left"):
+        pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=plan, ram_budget="1G", progress=False)
+    assert not list((cache / "offload").glob("*"))
