@@ -68,23 +68,65 @@ def test_offloaded_runs_equal_in_ram_bit_for_bit(tiny_model_path, cache, kind, d
         assert (st["bytes_read"] > 0) == (streamed > 0)
 
 
+def varying_predictor_plan(fp, seed=5, hot=8):
+    """Random predictors: each token's list is a different ~half of the cold neurons."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+
+    plan = all_active_plan(fp, seed=seed, hot=hot)
+    rng = np.random.default_rng(seed)
+    for lp in plan.layers:
+        p = lp.predictor
+        rank, d = p.b1.shape[0], TINY["d_model"]
+        p.w1_q8 = quants.quantize(rng.normal(0, 0.5, (rank, d)).astype(np.float32), Q.Q8_0)
+        p.b1 = rng.normal(0, 0.1, rank).astype(np.float32)
+        p.w2_q8 = quants.quantize(rng.normal(0, 0.5, (FF - hot, rank)).astype(np.float32), Q.Q8_0)
+        p.cut = np.zeros(FF - hot, np.float32)
+        lp.freq = np.linspace(1.0, 0.1, FF).astype(np.float32)
+    return plan
+
+
+@pytest.mark.parametrize("down", ["q4t", "q8_0"])
+def test_selective_reads_fetch_each_listed_row(tiny_model_path, cache, down):
+    """Predictor layers read only the union's cold rows, on demand: the tokens still equal the in-RAM run's,
+    and fewer neurons are read than whole tails hold."""
+    ram = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = varying_predictor_plan(ram.gguf.fingerprint())
+    ram = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down=down)
+    want = decode_logits(ram, TOKENS)
+    low = budgets(ram, plan, down)[0]
+    off = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down=down, ram_budget=low,
+                       progress=False)
+    off.offload.store.reset_stats()
+    assert np.array_equal(decode_logits(off, TOKENS), want)
+    st = off.offload.stats()
+    assert st["listed_neurons"] > 0 and st["listed_reads"] > 0
+    cold = sum(e["n_ff"] - k for e, k in zip(off.offload.layout.layers, off.offload.plan.resident))
+    assert st["listed_neurons"] < len(TOKENS) * cold  # (bytes: the tiny model's tails are a few pages anyway)
+    assert greedy_tokens(off) == greedy_tokens(ram)
+
+
 def test_store_serves_each_row_in_any_fetch_order(tiny_model_path, cache):
     model = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
     plan = all_active_plan(model.gguf.fingerprint(), seed=4)
     layout = open_or_write(cache, model.gguf, model.config, plan, "q4t", progress=False)
     arrays = [ffn_arrays(model.gguf, model.config, plan, il, "q4t") for il in range(L)]
-    for ring, resident in itertools.product((1, 2, 3), ([0, 0], [32, 64], [FF, 40])):
+    picks = {0: np.array([0, 5, 31, 32, 33, 70, FF - 1]), 1: np.array([1, 40, 41, 42, 90])}
+    for ring, resident, selective in itertools.product((1, 2, 3), ([0, 0], [32, 64], [FF, 40]), (False, True)):
         layers = [{"n_ff": e["n_ff"], "resident": resident[il], "file_offset": e["file_offset"],
-                   "bundle_bytes": e["bundle_bytes"], "part_offsets": e["part_offsets"],
+                   "bundle_bytes": e["bundle_bytes"], "part_offsets": e["part_offsets"], "selective": selective,
                    "down_rows": plan.layers[il].perm.tolist()} for il, e in enumerate(layout.layers)]
         store = _core.NeuronStore(str(layout.path), layers, ring_slots=ring)
-        for il in (1, 0, 0, 1, 1, 0):
-            store.fetch(il)
+        for step, il in enumerate((1, 0, 0, 1, 1, 0)):
+            listed = selective and step % 2 == 0
+            store.fetch(il, picks[il] if listed else None)
             fa = arrays[il]
-            for k in (0, 31, 32, FF - 1):
+            for k in (picks[il] if listed else (0, 31, 32, FF - 1)):
                 assert store.row(il, 0, k, fa.gate.shape[1]) == fa.gate[k].tobytes()
                 assert store.row(il, 1, k, fa.up.shape[1]) == fa.up[k].tobytes()
-                assert store.row(il, 2, k, fa.down.shape[1]) == fa.down[k].tobytes()  # original order
+                # Q4T down keeps the original neuron order: hot-first neuron k is row perm[k]
+                assert store.row(il, 2, plan.layers[il].perm[k], fa.down.shape[1]) == \
+                    fa.down[plan.layers[il].perm[k]].tobytes()
         cold = sum(1 for il in range(L) if resident[il] < FF)
         assert (store.stats()["bytes_read"] > 0) == (cold > 0)
 

@@ -116,6 +116,7 @@ PYBIND11_MODULE(_core, m) {
                const auto offs = d["part_offsets"].cast<std::vector<uint64_t>>();
                if (offs.size() != size_t(kBundleParts)) throw GraphError("part_offsets needs 3 entries");
                std::copy(offs.begin(), offs.end(), b.part_offset.begin());
+               if (d.contains("selective")) b.selective = d["selective"].cast<bool>();
                if (d.contains("down_rows") && !d["down_rows"].is_none())
                  b.row_of[size_t(BundlePart::Down)] = d["down_rows"].cast<std::vector<int32_t>>();
                ls.push_back(std::move(b));
@@ -128,11 +129,18 @@ PYBIND11_MODULE(_core, m) {
              }
            }), py::arg("path"), py::arg("layers"), py::arg("ring_slots") = 2, py::arg("direct_io") = true,
            "Opens a bundle file and reads each layer's resident bundles. layers: dicts of n_ff, resident, "
-           "file_offset, bundle_bytes, part_offsets (gate, up, down) and optional down_rows (table row of bundle k).")
-      .def("fetch", [](NeuronStore& s, int layer) {
+           "file_offset, bundle_bytes, part_offsets (gate, up, down), optional down_rows (table row of bundle k) and "
+           "selective (decode reads only the listed rows, on demand).")
+      .def("fetch", [](NeuronStore& s, int layer, std::optional<I32Array> ids) {
+             std::vector<int32_t> list;
+             if (ids) {
+               list.push_back(int32_t(ids->size()));
+               list.insert(list.end(), ids->data(), ids->data() + ids->size());
+             }
              py::gil_scoped_release release;
-             s.fetch(layer);
-           }, py::arg("layer"), "Tests: make a layer's rows readable, as a NeuronFetch node does.")
+             s.fetch(layer, ids ? list.data() : nullptr);
+           }, py::arg("layer"), py::arg("ids") = py::none(),
+           "Tests: make a layer's rows readable (a selective layer's: only `ids`, ascending), as a NeuronFetch does.")
       .def("row", [](const NeuronStore& s, int layer, int part, int64_t row, int64_t n_bytes) {
              if (layer < 0 || layer >= s.n_layers() || part < 0 || part >= kBundleParts || row < 0 ||
                  row >= s.layer(layer).n_ff || n_bytes < 0)
@@ -147,7 +155,8 @@ PYBIND11_MODULE(_core, m) {
              py::dict d;
              d["bytes_read"] = st.bytes_read; d["reads"] = st.reads; d["read_seconds"] = st.read_seconds;
              d["wait_seconds"] = st.wait_seconds; d["fetches"] = st.fetches; d["resident_bytes"] = st.resident_bytes;
-             d["ring_bytes"] = st.ring_bytes; d["direct_io"] = st.direct_io;
+             d["ring_bytes"] = st.ring_bytes; d["direct_io"] = st.direct_io; d["listed_reads"] = st.listed_reads;
+             d["listed_neurons"] = st.listed_neurons;
              return d;
            }, "Reads, bytes and seconds since the last reset_stats().")
       .def("reset_stats", &NeuronStore::reset_stats)

@@ -340,6 +340,10 @@ void Graph::validate() const {
         if (d.storage != Storage::State) c.fail("the fetch marker is state");
         if (n.i[0] < 0) c.fail("the layer must not be negative");
         if (n.i[1] != 0 && n.i[1] != 1) c.fail("i[1] must be 0 (fetch) or 1 (release)");
+        if (n.src[0] >= 0) {
+          c.type(n.src[0], DType::I32);
+          if (!union_written[size_t(n.src[0])]) c.fail("the fetch list must be the result of an earlier ActiveUnion");
+        }
         break;
       default:
         c.fail("unknown op");

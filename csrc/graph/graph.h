@@ -68,7 +68,8 @@ enum class OpKind : int32_t {
                      //   i[0]: n_ff
   NeuronFetch = 16,  // i[1] = 0: makes every row of layer i[0]'s paged FFN weights readable; i[1] = 1: the
                      //   layer's readers are done, its buffer may be reused (offload/neuron_store.h).
-                     //   dst: I32 state [1, 1], untouched (it orders the fetch before the FFN's readers)
+                     //   dst: I32 state [1, 1], untouched (it orders the fetch before the FFN's readers);
+                     //   src0 (optional): an ActiveUnion result, the rows this run needs (count -1: all)
   Count              // number of op kinds (not an op)
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);

@@ -1,5 +1,7 @@
 #include "offload/neuron_store.h"
 
+#include "offload/parallel_reader.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -12,6 +14,12 @@
 namespace pyinfer {
 
 namespace {
+
+// Selective reads: a gap this small between two needed ranges is read rather than paid for with another
+// request; a range is cut at kMaxRange so the I/O threads share the work.
+constexpr uint64_t kGap = 8192;
+constexpr uint64_t kMaxRange = 256 * 1024;
+constexpr int kIoThreads = 4;
 
 uint64_t round_down(uint64_t x, uint64_t a) { return x / a * a; }
 uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -32,7 +40,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io)
     : layers_(std::move(layers)), path_(path) {
   if (ring_slots < 1 || ring_slots > 64) throw std::invalid_argument("ring_slots must be 1..64");
-  uint64_t resident_bytes = 0, slot_bytes = 0;
+  uint64_t resident_bytes = 0, slot_bytes = 0, demand_bytes = 0;
   cold_pos_.assign(layers_.size(), -1);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const BundleLayer& b = layers_[l];
@@ -51,7 +59,9 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
       }
     }
     resident_bytes += round_up(uint64_t(b.resident) * b.bundle_bytes, kIoAlign);
-    if (b.resident < b.n_ff) {
+    if (b.resident < b.n_ff && b.selective) {
+      demand_bytes = std::max(demand_bytes, tail_end(b) - tail_begin(b));
+    } else if (b.resident < b.n_ff) {
       cold_pos_[l] = int(cold_order_.size());
       cold_order_.push_back(int(l));
       slot_bytes = std::max(slot_bytes, tail_end(b) - tail_begin(b));
@@ -65,6 +75,18 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
   direct_ = direct_io && fd_ >= 0;
   if (fd_ < 0 && direct_io) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // O_DIRECT refused at open
   if (fd_ < 0) throw std::runtime_error("cannot open bundle file " + path + ": " + std::strerror(errno));
+  if (direct_) {  // some file systems accept O_DIRECT at open and refuse it at read (EINVAL): ask once, now
+    uint8_t* probe = aligned_bytes(kIoAlign);
+    const ssize_t got = ::pread(fd_, probe, kIoAlign, 0);
+    const int err = errno;
+    std::free(probe);
+    if (got < 0 && err == EINVAL) {
+      ::close(fd_);
+      direct_ = false;
+      fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0) throw std::runtime_error("cannot open bundle file " + path + ": " + std::strerror(errno));
+    }
+  }
   try {
     resident_ = aligned_bytes(resident_bytes);
     uint64_t off = 0;
@@ -78,13 +100,19 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     const int n_slots = cold_order_.empty() ? 0 : std::min<int>(ring_slots, int(cold_order_.size()));
     ring_ = aligned_bytes(uint64_t(n_slots) * slot_bytes);
     for (int s = 0; s < n_slots; ++s) slots_.push_back(Slot{ring_ + uint64_t(s) * slot_bytes, -1, SlotState::Empty});
+    demand_ = aligned_bytes(demand_bytes);
+    if (demand_bytes)
+      io_ = std::make_unique<ParallelReader>(
+          [this](uint8_t* dst, uint64_t off, uint64_t n) { read_exact(dst, off, n); }, kIoThreads);
     stats_.resident_bytes = resident_bytes;
-    stats_.ring_bytes = uint64_t(n_slots) * slot_bytes;
+    stats_.ring_bytes = uint64_t(n_slots) * slot_bytes + demand_bytes;
     stats_.direct_io = direct_;
   } catch (...) {
+    io_.reset();
     ::close(fd_);
     std::free(resident_);
     std::free(ring_);
+    std::free(demand_);
     throw;
   }
   if (!slots_.empty()) reader_ = std::thread(&NeuronStore::reader, this);
@@ -97,9 +125,11 @@ NeuronStore::~NeuronStore() {
   }
   cv_.notify_all();
   if (reader_.joinable()) reader_.join();
+  io_.reset();
   ::close(fd_);
   std::free(resident_);
   std::free(ring_);
+  std::free(demand_);
 }
 
 uint64_t NeuronStore::tail_begin(const BundleLayer& b) const {
@@ -110,19 +140,11 @@ uint64_t NeuronStore::tail_end(const BundleLayer& b) const {
   return round_up(b.file_offset + uint64_t(b.n_ff) * b.bundle_bytes, kIoAlign);
 }
 
-void NeuronStore::read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes) {
+void NeuronStore::read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes) const {
   uint64_t done = 0;
   while (done < bytes) {
     const ssize_t got = ::pread(fd_, dst + done, size_t(bytes - done), off_t(offset + done));
     if (got < 0 && errno == EINTR) continue;
-    if (got < 0 && errno == EINVAL && direct_) {  // some file systems accept O_DIRECT at open, not at read
-      const int plain = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-      if (plain < 0) throw std::runtime_error("cannot reopen bundle file " + path_ + ": " + std::strerror(errno));
-      ::close(fd_);
-      fd_ = plain;
-      direct_ = false;
-      continue;
-    }
     if (got < 0) throw std::runtime_error("reading bundle file " + path_ + ": " + std::strerror(errno));
     if (got == 0) throw std::runtime_error("bundle file " + path_ + " is shorter than its layout (truncated?)");
     done += uint64_t(got);
@@ -144,8 +166,75 @@ const uint8_t* const* NeuronStore::table(int layer, BundlePart part) const {
   return tables_.at(size_t(layer))[size_t(part)].data();
 }
 
-void NeuronStore::fetch(int layer) {
+void NeuronStore::fetch_selective(int layer, const int32_t* list) {
+  const BundleLayer& b = layers_[size_t(layer)];
+  const auto t0 = std::chrono::steady_clock::now();
+  ranges_.clear();
+  placed_.clear();
+  uint64_t out = 0, listed = 0;
+  if (!list || list[0] < 0) {  // a dense run: the whole tail, in large reads
+    const uint64_t begin = tail_begin(b), end = tail_end(b);
+    for (uint64_t off = begin; off < end; off += kMaxRange)
+      ranges_.push_back(ReadRange{demand_ + (off - begin), off, std::min(kMaxRange, end - off)});
+  } else {
+    uint64_t cur0 = 0, cur1 = 0;  // the open range [cur0, cur1) of the file
+    bool open = false;
+    auto flush = [&] {
+      ranges_.push_back(ReadRange{demand_ + out, cur0, cur1 - cur0});
+      out += cur1 - cur0;
+    };
+    for (int32_t i = 0; i < list[0]; ++i) {
+      const int64_t k = list[1 + i];
+      if (k < b.resident) continue;
+      if (k >= b.n_ff) throw std::out_of_range("fetch: a listed neuron is out of range");
+      const uint64_t b0 = b.file_offset + uint64_t(k) * b.bundle_bytes;
+      const uint64_t p0 = round_down(b0, kIoAlign), p1 = round_up(b0 + b.bundle_bytes, kIoAlign);
+      if (open && p0 <= cur1 + kGap && p1 - cur0 <= kMaxRange) {
+        cur1 = std::max(cur1, p1);
+      } else {
+        if (open) flush();
+        cur0 = p0;
+        cur1 = p1;
+        open = true;
+      }
+      placed_.emplace_back(k, ranges_.size());
+      ++listed;
+    }
+    if (open) flush();
+  }
+  io_->read_all(ranges_);
+  if (placed_.empty() && !(list && list[0] >= 0)) {
+    point_rows(layer, b.resident, b.n_ff, demand_, tail_begin(b));
+  } else {
+    for (const auto& [k, r] : placed_) {
+      const ReadRange& rr = ranges_[r];  // holds the file from rr.offset on
+      const uint64_t b0 = b.file_offset + uint64_t(k) * b.bundle_bytes;
+      for (int p = 0; p < kBundleParts; ++p) {
+        const auto& rows = b.row_of[size_t(p)];
+        tables_[size_t(layer)][size_t(p)][size_t(rows.empty() ? k : rows[size_t(k)])] =
+            rr.dst + (b0 - rr.offset + b.part_offset[size_t(p)]);
+      }
+    }
+  }
+  uint64_t bytes = 0;
+  for (const ReadRange& r : ranges_) bytes += r.bytes;
+  const double dt = seconds_since(t0);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.fetches;
+  stats_.bytes_read += bytes;
+  stats_.reads += ranges_.size();
+  stats_.read_seconds += dt;
+  stats_.wait_seconds += dt;  // on demand: nothing hides it
+  if (list && list[0] >= 0) {
+    stats_.listed_reads += ranges_.size();
+    stats_.listed_neurons += listed;
+  }
+}
+
+void NeuronStore::fetch(int layer, const int32_t* list) {
   if (layer < 0 || size_t(layer) >= layers_.size()) throw std::out_of_range("fetch: no such layer");
+  const BundleLayer& lb = layers_[size_t(layer)];
+  if (lb.selective && lb.resident < lb.n_ff) return fetch_selective(layer, list);
   if (cold_pos_[size_t(layer)] < 0) return;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
@@ -218,7 +307,6 @@ void NeuronStore::reader() {
     const double dt = seconds_since(t0);
     lock.lock();
     stats_.read_seconds += dt;
-    stats_.direct_io = direct_;
     if (failed) {
       error_ = failed;
       slot->state = SlotState::Empty;

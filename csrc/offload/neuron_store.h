@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -32,6 +33,9 @@ struct BundleLayer {
   // Which table row bundle k feeds for each part: empty means k (a down kept in the original neuron order
   // passes the plan's permutation).
   std::array<std::vector<int32_t>, kBundleParts> row_of{};
+  // Decode reads only the listed neurons of the tail (a predictor picks them), on demand, with many reads in
+  // flight; not read ahead. Other layers' tails are streamed whole by the read-ahead ring.
+  bool selective = false;
 };
 
 struct NeuronStoreStats {
@@ -40,6 +44,8 @@ struct NeuronStoreStats {
   double read_seconds = 0;       // inside pread
   double wait_seconds = 0;       // fetch() blocked on a tail that was not read yet (I/O not hidden)
   uint64_t fetches = 0;          // fetch() calls for layers with a cold tail
+  uint64_t listed_reads = 0;     // selective layers: ranges read for listed neurons
+  uint64_t listed_neurons = 0;   // selective layers: cold neurons fetched by list
   uint64_t resident_bytes = 0;
   uint64_t ring_bytes = 0;
   bool direct_io = false;        // O_DIRECT accepted by the file system
@@ -61,8 +67,9 @@ class NeuronStore {
   const BundleLayer& layer(int l) const { return layers_.at(size_t(l)); }
   // Makes every row of `layer` readable through its tables until the next fetch() of another layer with a
   // cold tail (the previous layer's slot is handed back to the reader here). Blocks until the tail is read;
-  // rethrows an I/O error of the reader thread.
-  void fetch(int layer);
+  // rethrows an I/O error of the reader thread. `list` (count, then ascending ids; a count of -1 means all):
+  // for a selective layer, only those rows need to be readable.
+  void fetch(int layer, const int32_t* list = nullptr);
   // The compute is done with `layer`'s rows: its slot goes back to the reader now rather than at the next
   // fetch (so the read-ahead also runs while attention and the output head compute).
   void release(int layer);
@@ -78,9 +85,10 @@ class NeuronStore {
   };
   uint64_t tail_begin(const BundleLayer& b) const;  // aligned file range of the cold tail
   uint64_t tail_end(const BundleLayer& b) const;
-  void read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes);
+  void read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes) const;
   void point_rows(int layer, int64_t k0, int64_t k1, const uint8_t* base, uint64_t base_offset);
   void reader();
+  void fetch_selective(int layer, const int32_t* list);
 
   std::vector<BundleLayer> layers_;
   std::vector<std::array<std::vector<const uint8_t*>, kBundleParts>> tables_;
@@ -92,6 +100,10 @@ class NeuronStore {
   uint8_t* resident_ = nullptr;
   uint8_t* ring_ = nullptr;
   std::vector<Slot> slots_;
+  uint8_t* demand_ = nullptr;        // selective layers' rows of the current fetch
+  std::unique_ptr<class ParallelReader> io_;
+  std::vector<struct ReadRange> ranges_;      // scratch of fetch_selective
+  std::vector<std::pair<int64_t, size_t>> placed_;
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

@@ -49,17 +49,19 @@ class OffloadPlan:
     """What stays in RAM and what is streamed, under one budget."""
     budget: int
     fixed_bytes: int                 # non-FFN weights + predictors + scales + ring
+    non_ffn_bytes: int
     ring_bytes: int
     resident: list[int]              # per layer: hottest neurons kept
     resident_bytes: int
-    streamed_bytes: int              # bundle bytes read per token (every cold tail once)
+    streamed_bytes: int              # expected bundle bytes read per token
     ffn_bytes: int                   # all bundles
     choice: ResidentChoice
     greedy: ResidentChoice
     info: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
-        return {"ram_budget": self.budget, "fixed_bytes": self.fixed_bytes, "ring_bytes": self.ring_bytes,
+        return {"ram_budget": self.budget, "fixed_bytes": self.fixed_bytes, "non_ffn_bytes": self.non_ffn_bytes,
+                "ring_bytes": self.ring_bytes,
                 "resident_ffn_bytes": self.resident_bytes, "streamed_bytes_per_token": self.streamed_bytes,
                 "ffn_bundle_bytes": self.ffn_bytes, "resident_neurons": self.resident,
                 "solver": self.choice.solver, "solve_seconds": round(self.choice.seconds, 4),
@@ -71,34 +73,66 @@ def non_ffn_bytes(gguf: GGUFModelFile) -> int:
     return sum(t.data.nbytes for name, t in gguf.tensors.items() if not _FFN_WEIGHT.match(name))
 
 
-def ring_bytes(layout: BundleLayout, ring_slots: int = RING_SLOTS) -> int:
-    """The read ring: slots for whole layers (a tail can be the whole layer), page-aligned at both ends."""
-    return ring_slots * max(align(e["n_ff"] * e["bundle_bytes"]) + ALIGN for e in layout.layers)
+def selective_layers(plan: SparsityPlan) -> list[bool]:
+    """Layers whose decode reads only the neurons their predictor picks (the rest stream whole tails)."""
+    return [lp.predictor is not None and lp.hot < len(lp.perm) for lp in plan.layers]
+
+
+def ring_bytes(layout: BundleLayout, selective: list[bool], ring_slots: int = RING_SLOTS) -> int:
+    """Read buffers: ring slots for streamed tails and one buffer for a selective layer's reads, each sized
+    for a whole layer (a tail can be the whole layer), page-aligned at both ends."""
+    span = [align(e["n_ff"] * e["bundle_bytes"]) + ALIGN for e in layout.layers]
+    streamed = [s for s, sel in zip(span, selective) if not sel]
+    picked = [s for s, sel in zip(span, selective) if sel]
+    return min(ring_slots, len(streamed)) * max(streamed, default=0) + max(picked, default=0)
 
 
 def minimum_budget(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, ring_slots: int = RING_SLOTS
                    ) -> int:
     """What must stay in RAM whatever the budget: every weight but the FFN's, the predictors, the Q4T
-    scales and the read ring."""
+    scales and the read buffers."""
     scales = sum(int(np.prod(e["scales_shape"])) * 2 for e in layout.layers if "scales_shape" in e)
-    return non_ffn_bytes(gguf) + plan.predictor_bytes() + scales + ring_bytes(layout, ring_slots)
+    return (non_ffn_bytes(gguf) + plan.predictor_bytes() + scales
+            + ring_bytes(layout, selective_layers(plan), ring_slots))
+
+
+def neuron_values(plan: SparsityPlan, layout: BundleLayout) -> list[np.ndarray]:
+    """Expected bytes per token that keeping each neuron saves: a streamed tail is read whole every token
+    (every neuron is worth its bundle); a selective layer reads a neuron only when it fires (its profiled
+    frequency, or the plan's mean density where the plan has none; the hot prefix always)."""
+    out = []
+    density = float(plan.info.get("density", 1.0 - plan.target))
+    for lp, sel, e in zip(plan.layers, selective_layers(plan), layout.layers):
+        n, b = e["n_ff"], float(e["bundle_bytes"])
+        if not sel:
+            out.append(np.full(n, b))
+            continue
+        f = np.asarray(lp.freq, dtype=np.float64) if lp.freq is not None else np.full(n, density)
+        f = f.copy()
+        f[:lp.hot] = 1.0
+        out.append(f * b)
+    return out
 
 
 def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, budget: int,
                  ring_slots: int = RING_SLOTS) -> OffloadPlan:
     n_ff = [e["n_ff"] for e in layout.layers]
     bundle = [e["bundle_bytes"] for e in layout.layers]
-    ring = ring_bytes(layout, ring_slots)
+    ring = ring_bytes(layout, selective_layers(plan), ring_slots)
     fixed = minimum_budget(gguf, plan, layout, ring_slots)
     if budget < fixed:
         raise PyinferError(f"a RAM budget of {fmt_size(budget)} is below the minimum of {fmt_size(fixed)} "
-                           f"(attention, embeddings, head, predictors and the read ring must stay in RAM)")
+                           f"(attention, embeddings, head, predictors and the read buffers must stay in RAM)")
     capacity = budget - fixed
-    choice = solve_resident(n_ff, bundle, capacity, layer_bonus=READ_REQUEST_BYTES)
-    greedy = greedy_resident(n_ff, bundle, capacity)
+    values = neuron_values(plan, layout)
+    choice = solve_resident(n_ff, bundle, capacity, value_per_neuron=values, layer_bonus=READ_REQUEST_BYTES)
+    greedy = greedy_resident(n_ff, bundle, capacity, value_per_neuron=values)
     resident_bytes = sum(k * b for k, b in zip(choice.counts, bundle))
     ffn = sum(n * b for n, b in zip(n_ff, bundle))
-    return OffloadPlan(budget, fixed, ring, choice.counts, resident_bytes, ffn - resident_bytes, ffn, choice, greedy)
+    # Bytes read per token: every streamed tail, and the expected firing share of each selective tail.
+    streamed = sum(float(v[k:].sum()) for v, k in zip(values, choice.counts))
+    return OffloadPlan(budget, fixed, non_ffn_bytes(gguf), ring, choice.counts, resident_bytes, int(streamed), ffn,
+                       choice, greedy, {"selective_layers": int(sum(selective_layers(plan)))})
 
 
 class OffloadedFfn:
@@ -113,10 +147,12 @@ class OffloadedFfn:
         self.down_type = pick_neuron_down(plan, down_type)
         self.layout = open_or_write(cache, gguf, cfg, plan, self.down_type, progress)
         self.plan = plan_offload(gguf, plan, self.layout, budget, ring_slots)
+        self._selective = selective_layers(plan)
         layers = []
         for il, e in enumerate(self.layout.layers):
             layers.append({"n_ff": e["n_ff"], "resident": self.plan.resident[il], "file_offset": e["file_offset"],
                            "bundle_bytes": e["bundle_bytes"], "part_offsets": e["part_offsets"],
+                           "selective": self._selective[il],
                            "down_rows": plan.layers[il].perm.astype(np.int32).tolist() if e["down_rows"] else None})
         try:
             self.store = _core.NeuronStore(str(self.layout.path), layers, ring_slots, direct_io)
@@ -125,10 +161,9 @@ class OffloadedFfn:
         self._scales = [read_scales(self.layout, il) for il in range(len(layers))]
 
     def layer_weights(self, b, il: int):
-        """(gate, up, down, Q4T scales or None) of layer `il`: paged weights, after a fetch node."""
+        """(gate, up, down, Q4T scales or None) of layer `il`: paged weights, readable after a fetch node."""
         e, d, n_ff = self.layout.layers[il], self.cfg.d_model, self.cfg.d_ff
         p = f"blk.{il}."
-        b.neuron_fetch(il)
         gate = b.paged_weight(p + "ffn_gate.paged", e["types"][0], d, n_ff, self.store, il, 0)
         up = b.paged_weight(p + "ffn_up.paged", e["types"][1], d, n_ff, self.store, il, 1)
         down = b.paged_weight(p + "ffn_down.paged", e["types"][2], d, n_ff, self.store, il, 2)
@@ -136,6 +171,9 @@ class OffloadedFfn:
         if self._scales[il] is not None:
             scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * d, n_ff // 32, self._scales[il])
         return gate, up, down, scales
+
+    def selective(self, il: int) -> bool:
+        return self._selective[il]
 
     def stats(self) -> dict:
         return dict(self.store.stats())

@@ -55,11 +55,12 @@ class GraphBuilder:
         dt = DType(dtype)
         return T(self.graph.add_paged_weight(name, dt, cols, rows, store, layer, part), cols, dt, RowMode.FIXED, rows)
 
-    def neuron_fetch(self, layer: int, release: bool = False) -> T:
+    def neuron_fetch(self, layer: int, release: bool = False, union: T | None = None) -> T:
         """Makes every row of the layer's paged weights readable (reads its cold tail, or waits for the
-        read-ahead that already did); with `release`, says its readers are done (its buffer may be reused)."""
+        read-ahead that already did), or with `union` (an active_union result) the rows it lists; with
+        `release`, says its readers are done (its buffer may be reused)."""
         dst = self.state(f"blk.{layer}.ffn.{'released' if release else 'fetched'}", 1, 1, DType.I32)
-        return self._node(Op.NEURON_FETCH, dst, [], ints=[layer, int(release)])
+        return self._node(Op.NEURON_FETCH, dst, [union], ints=[layer, int(release)])
 
     def activation(self, name: str, cols: int, dtype: DType = DType.F32, rows: RowMode = RowMode.TOKENS) -> T:
         # An op over a fixed-row tensor (a test feeding weights as inputs) still yields one row per token.

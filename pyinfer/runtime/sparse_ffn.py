@@ -165,6 +165,8 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     perm_w = b.weight(p + "ffn.perm", int(DType.I32), n_ff, 1, lp.perm.astype(np.int32))
     if offload is not None:
         gate_w, up_w, down_t, scales = offload.layer_weights(b, il)
+        if not offload.selective(il):  # the whole tail; gate (and up) may run dense before any list exists
+            b.neuron_fetch(il)
         row_map = perm_w if scales is not None else None  # Q4T rows stay in the original neuron order
     else:
         fa = ffn_arrays(gguf, cfg, plan, il, down_type)
@@ -208,6 +210,8 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     limits = runs.predicted if pred is not None or gate_first else runs.threshold
     # I32 [1, n_ff + 1]: count (-1: dense) and ids
     union = b.active_union(lists, n_ff, p + "ffn.union", runs.max_tokens, *limits, max_single=runs.single)
+    if offload is not None and offload.selective(il):  # only the union's rows are read from disk
+        b.neuron_fetch(il, union=union)
     sparse, dense = Guard(when=union), Guard(when=union, sparse=False)
 
     # 2. Sparse: gate/up rows of the union for every token (each row read once), each token's own

@@ -79,7 +79,8 @@ def build_plan(gguf: GGUFModelFile, cfg: LlamaConfig, profile: Profile, target: 
     mode = criterion_name or profile.mode
     thr = profile.thresholds(target, "gate" if mode == "gate" else None)
     perms = profile.hot_first_order(thr)
-    layers = [LayerPlan(perms[il], float(thr[il])) for il in range(cfg.n_layers)]
+    freq_sorted = np.take_along_axis(profile.frequencies(thr), perms, axis=1).astype(np.float32)
+    layers = [LayerPlan(perms[il], float(thr[il]), freq=freq_sorted[il]) for il in range(cfg.n_layers)]
     # Expected share of neurons active per token (for ReLU models the target says nothing about it).
     info = dict(info or {}, density=float(profile.frequencies(thr).mean()))
     if train is None and gate_recall is not None and mode == "contrib" and cfg.activation == Activation.SILU:

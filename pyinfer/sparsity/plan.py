@@ -71,6 +71,9 @@ class LayerPlan:
     # Without a predictor, contrib mode can filter candidates first: up and down run only where
     # |SiLU(gate)| > gate_threshold (0: gate and up dense, only down sparse).
     gate_threshold: float = 0.0
+    # F32 [n_ff] in perm order: how often each neuron fired in calibration (None: not recorded). Offload keeps
+    # the neurons that save the most reads.
+    freq: np.ndarray | None = None
 
 
 @dataclass
@@ -100,6 +103,8 @@ class SparsityPlan:
         arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)}
         for il, lp in enumerate(self.layers):
             arrays[f"perm.{il}"] = lp.perm.astype(np.int32)
+            if lp.freq is not None:
+                arrays[f"freq.{il}"] = np.asarray(lp.freq, dtype=np.float32)
             if lp.predictor is not None:
                 p = lp.predictor
                 arrays.update({f"w1.{il}": p.w1_q8, f"b1.{il}": p.b1.astype(np.float32),
@@ -126,7 +131,8 @@ class SparsityPlan:
                     stats = (header.get("predictor_stats") or [None] * (il + 1))[il] or {}
                     pred = Predictor(data[f"w1.{il}"], data[f"b1.{il}"], data[f"w2.{il}"], data[f"cut.{il}"], stats)
                 layers.append(LayerPlan(np.asarray(data[f"perm.{il}"]), float(header["thresholds"][il]),
-                                        int(header["hot"][il]), pred, float(header["gate_thresholds"][il])))
+                                        int(header["hot"][il]), pred, float(header["gate_thresholds"][il]),
+                                        data.get(f"freq.{il}")))
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise SparsityFileError(f"{path} is corrupt ({type(e).__name__}: {e})") from None
         for il, lp in enumerate(layers):
@@ -135,6 +141,8 @@ class SparsityPlan:
                 raise SparsityFileError(f"{path}: layer {il}'s neuron order is not a permutation of 0..{n - 1}")
             if not 0 <= lp.hot <= n or not np.isfinite(lp.threshold) or not np.isfinite(lp.gate_threshold):
                 raise SparsityFileError(f"{path}: layer {il} has an invalid hot prefix or threshold")
+            if lp.freq is not None and (lp.freq.shape != (n,) or not np.all(np.isfinite(lp.freq))):
+                raise SparsityFileError(f"{path}: layer {il}'s firing frequencies do not match its neurons")
             if lp.predictor is not None and len(lp.predictor.cut) != n - lp.hot:
                 raise SparsityFileError(f"{path}: layer {il}'s predictor does not match its hot prefix")
         plan = cls(header["mode"], float(header["target"]), layers, header["fingerprint"], header.get("info", {}))

@@ -149,8 +149,8 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
     case OpKind::NeuronFetch:
       if (ith == 0) {
         if (!store_) throw GraphError("the graph reads offloaded neurons but no neuron store is attached");
-        if (n.i[1] == 0)
-          store_->fetch(n.i[0]);
+        if (n.i[1] == 0)  // src0, when given: the union of the run's active lists (count -1: dense)
+          store_->fetch(n.i[0], n.src[0] >= 0 ? static_cast<const int32_t*>(g.tensors[size_t(n.src[0])].data) : nullptr);
         else
           store_->release(n.i[0]);
       }

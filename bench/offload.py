@@ -1,0 +1,264 @@
+"""Decode under a RAM budget: pyinfer's neuron streaming against llama.cpp's mmap, each in its own memory
+cgroup, caches dropped before every run.
+
+Each engine's cgroup limit is its own runtime memory (peak RSS of an unlimited in-RAM run minus the model
+file it mapped) plus the same weight budget plus 16 MiB, so neither engine is charged for
+the other's overhead (cgroup v1 counts page cache, which is where llama.cpp's mmap'd weights live). The
+budget is every non-FFN weight plus a share of the FFN's bytes. pyinfer runs `--sparsity auto` with
+`--ram-budget`; its tokens must equal its in-RAM run's (checked every run). Rounds alternate the engines
+and flip their order; ratios are medians of per-round ratios.
+
+Needs root (cgroup v1 memory controller at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches) and the
+bench extra (llama-cpp-python).
+
+  python bench/offload.py --threads 2 --rounds 3 --shares 0.75 0.5 0.25
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+MARGIN = 16 << 20
+PROMPT = "Once upon a time"
+_FFN = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)\.weight$")
+
+
+# ---- child: one engine, one decode, one JSON line ------------------------------------------------------
+def io_read_bytes() -> int:
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
+
+
+def mapped_rss(path: str) -> int:
+    """Bytes of `path` resident in this process's mappings (the weights an mmap engine holds)."""
+    total, inside = 0, False
+    target = os.path.realpath(path)
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                parts = line.split()
+                inside = len(parts) > 5 and os.path.realpath(parts[5]) == target
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def rss_now() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) * 1024
+
+
+def child(args) -> None:
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from compare_llamacpp import LlamaCpp, pyinfer_decode
+
+    out: dict = {"engine": args.engine, "budget": args.budget}
+    if args.engine == "llamacpp":
+        eng = LlamaCpp(args.model, args.threads, 512)
+        ids = eng.tokenize(PROMPT)
+        eng.decode(ids, 4)  # warm up
+        r0 = io_read_bytes()
+        seconds, toks = eng.decode(ids, args.tokens)
+    else:
+        import pyinfer
+
+        kw = {"ram_budget": args.budget} if args.budget else {}
+        m = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, sparsity=args.sparsity, progress=False, **kw)
+        ids = m.tokenize(PROMPT)
+        with m._lock:
+            m._cached = []
+            pyinfer_decode(m, ids, 4)
+            r0 = io_read_bytes()
+            if m.offload is not None:
+                m.offload.store.reset_stats()
+            m._cached = []
+            seconds, toks = pyinfer_decode(m, ids, args.tokens)
+        if m.offload is not None:
+            from pyinfer.tools.bench import offload_stats
+
+            out["offload"] = offload_stats(m, m.offload.store.stats(), args.tokens, seconds)
+    from pyinfer.tools.bench import peak_rss_mb
+
+    # Weights this process holds: its mapping of the model file, plus (offload) the store's resident neurons
+    # and read ring and the Q4T scales and predictors it keeps in RAM.
+    held = mapped_rss(args.model)
+    if args.engine == "pyinfer" and m.offload is not None:
+        st, p = m.offload.store.stats(), m.offload.plan
+        held += st["resident_bytes"] + st["ring_bytes"] + (p.fixed_bytes - p.ring_bytes - out["offload"]["non_ffn_bytes"])
+    out.update(tok_s=args.tokens / seconds, read_bytes_per_token=(io_read_bytes() - r0) / args.tokens,
+               tokens=[int(t) for t in toks], peak_rss_bytes=int(peak_rss_mb() * 2**20), rss_bytes=rss_now(),
+               weights_held_bytes=held)
+    print(json.dumps(out))
+
+
+# ---- parent: cgroups, rounds, table ---------------------------------------------------------------------
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def run_in_cgroup(cmd: list[str], limit: int | None, name: str) -> tuple[dict, int]:
+    """Runs cmd in a fresh memory cgroup (limit None: unlimited); returns (its JSON, the cgroup's peak usage)."""
+    cg = CGROUP_ROOT / f"pyinfer_bench_{name}_{os.getpid()}"
+    cg.mkdir()
+    try:
+        if limit is not None:
+            (cg / "memory.limit_in_bytes").write_text(str(limit))
+        procs = str(cg / "cgroup.procs")
+
+        def enter():
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+
+        drop_caches()
+        r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=enter, timeout=1800)
+        peak = int((cg / "memory.max_usage_in_bytes").read_text())
+        if r.returncode != 0:
+            tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+            oom = "killed by the kernel (cgroup OOM)" if r.returncode in (-9, 137) else tail
+            return {"error": oom, "returncode": r.returncode}, peak
+        return json.loads(r.stdout.strip().splitlines()[-1]), peak
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shares", type=float, nargs="+", default=[0.75, 0.5, 0.25],
+                    help="shares of the FFN's bytes in the budget")
+    ap.add_argument("--sparsity", default="auto")
+    ap.add_argument("--runtime", choices=["peak", "steady"], default="peak",
+                    help="runtime memory from peak RSS (the issue's protocol; includes load-time transients) or "
+                         "from RSS at the end of decode")
+    ap.add_argument("--tag", default="smollm2")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--engine", default="pyinfer", help=argparse.SUPPRESS)
+    ap.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    if os.geteuid() != 0 or not CGROUP_ROOT.is_dir():
+        print("bench/offload.py needs root and the cgroup v1 memory controller", file=sys.stderr)
+        return 2
+
+    import pyinfer
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.pull import resolve_model
+
+    path = str(resolve_model(args.model))
+    gguf = GGUFModelFile(path)
+    file_bytes = Path(path).stat().st_size
+    ffn = sum(t.data.nbytes for n, t in gguf.tensors.items() if _FFN.match(n))
+    non_ffn = sum(t.data.nbytes for n, t in gguf.tensors.items() if not _FFN.match(n))
+    # Write the plan and the bundle file now, outside any limit and any timing.
+    pyinfer.load(path, n_threads=args.threads, n_ctx=64, sparsity=args.sparsity, ram_budget=file_bytes * 2)
+
+    def cmd(engine, budget=0, sparsity="off"):
+        return [sys.executable, __file__, "--child", "--engine", engine, "-m", path, "--threads", str(args.threads),
+                "--tokens", str(args.tokens), "--budget", str(budget), "--sparsity", sparsity]
+
+    def calibrate(engine: str, budget: int) -> int:
+        """Non-weight memory of one configuration: RSS of an unlimited run (its peak, or with --runtime steady
+        its RSS at the end of decode, without load-time transients) minus the weights it held."""
+        got, _ = run_in_cgroup(cmd(engine, budget, args.sparsity if budget else "off"), None, "cal")
+        rss = got["peak_rss_bytes"] if args.runtime == "peak" else got["rss_bytes"]
+        over = rss - got["weights_held_bytes"]
+        print(f"{engine} (budget {budget / 2**20:.1f} MiB): runtime memory {over / 2**20:.1f} MiB = {args.runtime} "
+              f"RSS {rss / 2**20:.1f} - weights held {got['weights_held_bytes'] / 2**20:.1f}", file=sys.stderr)
+        return over
+
+    rows = []
+    for share in args.shares:
+        budget = int(non_ffn + share * ffn)
+        over = {"llamacpp": calibrate("llamacpp", 0), "pyinfer": calibrate("pyinfer", budget)}
+        per_round = []
+        for r in range(args.rounds):
+            order = ["pyinfer", "llamacpp", "inram"]
+            if r % 2:
+                order.reverse()
+            got = {}
+            for engine in order:
+                if engine == "inram":  # pyinfer's own in-RAM sparse speed, unlimited
+                    got[engine], _ = run_in_cgroup(cmd("pyinfer", 0, args.sparsity), None, "inram")
+                elif engine == "pyinfer":
+                    got[engine], _ = run_in_cgroup(cmd("pyinfer", budget, args.sparsity),
+                                                   over["pyinfer"] + budget + MARGIN, "py")
+                else:
+                    got[engine], _ = run_in_cgroup(cmd("llamacpp"), over["llamacpp"] + budget + MARGIN, "ll")
+            ok = all("tok_s" in g for g in got.values())
+            exact = ok and got["pyinfer"]["tokens"] == got["inram"]["tokens"]
+            per_round.append({**got, "exact": exact})
+            print(f"share {share:.2f} round {r + 1}: " + ", ".join(
+                f"{k} {v.get('tok_s', 0):.1f} tok/s" if "tok_s" in v else f"{k} {v['error']}" for k, v in got.items())
+                + f", tokens equal to in-RAM: {exact}", file=sys.stderr)
+        good = [p for p in per_round if all("tok_s" in p[k] for k in ("pyinfer", "llamacpp", "inram"))]
+
+        def med(f):
+            return statistics.median(f(p) for p in good) if good else None
+
+        rows.append({
+            "ffn_share": share, "budget_bytes": budget,
+            "runtime_bytes": over, "limit_pyinfer": over["pyinfer"] + budget + MARGIN, "limit_llamacpp": over["llamacpp"] + budget + MARGIN,
+            "pyinfer_tok_s": med(lambda p: p["pyinfer"]["tok_s"]),
+            "llamacpp_tok_s": med(lambda p: p["llamacpp"]["tok_s"]),
+            "inram_tok_s": med(lambda p: p["inram"]["tok_s"]),
+            "vs_llamacpp": med(lambda p: p["pyinfer"]["tok_s"] / p["llamacpp"]["tok_s"]),
+            "vs_inram": med(lambda p: p["pyinfer"]["tok_s"] / p["inram"]["tok_s"]),
+            "pyinfer_read_mb_per_token": med(lambda p: p["pyinfer"]["read_bytes_per_token"] / 1e6),
+            "llamacpp_read_mb_per_token": med(lambda p: p["llamacpp"]["read_bytes_per_token"] / 1e6),
+            "io_hidden_share": med(lambda p: p["pyinfer"]["offload"]["io_hidden_share"]),
+            "exact_every_round": all(p["exact"] for p in per_round),
+            "rounds": per_round,
+        })
+
+    RESULTS.mkdir(exist_ok=True)
+    meta = {"model": Path(path).name, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
+            "sparsity": args.sparsity, "runtime_protocol": args.runtime, "ffn_bytes": ffn, "non_ffn_bytes": non_ffn, "margin": MARGIN}
+    (RESULTS / f"offload_{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [f"# Decode under a RAM budget: {Path(path).name}, {args.threads} threads, {args.tokens} tokens, "
+             f"median of {args.rounds} rounds", "",
+             f"Budget = non-FFN weights ({non_ffn / 2**20:.1f} MiB) + share x FFN ({ffn / 2**20:.1f} MiB). Each "
+             f"engine's limit = its runtime memory ({args.runtime} RSS of an unlimited run at that budget minus the "
+             f"weights it held) + budget + {MARGIN >> 20} MiB.", "",
+             "| FFN share | budget MiB | limit MiB pyinfer / llama.cpp | pyinfer tok/s | llama.cpp tok/s | x llama.cpp | pyinfer in RAM tok/s | "
+             "x in-RAM | MB read/token pyinfer | llama.cpp | I/O hidden | tokens = in-RAM |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(x, spec=".2f"):
+        return format(x, spec) if x is not None else "-"
+
+    for r in rows:
+        lines.append(f"| {r['ffn_share']:.2f} | {r['budget_bytes'] / 2**20:.1f} | {r['limit_pyinfer'] / 2**20:.0f} / "
+                     f"{r['limit_llamacpp'] / 2**20:.0f} | {f(r['pyinfer_tok_s'], '.1f')} | "
+                     f"{f(r['llamacpp_tok_s'], '.1f')} | {f(r['vs_llamacpp'])} | {f(r['inram_tok_s'], '.1f')} | "
+                     f"{f(r['vs_inram'])} | {f(r['pyinfer_read_mb_per_token'], '.1f')} | "
+                     f"{f(r['llamacpp_read_mb_per_token'], '.1f')} | {f(r['io_hidden_share'], '.0%')} | "
+                     f"{r['exact_every_round']} |")
+    (RESULTS / f"offload_{args.tag}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
