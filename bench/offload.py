@@ -58,13 +58,22 @@ def rss_now() -> int:
 
 
 def child(args) -> None:
-    import numpy as np
-
     sys.path.insert(0, str(Path(__file__).parent))
     from compare_llamacpp import LlamaCpp, pyinfer_decode
 
     out: dict = {"engine": args.engine, "budget": args.budget}
     if args.engine == "llamacpp":
+        if not args.repack:  # llama.cpp's CPU repacking copies Q4_0 weights into anonymous memory, which
+            import llama_cpp.llama_cpp as low  # no budget can page; off, its weights stay in the mmap
+
+            default = low.llama_model_default_params
+
+            def no_repack():
+                p = default()
+                p.use_extra_bufts = False
+                return p
+
+            low.llama_model_default_params = no_repack
         eng = LlamaCpp(args.model, args.threads, 512)
         ids = eng.tokenize(PROMPT)
         eng.decode(ids, 4)  # warm up
@@ -122,7 +131,7 @@ def run_in_cgroup(cmd: list[str], limit: int | None, name: str) -> tuple[dict, i
                 f.write(str(os.getpid()))
 
         drop_caches()
-        r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=enter, timeout=1800)
+        r = subprocess.run(cmd, check=False, capture_output=True, text=True, preexec_fn=enter, timeout=3600)
         peak = int((cg / "memory.max_usage_in_bytes").read_text())
         if r.returncode != 0:
             tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -138,19 +147,121 @@ def run_in_cgroup(cmd: list[str], limit: int | None, name: str) -> tuple[dict, i
                 time.sleep(0.1)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", default=None)
+def child_cmd(engine: str, path: str, args, budget: int = 0, sparsity: str = "off") -> list[str]:
+    return [sys.executable, __file__, "--child", "--engine", engine, "-m", path, "--threads", str(args.threads),
+            "--tokens", str(args.tokens), "--budget", str(budget), "--sparsity", sparsity,
+            *(["--repack"] if args.repack else [])]
+
+
+def calibrate(engine: str, path: str, args, budget: int) -> tuple[int | None, str | None]:
+    """Non-weight memory of one configuration: RSS of an unlimited run (its peak, or with --runtime steady
+    its RSS at the end of decode, without load-time transients) minus the weights it held; or the error."""
+    got, _ = run_in_cgroup(child_cmd(engine, path, args, budget, args.sparsity if budget else "off"), None, "cal")
+    if "error" in got:
+        print(f"{engine} (budget {budget / 2**20:.1f} MiB): {got['error']}", file=sys.stderr)
+        return None, got["error"]
+    rss = got["peak_rss_bytes"] if args.runtime == "peak" else got["rss_bytes"]
+    over = rss - got["weights_held_bytes"]
+    print(f"{engine} (budget {budget / 2**20:.1f} MiB): runtime memory {over / 2**20:.1f} MiB = {args.runtime} "
+          f"RSS {rss / 2**20:.1f} - weights held {got['weights_held_bytes'] / 2**20:.1f}", file=sys.stderr)
+    return over, None
+
+
+def compare(path: str, budgets: list[tuple[str, int]], args) -> list[dict]:
+    """Per budget: each engine's runtime memory, then `args.rounds` alternating rounds of pyinfer under its
+    limit, llama.cpp under its limit and pyinfer in RAM (unlimited)."""
+    rows = []
+    for label, budget in budgets:
+        over_ll, _ = calibrate("llamacpp", path, args, 0)
+        over_py, py_error = calibrate("pyinfer", path, args, budget)
+        per_round = []
+        for r in range(args.rounds):
+            order = ["pyinfer", "llamacpp", "inram"]
+            if r % 2:
+                order.reverse()
+            got = {}
+            for engine in order:
+                if engine == "inram":  # pyinfer's own in-RAM sparse speed, unlimited
+                    got[engine], _ = run_in_cgroup(child_cmd("pyinfer", path, args, 0, args.sparsity), None, "inram")
+                elif engine == "pyinfer":
+                    got[engine] = {"error": py_error} if py_error else run_in_cgroup(
+                        child_cmd("pyinfer", path, args, budget, args.sparsity), over_py + budget + MARGIN, "py")[0]
+                else:
+                    got[engine], _ = run_in_cgroup(child_cmd("llamacpp", path, args), over_ll + budget + MARGIN, "ll")
+            exact = "tok_s" in got["pyinfer"] and "tok_s" in got["inram"] and \
+                got["pyinfer"]["tokens"] == got["inram"]["tokens"]
+            per_round.append({**got, "exact": exact})
+            print(f"{label} round {r + 1}: " + ", ".join(
+                f"{k} {v['tok_s']:.2f} tok/s" if "tok_s" in v else f"{k}: {v['error']}" for k, v in got.items())
+                + f", tokens equal to in-RAM: {exact}", file=sys.stderr)
+
+        def med(f, need=("pyinfer", "llamacpp", "inram"), per_round=per_round):
+            vals = [f(p) for p in per_round if all("tok_s" in p[k] for k in need)]
+            return statistics.median(vals) if vals else None
+
+        rows.append({
+            "label": label, "budget_bytes": budget, "runtime_bytes": {"pyinfer": over_py, "llamacpp": over_ll},
+            "limit_pyinfer": over_py + budget + MARGIN if over_py is not None else None,
+            "limit_llamacpp": over_ll + budget + MARGIN,
+            "pyinfer_error": py_error,
+            "pyinfer_tok_s": med(lambda p: p["pyinfer"]["tok_s"], ("pyinfer",)),
+            "llamacpp_tok_s": med(lambda p: p["llamacpp"]["tok_s"], ("llamacpp",)),
+            "inram_tok_s": med(lambda p: p["inram"]["tok_s"], ("inram",)),
+            "vs_llamacpp": med(lambda p: p["pyinfer"]["tok_s"] / p["llamacpp"]["tok_s"], ("pyinfer", "llamacpp")),
+            "vs_inram": med(lambda p: p["pyinfer"]["tok_s"] / p["inram"]["tok_s"], ("pyinfer", "inram")),
+            "pyinfer_read_mb_per_token": med(lambda p: p["pyinfer"]["read_bytes_per_token"] / 1e6, ("pyinfer",)),
+            "llamacpp_read_mb_per_token": med(lambda p: p["llamacpp"]["read_bytes_per_token"] / 1e6, ("llamacpp",)),
+            "io_hidden_share": med(lambda p: p["pyinfer"]["offload"]["io_hidden_share"], ("pyinfer",)),
+            "exact_every_round": all(p["exact"] for p in per_round),
+            "rounds": per_round,
+        })
+    return rows
+
+
+def write_results(tag: str, title: str, notes: list[str], meta: dict, rows: list[dict]) -> str:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"offload_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+    def f(x, spec=".2f"):
+        return format(x, spec) if x is not None else "-"
+
+    lines = [f"# {title}", "", *notes, "",
+             ("| budget | MiB | limit MiB pyinfer / llama.cpp | pyinfer tok/s | llama.cpp tok/s | x llama.cpp | "
+             "pyinfer in RAM tok/s | x in-RAM | MB read/token pyinfer | llama.cpp | I/O hidden | tokens = in-RAM |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lim = f"{r['limit_pyinfer'] / 2**20:.0f}" if r["limit_pyinfer"] else "-"
+        py = f(r["pyinfer_tok_s"]) if not r["pyinfer_error"] else "refused: " + r["pyinfer_error"][:90]
+        lines.append(f"| {r['label']} | {r['budget_bytes'] / 2**20:.0f} | {lim} / {r['limit_llamacpp'] / 2**20:.0f} | "
+                     f"{py} | {f(r['llamacpp_tok_s'])} | {f(r['vs_llamacpp'])} | {f(r['inram_tok_s'])} | "
+                     f"{f(r['vs_inram'])} | {f(r['pyinfer_read_mb_per_token'], '.1f')} | "
+                     f"{f(r['llamacpp_read_mb_per_token'], '.1f')} | {f(r['io_hidden_share'], '.0%')} | "
+                     f"{r['exact_every_round']} |")
+    text = "\n".join(lines) + "\n"
+    (RESULTS / f"offload_{tag}.md").write_text(text)
+    return text
+
+
+def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--shares", type=float, nargs="+", default=[0.75, 0.5, 0.25],
-                    help="shares of the FFN's bytes in the budget")
-    ap.add_argument("--sparsity", default="auto")
+    ap.add_argument("--repack", action="store_true",
+                    help="let llama.cpp repack weights for its CPU kernels (its default; the repacked copy is "
+                         "anonymous memory, so it cannot run below the model's size); off by default here")
     ap.add_argument("--runtime", choices=["peak", "steady"], default="peak",
                     help="runtime memory from peak RSS (the issue's protocol; includes load-time transients) or "
                          "from RSS at the end of decode")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("--shares", type=float, nargs="+", default=[0.75, 0.5, 0.25],
+                    help="shares of the FFN's bytes in the budget")
+    ap.add_argument("--sparsity", default="auto")
     ap.add_argument("--tag", default="smollm2")
+    add_common_args(ap)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="pyinfer", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
@@ -173,90 +284,18 @@ def main() -> int:
     non_ffn = sum(t.data.nbytes for n, t in gguf.tensors.items() if not _FFN.match(n))
     # Write the plan and the bundle file now, outside any limit and any timing.
     pyinfer.load(path, n_threads=args.threads, n_ctx=64, sparsity=args.sparsity, ram_budget=file_bytes * 2)
-
-    def cmd(engine, budget=0, sparsity="off"):
-        return [sys.executable, __file__, "--child", "--engine", engine, "-m", path, "--threads", str(args.threads),
-                "--tokens", str(args.tokens), "--budget", str(budget), "--sparsity", sparsity]
-
-    def calibrate(engine: str, budget: int) -> int:
-        """Non-weight memory of one configuration: RSS of an unlimited run (its peak, or with --runtime steady
-        its RSS at the end of decode, without load-time transients) minus the weights it held."""
-        got, _ = run_in_cgroup(cmd(engine, budget, args.sparsity if budget else "off"), None, "cal")
-        rss = got["peak_rss_bytes"] if args.runtime == "peak" else got["rss_bytes"]
-        over = rss - got["weights_held_bytes"]
-        print(f"{engine} (budget {budget / 2**20:.1f} MiB): runtime memory {over / 2**20:.1f} MiB = {args.runtime} "
-              f"RSS {rss / 2**20:.1f} - weights held {got['weights_held_bytes'] / 2**20:.1f}", file=sys.stderr)
-        return over
-
-    rows = []
-    for share in args.shares:
-        budget = int(non_ffn + share * ffn)
-        over = {"llamacpp": calibrate("llamacpp", 0), "pyinfer": calibrate("pyinfer", budget)}
-        per_round = []
-        for r in range(args.rounds):
-            order = ["pyinfer", "llamacpp", "inram"]
-            if r % 2:
-                order.reverse()
-            got = {}
-            for engine in order:
-                if engine == "inram":  # pyinfer's own in-RAM sparse speed, unlimited
-                    got[engine], _ = run_in_cgroup(cmd("pyinfer", 0, args.sparsity), None, "inram")
-                elif engine == "pyinfer":
-                    got[engine], _ = run_in_cgroup(cmd("pyinfer", budget, args.sparsity),
-                                                   over["pyinfer"] + budget + MARGIN, "py")
-                else:
-                    got[engine], _ = run_in_cgroup(cmd("llamacpp"), over["llamacpp"] + budget + MARGIN, "ll")
-            ok = all("tok_s" in g for g in got.values())
-            exact = ok and got["pyinfer"]["tokens"] == got["inram"]["tokens"]
-            per_round.append({**got, "exact": exact})
-            print(f"share {share:.2f} round {r + 1}: " + ", ".join(
-                f"{k} {v.get('tok_s', 0):.1f} tok/s" if "tok_s" in v else f"{k} {v['error']}" for k, v in got.items())
-                + f", tokens equal to in-RAM: {exact}", file=sys.stderr)
-        good = [p for p in per_round if all("tok_s" in p[k] for k in ("pyinfer", "llamacpp", "inram"))]
-
-        def med(f):
-            return statistics.median(f(p) for p in good) if good else None
-
-        rows.append({
-            "ffn_share": share, "budget_bytes": budget,
-            "runtime_bytes": over, "limit_pyinfer": over["pyinfer"] + budget + MARGIN, "limit_llamacpp": over["llamacpp"] + budget + MARGIN,
-            "pyinfer_tok_s": med(lambda p: p["pyinfer"]["tok_s"]),
-            "llamacpp_tok_s": med(lambda p: p["llamacpp"]["tok_s"]),
-            "inram_tok_s": med(lambda p: p["inram"]["tok_s"]),
-            "vs_llamacpp": med(lambda p: p["pyinfer"]["tok_s"] / p["llamacpp"]["tok_s"]),
-            "vs_inram": med(lambda p: p["pyinfer"]["tok_s"] / p["inram"]["tok_s"]),
-            "pyinfer_read_mb_per_token": med(lambda p: p["pyinfer"]["read_bytes_per_token"] / 1e6),
-            "llamacpp_read_mb_per_token": med(lambda p: p["llamacpp"]["read_bytes_per_token"] / 1e6),
-            "io_hidden_share": med(lambda p: p["pyinfer"]["offload"]["io_hidden_share"]),
-            "exact_every_round": all(p["exact"] for p in per_round),
-            "rounds": per_round,
-        })
-
-    RESULTS.mkdir(exist_ok=True)
+    budgets = [(f"{share:.0%} of FFN", int(non_ffn + share * ffn)) for share in args.shares]
+    rows = compare(path, budgets, args)
     meta = {"model": Path(path).name, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
-            "sparsity": args.sparsity, "runtime_protocol": args.runtime, "ffn_bytes": ffn, "non_ffn_bytes": non_ffn, "margin": MARGIN}
-    (RESULTS / f"offload_{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"# Decode under a RAM budget: {Path(path).name}, {args.threads} threads, {args.tokens} tokens, "
-             f"median of {args.rounds} rounds", "",
-             f"Budget = non-FFN weights ({non_ffn / 2**20:.1f} MiB) + share x FFN ({ffn / 2**20:.1f} MiB). Each "
-             f"engine's limit = its runtime memory ({args.runtime} RSS of an unlimited run at that budget minus the "
-             f"weights it held) + budget + {MARGIN >> 20} MiB.", "",
-             "| FFN share | budget MiB | limit MiB pyinfer / llama.cpp | pyinfer tok/s | llama.cpp tok/s | x llama.cpp | pyinfer in RAM tok/s | "
-             "x in-RAM | MB read/token pyinfer | llama.cpp | I/O hidden | tokens = in-RAM |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-
-    def f(x, spec=".2f"):
-        return format(x, spec) if x is not None else "-"
-
-    for r in rows:
-        lines.append(f"| {r['ffn_share']:.2f} | {r['budget_bytes'] / 2**20:.1f} | {r['limit_pyinfer'] / 2**20:.0f} / "
-                     f"{r['limit_llamacpp'] / 2**20:.0f} | {f(r['pyinfer_tok_s'], '.1f')} | "
-                     f"{f(r['llamacpp_tok_s'], '.1f')} | {f(r['vs_llamacpp'])} | {f(r['inram_tok_s'], '.1f')} | "
-                     f"{f(r['vs_inram'])} | {f(r['pyinfer_read_mb_per_token'], '.1f')} | "
-                     f"{f(r['llamacpp_read_mb_per_token'], '.1f')} | {f(r['io_hidden_share'], '.0%')} | "
-                     f"{r['exact_every_round']} |")
-    (RESULTS / f"offload_{args.tag}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+            "sparsity": args.sparsity, "runtime_protocol": args.runtime, "llamacpp_repack": args.repack,
+            "ffn_bytes": ffn, "non_ffn_bytes": non_ffn,
+            "margin": MARGIN}
+    print(write_results(args.tag, f"Decode under a RAM budget: {Path(path).name}, {args.threads} threads, "
+                        f"{args.tokens} tokens, median of {args.rounds} rounds",
+                        [(f"Budget = non-FFN weights ({non_ffn / 2**20:.1f} MiB) + a share of the FFN "
+                         f"({ffn / 2**20:.1f} MiB). Each engine's limit = its runtime memory ({args.runtime} RSS of an "
+                         f"unlimited run at that budget minus the weights it held) + budget + {MARGIN >> 20} MiB. "
+                         "Caches dropped before every run.")], meta, rows))
     return 0
 
 

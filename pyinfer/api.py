@@ -70,7 +70,8 @@ class Model:
         """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
         the sparse path); by default prefill runs dense. `cache_type`: the KV cache's element type, "f16"
         (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0).
-        `ram_budget` (bytes, or a size such as "80M"): the most bytes of weights kept in RAM; the FFN neurons
+        `ram_budget` (bytes, a size such as "80M", or a plan file from `pyinfer plan`): the most bytes of
+        weights kept in RAM; the FFN neurons
         that do not fit are streamed from a bundle file written next to the sparsity cache (needs a
         sparsity plan). Results equal the in-RAM run of the same plan bit for bit."""
         if not isinstance(n_ctx, int) or n_ctx < 1:
@@ -102,8 +103,17 @@ class Model:
             if self.sparsity is None:
                 raise PyinferError("a RAM budget streams FFN neurons and needs a sparsity plan (sparsity='auto' "
                                    "or a file)")
+            planned = None
+            if isinstance(ram_budget, (str, os.PathLike)) and str(ram_budget).endswith(".json"):
+                from .offload.planner import read_plan
+
+                planned = read_plan(str(ram_budget), self.gguf.fingerprint())  # from `pyinfer plan`
+                ram_budget = planned["budget"]
             self.offload = OffloadedFfn(self.gguf, self.config, self.sparsity, neuron_down, parse_size(ram_budget),
-                                        cache_dir(), progress=progress)
+                                        cache_dir(), progress=progress,
+                                        ring_slots=planned["ring_slots"] if planned else None,
+                                        io_threads=planned["io_threads"] if planned else 4)
+            self.offload.predicted = planned
         self._max_batch = min(MAX_BATCH, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).

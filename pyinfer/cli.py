@@ -163,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("name", nargs="?", default="smollm2-135m", help="smollm2-135m (default) or gemma3-270m")
     pl.add_argument("--force", action="store_true", help="download again even if cached")
 
+    op = sub.add_parser("plan", help="measure this machine and plan decode under a RAM budget (offload)",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="example: pyinfer plan --ram-budget 80M -o smollm2.offload.json\n"
+                               "         pyinfer bench --ram-budget smollm2.offload.json   # predicted vs measured\n\n"
+                               "Measures read bandwidth by chunk size and queue depth on the bundle file (O_DIRECT), "
+                               "and the compute time of a\nshort decode; predicts tok/s at this budget and a sweep "
+                               "of others, and picks the I/O threads.")
+    _model_args(op)
+    _sparsity_args(op)
+    op.set_defaults(sparsity="auto")
+    op.add_argument("-o", "--output", required=True, help="plan file to write (JSON); pass it as --ram-budget")
+    op.add_argument("--tokens", type=int, default=16, help="decode tokens of the compute calibration (default 16)")
+    op.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+
     i = sub.add_parser("info", help="model metadata, kernel ISA and CUDA devices")
     _model_args(i)
     return parser
@@ -280,6 +294,8 @@ def cmd_bench(args) -> int:
     print(f"peak RSS {r.peak_rss_mb:8.1f} MB")
     if r.offload is not None:
         o = r.offload
+        if o.get("predicted_tok_s"):
+            print(f"planned  {o['predicted_tok_s']:8.1f} tok/s  (the plan's prediction for decode)")
         print(f"offload  budget {o['ram_budget'] / 2**20:.1f} MiB: FFN {o['ram_hit_rate']:.0%} in RAM, "
               f"{o['bytes_read_per_token'] / 2**20:.2f} MiB read per token "
               f"({o['read_bandwidth_mb_s'] or 0:.0f} MB/s, {'O_DIRECT' if o['direct_io'] else 'buffered'}), "
@@ -371,6 +387,48 @@ def cmd_serve(args) -> int:
     return serve(args)
 
 
+def cmd_plan(args) -> int:
+    import os
+
+    from .offload.planner import calibrate_compute, make_plan, measure_reads
+
+    if args.ram_budget is None:
+        raise PyinferError("pyinfer plan needs --ram-budget SIZE")
+    if args.tokens < 1:
+        raise PyinferError("--tokens must be at least 1")
+    model = _load(args)
+    off = model.offload
+    reads = measure_reads(str(off.layout.path))
+    compute = calibrate_compute(model, args.tokens)
+    low, ffn = off.plan.fixed_bytes, off.plan.ffn_bytes
+    plan = make_plan(model, reads, compute, [int(low + share * ffn) for share in (0.0, 0.25, 0.5, 0.75, 1.0)])
+    tmp = args.output + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(plan, f, indent=1)
+        os.replace(tmp, args.output)
+    except OSError as e:
+        raise PyinferError(f"cannot write {args.output}: {e.strerror}") from None
+    if args.json:
+        print(json.dumps(plan))
+        return 0
+    mb = 2 ** 20
+    print(f"reads      {'O_DIRECT' if reads['direct'] else 'buffered'}; MB/s by chunk (rows) and queue depth:")
+    for chunk, row in reads["table"].items():
+        print(f"  {int(chunk) // 1024:>6} KiB  " + "  ".join(f"qd{d} {v:7.0f}" for d, v in row.items()))
+    print(f"compute    {compute * 1e3:.2f} ms per token (a decode without its read waits)")
+    print(f"choice     {plan['io_threads']} I/O threads, {plan['ring_slots']} read-ahead slots")
+    print(f"{'budget MiB':>12} {'tok/s':>8} {'compute ms':>11} {'stream ms':>10} {'demand ms':>10}")
+    for row in plan["sweep"]:
+        if "error" in row:
+            print(f"{row['budget'] / mb:12.1f}   {row['error']}")
+        else:
+            print(f"{row['budget'] / mb:12.1f} {row['tok_s']:8.1f} {row['compute_s'] * 1e3:11.2f} "
+                  f"{row['stream_s'] * 1e3:10.2f} {row['demand_s'] * 1e3:10.2f}")
+    print(f"plan       {args.output}: budget {plan['budget'] / mb:.1f} MiB, predicted {plan['predicted_tok_s']:.1f} tok/s")
+    return 0
+
+
 def cmd_pull(args) -> int:
     from .model.pull import pull
 
@@ -405,6 +463,7 @@ def cmd_info(args) -> int:
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "perplexity": cmd_perplexity, "bench": cmd_bench,
             "profile": cmd_profile, "train-predictors": cmd_train_predictors, "serve": cmd_serve, "pull": cmd_pull,
+            "plan": cmd_plan,
             "info": cmd_info}
 
 

@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 import pytest
+from test_sparsity import TOKENS, all_active_plan, decode_logits
+from tiny_model import TINY
 
 import pyinfer
 from pyinfer import _core
@@ -15,8 +17,6 @@ from pyinfer.offload.bundles import open_or_write, plan_id
 from pyinfer.offload.offloaded_ffn import minimum_budget, parse_size
 from pyinfer.offload.resident import greedy_resident, solve_resident
 from pyinfer.runtime.sparse_ffn import ffn_arrays, pick_neuron_down
-from test_sparsity import TOKENS, all_active_plan, decode_logits
-from tiny_model import TINY
 
 FF, L = TINY["d_ff"], TINY["n_layers"]
 

@@ -104,7 +104,8 @@ PYBIND11_MODULE(_core, m) {
   }, "Visible CUDA devices (empty when CUDA was not built or no driver/GPU is present).");
 
   py::class_<NeuronStore, std::shared_ptr<NeuronStore>>(m, "NeuronStore")
-      .def(py::init([](const std::string& path, const py::list& layers, int ring_slots, bool direct_io) {
+      .def(py::init([](const std::string& path, const py::list& layers, int ring_slots, bool direct_io,
+                       int io_threads) {
              std::vector<BundleLayer> ls;
              for (const auto& item : layers) {
                const py::dict d = item.cast<py::dict>();
@@ -123,11 +124,12 @@ PYBIND11_MODULE(_core, m) {
              }
              py::gil_scoped_release release;
              try {
-               return std::make_shared<NeuronStore>(path, std::move(ls), ring_slots, direct_io);
+               return std::make_shared<NeuronStore>(path, std::move(ls), ring_slots, direct_io, io_threads);
              } catch (const std::invalid_argument& e) {
                throw GraphError(e.what());
              }
            }), py::arg("path"), py::arg("layers"), py::arg("ring_slots") = 2, py::arg("direct_io") = true,
+           py::arg("io_threads") = 4,
            "Opens a bundle file and reads each layer's resident bundles. layers: dicts of n_ff, resident, "
            "file_offset, bundle_bytes, part_offsets (gate, up, down), optional down_rows (table row of bundle k) and "
            "selective (decode reads only the listed rows, on demand).")

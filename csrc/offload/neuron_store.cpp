@@ -19,7 +19,6 @@ namespace {
 // request; a range is cut at kMaxRange so the I/O threads share the work.
 constexpr uint64_t kGap = 8192;
 constexpr uint64_t kMaxRange = 256 * 1024;
-constexpr int kIoThreads = 4;
 
 uint64_t round_down(uint64_t x, uint64_t a) { return x / a * a; }
 uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -37,9 +36,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io)
+NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io,
+                         int io_threads)
     : layers_(std::move(layers)), path_(path) {
   if (ring_slots < 1 || ring_slots > 64) throw std::invalid_argument("ring_slots must be 1..64");
+  if (io_threads < 1 || io_threads > 64) throw std::invalid_argument("io_threads must be 1..64");
   uint64_t resident_bytes = 0, slot_bytes = 0, demand_bytes = 0;
   cold_pos_.assign(layers_.size(), -1);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -103,7 +104,7 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     demand_ = aligned_bytes(demand_bytes);
     if (demand_bytes)
       io_ = std::make_unique<ParallelReader>(
-          [this](uint8_t* dst, uint64_t off, uint64_t n) { read_exact(dst, off, n); }, kIoThreads);
+          [this](uint8_t* dst, uint64_t off, uint64_t n) { read_exact(dst, off, n); }, io_threads);
     stats_.resident_bytes = resident_bytes;
     stats_.ring_bytes = uint64_t(n_slots) * slot_bytes + demand_bytes;
     stats_.direct_io = direct_;

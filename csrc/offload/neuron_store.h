@@ -56,7 +56,9 @@ class NeuronStore {
   static constexpr uint64_t kIoAlign = 4096;
   // Opens `path` and reads every layer's resident bundles. ring_slots >= 1 tails are buffered (2 lets one
   // layer compute while the next is read). Throws std::runtime_error naming the file on any I/O error.
-  NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io);
+  // io_threads: reads in flight for selective layers.
+  NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io,
+              int io_threads = 4);
   ~NeuronStore();
   NeuronStore(const NeuronStore&) = delete;
   NeuronStore& operator=(const NeuronStore&) = delete;

@@ -139,10 +139,13 @@ class OffloadedFfn:
     """The neuron store of one model under one budget, and the paged weights the graph reads from it."""
 
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, budget: int,
-                 cache, ring_slots: int | None = None, direct_io: bool = True, progress: bool = True):
+                 cache, ring_slots: int | None = None, direct_io: bool = True, progress: bool = True,
+                 io_threads: int = 4):
         from ..runtime.sparse_ffn import pick_neuron_down
 
         ring_slots = ring_slots or RING_SLOTS
+        self.ring_slots, self.io_threads = ring_slots, io_threads
+        self.predicted: dict | None = None  # from a `pyinfer plan` file
         self.cfg = cfg
         self.down_type = pick_neuron_down(plan, down_type)
         self.layout = open_or_write(cache, gguf, cfg, plan, self.down_type, progress)
@@ -155,7 +158,7 @@ class OffloadedFfn:
                            "selective": self._selective[il],
                            "down_rows": plan.layers[il].perm.astype(np.int32).tolist() if e["down_rows"] else None})
         try:
-            self.store = _core.NeuronStore(str(self.layout.path), layers, ring_slots, direct_io)
+            self.store = _core.NeuronStore(str(self.layout.path), layers, ring_slots, direct_io, io_threads)
         except (RuntimeError, ValueError) as e:
             raise PyinferError(str(e)) from None
         self._scales = [read_scales(self.layout, il) for il in range(len(layers))]

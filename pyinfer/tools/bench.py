@@ -38,7 +38,8 @@ def offload_stats(model, store_stats: dict, tokens: int, seconds: float) -> dict
             "read_seconds_per_token": read_s / max(tokens, 1), "wait_seconds_per_token": wait_s / max(tokens, 1),
             "io_hidden_share": max(0.0, 1.0 - wait_s / read_s) if read_s > 0 else 1.0,
             "read_bandwidth_mb_s": store_stats["bytes_read"] / read_s / 1e6 if read_s > 0 else None,
-            "decode_seconds": seconds}
+            "decode_seconds": seconds,
+            "predicted_tok_s": model.offload.predicted["predicted_tok_s"] if model.offload.predicted else None}
 
 
 def peak_rss_mb() -> float:

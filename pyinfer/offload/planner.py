@@ -1,0 +1,184 @@
+"""`pyinfer plan`: measure this machine, then predict decode speed under a RAM budget (PowerInfer-2's planner,
+reduced to the choices this engine has: how many read-ahead slots and I/O threads, and, through the
+resident-set program, which neurons stay).
+
+Cost model per token, from measured parameters:
+  compute  c = decode seconds not spent waiting for reads (a short calibration decode of this model)
+  stream   s = bytes of streamed tails / read bandwidth at large chunks, queue depth 1 (the read-ahead thread);
+               it runs under the compute, so a step takes max(c, s)
+  demand   d = expected listed bytes of selective layers / bandwidth at their mean read size and the I/O
+               threads' queue depth; nothing hides it
+  tok/s = 1 / (max(c, s) + d)
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+CHUNKS = (4096, 16384, 65536, 262144, 1 << 20)
+DEPTHS = (1, 2, 4, 8)
+
+
+def measure_reads(path: str, seconds: float = 0.25, chunks=CHUNKS, depths=DEPTHS) -> dict:
+    """MB/s of random aligned reads of `path` per (chunk bytes, threads), O_DIRECT where allowed (so the page
+    cache does not flatter the disk). {"direct": bool, "table": {chunk: {depth: MB/s}}}."""
+    size = os.path.getsize(path) // 4096 * 4096
+    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
+    try:
+        fd = os.open(path, flags)
+        direct = True
+    except OSError:
+        fd, direct = os.open(path, os.O_RDONLY), False
+    table: dict[int, dict[int, float]] = {}
+    rng = np.random.default_rng(0)
+    try:
+        for chunk in chunks:
+            if chunk > size:
+                continue
+            table[chunk] = {}
+            for depth in depths:
+                done = [0] * depth
+                stop = time.perf_counter() + seconds
+                offsets = [rng.integers(0, size // 4096 - chunk // 4096 + 1, 4096) * 4096 for _ in range(depth)]
+
+                def worker(i, chunk=chunk, done=done, stop=stop, offsets=offsets):
+                    buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT wants
+                    k = 0
+                    while time.perf_counter() < stop:
+                        done[i] += os.preadv(fd, [buf], int(offsets[i][k % len(offsets[i])]))
+                        k += 1
+
+                t0 = time.perf_counter()
+                threads = [threading.Thread(target=worker, args=(i,)) for i in range(depth)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                table[chunk][depth] = sum(done) / (time.perf_counter() - t0) / 1e6
+    finally:
+        os.close(fd)
+    return {"direct": direct, "table": table}
+
+
+def bandwidth(reads: dict, chunk: float, depth: int) -> float:
+    """Bytes/s at a read size (interpolated in log size between measured chunks) and queue depth."""
+    table = reads["table"]
+    sizes = sorted(int(c) for c in table)
+    d = min((int(k) for k in table[sizes[0]]), key=lambda k: abs(k - depth))
+
+    def at(c):
+        return table[c][d] if d in table[c] else table[str(c)][str(d)]
+
+    chunk = min(max(chunk, sizes[0]), sizes[-1])
+    for lo, hi in zip(sizes, sizes[1:]):
+        if lo <= chunk <= hi:
+            w = (np.log(chunk) - np.log(lo)) / (np.log(hi) - np.log(lo))
+            return float(np.exp((1 - w) * np.log(at(lo)) + w * np.log(at(hi)))) * 1e6
+    return float(at(sizes[0])) * 1e6
+
+
+@dataclass
+class Prediction:
+    budget: int
+    compute_s: float
+    stream_s: float
+    demand_s: float
+    tok_s: float
+    streamed_bytes: int
+    demand_bytes: int
+    notes: dict = field(default_factory=dict)
+
+
+def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_threads: int = 4) -> Prediction:
+    """Tokens per second of one offload plan (offloaded_ffn.OffloadPlan) from the measured parameters."""
+    from .offloaded_ffn import neuron_values, selective_layers
+
+    values = neuron_values(plan, layout)
+    sel = selective_layers(plan)
+    stream = demand = 0.0
+    for v, k, s in zip(values, offload_plan.resident, sel):
+        if s:
+            demand += float(v[k:].sum())
+        else:
+            stream += float(v[k:].sum())
+    # A listed neuron costs at least a page; merged neighbours share pages (the store's kGap merge).
+    bundle = max(e["bundle_bytes"] for e in layout.layers)
+    per_read = max(4096.0, float(np.ceil(bundle / 4096) * 4096))
+    stream_s = stream / bandwidth(reads, 1 << 20, 1) if stream else 0.0
+    demand_pages = demand / bundle * per_read if demand else 0.0
+    demand_s = demand_pages / bandwidth(reads, per_read, io_threads) if demand else 0.0
+    t = max(compute_s, stream_s) + demand_s
+    return Prediction(offload_plan.budget, compute_s, stream_s, demand_s, 1.0 / t, int(stream), int(demand_pages))
+
+
+def calibrate_compute(model, tokens: int = 16) -> float:
+    """Seconds per decode token not spent waiting for reads, from a short greedy decode."""
+    ids = model.tokenize("Once upon a time")
+    with model._lock:
+        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
+        if model.offload is not None:
+            model.offload.store.reset_stats()
+        t0 = time.perf_counter()
+        for i in range(tokens):
+            logits = model._forward([int(np.argmax(logits))], len(ids) + i, np.array([0]))[0]
+        total = time.perf_counter() - t0
+    wait = model.offload.store.stats()["wait_seconds"] if model.offload is not None else 0.0
+    return (total - wait) / tokens
+
+
+def as_dict(p: Prediction) -> dict:
+    return asdict(p)
+
+
+# ---- the plan file ---------------------------------------------------------------------------------------
+FORMAT = "pyinfer-offload-plan"
+
+
+def best_depth(reads: dict, read_bytes: float) -> int:
+    """The I/O thread count with the best measured bandwidth at this read size."""
+    depths = sorted({int(d) for row in reads["table"].values() for d in row})
+    return max(depths, key=lambda d: bandwidth(reads, read_bytes, d))
+
+
+def make_plan(model, reads: dict, compute_s: float, budgets: list[int]) -> dict:
+    """The plan for model.offload's budget, plus predictions for `budgets` (a sweep)."""
+    from .offloaded_ffn import plan_offload
+
+    off = model.offload
+    bundle = max(e["bundle_bytes"] for e in off.layout.layers)
+    io_threads = best_depth(reads, max(4096.0, float(np.ceil(bundle / 4096) * 4096)))
+    main = predict(off.plan, model.sparsity, off.layout, compute_s, reads, io_threads)
+    sweep = []
+    for b in budgets:
+        try:
+            p = plan_offload(model.gguf, model.sparsity, off.layout, b, off.ring_slots)
+        except Exception as e:  # below the minimum: say so in the sweep
+            sweep.append({"budget": b, "error": str(e)})
+            continue
+        sweep.append(as_dict(predict(p, model.sparsity, off.layout, compute_s, reads, io_threads)))
+    return {"format": FORMAT, "version": 1, "fingerprint": model.gguf.fingerprint(), "budget": off.plan.budget,
+            "ring_slots": off.ring_slots, "io_threads": io_threads, "predicted_tok_s": main.tok_s,
+            "prediction": as_dict(main), "compute_s_per_token": compute_s, "reads": reads, "sweep": sweep,
+            "resident_neurons": off.plan.resident}
+
+
+def read_plan(path: str, fingerprint: str) -> dict:
+    import json
+
+    from ..errors import PyinferError
+
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PyinferError(f"cannot read the offload plan {path}: {e}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise PyinferError(f"{path} is not a pyinfer offload plan (make one with `pyinfer plan`)")
+    if d.get("fingerprint") != fingerprint:
+        raise PyinferError(f"{path} was planned for another model; run `pyinfer plan` again for this one")
+    return d
