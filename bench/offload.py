@@ -28,6 +28,8 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 MARGIN = 16 << 20
+PROTOCOLS = {"peak": "the cgroup's high-water mark (page cache of imports and metadata included)",
+             "rss": "peak RSS (the issue's protocol)", "steady": "RSS at the end of decode"}
 PROMPT = "Once upon a time"
 _FFN = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)\.weight$")
 
@@ -58,10 +60,14 @@ def rss_now() -> int:
 
 
 def child(args) -> None:
+    import numpy as np
+
     sys.path.insert(0, str(Path(__file__).parent))
-    from compare_llamacpp import LlamaCpp, pyinfer_decode
+    from compare_llamacpp import LlamaCpp
 
     out: dict = {"engine": args.engine, "budget": args.budget}
+    # Both engines: prefill the prompt, decode 4 warm-up tokens, prefill again, then count the bytes read and
+    # the time of `tokens` greedy decode steps only (the prompt's prefill is dense and read whole).
     if args.engine == "llamacpp":
         if not args.repack:  # llama.cpp's CPU repacking copies Q4_0 weights into anonymous memory, which
             import llama_cpp.llama_cpp as low  # no budget can page; off, its weights stay in the mmap
@@ -75,37 +81,55 @@ def child(args) -> None:
 
             low.llama_model_default_params = no_repack
         eng = LlamaCpp(args.model, args.threads, 512)
+        llm = eng.llm
         ids = eng.tokenize(PROMPT)
-        eng.decode(ids, 4)  # warm up
-        r0 = io_read_bytes()
-        seconds, toks = eng.decode(ids, args.tokens)
+
+        def prefill():
+            llm.reset()
+            llm.eval(ids)
+            return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+        def step(tok, pos):
+            llm.eval([tok])
+            return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
     else:
         import pyinfer
 
         kw = {"ram_budget": args.budget} if args.budget else {}
         m = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, sparsity=args.sparsity, progress=False, **kw)
         ids = m.tokenize(PROMPT)
-        with m._lock:
-            m._cached = []
-            pyinfer_decode(m, ids, 4)
-            r0 = io_read_bytes()
-            if m.offload is not None:
-                m.offload.store.reset_stats()
-            m._cached = []
-            seconds, toks = pyinfer_decode(m, ids, args.tokens)
-        if m.offload is not None:
-            from pyinfer.tools.bench import offload_stats
 
-            out["offload"] = offload_stats(m, m.offload.store.stats(), args.tokens, seconds)
+        def prefill():
+            return m._forward(ids, 0, np.array([len(ids) - 1]))[0]
+
+        def step(tok, pos):
+            return m._forward([tok], pos, np.array([0]))[0]
+
+    def decode(n):
+        logits, toks = prefill(), []
+        r0, t0 = io_read_bytes(), time.perf_counter()
+        if args.engine == "pyinfer" and m.offload is not None:
+            m.offload.store.reset_stats()
+        for i in range(n):
+            toks.append(int(np.argmax(logits)))
+            logits = step(toks[-1], len(ids) + i)
+        return time.perf_counter() - t0, io_read_bytes() - r0, toks
+
+    decode(4)
+    seconds, read, toks = decode(args.tokens)
+    if args.engine == "pyinfer" and m.offload is not None:
+        from pyinfer.tools.bench import offload_stats
+
+        out["offload"] = offload_stats(m, m.offload.store.stats(), args.tokens, seconds)
     from pyinfer.tools.bench import peak_rss_mb
 
-    # Weights this process holds: its mapping of the model file, plus (offload) the store's resident neurons
-    # and read ring and the Q4T scales and predictors it keeps in RAM.
+    # Weights this process holds: its mapping of the model file (llama.cpp: all of it; pyinfer under a budget:
+    # the FFN pages a dense prefill touched)...
     held = mapped_rss(args.model)
-    if args.engine == "pyinfer" and m.offload is not None:
-        st, p = m.offload.store.stats(), m.offload.plan
-        held += st["resident_bytes"] + st["ring_bytes"] + (p.fixed_bytes - p.ring_bytes - out["offload"]["non_ffn_bytes"])
-    out.update(tok_s=args.tokens / seconds, read_bytes_per_token=(io_read_bytes() - r0) / args.tokens,
+    if args.engine == "pyinfer" and m.offload is not None:  # + its RAM copies of the weights that stay
+        st, p = m.offload.store.stats(), m.offload.plan   # (non-FFN, predictors, scales) and the store's
+        held += (p.fixed_bytes - p.ring_bytes) + st["resident_bytes"] + st["ring_bytes"]
+    out.update(tok_s=args.tokens / seconds, read_bytes_per_token=read / args.tokens,
                tokens=[int(t) for t in toks], peak_rss_bytes=int(peak_rss_mb() * 2**20), rss_bytes=rss_now(),
                weights_held_bytes=held)
     print(json.dumps(out))
@@ -156,20 +180,55 @@ def child_cmd(engine: str, path: str, args, budget: int = 0, sparsity: str = "of
 def calibrate(engine: str, path: str, args, budget: int) -> tuple[int | None, str | None]:
     """Non-weight memory of one configuration: RSS of an unlimited run (its peak, or with --runtime steady
     its RSS at the end of decode, without load-time transients) minus the weights it held; or the error."""
-    got, _ = run_in_cgroup(child_cmd(engine, path, args, budget, args.sparsity if budget else "off"), None, "cal")
+    got, peak = run_in_cgroup(child_cmd(engine, path, args, budget, args.sparsity if budget else "off"), None, "cal")
     if "error" in got:
         print(f"{engine} (budget {budget / 2**20:.1f} MiB): {got['error']}", file=sys.stderr)
         return None, got["error"]
-    rss = got["peak_rss_bytes"] if args.runtime == "peak" else got["rss_bytes"]
+    # peak: the cgroup's own high-water mark, which also counts the page cache a process fills with read()
+    # (imports, metadata) that RSS misses and the limit charges.
+    rss = {"peak": max(peak, got["peak_rss_bytes"]), "rss": got["peak_rss_bytes"], "steady": got["rss_bytes"]}[
+        args.runtime]
     over = rss - got["weights_held_bytes"]
     print(f"{engine} (budget {budget / 2**20:.1f} MiB): runtime memory {over / 2**20:.1f} MiB = {args.runtime} "
           f"RSS {rss / 2**20:.1f} - weights held {got['weights_held_bytes'] / 2**20:.1f}", file=sys.stderr)
     return over, None
 
 
+def predictions(path: str, budgets: list[tuple[str, int]], args) -> dict:
+    """`pyinfer plan`'s cost model, calibrated once (reads measured on the bundle file, compute from a short
+    decode at the first budget pyinfer accepts, no memory limit), then predicted at every budget."""
+    import pyinfer
+    from pyinfer.errors import PyinferError
+    from pyinfer.offload.offloaded_ffn import plan_offload
+    from pyinfer.offload.planner import calibrate_compute, measure_reads, predict
+
+    model = None
+    for _, b in budgets:
+        try:
+            model = pyinfer.load(path, n_threads=args.threads, n_ctx=512, sparsity=args.sparsity, ram_budget=b,
+                                 progress=False)
+            break
+        except PyinferError:
+            continue
+    if model is None:
+        return {}
+    off = model.offload
+    reads = measure_reads(str(off.layout.path))
+    compute = calibrate_compute(model, 8)
+    out = {}
+    for label, b in budgets:
+        try:
+            p = plan_offload(model.gguf, model.sparsity, off.layout, b, off.ring_slots)
+        except PyinferError:
+            continue
+        out[label] = predict(p, model.sparsity, off.layout, compute, reads, off.io_threads).tok_s
+    return out
+
+
 def compare(path: str, budgets: list[tuple[str, int]], args) -> list[dict]:
     """Per budget: each engine's runtime memory, then `args.rounds` alternating rounds of pyinfer under its
-    limit, llama.cpp under its limit and pyinfer in RAM (unlimited)."""
+    limit, llama.cpp under its limit and pyinfer in RAM (unlimited); and the planner's prediction."""
+    predicted = predictions(path, budgets, args)
     rows = []
     for label, budget in budgets:
         over_ll, _ = calibrate("llamacpp", path, args, 0)
@@ -212,6 +271,7 @@ def compare(path: str, budgets: list[tuple[str, int]], args) -> list[dict]:
             "pyinfer_read_mb_per_token": med(lambda p: p["pyinfer"]["read_bytes_per_token"] / 1e6, ("pyinfer",)),
             "llamacpp_read_mb_per_token": med(lambda p: p["llamacpp"]["read_bytes_per_token"] / 1e6, ("llamacpp",)),
             "io_hidden_share": med(lambda p: p["pyinfer"]["offload"]["io_hidden_share"], ("pyinfer",)),
+            "predicted_tok_s": predicted.get(label),
             "exact_every_round": all(p["exact"] for p in per_round),
             "rounds": per_round,
         })
@@ -220,15 +280,16 @@ def compare(path: str, budgets: list[tuple[str, int]], args) -> list[dict]:
 
 def write_results(tag: str, title: str, notes: list[str], meta: dict, rows: list[dict]) -> str:
     RESULTS.mkdir(exist_ok=True)
+    meta = {**meta, "title": title, "notes": notes}
     (RESULTS / f"offload_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
     def f(x, spec=".2f"):
         return format(x, spec) if x is not None else "-"
 
-    lines = [f"# {title}", "", *notes, "",
-             ("| budget | MiB | limit MiB pyinfer / llama.cpp | pyinfer tok/s | llama.cpp tok/s | x llama.cpp | "
-             "pyinfer in RAM tok/s | x in-RAM | MB read/token pyinfer | llama.cpp | I/O hidden | tokens = in-RAM |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    header = ("| budget | MiB | limit MiB pyinfer / llama.cpp | pyinfer tok/s | llama.cpp tok/s | x llama.cpp | "
+              "pyinfer in RAM tok/s | x in-RAM | MB read/token pyinfer | llama.cpp | I/O hidden | tokens = in-RAM | "
+              "planned tok/s | measured / planned |")
+    lines = [f"# {title}", "", *notes, "", header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         lim = f"{r['limit_pyinfer'] / 2**20:.0f}" if r["limit_pyinfer"] else "-"
         py = f(r["pyinfer_tok_s"]) if not r["pyinfer_error"] else "refused: " + r["pyinfer_error"][:90]
@@ -236,7 +297,8 @@ def write_results(tag: str, title: str, notes: list[str], meta: dict, rows: list
                      f"{py} | {f(r['llamacpp_tok_s'])} | {f(r['vs_llamacpp'])} | {f(r['inram_tok_s'])} | "
                      f"{f(r['vs_inram'])} | {f(r['pyinfer_read_mb_per_token'], '.1f')} | "
                      f"{f(r['llamacpp_read_mb_per_token'], '.1f')} | {f(r['io_hidden_share'], '.0%')} | "
-                     f"{r['exact_every_round']} |")
+                     f"{r['exact_every_round']} | {f(r['predicted_tok_s'])} | "
+                     f"{f(r['pyinfer_tok_s'] / r['predicted_tok_s'] if r['pyinfer_tok_s'] and r['predicted_tok_s'] else None)} |")
     text = "\n".join(lines) + "\n"
     (RESULTS / f"offload_{tag}.md").write_text(text)
     return text
@@ -249,9 +311,10 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repack", action="store_true",
                     help="let llama.cpp repack weights for its CPU kernels (its default; the repacked copy is "
                          "anonymous memory, so it cannot run below the model's size); off by default here")
-    ap.add_argument("--runtime", choices=["peak", "steady"], default="peak",
-                    help="runtime memory from peak RSS (the issue's protocol; includes load-time transients) or "
-                         "from RSS at the end of decode")
+    ap.add_argument("--runtime", choices=["peak", "rss", "steady"], default="peak",
+                    help="runtime memory from the cgroup's high-water mark (peak: it also counts the page cache of "
+                         "imported code and metadata, which RSS misses and the limit charges), from peak RSS (rss: "
+                         "strict, no page cache), or from RSS at the end of decode (steady)")
 
 
 def main() -> int:

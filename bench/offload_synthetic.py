@@ -173,7 +173,9 @@ def main() -> int:
                            [(f"pyinfer's minimum budget for this model is {low / 2**30:.2f} GiB (attention, "
                             "embeddings, head, predictors and read buffers stay in RAM; only FFN neurons stream). "
                             f"{args.threads} threads, {args.tokens} tokens, median of {args.rounds} rounds; caches "
-                            "dropped before every run; random weights.")], meta, rows))
+                            "dropped before every run; random weights. Each engine's limit = its runtime memory + "
+                            f"budget + {ob.MARGIN >> 20} MiB, runtime memory = {ob.PROTOCOLS[args.runtime]} of an "
+                            "unlimited run minus the weights it held.")], meta, rows))
     return 0
 
 

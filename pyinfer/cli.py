@@ -176,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("-o", "--output", required=True, help="plan file to write (JSON); pass it as --ram-budget")
     op.add_argument("--tokens", type=int, default=16, help="decode tokens of the compute calibration (default 16)")
     op.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    op.add_argument("--read-seconds", type=float, default=0.25, help=argparse.SUPPRESS)  # per measured cell
 
     i = sub.add_parser("info", help="model metadata, kernel ISA and CUDA devices")
     _model_args(i)
@@ -398,7 +399,7 @@ def cmd_plan(args) -> int:
         raise PyinferError("--tokens must be at least 1")
     model = _load(args)
     off = model.offload
-    reads = measure_reads(str(off.layout.path))
+    reads = measure_reads(str(off.layout.path), seconds=args.read_seconds)
     compute = calibrate_compute(model, args.tokens)
     low, ffn = off.plan.fixed_bytes, off.plan.ffn_bytes
     plan = make_plan(model, reads, compute, [int(low + share * ffn) for share in (0.0, 0.25, 0.5, 0.75, 1.0)])

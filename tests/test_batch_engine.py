@@ -114,3 +114,31 @@ def test_dense_union_falls_back_to_the_dense_ffn(tiny_model_path):
     got = be.step([SeqWork(0, [17], 3, [0]), SeqWork(1, [18], 2, [3])])
     np.testing.assert_allclose(got[0], m.eval(a + [17]), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got[1], m.eval(b + [18]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["threshold", "predictor"])
+def test_offloaded_batch_engine_equals_in_ram(tiny_model_path, tmp_path, monkeypatch, mode):
+    """The server's engine under a RAM budget: every step of a batch of sequences (prompts dense, decode
+    steps over the union) gives the logits the in-RAM batch engine gives, bit for bit."""
+    from pyinfer.offload import OffloadedFfn
+    from pyinfer.offload.bundles import open_or_write
+    from pyinfer.offload.offloaded_ffn import minimum_budget
+    from pyinfer.runtime.sparse_ffn import pick_neuron_down
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = varied_plan(m.gguf.fingerprint(), mode)
+    layout = open_or_write(tmp_path, m.gguf, m.config, plan, pick_neuron_down(plan, "auto"), progress=False)
+    off = OffloadedFfn(m.gguf, m.config, plan, "auto", minimum_budget(m.gguf, plan, layout), tmp_path, progress=False)
+    engines = [BatchEngine(m.gguf, m.config, num_blocks=8, block_size=4, max_seq_len=16, n_threads=2, sparsity=plan,
+                           offload=o) for o in (None, off)]
+    prompts, tables = [[5, 9, 13], [60, 61], [7, 7, 8, 9]], [[0, 1], [3, 4], [5, 6]]
+    outs = [[be.step([SeqWork(i, p, 0, t) for i, (p, t) in enumerate(zip(prompts, tables))])] for be in engines]
+    for step in range(3):
+        for be, out in zip(engines, outs):
+            out.append(be.step([SeqWork(i, [20 + i + step], len(p) + step, t)
+                                for i, (p, t) in enumerate(zip(prompts, tables))]))
+    for a, b in zip(*outs):
+        for x, y in zip(a, b):
+            assert np.array_equal(x, y)
+    assert off.stats()["bytes_read"] > 0

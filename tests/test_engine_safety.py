@@ -168,3 +168,53 @@ def test_two_backends_overlap_independent_chains():
     for _ in range(20):
         e2.run(4)
         np.testing.assert_array_equal(e2.tensor(out2.id, 4), e1.tensor(out1.id, 4))
+
+
+def ffn_halves_graph(two: bool, layers: int = 3, d: int = 64, ff: int = 96, seed: int = 0):
+    """Every layer's FFN in two halves, `hot` rows and `cold` rows, whose partial outputs are added; with
+    `two`, the hot half runs on backend 1 (PowerInfer's hybrid split, with a CPU backend standing in)."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = rng.standard_normal((4, d)).astype(np.float32)
+    h = b.weight("x", int(_core.DType.F32), d, 4, x)
+    hot_nodes, cold_nodes = [], []
+    for il in range(layers):
+        w = {k: rng.standard_normal(shape).astype(np.float32) * 0.1
+             for k, shape in (("up_h", (ff // 2, d)), ("up_c", (ff // 2, d)), ("down_h", (d, ff // 2)),
+                              ("down_c", (d, ff // 2)))}
+        W = {k: b.weight(f"blk.{il}.{k}", int(_core.DType.F32), v.shape[1], v.shape[0], v) for k, v in w.items()}
+        hot = b.matmul(W["up_h"], h, f"hot{il}")
+        hot_out = b.matmul(W["down_h"], hot, f"hot_out{il}")
+        hot_nodes += [b.graph.n_nodes - 2, b.graph.n_nodes - 1]
+        cold = b.matmul(W["up_c"], h, f"cold{il}")
+        cold_out = b.matmul(W["down_c"], cold, f"cold_out{il}")
+        cold_nodes += [b.graph.n_nodes - 2, b.graph.n_nodes - 1]
+        h = b.add(hot_out, cold_out, name=f"h{il}")
+    if two:
+        for k in hot_nodes:
+            b.graph.set_backend(k, 1)
+    b.graph.pin(h.id)
+    return b, h, hot_nodes, cold_nodes
+
+
+def test_cold_half_runs_beside_the_hot_half():
+    """The executor cuts a backend's segment only where it needs the other backend: the cold half of each
+    layer waits for nothing the hot half computes, only the merge does. Results equal one backend's exactly,
+    and every segment's span is recorded."""
+    b1, out1, _, _ = ffn_halves_graph(False)
+    e1 = _core.Engine(b1.graph, max_tokens=4, max_outputs=4, n_threads=1)
+    e1.run(4)
+    b2, out2, hot, cold = ffn_halves_graph(True)
+    e2 = _core.Engine(b2.graph, max_tokens=4, max_outputs=4, backend_threads=[1, 1])
+    segs = e2.segments()
+    seg_of = {n: i for i, s in enumerate(segs) for n in s["nodes"]}
+    for k in range(0, len(cold), 2):  # per layer: its cold segment does not wait for its hot segment
+        hot_seg, cold_seg = seg_of[hot[k]], seg_of[cold[k]]
+        assert segs[hot_seg]["backend"] == 1 and segs[cold_seg]["backend"] == 0
+        assert hot_seg not in segs[cold_seg]["deps"]
+    e2.set_timeline(True)
+    for _ in range(10):
+        e2.run(4)
+        np.testing.assert_array_equal(e2.tensor(out2.id, 4), e1.tensor(out1.id, 4))
+    spans = e2.timeline()
+    assert len(spans) == len(segs) and all(0 <= t0 <= t1 for _, _, t0, t1 in spans)

@@ -272,3 +272,64 @@ def test_a_full_disk_leaves_no_half_file(tiny_model_path, cache, monkeypatch):
     with pytest.raises(PyinferError, match="No space left"):
         pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=plan, ram_budget="1G", progress=False)
     assert not list((cache / "offload").glob("*"))
+
+
+# ---- the planner -------------------------------------------------------------------------------------------
+FAKE_READS = {"direct": True, "table": {4096: {1: 100.0, 4: 300.0}, 1 << 20: {1: 1000.0, 4: 1200.0}}}
+
+
+def test_bandwidth_interpolates_between_measured_chunks():
+    from pyinfer.offload.planner import bandwidth, best_depth
+
+    assert bandwidth(FAKE_READS, 4096, 1) == pytest.approx(100e6)
+    assert bandwidth(FAKE_READS, 1 << 20, 4) == pytest.approx(1200e6)
+    mid = bandwidth(FAKE_READS, 65536, 1)  # half-way in log size: the geometric mean
+    assert mid == pytest.approx(np.sqrt(100 * 1000) * 1e6)
+    assert bandwidth(FAKE_READS, 100, 1) == pytest.approx(100e6)  # clamped to the measured range
+    assert best_depth(FAKE_READS, 4096) == 4
+
+
+def test_prediction_grows_with_the_budget(tiny_model_path, cache):
+    from pyinfer.offload.offloaded_ffn import plan_offload
+    from pyinfer.offload.planner import predict
+
+    ram = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
+    for plan in (threshold_plan(ram.gguf.fingerprint()), varying_predictor_plan(ram.gguf.fingerprint())):
+        from pyinfer.model.pull import cache_dir
+
+        layout = open_or_write(cache_dir(), ram.gguf, ram.config, plan, pick_neuron_down(plan, "auto"),
+                               progress=False)
+        low = minimum_budget(ram.gguf, plan, layout)
+        ffn = sum(e["n_ff"] * e["bundle_bytes"] for e in layout.layers)
+        speeds = [predict(plan_offload(ram.gguf, plan, layout, low + f * ffn), plan, layout, 1e-3, FAKE_READS).tok_s
+                  for f in (0.0, 0.5, 1.0)]
+        assert speeds == sorted(speeds) and speeds[-1] == pytest.approx(1e3)  # all resident: compute only
+
+
+def test_plan_command_writes_a_plan_that_load_and_bench_use(tiny_model_path, cache, capsys):
+    import json
+
+    from pyinfer.cli import main
+
+    out = cache / "tiny.offload.json"
+    rc = main(["plan", "-m", tiny_model_path, "-t", "1", "--ram-budget", "1M", "-o", str(out), "--tokens", "2",
+               "--read-seconds", "0.01", "--json"])
+    assert rc == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["format"] == "pyinfer-offload-plan" and plan["predicted_tok_s"] > 0 and len(plan["sweep"]) == 5
+    assert json.loads(out.read_text())["budget"] == 1 << 20
+    m = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", ram_budget=str(out), progress=False)
+    assert m.offload.plan.budget == 1 << 20 and m.offload.predicted["io_threads"] == plan["io_threads"]
+    rc = main(["bench", "-m", tiny_model_path, "-t", "1", "-p", "8", "-g", "4", "-r", "1", "--sparsity", "auto",
+               "--ram-budget", str(out), "--json"])
+    bench = json.loads(capsys.readouterr().out)
+    assert rc == 0 and bench["offload"]["predicted_tok_s"] == pytest.approx(plan["predicted_tok_s"])
+    other = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
+    (cache / "bad.json").write_text("{}")
+    with pytest.raises(PyinferError, match="not a pyinfer offload plan"):
+        pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", ram_budget=str(cache / "bad.json"))
+    plan["fingerprint"] = "0" * 64
+    (cache / "other.json").write_text(json.dumps(plan))
+    with pytest.raises(PyinferError, match="another model"):
+        pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", ram_budget=str(cache / "other.json"))
+    del other

@@ -158,7 +158,7 @@ PYBIND11_MODULE(_core, m) {
              d["bytes_read"] = st.bytes_read; d["reads"] = st.reads; d["read_seconds"] = st.read_seconds;
              d["wait_seconds"] = st.wait_seconds; d["fetches"] = st.fetches; d["resident_bytes"] = st.resident_bytes;
              d["ring_bytes"] = st.ring_bytes; d["direct_io"] = st.direct_io; d["listed_reads"] = st.listed_reads;
-             d["listed_neurons"] = st.listed_neurons;
+             d["listed_neurons"] = st.listed_neurons; d["listed_hits"] = st.listed_hits;
              return d;
            }, "Reads, bytes and seconds since the last reset_stats().")
       .def("reset_stats", &NeuronStore::reset_stats)
@@ -327,6 +327,28 @@ PYBIND11_MODULE(_core, m) {
              e.engine->reserve_memory();
            }, "Make the KV cache, state and scratch resident now (a server reserves its KV budget at start).")
       .def_property_readonly("n_segments", [](const PyEngine& e) { return e.engine->executor().segments().size(); })
+      .def("segments", [](const PyEngine& e) {
+             py::list out;
+             for (const Segment& s : e.engine->executor().segments()) {
+               py::dict d;
+               d["backend"] = s.backend; d["nodes"] = s.nodes; d["deps"] = s.deps;
+               out.append(d);
+             }
+             return out;
+           }, "The executor's plan: per segment its backend, nodes and the segments it waits for.")
+      .def("set_timeline", [](PyEngine& e, bool on) {
+             std::lock_guard<std::mutex> lock(e.engine->run_mutex());
+             e.engine->executor_mut().set_timeline(on);
+           }, py::arg("on"), "Record each segment's start and end in every run (see timeline()).")
+      .def("timeline", [](PyEngine& e) {
+             std::lock_guard<std::mutex> lock(e.engine->run_mutex());
+             py::list out;
+             const auto& segs = e.engine->executor().segments();
+             const auto& tl = e.engine->executor().timeline();
+             for (size_t i = 0; i < tl.size(); ++i)
+               out.append(py::make_tuple(int(i), segs[i].backend, tl[i].first, tl[i].second));
+             return out;
+           }, "(segment, backend, start s, end s) of the last run, from its start; -1 where a segment did not run.")
       .def("set_op_timing", [](PyEngine& e, bool on) { e.engine->cpu().set_op_timing(on); }, py::arg("on"),
            "Start (and reset) or stop accumulating wall time per op kind.")
       .def("op_timing", [](const PyEngine& e) {

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 namespace pyinfer {
 
@@ -105,7 +106,19 @@ void Engine::plan_memory() {
   if (graph_.output_logits >= 0) last[size_t(graph_.output_logits)] = INT_MAX;
   for (int t : graph_.pinned)
     if (t >= 0 && size_t(t) < nt) last[size_t(t)] = INT_MAX;
-  std::multimap<std::pair<size_t, uint8_t>, std::pair<int, size_t>> free_slots;  // (bytes, list) -> (buffer, offset)
+  // Which backends touch each tensor: a buffer freed by one backend is reused only by a writer on that same
+  // backend, and a tensor two backends share is never reused, so reuse adds no wait between backends (the
+  // two halves of a split layer must not order each other through a recycled buffer).
+  std::vector<uint64_t> backends_of(nt, 0);
+  for (const Node& n : graph_.nodes) {
+    const uint64_t bit = uint64_t(1) << (n.backend & 63);
+    backends_of[size_t(n.dst)] |= bit;
+    for (int s : n.src)
+      if (s >= 0) backends_of[size_t(s)] |= bit;
+  }
+  auto single = [](uint64_t m) { return m != 0 && (m & (m - 1)) == 0; };
+  using SlotKey = std::tuple<size_t, uint8_t, int>;  // bytes, list, backend
+  std::multimap<SlotKey, std::pair<int, size_t>> free_slots;  // -> (buffer, offset)
   std::vector<std::pair<int, size_t>> slot_of(nt, {-1, 0});
   size_t scratch_bytes = 0;
   for (size_t k = 0; k < graph_.nodes.size(); ++k) {
@@ -116,7 +129,7 @@ void Engine::plan_memory() {
     const size_t d = size_t(n.dst);
     if (ts[d].storage == Storage::Scratch && slot_of[d].first < 0) {
       const size_t bytes = align_up(size_t(ts[d].rows) * ts[d].row_bytes);
-      auto it = free_slots.find({bytes, is_list[d]});
+      auto it = free_slots.find(SlotKey{bytes, is_list[d], n.backend});
       if (it != free_slots.end()) {
         slot_of[d] = it->second;
         free_slots.erase(it);
@@ -130,9 +143,10 @@ void Engine::plan_memory() {
     std::sort(touched.begin(), touched.end());
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
     for (int t : touched)
-      if (t >= 0 && ts[size_t(t)].storage == Storage::Scratch && last[size_t(t)] == int(k))
-        free_slots.emplace(std::make_pair(align_up(size_t(ts[size_t(t)].rows) * ts[size_t(t)].row_bytes),
-                                          is_list[size_t(t)]),
+      if (t >= 0 && ts[size_t(t)].storage == Storage::Scratch && last[size_t(t)] == int(k) &&
+          single(backends_of[size_t(t)]))
+        free_slots.emplace(SlotKey{align_up(size_t(ts[size_t(t)].rows) * ts[size_t(t)].row_bytes),
+                                   is_list[size_t(t)], n.backend},
                            slot_of[size_t(t)]);
   }
 

@@ -57,6 +57,7 @@ class Engine {
   size_t n_backends() const { return backends_.size(); }
   CpuBackend& backend(size_t i) { return *backends_.at(i); }
   const Executor& executor() const { return *executor_; }
+  Executor& executor_mut() { return *executor_; }
   size_t scratch_bytes() const { return scratch_.size(); }
   size_t state_bytes() const { return state_.size(); }
   // Makes the KV cache, state and scratch resident now instead of page by page as runs first touch them

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "executor/backend.h"
@@ -31,11 +32,16 @@ class Executor {
   ~Executor();
   void run(const RunShape& shape);
   const std::vector<Segment>& segments() const { return segments_; }
+  // Per segment of the last run: (start, end) seconds from the run's start, (-1, -1) where it did not run.
+  // Between runs only; recording costs two clock reads per segment.
+  void set_timeline(bool on);
+  const std::vector<std::pair<double, double>>& timeline() const { return timeline_; }
 
  private:
   void drive(int backend);
   void run_segments_of(int backend, const RunShape& shape, uint64_t gen);
   void fail(std::exception_ptr e);
+  static double seconds_now();
 
   const Graph& graph_;
   std::vector<Backend*> backends_;
@@ -51,6 +57,9 @@ class Executor {
   RunShape shape_;
   std::atomic<bool> abort_{false};  // a segment failed in this run: the others stop waiting
   std::exception_ptr error_;        // the first failure (guarded by mutex_)
+  bool timeline_on_ = false;
+  double run_start_ = 0.0;
+  std::vector<std::pair<double, double>> timeline_;  // each entry written by its segment's driver only
 };
 
 }  // namespace pyinfer

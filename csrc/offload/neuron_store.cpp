@@ -172,7 +172,7 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
   const auto t0 = std::chrono::steady_clock::now();
   ranges_.clear();
   placed_.clear();
-  uint64_t out = 0, listed = 0;
+  uint64_t out = 0, listed = 0, hits = 0;
   if (!list || list[0] < 0) {  // a dense run: the whole tail, in large reads
     const uint64_t begin = tail_begin(b), end = tail_end(b);
     for (uint64_t off = begin; off < end; off += kMaxRange)
@@ -184,10 +184,16 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
       ranges_.push_back(ReadRange{demand_ + out, cur0, cur1 - cur0});
       out += cur1 - cur0;
     };
+    int64_t prev = -1;
     for (int32_t i = 0; i < list[0]; ++i) {
       const int64_t k = list[1 + i];
-      if (k < b.resident) continue;
-      if (k >= b.n_ff) throw std::out_of_range("fetch: a listed neuron is out of range");
+      // Ascending ids keep the page ranges disjoint, so they fit the demand buffer (an active union is).
+      if (k <= prev || k >= b.n_ff) throw std::out_of_range("fetch: listed neurons must be ascending ids < n_ff");
+      prev = k;
+      if (k < b.resident) {
+        ++hits;
+        continue;
+      }
       const uint64_t b0 = b.file_offset + uint64_t(k) * b.bundle_bytes;
       const uint64_t p0 = round_down(b0, kIoAlign), p1 = round_up(b0 + b.bundle_bytes, kIoAlign);
       if (open && p0 <= cur1 + kGap && p1 - cur0 <= kMaxRange) {
@@ -229,6 +235,7 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
   if (list && list[0] >= 0) {
     stats_.listed_reads += ranges_.size();
     stats_.listed_neurons += listed;
+    stats_.listed_hits += hits;
   }
 }
 

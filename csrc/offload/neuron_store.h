@@ -46,6 +46,7 @@ struct NeuronStoreStats {
   uint64_t fetches = 0;          // fetch() calls for layers with a cold tail
   uint64_t listed_reads = 0;     // selective layers: ranges read for listed neurons
   uint64_t listed_neurons = 0;   // selective layers: cold neurons fetched by list
+  uint64_t listed_hits = 0;      // selective layers: listed neurons already resident (RAM hits)
   uint64_t resident_bytes = 0;
   uint64_t ring_bytes = 0;
   bool direct_io = false;        // O_DIRECT accepted by the file system

@@ -146,6 +146,7 @@ class OffloadedFfn:
         ring_slots = ring_slots or RING_SLOTS
         self.ring_slots, self.io_threads = ring_slots, io_threads
         self.predicted: dict | None = None  # from a `pyinfer plan` file
+        self._copies: dict[str, np.ndarray] = {}
         self.cfg = cfg
         self.down_type = pick_neuron_down(plan, down_type)
         self.layout = open_or_write(cache, gguf, cfg, plan, self.down_type, progress)
@@ -174,6 +175,17 @@ class OffloadedFfn:
         if self._scales[il] is not None:
             scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * d, n_ff // 32, self._scales[il])
         return gate, up, down, scales
+
+    def resident_copy(self, name: str, data: np.ndarray) -> np.ndarray:
+        """The weights that must stay are copied out of the model's mmap into RAM the budget counts: page
+        cache can be evicted under memory pressure, and a mapped page faulted back in drags its readahead
+        window along, which evicts the next hot page (a thrash the budget never accounted for). The FFN's
+        original tensors stay mapped: only a dense prefill reads them, once."""
+        if _FFN_WEIGHT.match(name):
+            return data
+        if name not in self._copies:
+            self._copies[name] = np.array(data, copy=True)
+        return self._copies[name]
 
     def selective(self, il: int) -> bool:
         return self._selective[il]

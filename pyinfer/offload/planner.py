@@ -147,6 +147,7 @@ def best_depth(reads: dict, read_bytes: float) -> int:
 
 def make_plan(model, reads: dict, compute_s: float, budgets: list[int]) -> dict:
     """The plan for model.offload's budget, plus predictions for `budgets` (a sweep)."""
+    from ..errors import PyinferError
     from .offloaded_ffn import plan_offload
 
     off = model.offload
@@ -157,7 +158,7 @@ def make_plan(model, reads: dict, compute_s: float, budgets: list[int]) -> dict:
     for b in budgets:
         try:
             p = plan_offload(model.gguf, model.sparsity, off.layout, b, off.ring_slots)
-        except Exception as e:  # below the minimum: say so in the sweep
+        except PyinferError as e:  # below the minimum: say so in the sweep
             sweep.append({"budget": b, "error": str(e)})
             continue
         sweep.append(as_dict(predict(p, model.sparsity, off.layout, compute_s, reads, io_threads)))

@@ -33,7 +33,8 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
 
     def w(name: str) -> T:
         t = gguf.finite_norm(name) if name.endswith("norm.weight") else gguf.tensor(name)
-        return b.weight(name, t.dtype_id, t.cols, t.rows, t.data)
+        data = t.data if offload is None else offload.resident_copy(name, t.data)
+        return b.weight(name, t.dtype_id, t.cols, t.rows, data)
 
     tokens = b.input("tokens")                          # I32 [T]
     positions = b.input("positions")                    # I32 [T]

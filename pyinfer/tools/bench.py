@@ -35,6 +35,9 @@ def offload_stats(model, store_stats: dict, tokens: int, seconds: float) -> dict
     return {**plan.summary(), "direct_io": store_stats["direct_io"],
             "bytes_read_per_token": store_stats["bytes_read"] / max(tokens, 1),
             "ram_hit_rate": plan.resident_bytes / max(plan.ffn_bytes, 1),
+            # selective layers: listed neurons found resident, of all listed
+            "listed_hit_rate": (store_stats["listed_hits"] / (store_stats["listed_hits"] + store_stats["listed_neurons"])
+                                if store_stats.get("listed_neurons") else None),
             "read_seconds_per_token": read_s / max(tokens, 1), "wait_seconds_per_token": wait_s / max(tokens, 1),
             "io_hidden_share": max(0.0, 1.0 - wait_s / read_s) if read_s > 0 else 1.0,
             "read_bandwidth_mb_s": store_stats["bytes_read"] / read_s / 1e6 if read_s > 0 else None,
