@@ -35,30 +35,14 @@ def random_q4_0(rng, rows: int, cols: int, scale: float) -> np.ndarray:
 def write_model(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFWriter
-    from tiny_model import tiny_vocab
+    from tiny_model import _add_shape, _add_tiny_vocab
 
     rng = np.random.default_rng(seed)
     c = SHAPE
     w = GGUFWriter(str(path), "llama")
-    w.add_block_count(c["n_layers"])
-    w.add_context_length(4096)
-    w.add_embedding_length(c["d_model"])
-    w.add_feed_forward_length(c["d_ff"])
-    w.add_head_count(c["n_heads"])
-    w.add_head_count_kv(c["n_kv_heads"])
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
+    _add_shape(w, {**c, "rope_base": 10000.0, "eps": 1e-5}, context=4096)
     w.add_string("pyinfer.ffn_activation", "relu")
-    tokens, merges = tiny_vocab()
-    tokens = tokens + [f"<unused_{i}>" for i in range(c["vocab"] - len(tokens))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    _add_tiny_vocab(w, pad_to=c["vocab"])
     d, ff = c["d_model"], c["d_ff"]
     s = 1.0 / np.sqrt(d) / 4.6  # a Q4_0 value is scale * (q - 8): std ~4.6 scale, so rows of norm ~1
 

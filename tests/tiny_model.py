@@ -11,9 +11,9 @@ from tokenizers.pre_tokenizers import ByteLevel
 TINY = dict(n_layers=2, d_model=64, d_ff=96, n_heads=4, n_kv_heads=2, rope_base=10000.0, eps=1e-5)
 
 
-def _add_shape(w: GGUFWriter, c: dict) -> None:
+def _add_shape(w: GGUFWriter, c: dict, context: int = 256) -> None:
     w.add_block_count(c["n_layers"])
-    w.add_context_length(256)
+    w.add_context_length(context)
     w.add_embedding_length(c["d_model"])
     w.add_feed_forward_length(c["d_ff"])
     w.add_head_count(c["n_heads"])
@@ -22,9 +22,11 @@ def _add_shape(w: GGUFWriter, c: dict) -> None:
     w.add_layer_norm_rms_eps(c["eps"])
 
 
-def _add_tiny_vocab(w: GGUFWriter) -> int:
-    """The byte-level BPE vocabulary of tiny_vocab(); returns its size."""
+def _add_tiny_vocab(w: GGUFWriter, pad_to: int = 0) -> int:
+    """The byte-level BPE vocabulary of tiny_vocab(), padded with unused tokens to `pad_to` entries;
+    returns its size."""
     tokens, merges = tiny_vocab()
+    tokens = tokens + [f"<unused_{i}>" for i in range(pad_to - len(tokens))]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
