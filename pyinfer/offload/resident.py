@@ -133,6 +133,9 @@ def solve_resident(n_ff: list[int], bundle_bytes: list[int], capacity: int, grou
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
+    # One thread: these programs solve in seconds at most, the answer is deterministic, and no solver threads
+    # linger beside the engine's (the TSan run sees none).
+    h.setOptionValue("threads", 1)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = n_col, len(rows)
     lp.col_cost_ = cost
