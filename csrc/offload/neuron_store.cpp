@@ -152,15 +152,17 @@ void NeuronStore::read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes) cons
   }
 }
 
-void NeuronStore::point_rows(int layer, int64_t k0, int64_t k1, const uint8_t* base, uint64_t base_offset) {
+void NeuronStore::point_row(int layer, int64_t k, const uint8_t* base, uint64_t base_offset) {
   const BundleLayer& b = layers_[size_t(layer)];
-  for (int p = 0; p < kBundleParts; ++p) {
-    auto& table = tables_[size_t(layer)][size_t(p)];
+  for (int p = 0; p < kBundleParts; ++p) {  // base holds the file from base_offset on
     const auto& rows = b.row_of[size_t(p)];
-    for (int64_t k = k0; k < k1; ++k)  // base holds the file from base_offset on
-      table[size_t(rows.empty() ? k : rows[size_t(k)])] =
-          base + (b.file_offset + uint64_t(k) * b.bundle_bytes + b.part_offset[size_t(p)] - base_offset);
+    tables_[size_t(layer)][size_t(p)][size_t(rows.empty() ? k : rows[size_t(k)])] =
+        base + (b.file_offset + uint64_t(k) * b.bundle_bytes + b.part_offset[size_t(p)] - base_offset);
   }
+}
+
+void NeuronStore::point_rows(int layer, int64_t k0, int64_t k1, const uint8_t* base, uint64_t base_offset) {
+  for (int64_t k = k0; k < k1; ++k) point_row(layer, k, base, base_offset);
 }
 
 const uint8_t* const* NeuronStore::table(int layer, BundlePart part) const {
@@ -173,7 +175,8 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
   ranges_.clear();
   placed_.clear();
   uint64_t out = 0, listed = 0, hits = 0;
-  if (!list || list[0] < 0) {  // a dense run: the whole tail, in large reads
+  const bool dense = !list || list[0] < 0;
+  if (dense) {  // a dense run: the whole tail, in large reads
     const uint64_t begin = tail_begin(b), end = tail_end(b);
     for (uint64_t off = begin; off < end; off += kMaxRange)
       ranges_.push_back(ReadRange{demand_ + (off - begin), off, std::min(kMaxRange, end - off)});
@@ -210,19 +213,10 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
     if (open) flush();
   }
   io_->read_all(ranges_);
-  if (placed_.empty() && !(list && list[0] >= 0)) {
+  if (dense)
     point_rows(layer, b.resident, b.n_ff, demand_, tail_begin(b));
-  } else {
-    for (const auto& [k, r] : placed_) {
-      const ReadRange& rr = ranges_[r];  // holds the file from rr.offset on
-      const uint64_t b0 = b.file_offset + uint64_t(k) * b.bundle_bytes;
-      for (int p = 0; p < kBundleParts; ++p) {
-        const auto& rows = b.row_of[size_t(p)];
-        tables_[size_t(layer)][size_t(p)][size_t(rows.empty() ? k : rows[size_t(k)])] =
-            rr.dst + (b0 - rr.offset + b.part_offset[size_t(p)]);
-      }
-    }
-  }
+  else
+    for (const auto& [k, r] : placed_) point_row(layer, k, ranges_[r].dst, ranges_[r].offset);
   uint64_t bytes = 0;
   for (const ReadRange& r : ranges_) bytes += r.bytes;
   const double dt = seconds_since(t0);
@@ -232,7 +226,7 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
   stats_.reads += ranges_.size();
   stats_.read_seconds += dt;
   stats_.wait_seconds += dt;  // on demand: nothing hides it
-  if (list && list[0] >= 0) {
+  if (!dense) {
     stats_.listed_reads += ranges_.size();
     stats_.listed_neurons += listed;
     stats_.listed_hits += hits;

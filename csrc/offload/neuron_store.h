@@ -89,6 +89,9 @@ class NeuronStore {
   uint64_t tail_begin(const BundleLayer& b) const;  // aligned file range of the cold tail
   uint64_t tail_end(const BundleLayer& b) const;
   void read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes) const;
+  // Table entries of bundles [k0, k1) (or bundle k) of `layer`, whose bytes lie at `base`, which holds the
+  // file from `base_offset` on.
+  void point_row(int layer, int64_t k, const uint8_t* base, uint64_t base_offset);
   void point_rows(int layer, int64_t k0, int64_t k1, const uint8_t* base, uint64_t base_offset);
   void reader();
   void fetch_selective(int layer, const int32_t* list);

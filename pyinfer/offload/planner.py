@@ -94,6 +94,13 @@ class Prediction:
     notes: dict = field(default_factory=dict)
 
 
+def listed_read_bytes(layout) -> float:
+    """Bytes one listed neuron's read costs: its bundle rounded up to pages (merged neighbours share pages,
+    as the store merges ranges across small gaps)."""
+    bundle = max(e["bundle_bytes"] for e in layout.layers)
+    return max(4096.0, float(np.ceil(bundle / 4096) * 4096))
+
+
 def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_threads: int = 4) -> Prediction:
     """Tokens per second of one offload plan (offloaded_ffn.OffloadPlan) from the measured parameters."""
     from .offloaded_ffn import neuron_values, selective_layers
@@ -106,9 +113,8 @@ def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_thread
             demand += float(v[k:].sum())
         else:
             stream += float(v[k:].sum())
-    # A listed neuron costs at least a page; merged neighbours share pages (the store's kGap merge).
     bundle = max(e["bundle_bytes"] for e in layout.layers)
-    per_read = max(4096.0, float(np.ceil(bundle / 4096) * 4096))
+    per_read = listed_read_bytes(layout)
     stream_s = stream / bandwidth(reads, 1 << 20, 1) if stream else 0.0
     demand_pages = demand / bundle * per_read if demand else 0.0
     demand_s = demand_pages / bandwidth(reads, per_read, io_threads) if demand else 0.0
@@ -151,8 +157,7 @@ def make_plan(model, reads: dict, compute_s: float, budgets: list[int]) -> dict:
     from .offloaded_ffn import plan_offload
 
     off = model.offload
-    bundle = max(e["bundle_bytes"] for e in off.layout.layers)
-    io_threads = best_depth(reads, max(4096.0, float(np.ceil(bundle / 4096) * 4096)))
+    io_threads = best_depth(reads, listed_read_bytes(off.layout))
     main = predict(off.plan, model.sparsity, off.layout, compute_s, reads, io_threads)
     sweep = []
     for b in budgets:
