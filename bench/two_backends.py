@@ -36,7 +36,7 @@ def main() -> int:
     b1, out1, _, _ = ffn_halves_graph(False, args.layers, args.d, args.ff)
     one = _core.Engine(b1.graph, max_tokens=4, max_outputs=4, n_threads=2)
     b2, out2, hot, cold = ffn_halves_graph(True, args.layers, args.d, args.ff)
-    two = _core.Engine(b2.graph, max_tokens=4, max_outputs=4, backend_threads=[1, 1])
+    two = _core.Engine(b2.graph, max_tokens=4, max_outputs=4, backend_threads=[1, 1], placement=b2.placement)
     one.run(4)
     two.run(4)
     assert np.array_equal(one.tensor(out1.id, 4), two.tensor(out2.id, 4)), "two backends differ from one"

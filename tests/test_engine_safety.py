@@ -109,7 +109,7 @@ def ffn_on_second_backend(b: GraphBuilder) -> None:
         if op == _core.Op.RMS_NORM and dst == "ffn_in":
             on_b1 = True
         if on_b1:
-            b.graph.set_backend(k, 1)
+            b.place(k, 1)
         if on_b1 and op == _core.Op.ADD:
             on_b1 = False
 
@@ -120,7 +120,7 @@ def test_two_backends_equal_one(tiny_model_path, threads):
     want = run_prompt(_core.Engine(b1.graph, max_tokens=8, max_outputs=8, n_threads=sum(threads)))
     _, b2 = tiny_engine(tiny_model_path)
     ffn_on_second_backend(b2)
-    eng = _core.Engine(b2.graph, max_tokens=8, max_outputs=8, backend_threads=threads)
+    eng = _core.Engine(b2.graph, max_tokens=8, max_outputs=8, backend_threads=threads, placement=b2.placement)
     assert eng.n_segments > 2
     for _ in range(3):
         np.testing.assert_array_equal(run_prompt(eng), want)
@@ -130,7 +130,7 @@ def test_error_on_the_second_backend_comes_back(tiny_model_path):
     _, b = tiny_engine(tiny_model_path)
     ffn_on_second_backend(b)
     ffn_node = next(k for k, (op, dst) in enumerate(b.node_ops) if dst == "ffn_in")
-    eng = _core.Engine(b.graph, max_tokens=8, max_outputs=8, backend_threads=[1, 2])
+    eng = _core.Engine(b.graph, max_tokens=8, max_outputs=8, backend_threads=[1, 2], placement=b.placement)
     want = run_prompt(eng)
     eng._inject_fault(ffn_node + 1, 1, backend=1)
     with pytest.raises(RuntimeError, match="injected fault"):
@@ -154,7 +154,7 @@ def test_two_backends_overlap_independent_chains():
         for i in range(6):
             a = b.matmul(W, a, f"a{i}")
             if two:
-                b.graph.set_backend(b.graph.n_nodes - 1, 1)
+                b.place(b.graph.n_nodes - 1, 1)
             c = b.matmul(W, c, f"c{i}")
         out = b.add(a, c, name="out")
         b.graph.pin(out.id)
@@ -164,35 +164,38 @@ def test_two_backends_overlap_independent_chains():
     e1 = _core.Engine(b1.graph, max_tokens=4, max_outputs=4, n_threads=1)
     e1.run(4)
     b2, out2 = build(True)
-    e2 = _core.Engine(b2.graph, max_tokens=4, max_outputs=4, backend_threads=[1, 1])
+    e2 = _core.Engine(b2.graph, max_tokens=4, max_outputs=4, backend_threads=[1, 1], placement=b2.placement)
     for _ in range(20):
         e2.run(4)
         np.testing.assert_array_equal(e2.tensor(out2.id, 4), e1.tensor(out1.id, 4))
 
 
 def ffn_halves_graph(two: bool, layers: int = 3, d: int = 64, ff: int = 96, seed: int = 0):
-    """Every layer's FFN in two halves, `hot` rows and `cold` rows, whose partial outputs are added; with
-    `two`, the hot half runs on backend 1 (PowerInfer's hybrid split, with a CPU backend standing in)."""
+    """Every layer's FFN in two halves, `hot` neurons [0, ff/2) and `cold` ones [ff/2, ff), whose partial outputs
+    are added: the halves are views of one up [ff, d] (rows) and one down [d, ff] (columns). With `two`, the
+    hot half runs on backend 1 (PowerInfer's hybrid split, with a CPU backend standing in for the GPU)."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder()
     x = rng.standard_normal((4, d)).astype(np.float32)
     h = b.weight("x", int(_core.DType.F32), d, 4, x)
     hot_nodes, cold_nodes = [], []
+    half = ff // 2
     for il in range(layers):
-        w = {k: rng.standard_normal(shape).astype(np.float32) * 0.1
-             for k, shape in (("up_h", (ff // 2, d)), ("up_c", (ff // 2, d)), ("down_h", (d, ff // 2)),
-                              ("down_c", (d, ff // 2)))}
-        W = {k: b.weight(f"blk.{il}.{k}", int(_core.DType.F32), v.shape[1], v.shape[0], v) for k, v in w.items()}
-        hot = b.matmul(W["up_h"], h, f"hot{il}")
-        hot_out = b.matmul(W["down_h"], hot, f"hot_out{il}")
-        hot_nodes += [b.graph.n_nodes - 2, b.graph.n_nodes - 1]
-        cold = b.matmul(W["up_c"], h, f"cold{il}")
-        cold_out = b.matmul(W["down_c"], cold, f"cold_out{il}")
-        cold_nodes += [b.graph.n_nodes - 2, b.graph.n_nodes - 1]
-        h = b.add(hot_out, cold_out, name=f"h{il}")
+        up = rng.standard_normal((ff, d)).astype(np.float32) * 0.1
+        down = rng.standard_normal((d, ff)).astype(np.float32) * 0.1
+        UP = b.weight(f"blk.{il}.up", int(_core.DType.F32), d, ff, up)
+        DOWN = b.weight(f"blk.{il}.down", int(_core.DType.F32), ff, d, down)
+        halves = {}
+        for name, start in (("hot", 0), ("cold", half)):
+            up_v = b.view(UP, f"blk.{il}.up.{name}", rows=half, row_offset=start)
+            down_v = b.view(DOWN, f"blk.{il}.down.{name}", cols=half, col_offset=start)
+            act = b.matmul(up_v, h, f"{name}{il}")
+            halves[name] = b.matmul(down_v, act, f"{name}_out{il}")
+            (hot_nodes if name == "hot" else cold_nodes).extend([b.graph.n_nodes - 2, b.graph.n_nodes - 1])
+        h = b.add(halves["hot"], halves["cold"], name=f"h{il}")
     if two:
         for k in hot_nodes:
-            b.graph.set_backend(k, 1)
+            b.place(k, 1)
     b.graph.pin(h.id)
     return b, h, hot_nodes, cold_nodes
 
@@ -205,7 +208,7 @@ def test_cold_half_runs_beside_the_hot_half():
     e1 = _core.Engine(b1.graph, max_tokens=4, max_outputs=4, n_threads=1)
     e1.run(4)
     b2, out2, hot, cold = ffn_halves_graph(True)
-    e2 = _core.Engine(b2.graph, max_tokens=4, max_outputs=4, backend_threads=[1, 1])
+    e2 = _core.Engine(b2.graph, max_tokens=4, max_outputs=4, backend_threads=[1, 1], placement=b2.placement)
     segs = e2.segments()
     seg_of = {n: i for i, s in enumerate(segs) for n in s["nodes"]}
     for k in range(0, len(cold), 2):  # per layer: its cold segment does not wait for its hot segment

@@ -176,9 +176,16 @@ def test_bad_graph_and_run_inputs_raise_valueerror():
     b = GraphBuilder()
     x = b.weight("x", int(DType.F32), 64, 2, np.zeros((2, 64), np.float32))
     w = b.weight("w", int(DType.F32), 32, 8, np.zeros((8, 32), np.float32))  # wrong K
-    b.graph.add_node(_core.Op.MAT_MUL, b.activation("y", 8).id, [w.id, x.id])
+    b.graph.add_node(_core.Op.MAT_MUL, b.activation("y", 8).id, {"weight": w.id, "x": x.id})
     with pytest.raises(ValueError, match="columns"):
         _core.Engine(b.graph)
+    with pytest.raises(ValueError, match="mat_mul has no source 'w'; its sources: weight, x, active"):
+        b.graph.add_node(_core.Op.MAT_MUL, b.activation("y2", 8).id, {"w": w.id, "x": x.id})
+    with pytest.raises(ValueError, match="rope has no parameter 'theta'; its parameters: heads, head_dim, mode, base"):
+        b.graph.add_node(_core.Op.ROPE, b.activation("y3", 8).id, {"x": x.id}, {"theta": 1e4})
+    assert _core.op_signature(_core.Op.DOWN_AXPY)["sources"] == ["down", "act", "active", "scales", "row_map",
+                                                                 "union_list"]
+    assert ("scale", "float") in _core.op_signature(_core.Op.ATTENTION)["params"]
     with pytest.raises(ValueError, match="not available"):
         _core.Engine(GraphBuilder().graph, isa="no-such-isa")
     with pytest.raises(ValueError, match="bytes"):

@@ -246,7 +246,9 @@ def test_when_list_must_come_from_an_earlier_union():
         S = b.weight("s", int(DType.F32), 32, 1, np.ones((1, 32), np.float32))
         lists = b.active_set(S, 32, "lists")
         u = b.state("u", 33, 1, DType.I32)
-        b.graph.add_node(_core.Op.ACTIVE_UNION, u.id, [lists.id], [32, 4], [1.0, 1.0, 1.0], when_list=u.id)
+        b.graph.add_node(_core.Op.ACTIVE_UNION, u.id, {"lists": lists.id},
+                         {"n_ff": 32, "max_tokens": 4, "max_density": 1.0, "max_union": 1.0, "max_single": 1.0},
+                         when_list=u.id)
         return u
 
     with pytest.raises(ValueError, match="ActiveUnion"):

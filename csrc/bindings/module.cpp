@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
+
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 #ifdef PYINFER_WITH_CUDA
@@ -40,13 +42,13 @@ const int32_t* data_or_null(const std::optional<I32Array>& a) { return a ? a->da
 py::array tensor_view(py::object owner, const Tensor& t, int64_t rows) {
   py::array a;
   if (t.type == DType::F32)
-    a = py::array_t<float>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(4)}, static_cast<float*>(t.data), owner);
+    a = py::array_t<float>({rows, t.cols}, {int64_t(t.row_stride), int64_t(4)}, static_cast<float*>(t.data), owner);
   else if (t.type == DType::I32)
-    a = py::array_t<int32_t>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(4)}, static_cast<int32_t*>(t.data), owner);
+    a = py::array_t<int32_t>({rows, t.cols}, {int64_t(t.row_stride), int64_t(4)}, static_cast<int32_t*>(t.data), owner);
   else if (t.type == DType::F16)
-    a = py::array_t<uint16_t>({rows, t.cols}, {int64_t(t.row_bytes), int64_t(2)}, static_cast<uint16_t*>(t.data), owner);
+    a = py::array_t<uint16_t>({rows, t.cols}, {int64_t(t.row_stride), int64_t(2)}, static_cast<uint16_t*>(t.data), owner);
   else
-    a = py::array_t<uint8_t>({rows, int64_t(t.row_bytes)}, {int64_t(t.row_bytes), int64_t(1)},
+    a = py::array_t<uint8_t>({rows, int64_t(t.row_bytes)}, {int64_t(t.row_stride), int64_t(1)},
                              static_cast<uint8_t*>(t.data), owner);
   a.attr("setflags")(py::arg("write") = false);
   return a;
@@ -70,7 +72,20 @@ PYBIND11_MODULE(_core, m) {
       .value("SELECT_ROWS", OpKind::SelectRows).value("BIAS_RELU", OpKind::BiasRelu)
       .value("ACTIVE_SET", OpKind::ActiveSet).value("GATED_ACT", OpKind::GatedAct)
       .value("DOWN_AXPY", OpKind::DownAxpy).value("SCATTER_COLS", OpKind::ScatterCols)
-      .value("ACTIVE_UNION", OpKind::ActiveUnion).value("NEURON_FETCH", OpKind::NeuronFetch);
+      .value("ACTIVE_UNION", OpKind::ActiveUnion).value("NEURON_FETCH", OpKind::NeuronFetch)
+      .value("COPY", OpKind::Copy);
+  m.def("op_signature", [](OpKind op) {
+        const OpSignature& sig = op_signature(op);
+        py::list sources, params;
+        for (const char* name : sig.sources)
+          if (name) sources.append(name);
+        for (int k = 0; k < sig.n_params; ++k)
+          params.append(py::make_tuple(sig.params[k].name, sig.params[k].is_float ? "float" : "int"));
+        py::dict d;
+        d["sources"] = sources;
+        d["params"] = params;
+        return d;
+      }, py::arg("op"), "An op's source slots and its parameters (name, type), as add_node takes them.");
   py::enum_<RunIf>(m, "RunIf")
       .value("ALWAYS", RunIf::Always).value("SINGLE_TOKEN", RunIf::SingleToken)
       .value("MULTI_TOKEN", RunIf::MultiToken);
@@ -211,40 +226,66 @@ PYBIND11_MODULE(_core, m) {
              return g.graph.add_tensor(t);
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("rows"), py::arg("store"), py::arg("layer"),
            py::arg("part"), "A weight whose rows a NeuronStore holds (part: 0 gate, 1 up, 2 down).")
+      .def("add_view", [](PyGraph& g, const std::string& name, int base, int64_t cols, int64_t rows, size_t offset,
+                          size_t row_stride) { return g.graph.add_view(name, base, cols, rows, offset, row_stride); },
+           py::arg("name"), py::arg("base"), py::arg("cols"), py::arg("rows") = 0, py::arg("offset") = 0,
+           py::arg("row_stride") = 0,
+           "A view of tensor `base`: `cols` elements per row from byte `offset`, rows `row_stride` bytes apart "
+           "(0: the base's). `rows`: for a fixed-row base; per-token views have the base's rows.")
+      .def("row_stride", [](const PyGraph& g, int id) {
+             if (id < 0 || id >= int(g.graph.tensors.size())) throw GraphError("tensor id out of range");
+             return g.graph.tensors[size_t(id)].row_stride;
+           }, py::arg("id"), "Bytes from one row of a tensor to the next.")
       .def("add_tensor", [](PyGraph& g, const std::string& name, DType type, int64_t cols, RowMode mode,
                             Storage storage, int64_t rows) {
              if (storage == Storage::External) throw GraphError("use add_weight for external tensors");
              return g.graph.add_tensor(Tensor{name, type, cols, rows, mode, storage});
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("row_mode"), py::arg("storage"),
            py::arg("rows") = 0)
-      .def("add_node", [](PyGraph& g, OpKind op, int dst, const std::vector<int>& src, const std::vector<int32_t>& ints,
-                          const std::vector<float>& floats, RunIf run_if, int32_t max_tokens, int when_list,
-                          bool when_sparse) {
+      .def("add_node", [](PyGraph& g, OpKind op, int dst, const py::dict& src, const py::dict& params, RunIf run_if,
+                          int32_t max_tokens, int when_list, bool when_sparse) {
              Node n;
              n.op = op;
              n.dst = dst;
-             n.run_if = run_if;
-             n.max_tokens = max_tokens;
-             n.when_list = when_list;
-             n.when_sparse = when_sparse;
-             if (src.size() > n.src.size() || ints.size() > n.i.size() || floats.size() > n.f.size())
-               throw GraphError("at most 6 sources, 6 int params and 4 float params");
-             std::copy(src.begin(), src.end(), n.src.begin());
-             std::copy(ints.begin(), ints.end(), n.i.begin());
-             std::copy(floats.begin(), floats.end(), n.f.begin());
+             n.guard = NodeGuard{run_if, max_tokens, when_list, when_sparse};
+             const OpSignature& sig = op_signature(op);
+             auto names = [](const char* const* list, int count, auto get) {
+               std::string out;
+               for (int k = 0; k < count; ++k)
+                 if (get(list, k)) out += (out.empty() ? "" : ", ") + std::string(get(list, k));
+               return out.empty() ? std::string("none") : out;
+             };
+             for (const auto& kv : src) {
+               const std::string key = py::str(kv.first);
+               const int slot = op_source_slot(op, key.c_str());
+               if (slot < 0)
+                 throw GraphError(std::string(op_name(op)) + " has no source '" + key + "'; its sources: " +
+                                  names(sig.sources, 6, [](const char* const* l, int k) { return l[k]; }));
+               n.src[size_t(slot)] = kv.second.is_none() ? -1 : kv.second.cast<int>();
+             }
+             for (const auto& kv : params) {
+               const std::string key = py::str(kv.first);
+               const ParamField* f = op_param(op, key.c_str());
+               if (!f)
+                 throw GraphError(std::string(op_name(op)) + " has no parameter '" + key + "'; its parameters: " +
+                                  names(nullptr, sig.n_params, [&](const char* const*, int k) { return sig.params[k].name; }));
+               auto* at = reinterpret_cast<uint8_t*>(&n.p) + f->offset;
+               if (f->is_float) {
+                 const float v = kv.second.cast<float>();
+                 std::memcpy(at, &v, sizeof v);
+               } else {
+                 const int32_t v = kv.second.cast<int32_t>();
+                 std::memcpy(at, &v, sizeof v);
+               }
+             }
              return g.graph.add_node(n);
-           }, py::arg("op"), py::arg("dst"), py::arg("src"), py::arg("ints") = std::vector<int32_t>{},
-           py::arg("floats") = std::vector<float>{}, py::arg("run_if") = RunIf::Always, py::arg("max_tokens") = 0,
-           py::arg("when_list") = -1, py::arg("when_sparse") = true,
-           "max_tokens: skip runs with more tokens (0: no cap); when_list: an ActiveUnion result, the node runs "
-           "only when it chose the sparse path (when_sparse) or the dense one")
+           }, py::arg("op"), py::arg("dst"), py::arg("src"), py::arg("params") = py::dict(),
+           py::arg("run_if") = RunIf::Always, py::arg("max_tokens") = 0, py::arg("when_list") = -1,
+           py::arg("when_sparse") = true,
+           "src: {slot name: tensor id}; params: {name: value} (op_signature(op) lists both). max_tokens: skip "
+           "runs with more tokens (0: no cap); when_list: an ActiveUnion result, the node runs only when it chose "
+           "the sparse path (when_sparse) or the dense one")
       .def("validate", [](const PyGraph& g) { g.graph.validate(); })
-      .def("set_backend", [](PyGraph& g, int node, int backend) {
-             if (node < 0 || node >= int(g.graph.nodes.size())) throw GraphError("node id out of range");
-             if (backend < 0) throw GraphError("backend index must be >= 0");
-             g.graph.nodes[size_t(node)].backend = backend;
-           }, py::arg("node"), py::arg("backend"),
-           "Run a node on another backend of the engine (Engine(backend_threads=[...]) lists them).")
       .def("pin", [](PyGraph& g, int id) { g.graph.pinned.push_back(id); },
            "Keep a scratch tensor's memory private so it can be read after a run.")
       .def_property_readonly("n_tensors", [](const PyGraph& g) { return g.graph.tensors.size(); })
@@ -264,17 +305,22 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init([](const PyGraph& g, int64_t max_tokens, int64_t max_outputs, int n_threads, const std::string& isa,
-                       const std::vector<int>& backend_threads) {
+                       const std::vector<int>& backend_threads, const std::vector<int>& placement,
+                       const std::vector<int>& backend_memory) {
              auto e = std::make_unique<PyEngine>();
-             EngineConfig cfg{max_tokens, max_outputs, n_threads, isa, backend_threads};
+             EngineConfig cfg{max_tokens, max_outputs, n_threads, isa, backend_threads, placement, backend_memory};
              cfg.neuron_store = g.store;
              e->engine = std::make_unique<Engine>(g.graph, cfg);
              e->keep_alive = g.keep_alive;
              return e;
            }), py::arg("graph"), py::arg("max_tokens") = 512, py::arg("max_outputs") = 1, py::arg("n_threads") = 1,
            py::arg("isa") = "auto", py::arg("backend_threads") = std::vector<int>{},
-           "backend_threads: threads of each CPU backend instance (default: one of n_threads); nodes moved with "
-           "Graph.set_backend run on theirs, concurrently with the others where dependencies allow.")
+           py::arg("placement") = std::vector<int>{}, py::arg("backend_memory") = std::vector<int>{},
+           "backend_threads: threads of each CPU backend instance (default: one of n_threads); placement: the "
+           "backend of each node (default: all on backend 0). Backends run their nodes concurrently where the "
+           "dependencies allow. backend_memory: each backend's memory space (default all 0, host memory); a CPU "
+           "backend given its own space stands in for a GPU: its own buffers, weights uploaded, Copy nodes where "
+           "tensors cross.")
       .def("run", [](PyEngine& e, int64_t n_tokens, std::optional<I32Array> tokens, std::optional<I32Array> positions,
                      std::optional<I32Array> out_ids, std::optional<I32Array> slots, std::optional<I32Array> kv_table) {
              auto check = [&](const std::optional<I32Array>& a, int64_t n, const char* what) {
@@ -311,7 +357,7 @@ PYBIND11_MODULE(_core, m) {
              auto& e = self.cast<PyEngine&>();
              const Graph& g = e.engine->graph();
              if (id < 0 || id >= int(g.tensors.size())) throw GraphError("tensor id out of range");
-             const Tensor& t = g.tensors[size_t(id)];
+             const Tensor& t = g.tensors[size_t(e.engine->host_tensor(id))];  // a device's tensor: its host copy
              if (!t.data) throw GraphError("tensor '" + t.name + "' has no memory (never written)");
              if (rows < 0 || rows > t.rows) throw GraphError("rows out of range");
              return tensor_view(self, t, rows);
@@ -326,6 +372,17 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              e.engine->reserve_memory();
            }, "Make the KV cache, state and scratch resident now (a server reserves its KV budget at start).")
+      .def_property_readonly("n_copies", [](const PyEngine& e) { return e.engine->copy_plan().copies; },
+                             "Copy nodes the engine inserted where tensors cross memory spaces.")
+      .def_property_readonly("n_uploads", [](const PyEngine& e) { return e.engine->copy_plan().uploads.size(); },
+                             "Weights copied once into a device's memory.")
+      .def_property_readonly("device_bytes", [](const PyEngine& e) { return e.engine->device_bytes(); },
+                             "Bytes of device memory (state and scratch) the engine holds.")
+      .def("node_ops", [](const PyEngine& e) {
+             py::list out;
+             for (const Node& n : e.engine->graph().nodes) out.append(n.op);
+             return out;
+           }, "The op of every node the engine runs (its graph after the copies were inserted).")
       .def_property_readonly("n_segments", [](const PyEngine& e) { return e.engine->executor().segments().size(); })
       .def("segments", [](const PyEngine& e) {
              py::list out;

@@ -10,6 +10,7 @@ namespace pyinfer {
 
 namespace {
 constexpr size_t kAlign = 64;
+constexpr int kSpaces = 64;  // memory spaces: 0 is host memory
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
@@ -23,24 +24,56 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
     if (t < 1 || t > 1024) throw GraphError("every backend needs 1..1024 threads");
   copy_constants();  // before validation: the checked constants are the ones that run
   graph_.validate();
-  for (const Node& n : graph_.nodes)
-    if (size_t(n.backend) >= cfg_.backend_threads.size())
-      throw GraphError("a node names backend " + std::to_string(n.backend) + "; this engine has " +
+  if (cfg_.placement.empty()) cfg_.placement.assign(graph_.nodes.size(), 0);
+  if (cfg_.placement.size() != graph_.nodes.size())
+    throw GraphError("the placement names a backend for " + std::to_string(cfg_.placement.size()) +
+                     " nodes; the graph has " + std::to_string(graph_.nodes.size()));
+  for (int b : cfg_.placement)
+    if (b < 0 || size_t(b) >= cfg_.backend_threads.size())
+      throw GraphError("the placement names backend " + std::to_string(b) + "; this engine has " +
                        std::to_string(cfg_.backend_threads.size()));
-  for (const Node& n : graph_.nodes)
-    if (n.op == OpKind::NeuronFetch && (!cfg_.neuron_store || n.i[0] >= cfg_.neuron_store->n_layers()))
-      throw GraphError("a neuron_fetch node names layer " + std::to_string(n.i[0]) + ", which the neuron store " +
+  for (size_t k = 0; k < graph_.nodes.size(); ++k) {
+    const Node& n = graph_.nodes[k];
+    if (n.op == OpKind::NeuronFetch && !cfg_.backend_memory.empty() && cfg_.backend_memory.size() > size_t(cfg_.placement[k]) &&
+        cfg_.backend_memory[size_t(cfg_.placement[k])] != 0)
+      throw GraphError("neuron_fetch reads into host memory: place it on a host backend");
+    const int layer = n.p.neuron_fetch.layer;
+    if (n.op == OpKind::NeuronFetch && (!cfg_.neuron_store || layer >= cfg_.neuron_store->n_layers()))
+      throw GraphError("a neuron_fetch node names layer " + std::to_string(layer) + ", which the neuron store " +
                        (cfg_.neuron_store ? "does not have" : "is missing for"));
+  }
+  if (cfg_.backend_memory.empty()) cfg_.backend_memory.assign(cfg_.backend_threads.size(), 0);
+  if (cfg_.backend_memory.size() != cfg_.backend_threads.size())
+    throw GraphError("backend_memory names a memory space for each backend");
+  for (int space : cfg_.backend_memory)
+    if (space < 0 || space > 63) throw GraphError("memory spaces are 0 (host) .. 63");
+  copy_plan_ = insert_copies(graph_, cfg_.placement, cfg_.backend_memory);
+  if (copy_plan_.copies || !copy_plan_.uploads.empty()) graph_.validate();  // the copies too
+  for (size_t b = 0; b < cfg_.backend_threads.size(); ++b) {
+    backends_.push_back(std::make_unique<CpuBackend>(graph_, cfg_.backend_threads[b], cfg_.isa, cfg_.backend_memory[b]));
+    backends_.back()->set_neuron_store(cfg_.neuron_store.get());
+  }
   plan_memory();
   check_row_coverage();
   plan_input_checks();
-  std::vector<Backend*> backends;
-  for (int threads : cfg_.backend_threads) {
-    backends_.push_back(std::make_unique<CpuBackend>(graph_, threads, cfg_.isa));
-    backends_.back()->set_neuron_store(cfg_.neuron_store.get());
-    backends.push_back(backends_.back().get());
+  for (const auto& [mirror, weight] : copy_plan_.uploads) {
+    const Tensor& m = graph_.tensors[size_t(mirror)];
+    const Tensor& w = graph_.tensors[size_t(weight)];
+    Backend& dev = *space_owner(m.memory);
+    for (int64_t r = 0; r < w.rows; ++r)  // row by row: the weight may be a view with a wider stride
+      dev.copy(static_cast<uint8_t*>(m.data) + r * int64_t(m.row_stride),
+               static_cast<const uint8_t*>(w.data) + r * int64_t(w.row_stride), w.row_bytes);
+    dev.synchronize();
   }
-  executor_ = std::make_unique<Executor>(graph_, backends, plan_segments(graph_, buffer_of_));
+  std::vector<Backend*> backends;
+  for (auto& b : backends_) backends.push_back(b.get());
+  executor_ = std::make_unique<Executor>(graph_, backends, plan_segments(graph_, cfg_.placement, buffer_of_));
+}
+
+Backend* Engine::space_owner(int space) const {
+  for (const auto& b : backends_)
+    if (b->memory_space() == space) return b.get();
+  throw GraphError("no backend has memory space " + std::to_string(space));
 }
 
 // I32 constants (permutations, row maps, constant lists) are checked by validate(); the engine runs its own
@@ -67,15 +100,21 @@ void Engine::plan_memory() {
   buffer_of_.assign(nt, -1);
   int next_buffer = 0;
 
-  // Inputs and state: one region each, laid out in order.
-  size_t input_bytes = 0, state_bytes = 0;
+  // Inputs (host memory) and state (per memory space): one region each, laid out in order.
+  size_t input_bytes = 0;
+  std::vector<size_t> state_bytes(kSpaces, 0), scratch_bytes(kSpaces, 0);
   std::vector<size_t> offset(nt, 0);
+  // A view's readers and writers touch its root's memory: lifetimes, buffers and dependencies follow the root.
+  std::vector<int> root(nt);
+  for (size_t i = 0; i < nt; ++i) root[i] = ts[i].view_of >= 0 ? root[size_t(ts[i].view_of)] : int(i);
+  auto rt = [&](int t) { return t < 0 ? t : root[size_t(t)]; };
   for (size_t i = 0; i < nt; ++i) {
     Tensor& t = ts[i];
     if (t.row_mode == RowMode::Tokens) t.rows = cfg_.max_tokens;
     if (t.row_mode == RowMode::Outputs) t.rows = cfg_.max_outputs;
     if (t.rows <= 0) throw GraphError("tensor '" + t.name + "' has no rows");
     const size_t bytes = align_up(checked_bytes(t.name, t.rows, t.row_bytes));
+    if (t.view_of >= 0) continue;
     if (t.storage == Storage::External) {
       if (!t.data) throw GraphError("weight '" + t.name + "' has no data");
     } else if (t.storage == Storage::Input) {
@@ -83,8 +122,8 @@ void Engine::plan_memory() {
       input_bytes += bytes;
       buffer_of_[i] = next_buffer++;
     } else if (t.storage == Storage::State) {
-      offset[i] = state_bytes;
-      state_bytes += bytes;
+      offset[i] = state_bytes[size_t(t.memory)];
+      state_bytes[size_t(t.memory)] += bytes;
       buffer_of_[i] = next_buffer++;
     }
   }
@@ -93,76 +132,95 @@ void Engine::plan_memory() {
   // the repeated layer structure makes exact-size reuse nearly optimal). Active lists share only with
   // other active lists, so whatever a list buffer holds is a list some ActiveSet wrote (or zeros: empty).
   std::vector<uint8_t> is_list(nt, 0);
-  for (const Node& n : graph_.nodes)
-    if (n.op == OpKind::ActiveSet) is_list[size_t(n.dst)] = 1;
-  std::vector<int> first(nt, INT_MAX), last(nt, -1);
+  for (const Node& n : graph_.nodes)  // a copy of a list is a list (copies follow their source in node order)
+    if (n.op == OpKind::ActiveSet || (n.op == OpKind::Copy && is_list[size_t(rt(n.src[0]))]))
+      is_list[size_t(rt(n.dst))] = 1;
+  std::vector<int> last(nt, -1);
   for (size_t k = 0; k < graph_.nodes.size(); ++k) {
     const Node& n = graph_.nodes[k];
-    first[size_t(n.dst)] = std::min(first[size_t(n.dst)], int(k));
-    last[size_t(n.dst)] = std::max(last[size_t(n.dst)], int(k));
+    last[size_t(rt(n.dst))] = std::max(last[size_t(rt(n.dst))], int(k));
     for (int s : n.src)
-      if (s >= 0) last[size_t(s)] = std::max(last[size_t(s)], int(k));
+      if (s >= 0) last[size_t(rt(s))] = std::max(last[size_t(rt(s))], int(k));
   }
-  if (graph_.output_logits >= 0) last[size_t(graph_.output_logits)] = INT_MAX;
+  if (graph_.output_logits >= 0) last[size_t(rt(graph_.output_logits))] = INT_MAX;
   for (int t : graph_.pinned)
-    if (t >= 0 && size_t(t) < nt) last[size_t(t)] = INT_MAX;
+    if (t >= 0 && size_t(t) < nt) last[size_t(rt(t))] = INT_MAX;
   // Which backends touch each tensor: a buffer freed by one backend is reused only by a writer on that same
   // backend, and a tensor two backends share is never reused, so reuse adds no wait between backends (the
   // two halves of a split layer must not order each other through a recycled buffer).
   std::vector<uint64_t> backends_of(nt, 0);
-  for (const Node& n : graph_.nodes) {
-    const uint64_t bit = uint64_t(1) << (n.backend & 63);
-    backends_of[size_t(n.dst)] |= bit;
+  for (size_t k = 0; k < graph_.nodes.size(); ++k) {
+    const Node& n = graph_.nodes[k];
+    const uint64_t bit = uint64_t(1) << (cfg_.placement[k] & 63);
+    backends_of[size_t(rt(n.dst))] |= bit;
     for (int s : n.src)
-      if (s >= 0) backends_of[size_t(s)] |= bit;
+      if (s >= 0) backends_of[size_t(rt(s))] |= bit;
   }
   auto single = [](uint64_t m) { return m != 0 && (m & (m - 1)) == 0; };
   using SlotKey = std::tuple<size_t, uint8_t, int>;  // bytes, list, backend
   std::multimap<SlotKey, std::pair<int, size_t>> free_slots;  // -> (buffer, offset)
   std::vector<std::pair<int, size_t>> slot_of(nt, {-1, 0});
-  size_t scratch_bytes = 0;
   for (size_t k = 0; k < graph_.nodes.size(); ++k) {
     const Node& n = graph_.nodes[k];
     for (int s : n.src)
-      if (s >= 0 && ts[size_t(s)].storage == Storage::Scratch && slot_of[size_t(s)].first < 0)
+      if (s >= 0 && ts[size_t(s)].storage == Storage::Scratch && slot_of[size_t(rt(s))].first < 0)
         throw GraphError("tensor '" + ts[size_t(s)].name + "' is read before any node writes it");
-    const size_t d = size_t(n.dst);
+    const size_t d = size_t(rt(n.dst));
     if (ts[d].storage == Storage::Scratch && slot_of[d].first < 0) {
       const size_t bytes = align_up(size_t(ts[d].rows) * ts[d].row_bytes);
-      auto it = free_slots.find(SlotKey{bytes, is_list[d], n.backend});
+      auto it = free_slots.find(SlotKey{bytes, is_list[d], cfg_.placement[k]});
       if (it != free_slots.end()) {
         slot_of[d] = it->second;
         free_slots.erase(it);
       } else {
-        slot_of[d] = {next_buffer++, scratch_bytes};
-        scratch_bytes += bytes;
+        slot_of[d] = {next_buffer++, scratch_bytes[size_t(ts[d].memory)]};
+        scratch_bytes[size_t(ts[d].memory)] += bytes;
       }
     }
-    std::vector<int> touched(n.src.begin(), n.src.end());
-    touched.push_back(n.dst);
+    std::vector<int> touched;
+    for (int s : n.src) touched.push_back(rt(s));
+    touched.push_back(rt(n.dst));
     std::sort(touched.begin(), touched.end());
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
     for (int t : touched)
       if (t >= 0 && ts[size_t(t)].storage == Storage::Scratch && last[size_t(t)] == int(k) &&
           single(backends_of[size_t(t)]))
         free_slots.emplace(SlotKey{align_up(size_t(ts[size_t(t)].rows) * ts[size_t(t)].row_bytes),
-                                   is_list[size_t(t)], n.backend},
+                                   is_list[size_t(t)], cfg_.placement[k]},
                            slot_of[size_t(t)]);
   }
 
   inputs_ = Buffer(input_bytes);
-  state_ = Buffer(state_bytes);
-  scratch_ = Buffer(scratch_bytes);
+  state_ = Buffer(state_bytes[0]);
+  scratch_ = Buffer(scratch_bytes[0]);
+  std::vector<uint8_t*> state_base(kSpaces, nullptr), scratch_base(kSpaces, nullptr);
+  state_base[0] = static_cast<uint8_t*>(state_.data());
+  scratch_base[0] = static_cast<uint8_t*>(scratch_.data());
+  for (int space = 1; space < kSpaces; ++space) {  // a device's memory, from its backend
+    if (!state_bytes[size_t(space)] && !scratch_bytes[size_t(space)]) continue;
+    Backend* owner = space_owner(space);
+    for (auto [bytes, base] : {std::pair<size_t, uint8_t**>{state_bytes[size_t(space)], &state_base[size_t(space)]},
+                               {scratch_bytes[size_t(space)], &scratch_base[size_t(space)]}}) {
+      device_memory_.push_back(DeviceMemory{owner, owner->alloc(bytes), bytes});
+      *base = static_cast<uint8_t*>(device_memory_.back().data);
+    }
+  }
   for (size_t i = 0; i < nt; ++i) {
     Tensor& t = ts[i];
+    if (t.view_of >= 0) {  // its base has a lower id: already bound
+      const Tensor& base = ts[size_t(t.view_of)];
+      t.data = base.data ? static_cast<uint8_t*>(base.data) + t.offset : nullptr;
+      buffer_of_[i] = buffer_of_[size_t(root[i])];
+      continue;
+    }
     auto* base = [&]() -> uint8_t* {
       switch (t.storage) {
         case Storage::Input: return static_cast<uint8_t*>(inputs_.data()) + offset[i];
-        case Storage::State: return static_cast<uint8_t*>(state_.data()) + offset[i];
+        case Storage::State: return state_base[size_t(t.memory)] + offset[i];
         case Storage::Scratch:
           if (slot_of[i].first < 0) return nullptr;  // never written: unused tensor
           buffer_of_[i] = slot_of[i].first;
-          return static_cast<uint8_t*>(scratch_.data()) + slot_of[i].second;
+          return scratch_base[size_t(t.memory)] + slot_of[i].second;
         default: return static_cast<uint8_t*>(t.data);
       }
     }();
@@ -213,6 +271,7 @@ void Engine::check_row_coverage() {
       case OpKind::Add: case OpKind::SiluMul: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); break;
       case OpKind::GatedAct: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
       case OpKind::DownAxpy: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
+      case OpKind::Copy: covers(n.dst, n.src[0]); break;
       default: break;
     }
   }
@@ -223,6 +282,7 @@ void Engine::plan_input_checks() {
   if (graph_.input_kv_table >= 0 && graph_.input_positions < 0) throw GraphError("a paged graph needs positions");
   input_checks_.reserve(8);  // one per named input: pointers into it stay valid while it is filled
   auto check_of = [&](int id) -> InputCheck* {
+    id = graph_.origin(id);  // a device reads a copy of the input
     const char* role = graph_.input_role(id);
     if (!role || role == std::string("kv_table")) return nullptr;  // constants: checked by validate()
     for (auto& c : input_checks_)
@@ -255,14 +315,16 @@ void Engine::plan_input_checks() {
         }
         break;
       case OpKind::Attention: {
-        const int64_t cache_rows = ts[size_t(n.src[1])].rows;  // positions index cache rows
-        if ((c = check_of(n.src[3]))) {
+        using S = AttentionSrc;
+        const int64_t cache_rows = ts[size_t(n.src[S::k_cache])].rows;  // positions index cache rows
+        const int64_t block = n.p.attention.block_size;
+        if ((c = check_of(n.src[S::positions]))) {
           c->limit = std::min(c->limit, cache_rows);
-          if (n.src[4] >= 0) c->limit = std::min(c->limit, ts[size_t(n.src[4])].cols * n.i[3]);
+          if (n.src[S::table] >= 0) c->limit = std::min(c->limit, ts[size_t(n.src[S::table])].cols * block);
         }
-        if (n.src[4] >= 0) {
-          block_size_ = n.i[3];
-          kv_blocks_ = kv_blocks_ ? std::min(kv_blocks_, cache_rows / n.i[3]) : cache_rows / n.i[3];
+        if (n.src[S::table] >= 0) {
+          block_size_ = block;
+          kv_blocks_ = kv_blocks_ ? std::min(kv_blocks_, cache_rows / block) : cache_rows / block;
         }
         break;
       }

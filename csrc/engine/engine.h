@@ -10,6 +10,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "engine/buffer.h"
+#include "engine/copy_planner.h"
 #include "executor/executor.h"
 #include "offload/neuron_store.h"
 #include "graph/graph.h"
@@ -21,9 +22,14 @@ struct EngineConfig {
   int64_t max_outputs = 1;    // rows of every per-output activation (logits)
   int n_threads = 1;
   std::string isa = "auto";
-  // Threads of each CPU backend instance; empty: one backend of n_threads. Node.backend indexes this list,
+  // Threads of each CPU backend instance; empty: one backend of n_threads. `placement` indexes this list,
   // so a second instance (its own pool and cores) can run part of the graph at the same time as the first.
   std::vector<int> backend_threads;
+  // The backend of each node (empty: all on backend 0). Placement is the engine's plan, not the graph's.
+  std::vector<int> placement;
+  // The memory space of each backend (empty: all host memory, 0). A CPU backend given another space stands in
+  // for a device: buffers of its own, weights uploaded to it, Copy nodes where tensors cross (copy_planner.h).
+  std::vector<int> backend_memory;
   // Where the graph's paged weights come from (NeuronFetch nodes); shared with the graph's builder.
   std::shared_ptr<NeuronStore> neuron_store;
 };
@@ -59,6 +65,17 @@ class Engine {
   const Executor& executor() const { return *executor_; }
   Executor& executor_mut() { return *executor_; }
   size_t scratch_bytes() const { return scratch_.size(); }
+  // Bytes of a device's memory (state and scratch) the engine holds, over every space but host memory.
+  size_t device_bytes() const {
+    size_t n = 0;
+    for (const auto& m : device_memory_) n += m.bytes;
+    return n;
+  }
+  const CopyPlan& copy_plan() const { return copy_plan_; }
+  // The tensor holding tensor `id`'s value in host memory after a run (logits and pinned tensors).
+  int host_tensor(int id) const {
+    return id >= 0 && size_t(id) < copy_plan_.host_of.size() ? copy_plan_.host_of[size_t(id)] : id;
+  }
   size_t state_bytes() const { return state_.size(); }
   // Makes the KV cache, state and scratch resident now instead of page by page as runs first touch them
   // (a server reserves its whole KV budget at start; between runs only).
@@ -76,8 +93,23 @@ class Engine {
   Graph graph_;
   EngineConfig cfg_;
   Buffer constants_, scratch_, state_, inputs_;
+  Backend* space_owner(int space) const;
+
+  // Memory of a device space, handed back to the backend that gave it.
+  struct DeviceMemory {
+    Backend* owner;
+    void* data;
+    size_t bytes;
+    DeviceMemory(Backend* o, void* d, size_t b) : owner(o), data(d), bytes(b) {}
+    DeviceMemory(DeviceMemory&& m) noexcept : owner(m.owner), data(m.data), bytes(m.bytes) { m.data = nullptr; }
+    DeviceMemory(const DeviceMemory&) = delete;
+    ~DeviceMemory() { if (data) owner->release(data, bytes); }
+  };
+
   std::vector<int> buffer_of_;  // tensor -> buffer id (-1: external)
+  CopyPlan copy_plan_;
   std::vector<std::unique_ptr<CpuBackend>> backends_;
+  std::vector<DeviceMemory> device_memory_;  // after backends_: released while their owners live
   std::unique_ptr<Executor> executor_;
   std::mutex run_mutex_;
   std::vector<InputCheck> input_checks_;

@@ -7,7 +7,8 @@
 
 namespace pyinfer {
 
-std::vector<Segment> plan_segments(const Graph& graph, const std::vector<int>& buffer_of) {
+std::vector<Segment> plan_segments(const Graph& graph, const std::vector<int>& placement,
+                                   const std::vector<int>& buffer_of) {
   // 1. Node-level dependencies through buffers: read-after-write, write-after-read, write-after-write.
   const size_t nn = graph.nodes.size();
   const int n_buf = buffer_of.empty() ? 0 : *std::max_element(buffer_of.begin(), buffer_of.end()) + 1;
@@ -18,7 +19,7 @@ std::vector<Segment> plan_segments(const Graph& graph, const std::vector<int>& b
     const Node& n = graph.nodes[k];
     std::array<int, 7> reads{};
     std::copy(n.src.begin(), n.src.end(), reads.begin());
-    reads[6] = n.when_list;  // a guard reads its ActiveUnion's decision
+    reads[6] = n.guard.when_list;  // a guard reads its ActiveUnion's decision
     for (int s : reads) {
       if (s < 0 || buffer_of[size_t(s)] < 0) continue;
       const int b = buffer_of[size_t(s)];
@@ -40,7 +41,7 @@ std::vector<Segment> plan_segments(const Graph& graph, const std::vector<int>& b
   std::vector<int> seg_of_node(nn, -1);
   std::vector<std::set<int>> deps;
   for (size_t k = 0; k < nn; ++k) {
-    const int be = graph.nodes[k].backend;
+    const int be = placement[k];
     std::set<int> need;
     for (int d : node_deps[k]) need.insert(seg_of_node[size_t(d)]);
     bool cut = segs.empty() || segs.back().backend != be;

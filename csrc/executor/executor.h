@@ -22,9 +22,10 @@ struct Segment {
   std::vector<int> deps;  // segments that must finish first
 };
 
-// `buffer_of[t]` names the memory a tensor lives in, so reuse of one buffer by two tensors
-// orders their readers and writers (write-after-read hazards across backends).
-std::vector<Segment> plan_segments(const Graph& graph, const std::vector<int>& buffer_of);
+// `placement[k]`: node k's backend. `buffer_of[t]` names the memory a tensor lives in, so reuse of one
+// buffer by two tensors orders their readers and writers (write-after-read hazards across backends).
+std::vector<Segment> plan_segments(const Graph& graph, const std::vector<int>& placement,
+                                   const std::vector<int>& buffer_of);
 
 class Executor {
  public:

@@ -1,7 +1,5 @@
 #include "graph/graph.h"
 
-#include "graph/op_params.h"
-
 #include <cmath>
 #include <initializer_list>
 #include <vector>
@@ -27,6 +25,7 @@ const char* op_name(OpKind op) {
     case OpKind::ScatterCols: return "scatter_cols";
     case OpKind::ActiveUnion: return "active_union";
     case OpKind::NeuronFetch: return "neuron_fetch";
+    case OpKind::Copy: return "copy";
     case OpKind::Count: break;
   }
   return "?";
@@ -50,9 +49,47 @@ int Graph::add_tensor(Tensor t) {
     throw GraphError("tensor '" + t.name + "': a " + dtype_name(t.type) + " row length must be a multiple of " +
                      std::to_string(dtype_block_elems(t.type)) + ", got " + std::to_string(t.cols));
   t.row_bytes = dtype_row_bytes(t.type, t.cols);
+  t.row_stride = t.row_bytes;
+  t.view_of = -1;
+  t.offset = 0;
   checked_bytes(t.name, t.rows, t.row_bytes);
   tensors.push_back(std::move(t));
   return static_cast<int>(tensors.size()) - 1;
+}
+
+int Graph::add_view(const std::string& name, int base_id, int64_t cols, int64_t rows, size_t offset,
+                    size_t row_stride) {
+  if (base_id < 0 || base_id >= int(tensors.size())) throw GraphError("view '" + name + "': base tensor id out of range");
+  const Tensor base = tensors[size_t(base_id)];
+  auto fail = [&](const std::string& why) { throw GraphError("view '" + name + "' of '" + base.name + "': " + why); };
+  // Index tensors are checked entry by entry (graph inputs per run, constants once); a view would escape that.
+  if (base.type == DType::I32 || base.storage == Storage::Input) fail("ids and inputs cannot be viewed");
+  if (base.paged) fail("a paged weight has no contiguous bytes to view");
+  Tensor t{name, base.type, cols, base.row_mode == RowMode::Fixed ? rows : 0, base.row_mode, base.storage};
+  const int id = add_tensor(t);  // checks cols and the block size
+  Tensor& v = tensors[size_t(id)];
+  try {
+    const size_t block = dtype_row_bytes(v.type, dtype_block_elems(v.type));
+    v.row_stride = row_stride ? row_stride : base.row_stride;
+    if (v.row_stride < v.row_bytes) fail("rows overlap (stride below the row's bytes)");
+    if (offset % block || v.row_stride % block) fail("offset and stride must be whole " + std::string(dtype_name(v.type)) +
+                                                     " blocks (" + std::to_string(block) + " bytes)");
+    if (base.row_mode == RowMode::Fixed) {
+      if (rows < 1) fail("a view of a fixed-row tensor needs rows >= 1");
+      const size_t extent = size_t(v.rows - 1) * v.row_stride + v.row_bytes;
+      const size_t base_extent = size_t(base.rows - 1) * base.row_stride + base.row_bytes;
+      if (base.rows < 1 || offset > base_extent || extent > base_extent - offset) fail("the view ends past its base");
+    } else if (v.row_stride != base.row_stride || offset + v.row_bytes > base.row_bytes) {
+      fail("a per-token view must lie within each base row (same stride)");
+    }
+  } catch (...) {
+    tensors.pop_back();
+    throw;
+  }
+  v.view_of = base_id;
+  v.offset = offset;
+  if (base.data) v.data = static_cast<uint8_t*>(base.data) + offset;  // weights: bound now; others by the engine
+  return id;
 }
 
 int Graph::add_node(const Node& n) {
@@ -104,8 +141,8 @@ struct NodeChecker {
   // An I32 tensor of row or position ids: a graph input (range-checked by every run) or a constant whose
   // entries are checked here to lie in [0, limit) (limit < 0: any non-negative value).
   void index_source(int id, int64_t limit, const char* what) const {
-    const Tensor& x = t(id);
     type(id, DType::I32);
+    const Tensor& x = t(g.origin(id));
     if (x.storage == Storage::Input) return;
     if (x.storage != Storage::External) fail(std::string(what) + " must be a graph input or a constant");
     const auto* v = static_cast<const int32_t*>(x.data);
@@ -115,8 +152,8 @@ struct NodeChecker {
   }
   // A constant that must be a permutation of [0, n).
   void permutation(int id, int64_t n, const char* what) const {
-    const Tensor& x = t(id);
     type(id, DType::I32); cols(id, n);
+    const Tensor& x = t(g.origin(id));
     if (x.storage != Storage::External || x.rows != 1) fail(std::string(what) + " must be a one-row constant");
     const auto* v = static_cast<const int32_t*>(x.data);
     if (!v) return;
@@ -130,8 +167,9 @@ struct NodeChecker {
   // ActiveUnion, which write valid lists, or are constants checked here; so every list a kernel reads is
   // valid, whatever buffer it lives in (the engine keeps list memory apart from other scratch).
   void list_source(int id, int64_t n) const {
-    const Tensor& x = t(id);
     type(id, DType::I32); cols(id, n + 1);
+    id = g.origin(id);
+    const Tensor& x = t(id);
     if (x.storage == Storage::External) {
       const auto* v = static_cast<const int32_t*>(x.data);
       for (int64_t r = 0; v && r < x.rows; ++r) {
@@ -178,173 +216,212 @@ void Graph::validate() const {
       c.fail("tensor '" + d.name + "' is a weight or an input; nodes write only scratch or state");
     for (int s : n.src)
       if (s < -1) c.fail("tensor id out of range");
-    if (n.when_list >= 0) {  // checked before this node's own result counts (no node guards itself)
-      c.t(n.when_list);      // range check
-      if (!union_written[size_t(n.when_list)]) c.fail("when_list must be the result of an earlier ActiveUnion node");
+    if (n.guard.when_list >= 0) {  // checked before this node's own result counts (no node guards itself)
+      c.t(n.guard.when_list);      // range check
+      if (!union_written[size_t(origin(n.guard.when_list))])
+        c.fail("when_list must be the result of an earlier ActiveUnion node");
     }
-    if (n.max_tokens < 0) c.fail("max_tokens must be >= 0");
-    if (n.backend < 0) c.fail("backend index must be >= 0");
+    if (n.guard.max_tokens < 0) c.fail("max_tokens must be >= 0");
+    const auto& src = n.src;
     switch (n.op) {
       case OpKind::GetRows: {
-        const Tensor& table = c.t(n.src[0]);
-        c.type(n.dst, DType::F32); c.cols(n.src[0], d.cols);
-        if (!dtype_is_integer_dot(table.type)) c.one_of(n.src[0], {DType::F32, DType::F16, DType::BF16}, "table");
+        using S = GetRowsSrc;
+        const Tensor& table = c.t(src[S::table]);
+        c.type(n.dst, DType::F32); c.cols(src[S::table], d.cols);
+        if (!dtype_is_integer_dot(table.type)) c.one_of(src[S::table], {DType::F32, DType::F16, DType::BF16}, "table");
         if (table.row_mode != RowMode::Fixed) c.fail("the table must have fixed rows");
-        c.index_source(n.src[1], table.rows, "row ids");
-        if (!std::isfinite(n.f[0])) c.fail("the row scale must be finite");
+        c.index_source(src[S::ids], table.rows, "row ids");
+        if (!std::isfinite(n.p.get_rows.scale)) c.fail("the row scale must be finite");
         break;
       }
-      case OpKind::RmsNorm:
-        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::F32);
-        c.cols(n.src[0], d.cols); c.cols(n.src[1], n.i[0] > 0 ? n.i[0] : d.cols);
-        if (n.i[0] < 0 || (n.i[0] > 0 && d.cols % n.i[0])) c.fail("the norm segment must divide the columns");
-        if (!(n.f[0] >= 0.f && n.f[0] < 1.f)) c.fail("eps must be in [0, 1)");
+      case OpKind::RmsNorm: {
+        using S = RmsNormSrc;
+        const auto& P = n.p.rms_norm;
+        c.type(n.dst, DType::F32); c.type(src[S::x], DType::F32); c.type(src[S::weight], DType::F32);
+        c.cols(src[S::x], d.cols); c.cols(src[S::weight], P.segment > 0 ? P.segment : d.cols);
+        if (P.segment < 0 || (P.segment > 0 && d.cols % P.segment)) c.fail("the norm segment must divide the columns");
+        if (!(P.eps >= 0.f && P.eps < 1.f)) c.fail("eps must be in [0, 1)");
         break;
+      }
       case OpKind::Quantize:
-        c.type(n.dst, DType::Q8A); c.type(n.src[0], DType::F32); c.cols(n.src[0], d.cols);
+        c.type(n.dst, DType::Q8A); c.type(src[QuantizeSrc::x], DType::F32); c.cols(src[QuantizeSrc::x], d.cols);
         break;
       case OpKind::MatMul: {
-        const Tensor& w = c.t(n.src[0]);
+        using S = MatMulSrc;
+        const Tensor& w = c.t(src[S::weight]);
         c.type(n.dst, DType::F32);
-        if (!dtype_is_integer_dot(w.type)) c.one_of(n.src[0], {DType::F32, DType::F16, DType::BF16}, "weight");
+        if (!dtype_is_integer_dot(w.type)) c.one_of(src[S::weight], {DType::F32, DType::F16, DType::BF16}, "weight");
         if (w.row_mode != RowMode::Fixed) c.fail("the weight must have fixed rows");
-        c.cols(n.src[1], w.cols);
+        c.cols(src[S::x], w.cols);
         if (d.cols != w.rows) c.fail("dst columns must equal weight rows");
-        c.type(n.src[1], dtype_is_integer_dot(w.type) ? DType::Q8A : DType::F32);
-        if (n.src[2] >= 0) {  // a list per token, or one list (a union) for every token
-          c.list_source(n.src[2], w.rows);
-          const Tensor& l = c.t(n.src[2]);
+        c.type(src[S::x], dtype_is_integer_dot(w.type) ? DType::Q8A : DType::F32);
+        if (src[S::active] >= 0) {  // a list per token, or one list (a union) for every token
+          c.list_source(src[S::active], w.rows);
+          const Tensor& l = c.t(src[S::active]);
           if (l.row_mode == RowMode::Fixed && l.rows != 1) c.fail("a shared active list has one row");
           if (l.row_mode == RowMode::Outputs) c.fail("active lists have one row per token, or one row");
         }
         break;
       }
-      case OpKind::Rope:
-        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.cols(n.src[0], d.cols);
-        c.index_source(n.src[1], -1, "positions");
-        if (n.i[0] < 1 || n.i[1] < 2 || int64_t(n.i[0]) * n.i[1] != d.cols || n.i[1] % 2)
+      case OpKind::Rope: {
+        const auto& P = n.p.rope;
+        c.type(n.dst, DType::F32); c.type(src[RopeSrc::x], DType::F32); c.cols(src[RopeSrc::x], d.cols);
+        c.index_source(src[RopeSrc::positions], -1, "positions");
+        if (P.heads < 1 || P.head_dim < 2 || int64_t(P.heads) * P.head_dim != d.cols || P.head_dim % 2)
           c.fail("heads * head_dim must equal columns, with an even head_dim");
-        if (!(n.f[0] > 0.f) || !std::isfinite(n.f[0])) c.fail("the RoPE base must be positive");
-        if (n.i[2] != int32_t(RopeMode::Normal) && n.i[2] != int32_t(RopeMode::Neox)) c.fail("unknown RoPE mode");
+        if (!(P.base > 0.f) || !std::isfinite(P.base)) c.fail("the RoPE base must be positive");
+        if (P.mode != RopeMode::Normal && P.mode != RopeMode::Neox) c.fail("unknown RoPE mode");
         break;
+      }
       case OpKind::KvStore:
         c.one_of(n.dst, {DType::F16, DType::Q8_0}, "KV cache");
-        c.type(n.src[0], DType::F32);
-        c.cols(n.src[0], d.cols);
-        if (d.storage != Storage::State) c.fail("KV cache must be state");
-        c.index_source(n.src[1], d.rows, "KV rows");
+        c.type(src[KvStoreSrc::x], DType::F32);
+        c.cols(src[KvStoreSrc::x], d.cols);
+        if (c.t(origin(n.dst)).storage != Storage::State) c.fail("KV cache must be state");
+        c.index_source(src[KvStoreSrc::rows], d.rows, "KV rows");
         break;
       case OpKind::Attention: {
-        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32);
-        c.one_of(n.src[1], {DType::F16, DType::Q8_0}, "K cache");
-        c.one_of(n.src[2], {DType::F16, DType::Q8_0}, "V cache");
-        if (n.i[0] < 1 || n.i[1] < 1 || n.i[2] < 1 || n.i[0] % n.i[1]) c.fail("heads must be a multiple of kv heads");
-        if ((c.t(n.src[1]).type == DType::Q8_0 || c.t(n.src[2]).type == DType::Q8_0) && n.i[2] % kQuantBlock)
+        using S = AttentionSrc;
+        const auto& P = n.p.attention;
+        c.type(n.dst, DType::F32); c.type(src[S::q], DType::F32);
+        c.one_of(src[S::k_cache], {DType::F16, DType::Q8_0}, "K cache");
+        c.one_of(src[S::v_cache], {DType::F16, DType::Q8_0}, "V cache");
+        if (P.heads < 1 || P.kv_heads < 1 || P.head_dim < 1 || P.heads % P.kv_heads)
+          c.fail("heads must be a multiple of kv heads");
+        if ((c.t(src[S::k_cache]).type == DType::Q8_0 || c.t(src[S::v_cache]).type == DType::Q8_0) &&
+            P.head_dim % kQuantBlock)
           c.fail("a q8_0 KV cache needs a head_dim that is a multiple of 32");
-        if (n.i[4] < 0) c.fail("the sliding window must be >= 0");
-        if (!(n.f[0] > 0.f) || !std::isfinite(n.f[0])) c.fail("the attention scale must be positive");
-        c.cols(n.src[0], int64_t(n.i[0]) * n.i[2]); c.cols(n.dst, int64_t(n.i[0]) * n.i[2]);
-        c.cols(n.src[1], int64_t(n.i[1]) * n.i[2]); c.cols(n.src[2], int64_t(n.i[1]) * n.i[2]);
-        const Tensor& kc = c.t(n.src[1]);
-        if (kc.storage != Storage::State || c.t(n.src[2]).storage != Storage::State || c.t(n.src[2]).rows != kc.rows)
+        if (P.window < 0) c.fail("the sliding window must be >= 0");
+        if (!(P.scale > 0.f) || !std::isfinite(P.scale)) c.fail("the attention scale must be positive");
+        c.cols(src[S::q], int64_t(P.heads) * P.head_dim); c.cols(n.dst, int64_t(P.heads) * P.head_dim);
+        c.cols(src[S::k_cache], int64_t(P.kv_heads) * P.head_dim);
+        c.cols(src[S::v_cache], int64_t(P.kv_heads) * P.head_dim);
+        const Tensor& kc = c.t(src[S::k_cache]);
+        const Tensor& vc = c.t(src[S::v_cache]);
+        if (c.t(origin(src[S::k_cache])).storage != Storage::State ||
+            c.t(origin(src[S::v_cache])).storage != Storage::State || vc.rows != kc.rows)
           c.fail("K and V caches must be state of equal rows");
-        c.index_source(n.src[3], kc.rows, "positions");
-        if (n.src[4] >= 0) {
-          if (n.src[4] != input_kv_table) c.fail("the block table must be the kv_table input");
-          if (n.i[3] < 1 || kc.rows % n.i[3]) c.fail("paged attention needs a block size dividing the cache rows");
-          if (paged_block && paged_block != n.i[3]) c.fail("every paged attention must use one block size");
-          paged_block = n.i[3];
+        c.index_source(src[S::positions], kc.rows, "positions");
+        if (src[S::table] >= 0) {
+          if (origin(src[S::table]) != input_kv_table) c.fail("the block table must be the kv_table input");
+          if (P.block_size < 1 || kc.rows % P.block_size) c.fail("paged attention needs a block size dividing the cache rows");
+          if (paged_block && paged_block != P.block_size) c.fail("every paged attention must use one block size");
+          paged_block = P.block_size;
         }
         break;
       }
       case OpKind::Add:
-      case OpKind::SiluMul:
-        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::F32);
-        c.cols(n.src[0], d.cols); c.cols(n.src[1], d.cols);
-        if (n.i[0] < 0 || n.i[0] >= kActivations) c.fail("unknown activation");
+      case OpKind::SiluMul:  // the same slots: (a, b) and (gate, up)
+        c.type(n.dst, DType::F32); c.type(src[0], DType::F32); c.type(src[1], DType::F32);
+        c.cols(src[0], d.cols); c.cols(src[1], d.cols);
+        if (n.op == OpKind::SiluMul && (int32_t(n.p.gated_mul.act) < 0 || int32_t(n.p.gated_mul.act) >= kActivations))
+          c.fail("unknown activation");
         break;
       case OpKind::SelectRows: {
-        const Tensor& x = c.t(n.src[0]);
-        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32);
-        c.cols(n.src[0], d.cols);
+        const Tensor& x = c.t(src[SelectRowsSrc::x]);
+        c.type(n.dst, DType::F32); c.type(src[SelectRowsSrc::x], DType::F32);
+        c.cols(src[SelectRowsSrc::x], d.cols);
         // Rows of a per-token source are bounded by the run's token count, checked by every run.
-        c.index_source(n.src[1], x.row_mode == RowMode::Fixed ? x.rows : -1, "row ids");
+        c.index_source(src[SelectRowsSrc::rows], x.row_mode == RowMode::Fixed ? x.rows : -1, "row ids");
         if (x.row_mode == RowMode::Outputs) c.fail("the source must have fixed or per-token rows");
         break;
       }
       case OpKind::BiasRelu:
-        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::F32);
-        c.cols(n.src[0], d.cols); c.cols(n.src[1], d.cols);
+        c.type(n.dst, DType::F32); c.type(src[BiasReluSrc::x], DType::F32); c.type(src[BiasReluSrc::bias], DType::F32);
+        c.cols(src[BiasReluSrc::x], d.cols); c.cols(src[BiasReluSrc::bias], d.cols);
         break;
       case OpKind::ActiveSet: {
-        c.type(n.dst, DType::I32); c.type(n.src[0], DType::F32); c.cols(n.dst, int64_t(n.i[0]) + 1);
-        if (n.i[0] < 1) c.fail("n_ff must be positive");
-        if (n.i[1] < 0 || n.i[1] > n.i[0]) c.fail("hot prefix out of range");
-        if (n.i[2] == 0) {
-          c.cols(n.src[0], int64_t(n.i[0]) - n.i[1]); c.type(n.src[1], DType::F32);
-          c.cols(n.src[1], int64_t(n.i[0]) - n.i[1]);
-        } else if (n.i[2] == 1) {
-          c.cols(n.src[0], n.i[0]);
+        using S = ActiveSetSrc;
+        const auto& P = n.p.active_set;
+        c.type(n.dst, DType::I32); c.type(src[S::scores], DType::F32); c.cols(n.dst, int64_t(P.n_ff) + 1);
+        if (P.n_ff < 1) c.fail("n_ff must be positive");
+        if (P.hot < 0 || P.hot > P.n_ff) c.fail("hot prefix out of range");
+        if (P.mode == ActiveSetMode::Predictor) {
+          c.cols(src[S::scores], int64_t(P.n_ff) - P.hot); c.type(src[S::cut], DType::F32);
+          c.cols(src[S::cut], int64_t(P.n_ff) - P.hot);
+        } else if (P.mode == ActiveSetMode::Threshold) {
+          c.cols(src[S::scores], P.n_ff);
         } else {
           c.fail("unknown mode");
         }
         if (d.row_mode == RowMode::Fixed) c.fail("active lists have one row per token");
         break;
       }
-      case OpKind::GatedAct:
-        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32); c.type(n.src[1], DType::F32);
-        c.cols(n.src[0], d.cols); c.cols(n.src[1], d.cols);
-        c.list_source(n.src[2], d.cols);
-        if (c.t(n.src[2]).row_mode != RowMode::Tokens) c.fail("gated_act reads one active list per token");
-        if (n.i[0] < 0 || n.i[0] >= kActivations) c.fail("unknown activation");
+      case OpKind::GatedAct: {
+        using S = GatedActSrc;
+        c.type(n.dst, DType::F32); c.type(src[S::gate], DType::F32); c.type(src[S::up], DType::F32);
+        c.cols(src[S::gate], d.cols); c.cols(src[S::up], d.cols);
+        c.list_source(src[S::active], d.cols);
+        if (c.t(src[S::active]).row_mode != RowMode::Tokens) c.fail("gated_act reads one active list per token");
+        if (int32_t(n.p.gated_act.act) < 0 || int32_t(n.p.gated_act.act) >= kActivations) c.fail("unknown activation");
         break;
+      }
       case OpKind::DownAxpy: {
-        const Tensor& w = c.t(n.src[0]);
-        c.type(n.dst, DType::F32); c.type(n.src[1], DType::F32);
+        using S = DownAxpySrc;
+        const Tensor& w = c.t(src[S::down]);
+        c.type(n.dst, DType::F32); c.type(src[S::act], DType::F32);
         if (w.type != DType::Q8_0 && w.type != DType::Q4_1 && w.type != DType::Q4T && w.type != DType::F32 &&
             w.type != DType::F16)
           c.fail("neuron-major down must be Q4T, Q4_1, Q8_0, F32 or F16");
-        if (w.row_mode != RowMode::Fixed || w.storage != Storage::External) c.fail("down must be a weight");
-        c.cols(n.src[0], d.cols); c.cols(n.src[1], w.rows);
-        c.list_source(n.src[2], w.rows);
-        if (c.t(n.src[2]).row_mode != RowMode::Tokens) c.fail("down_axpy reads one active list per token");
+        if (w.row_mode != RowMode::Fixed || c.t(origin(src[S::down])).storage != Storage::External)
+          c.fail("down must be a weight");
+        c.cols(src[S::down], d.cols); c.cols(src[S::act], w.rows);
+        c.list_source(src[S::active], w.rows);
+        if (c.t(src[S::active]).row_mode != RowMode::Tokens) c.fail("down_axpy reads one active list per token");
         if (w.type == DType::Q4T) {
-          c.type(n.src[3], DType::F16); c.cols(n.src[3], 2 * d.cols);
-          if (w.rows % kQuantBlock || c.t(n.src[3]).rows != w.rows / kQuantBlock) c.fail("Q4T needs n_ff / 32 scale rows");
+          c.type(src[S::scales], DType::F16); c.cols(src[S::scales], 2 * d.cols);
+          if (c.t(src[S::scales]).row_stride != c.t(src[S::scales]).row_bytes) c.fail("the Q4T scales must be packed");
+          if (w.rows % kQuantBlock || c.t(src[S::scales]).rows != w.rows / kQuantBlock)
+            c.fail("Q4T needs n_ff / 32 scale rows");
         }
-        if (n.src[4] >= 0) c.permutation(n.src[4], w.rows, "row map");
-        if (n.src[5] >= 0) {
-          c.list_source(n.src[5], w.rows);
-          if (c.t(n.src[5]).row_mode != RowMode::Fixed || c.t(n.src[5]).rows != 1) c.fail("the union is one row");
+        if (src[S::row_map] >= 0) c.permutation(src[S::row_map], w.rows, "row map");
+        if (src[S::union_list] >= 0) {
+          c.list_source(src[S::union_list], w.rows);
+          if (c.t(src[S::union_list]).row_mode != RowMode::Fixed || c.t(src[S::union_list]).rows != 1)
+            c.fail("the union is one row");
         }
         break;
       }
       case OpKind::ScatterCols:
-        c.type(n.dst, DType::F32); c.type(n.src[0], DType::F32);
-        c.cols(n.src[0], d.cols);
-        c.permutation(n.src[1], d.cols, "permutation");
+        c.type(n.dst, DType::F32); c.type(src[ScatterColsSrc::x], DType::F32);
+        c.cols(src[ScatterColsSrc::x], d.cols);
+        c.permutation(src[ScatterColsSrc::perm], d.cols, "permutation");
         break;
-      case OpKind::ActiveUnion:
+      case OpKind::ActiveUnion: {
+        const auto& P = n.p.active_union;
+        const int lists = src[ActiveUnionSrc::lists];
         c.type(n.dst, DType::I32);
-        c.cols(n.dst, int64_t(n.i[0]) + 1);
-        if (n.i[0] < 1) c.fail("n_ff must be positive");
-        c.list_source(n.src[0], n.i[0]);
-        if (c.t(n.src[0]).row_mode != RowMode::Tokens) c.fail("the union reads one active list per token");
+        c.cols(n.dst, int64_t(P.n_ff) + 1);
+        if (P.n_ff < 1) c.fail("n_ff must be positive");
+        c.list_source(lists, P.n_ff);
+        if (c.t(lists).row_mode != RowMode::Tokens) c.fail("the union reads one active list per token");
         if (d.row_mode != RowMode::Fixed || d.rows != 1 || d.storage != Storage::State)
           c.fail("the union is one row of state");
-        if (n.i[1] < 1) c.fail("the token limit must be at least 1");
+        if (P.max_tokens < 1) c.fail("the token limit must be at least 1");
         union_written[size_t(n.dst)] = true;
         break;
-      case OpKind::NeuronFetch:
+      }
+      case OpKind::NeuronFetch: {
+        const auto& P = n.p.neuron_fetch;
+        const int u = src[NeuronFetchSrc::union_list];
         c.type(n.dst, DType::I32);
         if (d.storage != Storage::State) c.fail("the fetch marker is state");
-        if (n.i[0] < 0) c.fail("the layer must not be negative");
-        if (n.i[1] != 0 && n.i[1] != 1) c.fail("i[1] must be 0 (fetch) or 1 (release)");
-        if (n.src[0] >= 0) {
-          c.type(n.src[0], DType::I32);
-          if (!union_written[size_t(n.src[0])]) c.fail("the fetch list must be the result of an earlier ActiveUnion");
+        if (P.layer < 0) c.fail("the layer must not be negative");
+        if (P.release != 0 && P.release != 1) c.fail("release must be 0 (fetch) or 1 (release)");
+        if (u >= 0) {
+          c.type(u, DType::I32);
+          if (!union_written[size_t(origin(u))]) c.fail("the fetch list must be the result of an earlier ActiveUnion");
         }
         break;
+      }
+      case OpKind::Copy: {
+        const Tensor& x = c.t(src[CopySrc::x]);
+        c.type(n.dst, x.type); c.cols(n.dst, x.cols);
+        if (d.row_mode != x.row_mode || (x.row_mode == RowMode::Fixed && d.rows < x.rows))
+          c.fail("a copy has the rows of its source");
+        if (d.view_of >= 0 || x.paged) c.fail("copies go from a tensor's bytes into a packed tensor of their own");
+        break;
+      }
       default:
         c.fail("unknown op");
     }

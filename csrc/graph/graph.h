@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "graph/dtype.h"
+#include "graph/op_params.h"
 
 namespace pyinfer {
 
@@ -31,45 +32,46 @@ struct Tensor {
   int64_t rows = 0;   // for RowMode::Fixed; capacity otherwise (set by the engine)
   RowMode row_mode = RowMode::Fixed;
   Storage storage = Storage::Scratch;
-  size_t row_bytes = 0;
-  void* data = nullptr;  // bound by the engine (Scratch/State/Input) or the caller (External)
+  size_t row_bytes = 0;   // bytes of one row's elements
+  size_t row_stride = 0;  // bytes from one row to the next: row_bytes, or wider for a view of some columns
+  // A view owns no memory: it reads and writes tensor `view_of`'s bytes from `offset` on (Graph::add_view).
+  int view_of = -1;
+  size_t offset = 0;
+  void* data = nullptr;  // bound by the engine (Scratch/State/Input and views) or the caller (External)
+  // Which memory holds it: 0 is host memory; a backend with memory of its own (a GPU) has another id. Set by
+  // the engine: where the first node that writes it runs, or for a mirror the memory it was copied into.
+  int memory = 0;
+  int copy_of = -1;  // an engine-made copy of this tensor in another memory space (copy_planner.h)
   // A paged weight (offload/neuron_store.h): `data` is a table of `rows` row pointers that a NeuronFetch
   // node makes valid before the weight is read.
   bool paged = false;
 };
 
+// What each op computes. Sources are named per op (op_params.h: the *Src slots), scalar parameters too
+// (the *Params structs). An "active list" is I32 [T, n_ff + 1]: a count, then ids ascending.
 enum class OpKind : int32_t {
-  GetRows = 0,    // dst[i] = dequant(src0[src1[i]]) * f[0]     src0: table, src1: I32 ids; f[0]: scale (0: none)
-  RmsNorm = 1,    // dst = src0 / rms(src0) * src1              f[0]: eps; i[0]: segment (0: row), src1 [1, segment]
-  Quantize = 2,   // dst(Q8A) = quantize(src0 f32)
-  MatMul = 3,     // dst[t][r] = dot(src0 row r, src1 row t)    src0: weight [r, K], src1: [t, K]
-                  //   with src2 (active list): only rows r in token t's list are written (gather-GEMV)
-  Rope = 4,       // in place allowed; src1: positions          i[0]: heads, i[1]: head_dim, i[2]: RopeMode; f[0]: base
-  KvStore = 5,    // dst(F16 or Q8_0 state)[src1[t]] = src0[t]
-  Attention = 6,  // src0: q, src1: K cache, src2: V cache (F16 or Q8_0), src3: positions  i[0]: heads, i[1]: kv heads,
-                  //   i[2]: head_dim, i[4]: sliding window (0: none); f[0]: scale
-                  //   paged (many sequences): src4: I32 [T, max blocks] block table of each token's sequence, i[3]: block size
-  Add = 7,        // dst = src0 + src1
-  SiluMul = 8,    // dst = act(src0) * src1                     i[0]: Activation (ops_float.h)
-  SelectRows = 9, // dst[o] = src0[src1[o]]                     src1: I32 row ids of this batch
-  // ---- neuron-aware (sparse FFN) ops. An "active list" is I32 [T, n_ff + 1]: a count, then ids ascending.
-  BiasRelu = 10,  // dst = max(0, src0 + src1[0])               src1: F32 [1, cols] bias
-  ActiveSet = 11, // dst(active list) from src0 scores          i[0]: n_ff, i[1]: hot prefix, i[2]: mode; f[0]: t
-                  //   mode 0 (predictor): [0, hot) + {hot + j : src0[j] > src1[0][j]}, src1: F32 [1, n_ff - hot]
-                  //   mode 1 (threshold): {j : |f(src0[j])| > t}, f = identity, or SiLU when i[3] == 1
-  GatedAct = 12,  // dst[j] = act(src0[j]) * src1[j], or 0 when |.| <= f[0], for j in list src2 (other columns untouched)
-                  //   i[0]: Activation (ops_float.h)
-  DownAxpy = 13,  // dst[t] = sum_{j in list src2} src1[t][j] * src0[row(j)]   src0: neuron-major down [n_ff, d]
-                  //   src3: group scales F16 [n_ff / 32, 2d] (Q4T only); src4: I32 [1, n_ff] row(j) (else j)
-  ScatterCols = 14,  // dst[t][src1[0][k]] = src0[t][k]          src1: I32 [1, n] permutation
-  ActiveUnion = 15,  // dst (I32 state [1, n_ff + 1]) = the union of the tokens' active lists src0, ascending,
-                     //   or count -1 ("run dense") when the run has more than i[1] tokens, or when the mean
-                     //   list density exceeds f[0] or the union's density f[1] (one token: the density f[2]).
-                     //   i[0]: n_ff
-  NeuronFetch = 16,  // i[1] = 0: makes every row of layer i[0]'s paged FFN weights readable; i[1] = 1: the
-                     //   layer's readers are done, its buffer may be reused (offload/neuron_store.h).
-                     //   dst: I32 state [1, 1], untouched (it orders the fetch before the FFN's readers);
-                     //   src0 (optional): an ActiveUnion result, the rows this run needs (count -1: all)
+  GetRows = 0,     // dst[i] = dequant(table[ids[i]]) * scale
+  RmsNorm = 1,     // dst = x / rms(x) * weight, per row or per segment
+  Quantize = 2,    // dst(Q8A) = quantize(x f32)
+  MatMul = 3,      // dst[t][r] = dot(weight row r, x row t); with `active`, only the listed rows (gather-GEMV)
+  Rope = 4,        // rotary position embedding, in place allowed
+  KvStore = 5,     // dst(F16 or Q8_0 KV cache)[rows[t]] = x[t]
+  Attention = 6,   // causal attention of q over the K/V caches (paged with `table`)
+  Add = 7,         // dst = a + b
+  SiluMul = 8,     // dst = act(gate) * up
+  SelectRows = 9,  // dst[o] = x[rows[o]]
+  // ---- neuron-aware (sparse FFN) ops
+  BiasRelu = 10,     // dst = max(0, x + bias)
+  ActiveSet = 11,    // dst (active lists) from predictor scores or a threshold
+  GatedAct = 12,     // dst[j] = act(gate[j]) * up[j], or 0 under the threshold, for j in the list (others untouched)
+  DownAxpy = 13,     // dst[t] = sum_{j in list} act[t][j] * down[row_map(j)]
+  ScatterCols = 14,  // dst[t][perm[k]] = x[t][k]
+  ActiveUnion = 15,  // dst (I32 state [1, n_ff + 1]) = the union of the tokens' lists, or count -1 ("run dense")
+  NeuronFetch = 16,  // fetch: every row (or the union's rows) of a layer's paged FFN weights becomes readable;
+                     //   release: the layer's readers are done, its buffer may be reused (offload/neuron_store.h).
+                     //   dst: I32 state [1, 1], untouched (it orders the fetch before the FFN's readers)
+  Copy = 17,         // dst = x, row by row: a tensor carried into another memory space (the engine inserts
+                     //   these where a node reads a tensor that lives in another backend's memory)
   Count              // number of op kinds (not an op)
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);
@@ -81,23 +83,23 @@ enum class RunIf : int32_t {
   SingleToken = 1,  // runs with exactly one token (decode)
   MultiToken = 2,   // runs with more than one token (prefill)
 };
-inline bool node_runs(RunIf r, int64_t n_tokens) {
-  return r == RunIf::Always || (r == RunIf::SingleToken) == (n_tokens == 1);
-}
+
+// When a node runs: part of the graph's meaning, evaluated by the executor (executor/guards.h).
+// Sparse or dense FFN per run: an ActiveUnion node decides once per layer, the nodes of each path follow
+// its decision.
+struct NodeGuard {
+  RunIf run_if = RunIf::Always;
+  int32_t max_tokens = 0;  // runs only with at most this many tokens (0: any number)
+  int when_list = -1;      // an ActiveUnion result: runs only when its count is >= 0 (when_sparse) or -1
+  bool when_sparse = true;
+};
 
 struct Node {
   OpKind op = OpKind::Add;
   int dst = -1;
-  std::array<int, 6> src{{-1, -1, -1, -1, -1, -1}};
-  std::array<int32_t, 6> i{{0, 0, 0, 0, 0, 0}};
-  std::array<float, 4> f{{0.f, 0.f, 0.f, 0.f}};
-  int backend = 0;  // index into the engine's backend list
-  RunIf run_if = RunIf::Always;
-  // Sparse or dense FFN per run: an ActiveUnion node decides once per layer, the nodes of each path
-  // follow its decision (all threads read the same count after the barrier, so they agree).
-  int32_t max_tokens = 0;   // runs only with at most this many tokens (0: any number)
-  int when_list = -1;       // an ActiveUnion result: runs only when its count is >= 0 (when_sparse) or -1
-  bool when_sparse = true;
+  std::array<int, 6> src{{-1, -1, -1, -1, -1, -1}};  // slots named per op (op_params.h)
+  OpParams p;                                        // the member named after the op (p.rope, ...)
+  NodeGuard guard;
 };
 
 // Thrown for graphs or runs that make no sense; the bindings map it to ValueError.
@@ -114,17 +116,22 @@ size_t checked_bytes(const std::string& name, int64_t rows, size_t row_bytes);
 class Graph {
  public:
   int add_tensor(Tensor t);
+  // A view of `base`: `cols` elements per row, `rows` rows (a fixed-row base; per-token and per-output views
+  // have one row per base row), starting `offset` bytes into the base, rows `row_stride` bytes apart
+  // (0: the base's stride). Rows of a weight ([hot, n) of a gate), columns of an activation (q of a fused qkv).
+  // Throws GraphError when the view leaves the base, or its base is an index tensor or paged.
+  int add_view(const std::string& name, int base, int64_t cols, int64_t rows, size_t offset, size_t row_stride);
   int add_node(const Node& n);
   // Checks shapes and types of every node; throws GraphError naming the first bad node.
   void validate() const;
+  // The tensor a copy was made of (following copies of copies), or id itself: what checks of provenance
+  // (an input, a constant, a list, a weight) look at.
+  int origin(int id) const {
+    while (id >= 0 && tensors[size_t(id)].copy_of >= 0) id = tensors[size_t(id)].copy_of;
+    return id;
+  }
   // Which named input a tensor is ("tokens", "positions", ...), or nullptr.
   const char* input_role(int id) const;
-  // Whether node n runs in a run of n_tokens tokens (its RunIf, token cap and ActiveUnion decision).
-  bool node_runs(const Node& n, int64_t n_tokens) const {
-    if (!pyinfer::node_runs(n.run_if, n_tokens) || (n.max_tokens > 0 && n_tokens > n.max_tokens)) return false;
-    return n.when_list < 0 || (*static_cast<const int32_t*>(tensors[size_t(n.when_list)].data) >= 0) == n.when_sparse;
-  }
-
   std::vector<Tensor> tensors;
   std::vector<Node> nodes;
   // Named roles that each run binds or reads.

@@ -1,11 +1,17 @@
-// Enumerated op parameters, shared by the graph's checks and the kernels.
+// Op parameters and source slots, by name. A node's sources are six tensor ids in fixed slots, named per
+// op below (kernels index them as n.src[DownAxpySrc::scales]); its scalar parameters are one struct per op,
+// held in the OpParams union and read as n.p.rope.heads. The tables at the end give both by name, so the
+// bindings build nodes from keyword dictionaries and error messages name what is wrong.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace pyinfer {
 
-// Gated FFN activations: act(gate) * up. The ids are op parameters (SiluMul and GatedAct i[0]) and
-// mirror pyinfer.model.config.Activation.
+enum class OpKind : int32_t;
+
+// Gated FFN activations: act(gate) * up. Mirrors pyinfer.model.config.Activation.
 enum class Activation : int32_t {
   SiLU = 0,      // LLaMA, Mistral, SmolLM2
   ReLU = 1,      // ReluLLaMA, ProSparse (ReGLU)
@@ -18,5 +24,84 @@ constexpr int32_t kActivations = 5;
 // How RoPE pairs a head's elements: GGML's "normal" mode rotates adjacent pairs (the llama architecture,
 // whose converter permutes Q and K to match); NEOX mode rotates element i with i + head_dim / 2 (Gemma).
 enum class RopeMode : int32_t { Normal = 0, Neox = 1 };
+
+// How ActiveSet picks neurons.
+enum class ActiveSetMode : int32_t {
+  Predictor = 0,  // [0, hot) + {hot + j : scores[j] > cut[j]}
+  Threshold = 1,  // {j : |f(scores[j])| > threshold}, f = identity, or SiLU with `silu`
+};
+
+// ---- source slots ----------------------------------------------------------------------------------
+struct GetRowsSrc { enum : int { table = 0, ids = 1 }; };
+struct RmsNormSrc { enum : int { x = 0, weight = 1 }; };
+struct QuantizeSrc { enum : int { x = 0 }; };
+// With `active` (an active list per token, or one shared list): only the listed weight rows (gather-GEMV).
+struct MatMulSrc { enum : int { weight = 0, x = 1, active = 2 }; };
+struct RopeSrc { enum : int { x = 0, positions = 1 }; };
+struct KvStoreSrc { enum : int { x = 0, rows = 1 }; };
+// `table` (paged KV, many sequences): I32 [T, max blocks], each token's sequence's block table.
+struct AttentionSrc { enum : int { q = 0, k_cache = 1, v_cache = 2, positions = 3, table = 4 }; };
+struct BinarySrc { enum : int { a = 0, b = 1 }; };  // Add
+struct GatedMulSrc { enum : int { gate = 0, up = 1 }; };  // SiluMul
+struct SelectRowsSrc { enum : int { x = 0, rows = 1 }; };
+struct BiasReluSrc { enum : int { x = 0, bias = 1 }; };
+// `cut`: F32 [1, n_ff - hot] per-neuron cut-offs (predictor mode).
+struct ActiveSetSrc { enum : int { scores = 0, cut = 1 }; };
+struct GatedActSrc { enum : int { gate = 0, up = 1, active = 2 }; };
+// `down`: neuron-major [n_ff, d]; `scales`: F16 [n_ff / 32, 2d] group scales (Q4T only); `row_map`: I32 [1, n_ff]
+// list id -> down row; `union`: the batch's ActiveUnion result (sizes column tiles by the rows the batch reads).
+struct DownAxpySrc { enum : int { down = 0, act = 1, active = 2, scales = 3, row_map = 4, union_list = 5 }; };
+struct ScatterColsSrc { enum : int { x = 0, perm = 1 }; };
+struct ActiveUnionSrc { enum : int { lists = 0 }; };
+// `union_list` (optional): an ActiveUnion result, the rows this run needs (count -1: all).
+struct NeuronFetchSrc { enum : int { union_list = 0 }; };
+struct CopySrc { enum : int { x = 0 }; };
+
+// ---- scalar parameters -----------------------------------------------------------------------------
+struct GetRowsParams { float scale; };            // rows times scale (0: unscaled)
+struct RmsNormParams { float eps; int32_t segment; };  // segment > 0: each run of that many columns alone
+struct RopeParams { int32_t heads, head_dim; RopeMode mode; float base; };
+struct AttentionParams {
+  int32_t heads, kv_heads, head_dim;
+  int32_t block_size;  // paged KV: tokens per block
+  int32_t window;      // sliding window (0: every earlier position)
+  float scale;         // multiplies q.k
+};
+struct GatedMulParams { Activation act; };
+struct ActiveSetParams { int32_t n_ff, hot; ActiveSetMode mode; int32_t silu; float threshold; };
+struct GatedActParams { Activation act; float threshold; };  // 0 where |act(gate) * up| <= threshold
+// Count -1 ("run dense") when the run has more than max_tokens tokens, when the mean list density exceeds
+// max_density or the union's density max_union (one token: its list's density max_single).
+struct ActiveUnionParams { int32_t n_ff, max_tokens; float max_density, max_union, max_single; };
+struct NeuronFetchParams { int32_t layer; int32_t release; };  // release 0: fetch; 1: readers done
+
+union OpParams {
+  GetRowsParams get_rows;
+  RmsNormParams rms_norm;
+  RopeParams rope;
+  AttentionParams attention;
+  GatedMulParams gated_mul;
+  ActiveSetParams active_set;
+  GatedActParams gated_act;
+  ActiveUnionParams active_union;
+  NeuronFetchParams neuron_fetch;
+  OpParams() { std::memset(static_cast<void*>(this), 0, sizeof(*this)); }  // every field of every op: 0
+};
+
+// ---- by name ---------------------------------------------------------------------------------------
+struct ParamField {
+  const char* name;
+  bool is_float;  // else int32 (enums included)
+  size_t offset;  // in OpParams
+};
+struct OpSignature {
+  const char* sources[6];  // slot names (nullptr: unused slot)
+  const ParamField* params;
+  int n_params;
+};
+const OpSignature& op_signature(OpKind op);
+// The slot of a named source, or -1.
+int op_source_slot(OpKind op, const char* name);
+const ParamField* op_param(OpKind op, const char* name);
 
 }  // namespace pyinfer

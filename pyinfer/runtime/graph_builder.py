@@ -42,6 +42,8 @@ class GraphBuilder:
         self._quantized: dict[tuple[int, Guard], T] = {}
         self.unions: list[T] = []  # ActiveUnion results, in layer order: which path each run took
         self.node_ops: list[tuple[Op, str]] = []  # per node: its op and the name of the tensor it writes
+        # Per node: the engine backend that runs it (Engine(placement=...)); 0 unless moved with place().
+        self.placement: list[int] = []
         self._names: dict[int, str] = {}
 
     # ---- tensors ----------------------------------------------------------------------
@@ -60,7 +62,20 @@ class GraphBuilder:
         read-ahead that already did), or with `union` (an active_union result) the rows it lists; with
         `release`, says its readers are done (its buffer may be reused)."""
         dst = self.state(f"blk.{layer}.ffn.{'released' if release else 'fetched'}", 1, 1, DType.I32)
-        return self._node(Op.NEURON_FETCH, dst, [union], ints=[layer, int(release)])
+        return self._node(Op.NEURON_FETCH, dst, {"union_list": union}, {"layer": layer, "release": int(release)})
+
+    def view(self, base: T, name: str, cols: int | None = None, rows: int | None = None, col_offset: int = 0,
+             row_offset: int = 0) -> T:
+        """Rows [row_offset, row_offset + rows) and columns [col_offset, col_offset + cols) of `base`, sharing
+        its memory (per-token bases: every row, some columns). Writes through a view land in the base."""
+        cols = base.cols - col_offset if cols is None else cols
+        elem = _core.row_bytes(base.dtype, 32) / 32  # bytes per element (quantized: whole blocks)
+        stride = self.graph.row_stride(base.id)
+        offset = row_offset * stride + int(col_offset * elem)
+        n_rows = (base.n_rows - row_offset if rows is None else rows) if base.rows == RowMode.FIXED else 0
+        t = T(self.graph.add_view(name, base.id, cols, n_rows, offset, stride), cols, base.dtype, base.rows, n_rows)
+        self._names[t.id] = name
+        return t
 
     def activation(self, name: str, cols: int, dtype: DType = DType.F32, rows: RowMode = RowMode.TOKENS) -> T:
         # An op over a fixed-row tensor (a test feeding weights as inputs) still yields one row per token.
@@ -76,32 +91,39 @@ class GraphBuilder:
     def input(self, name: str, rows: RowMode = RowMode.TOKENS, cols: int = 1) -> T:
         return T(self.graph.add_tensor(name, DType.I32, cols, rows, Storage.INPUT), cols, DType.I32, rows)
 
-    def _node(self, op: Op, dst: T, src: list[T | None], ints=(), floats=(), run_if: RunIf | Guard = RunIf.ALWAYS
-              ) -> T:
+    def _node(self, op: Op, dst: T, src: dict[str, T | None], params: dict[str, float | int] | None = None,
+              run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
+        """Adds a node; `src` and `params` by the names `_core.op_signature(op)` lists."""
         g = _guard(run_if)
-        self.graph.add_node(op, dst.id, [s.id if s is not None else -1 for s in src], list(ints), list(floats),
+        self.graph.add_node(op, dst.id, {k: s.id for k, s in src.items() if s is not None}, params or {},
                             g.run_if, g.max_tokens, g.when.id if g.when is not None else -1, g.sparse)
         self.node_ops.append((op, self._names.get(dst.id, "")))
+        self.placement.append(0)
         for key in [k for k in self._quantized if k[0] == dst.id]:
             del self._quantized[key]
         return dst
 
+    def place(self, node: int, backend: int) -> None:
+        """Runs node `node` on the engine's backend `backend` (Engine(backend_threads=[...]) lists them)."""
+        self.placement[node] = backend
+
     # ---- ops ----------------------------------------------------------------------------
     def get_rows(self, table: T, ids: T, name: str, scale: float = 0.0) -> T:
         """Rows of `table` as F32, times `scale` (0: unscaled)."""
-        return self._node(Op.GET_ROWS, self.activation(name, table.cols, rows=ids.rows), [table, ids], floats=[scale])
+        return self._node(Op.GET_ROWS, self.activation(name, table.cols, rows=ids.rows), {"table": table, "ids": ids},
+                          {"scale": scale})
 
     def rms_norm(self, x: T, weight: T, eps: float, name: str, segment: int = 0, out: T | None = None) -> T:
         """With `segment`, each run of `segment` columns (a head) is normalised on its own, all with `weight`."""
-        return self._node(Op.RMS_NORM, out or self.activation(name, x.cols, rows=x.rows), [x, weight],
-                          ints=[segment], floats=[eps])
+        return self._node(Op.RMS_NORM, out or self.activation(name, x.cols, rows=x.rows), {"x": x, "weight": weight},
+                          {"segment": segment, "eps": eps})
 
     def quantize(self, x: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """Q8A copy of an activation, shared by every matmul that reads it in the same runs."""
         key = (x.id, _guard(run_if))
         q = self._quantized.get((x.id, Guard())) or self._quantized.get(key)  # an unguarded copy serves all
         if q is None:
-            q = self._node(Op.QUANTIZE, self.activation(f"q8({x.id})", x.cols, DType.Q8A, x.rows), [x],
+            q = self._node(Op.QUANTIZE, self.activation(f"q8({x.id})", x.cols, DType.Q8A, x.rows), {"x": x},
                            run_if=run_if)
             self._quantized[key] = q
         return q
@@ -111,14 +133,15 @@ class GraphBuilder:
         """dst = x @ w.T; with `active` (an active list), only the listed rows (gather-GEMV)."""
         src = self.quantize(x, run_if) if w.dtype in INTEGER_DOT_WEIGHTS else x
         dst = out or self.activation(name, w.n_rows, rows=x.rows)
-        return self._node(Op.MAT_MUL, dst, [w, src] + ([active] if active else []), run_if=run_if)
+        return self._node(Op.MAT_MUL, dst, {"weight": w, "x": src, "active": active}, run_if=run_if)
 
     def rope(self, x: T, positions: T, heads: int, head_dim: int, base: float, neox: bool = False) -> T:
         """In place. `neox`: element i pairs with i + head_dim / 2 (Gemma); else adjacent pairs (llama)."""
-        return self._node(Op.ROPE, x, [x, positions], ints=[heads, head_dim, int(neox)], floats=[base])
+        return self._node(Op.ROPE, x, {"x": x, "positions": positions},
+                          {"heads": heads, "head_dim": head_dim, "mode": int(neox), "base": base})
 
     def kv_store(self, cache: T, x: T, positions: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
-        return self._node(Op.KV_STORE, cache, [x, positions], run_if=run_if)
+        return self._node(Op.KV_STORE, cache, {"x": x, "rows": positions}, run_if=run_if)
 
     def attention(self, q: T, k_cache: T, v_cache: T, positions: T, heads: int, kv_heads: int, head_dim: int,
                   name: str, kv_table: T | None = None, block_size: int = 0, window: int = 0,
@@ -127,22 +150,23 @@ class GraphBuilder:
         token sees only the keys of its last `window` positions (sliding-window layers; 0: all). `scale`
         multiplies q.k (default 1/sqrt(head_dim)). The caches may be F16 or Q8_0."""
         out = self.activation(name, q.cols, rows=q.rows)
-        src = [q, k_cache, v_cache, positions] + ([kv_table] if kv_table is not None else [])
-        return self._node(Op.ATTENTION, out, src, ints=[heads, kv_heads, head_dim, block_size, window],
-                          floats=[head_dim ** -0.5 if scale is None else scale])
+        src = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "positions": positions, "table": kv_table}
+        return self._node(Op.ATTENTION, out, src, {
+            "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "block_size": block_size, "window": window,
+            "scale": head_dim ** -0.5 if scale is None else scale})
 
     def add(self, a: T, b: T, out: T | None = None, name: str = "add") -> T:
-        return self._node(Op.ADD, out or self.activation(name, a.cols, rows=a.rows), [a, b])
+        return self._node(Op.ADD, out or self.activation(name, a.cols, rows=a.rows), {"a": a, "b": b})
 
     def gated_mul(self, gate: T, up: T, out: T | None = None, name: str = "act", act: int = 0,
                   run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """act(gate) * up; `act` is a model.config.Activation (SiLU by default)."""
-        return self._node(Op.SILU_MUL, out or self.activation(name, gate.cols, rows=gate.rows), [gate, up],
-                          ints=[int(act)], run_if=run_if)
+        return self._node(Op.SILU_MUL, out or self.activation(name, gate.cols, rows=gate.rows),
+                          {"gate": gate, "up": up}, {"act": int(act)}, run_if=run_if)
 
     # ---- neuron-aware FFN ops (see graph.h for the active-list layout) ---------------------
     def bias_relu(self, x: T, bias: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
-        return self._node(Op.BIAS_RELU, x, [x, bias], run_if=run_if)
+        return self._node(Op.BIAS_RELU, x, {"x": x, "bias": bias}, run_if=run_if)
 
     def active_set(self, scores: T, n_ff: int, name: str, cut: T | None = None, hot: int = 0,
                    threshold: float = 0.0, silu: bool = False, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
@@ -150,13 +174,14 @@ class GraphBuilder:
         |scores| > threshold (|SiLU(scores)| with `silu`)."""
         dst = self.activation(name, n_ff + 1, DType.I32, scores.rows)
         mode = 0 if cut is not None else 1
-        return self._node(Op.ACTIVE_SET, dst, [scores] + ([cut] if cut is not None else []),
-                          ints=[n_ff, hot, mode, int(silu)], floats=[threshold], run_if=run_if)
+        return self._node(Op.ACTIVE_SET, dst, {"scores": scores, "cut": cut},
+                          {"n_ff": n_ff, "hot": hot, "mode": mode, "silu": int(silu), "threshold": threshold},
+                          run_if=run_if)
 
     def gated_act(self, gate: T, up: T, active: T, threshold: float, act: int = 0,
                   run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
-        return self._node(Op.GATED_ACT, gate, [gate, up, active], ints=[int(act)], floats=[threshold],
-                          run_if=run_if)
+        return self._node(Op.GATED_ACT, gate, {"gate": gate, "up": up, "active": active},
+                          {"act": int(act), "threshold": threshold}, run_if=run_if)
 
     def down_axpy(self, down_t: T, act: T, active: T, name: str = "down", out: T | None = None,
                   scales: T | None = None, row_map: T | None = None, union: T | None = None,
@@ -164,7 +189,8 @@ class GraphBuilder:
         """`scales`: the group scales of a Q4T down; `row_map`: I32 [1, n_ff], list id -> down row;
         `union`: the batch's ActiveUnion result (sizes the column tiles by the rows the batch reads)."""
         dst = out or self.activation(name, down_t.cols, rows=act.rows)
-        return self._node(Op.DOWN_AXPY, dst, [down_t, act, active, scales, row_map, union], run_if=run_if)
+        return self._node(Op.DOWN_AXPY, dst, {"down": down_t, "act": act, "active": active, "scales": scales,
+                                              "row_map": row_map, "union_list": union}, run_if=run_if)
 
     def active_union(self, lists: T, n_ff: int, name: str, max_tokens: int, max_density: float = 1.0,
                      max_union: float = 1.0, max_single: float = 1.0, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
@@ -174,14 +200,16 @@ class GraphBuilder:
         its choice."""
         dst = self.state(name, n_ff + 1, 1, DType.I32)
         self.unions.append(dst)
-        return self._node(Op.ACTIVE_UNION, dst, [lists], ints=[n_ff, max_tokens],
-                          floats=[max_density, max_union, max_single], run_if=run_if)
+        return self._node(Op.ACTIVE_UNION, dst, {"lists": lists},
+                          {"n_ff": n_ff, "max_tokens": max_tokens, "max_density": max_density,
+                           "max_union": max_union, "max_single": max_single}, run_if=run_if)
 
     def scatter_cols(self, x: T, perm: T, name: str, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
-        return self._node(Op.SCATTER_COLS, self.activation(name, x.cols, rows=x.rows), [x, perm], run_if=run_if)
+        return self._node(Op.SCATTER_COLS, self.activation(name, x.cols, rows=x.rows), {"x": x, "perm": perm},
+                          run_if=run_if)
 
     def select_rows(self, x: T, row_ids: T, name: str) -> T:
-        return self._node(Op.SELECT_ROWS, self.activation(name, x.cols, rows=row_ids.rows), [x, row_ids])
+        return self._node(Op.SELECT_ROWS, self.activation(name, x.cols, rows=row_ids.rows), {"x": x, "rows": row_ids})
 
 
 def single_op_engine(build, max_tokens: int = 16, n_threads: int = 1, isa: str = "auto"):

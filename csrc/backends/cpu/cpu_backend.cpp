@@ -1,5 +1,7 @@
 #include "backends/cpu/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -7,6 +9,7 @@
 #include <string>
 
 #include "backends/cpu/sparse_ops.h"
+#include "executor/guards.h"
 #include "kernels/attention.h"
 #include "kernels/ops_float.h"
 
@@ -19,13 +22,14 @@ struct CpuBackend::Job {
   RunShape shape;
 };
 
-CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa)
-    : kernels_(select_kernels(isa)), pool_(n_threads) {
+CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa, int memory_space)
+    : kernels_(select_kernels(isa)), memory_space_(memory_space), pool_(n_threads) {
   int widest_head = 0;
   for (const Node& n : graph.nodes)
     if (n.op == OpKind::Attention) {
-      scratch_per_thread_ = std::max(scratch_per_thread_, attention_thread_floats(n.i[0], n.i[1], n.i[2]));
-      widest_head = std::max(widest_head, n.i[2]);
+      const AttentionParams& p = n.p.attention;
+      scratch_per_thread_ = std::max(scratch_per_thread_, attention_thread_floats(p.heads, p.kv_heads, p.head_dim));
+      widest_head = std::max(widest_head, p.head_dim);
     }
   scratch_per_thread_ = (scratch_per_thread_ + 15) / 16 * 16;  // keep each thread's slice on its own lines
   scratch_.assign(size_t(scratch_per_thread_ * pool_.size()), 0.f);
@@ -37,10 +41,11 @@ CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa
   }
   for (const Node& n : graph.nodes) {
     if (n.op == OpKind::DownAxpy) {
-      max_neurons_ = std::max(max_neurons_, graph.tensors[size_t(n.src[0])].rows);
-      max_width_ = std::max(max_width_, graph.tensors[size_t(n.src[0])].cols);
+      const Tensor& down = graph.tensors[size_t(n.src[DownAxpySrc::down])];
+      max_neurons_ = std::max(max_neurons_, down.rows);
+      max_width_ = std::max(max_width_, down.cols);
     }
-    if (n.op == OpKind::ActiveUnion) max_neurons_ = std::max(max_neurons_, int64_t(n.i[0]));
+    if (n.op == OpKind::ActiveUnion) max_neurons_ = std::max(max_neurons_, int64_t(n.p.active_union.n_ff));
   }
   neuron_ids_.assign(size_t(kAxpyTokens * max_neurons_ * pool_.size()), 0);
   neuron_coef_.assign(size_t(kAxpyTokens * max_neurons_ * pool_.size()), 0.f);
@@ -49,6 +54,18 @@ CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa
 }
 
 bool CpuBackend::supports(const Graph&, const Node&) const { return true; }
+
+void* CpuBackend::alloc(size_t bytes) {
+  void* p = mmap(nullptr, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;  // zero pages, page aligned
+}
+
+void CpuBackend::release(void* p, size_t bytes) {
+  if (p) munmap(p, bytes ? bytes : 1);
+}
+
+void CpuBackend::copy(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
 void CpuBackend::compute(const Graph& graph, const std::vector<int>& nodes, const RunShape& shape) {
   Job job{this, &graph, &nodes, shape};
@@ -68,7 +85,7 @@ void CpuBackend::run_job(void* p, int ith, int nth) {
   int64_t step = 0;  // nodes computed so far in this job: the same count on every thread
   for (int id : *job->nodes) {
     const Node& node = job->graph->nodes[size_t(id)];
-    if (!job->graph->node_runs(node, job->shape.n_tokens)) continue;  // same decision on every thread
+    if (!guard_passes(*job->graph, node.guard, job->shape.n_tokens)) continue;  // same decision on every thread
     const bool timed = self->op_timing_ && ith == 0;
     const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     try {
@@ -96,51 +113,54 @@ void CpuBackend::run_job(void* p, int ith, int nth) {
 
 void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth) {
   const Tensor& dst = g.tensors[size_t(n.dst)];
+  // Most ops read one or two sources, in slots 0 and 1 (named per op in op_params.h).
   const Tensor* s0 = n.src[0] >= 0 ? &g.tensors[size_t(n.src[0])] : nullptr;
   const Tensor* s1 = n.src[1] >= 0 ? &g.tensors[size_t(n.src[1])] : nullptr;
   // KvStore writes into a fixed-size cache; its work is one row per source token.
-  const int64_t rows = rows_in_run(n.op == OpKind::KvStore ? *s0 : dst, shape);
+  const int64_t rows = rows_in_run(n.op == OpKind::KvStore || n.op == OpKind::Copy ? *s0 : dst, shape);
   int64_t r0, r1;
 
   switch (n.op) {
     case OpKind::MatMul: {
-      if (n.src[2] >= 0) return cpu_gather_matmul(kernels_, g, n, shape, ith, nth);
+      if (n.src[MatMulSrc::active] >= 0) return cpu_gather_matmul(kernels_, g, n, shape, ith, nth);
       // Split weight rows; every thread does all tokens of its rows.
       thread_share(s0->rows, ith, nth, 16, r0, r1);
       if (r0 >= r1) return;
-      MatMulArgs a{s0->type, static_cast<const uint8_t*>(s0->data), s0->row_bytes, s0->cols, r0, r1,
-                   s1->data, s1->row_bytes, rows_in_run(*s1, shape), static_cast<float*>(dst.data), dst.cols};
+      MatMulArgs a{s0->type, static_cast<const uint8_t*>(s0->data), s0->row_stride, s0->cols, r0, r1,
+                   s1->data, s1->row_stride, rows_in_run(*s1, shape), static_cast<float*>(dst.data), f32_stride(dst)};
       a.w_rows = weight_rows(*s0);
       kernels_.matmul(a);
       return;
     }
     case OpKind::Attention: {
-      const Tensor& kc = g.tensors[size_t(n.src[1])];
-      const Tensor& vc = g.tensors[size_t(n.src[2])];
-      const Tensor* table = n.src[4] >= 0 ? &g.tensors[size_t(n.src[4])] : nullptr;  // paged: [T, max blocks]
+      using S = AttentionSrc;
+      const AttentionParams& p = n.p.attention;
+      const Tensor& kc = g.tensors[size_t(n.src[S::k_cache])];
+      const Tensor& vc = g.tensors[size_t(n.src[S::v_cache])];
+      const Tensor* table = n.src[S::table] >= 0 ? &g.tensors[size_t(n.src[S::table])] : nullptr;  // [T, max blocks]
       AttentionArgs a;
       a.q = static_cast<const float*>(s0->data);
-      a.q_stride = s0->cols;
+      a.q_stride = f32_stride(*s0);
       a.k = static_cast<const uint8_t*>(kc.data);
       a.v = static_cast<const uint8_t*>(vc.data);
       a.k_type = kc.type;
       a.v_type = vc.type;
-      a.k_row_bytes = kc.row_bytes;
-      a.v_row_bytes = vc.row_bytes;
-      a.positions = static_cast<const int32_t*>(g.tensors[size_t(n.src[3])].data);
+      a.k_row_bytes = kc.row_stride;
+      a.v_row_bytes = vc.row_stride;
+      a.positions = static_cast<const int32_t*>(g.tensors[size_t(n.src[S::positions])].data);
       a.n_tokens = rows;
       if (table) {
         a.table = static_cast<const int32_t*>(table->data);
         a.table_cols = table->cols;
-        a.block_size = n.i[3];
+        a.block_size = p.block_size;
       }
-      a.heads = n.i[0];
-      a.kv_heads = n.i[1];
-      a.head_dim = n.i[2];
-      a.window = n.i[4];
-      a.scale = n.f[0];
+      a.heads = p.heads;
+      a.kv_heads = p.kv_heads;
+      a.head_dim = p.head_dim;
+      a.window = p.window;
+      a.scale = p.scale;
       a.out = static_cast<float*>(dst.data);
-      a.out_stride = dst.cols;
+      a.out_stride = f32_stride(dst);
       return attention(kernels_, a,
                        AttentionWorkspace{scratch_.data() + ith * scratch_per_thread_, split_partial_.data(),
                                           split_done_.get(), split_items_},
@@ -149,10 +169,11 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
     case OpKind::NeuronFetch:
       if (ith == 0) {
         if (!store_) throw GraphError("the graph reads offloaded neurons but no neuron store is attached");
-        if (n.i[1] == 0)  // src0, when given: the union of the run's active lists (count -1: dense)
-          store_->fetch(n.i[0], n.src[0] >= 0 ? static_cast<const int32_t*>(g.tensors[size_t(n.src[0])].data) : nullptr);
+        const int u = n.src[NeuronFetchSrc::union_list];  // the run's active rows (count -1: all)
+        if (!n.p.neuron_fetch.release)
+          store_->fetch(n.p.neuron_fetch.layer, u >= 0 ? static_cast<const int32_t*>(g.tensors[size_t(u)].data) : nullptr);
         else
-          store_->release(n.i[0]);
+          store_->release(n.p.neuron_fetch.layer);
       }
       return;
     case OpKind::ActiveSet: return cpu_active_set(g, n, shape, ith, nth);
@@ -176,16 +197,17 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         const int32_t id = static_cast<const int32_t*>(s1->data)[r];
         float* y = row_ptr<float>(dst, r);
         dequantize_row(s0->type, row_ptr<const uint8_t>(*s0, id), y, dst.cols);
-        if (n.f[0] != 0.f)
-          for (int64_t c = 0; c < dst.cols; ++c) y[c] *= n.f[0];
+        const float scale = n.p.get_rows.scale;
+        if (scale != 0.f)
+          for (int64_t c = 0; c < dst.cols; ++c) y[c] *= scale;
         break;
       }
       case OpKind::RmsNorm:
-      {  // i[0] > 0: each segment of i[0] columns is normalised on its own (per-head QK-norm)
-        const int64_t seg = n.i[0] > 0 ? n.i[0] : dst.cols;
+      {  // segment > 0: each segment of that many columns is normalised on its own (per-head QK-norm)
+        const int64_t seg = n.p.rms_norm.segment > 0 ? n.p.rms_norm.segment : dst.cols;
         for (int64_t c = 0; c < dst.cols; c += seg)
           rms_norm_row(row_ptr<const float>(*s0, r) + c, static_cast<const float*>(s1->data), row_ptr<float>(dst, r) + c,
-                       seg, n.f[0]);
+                       seg, n.p.rms_norm.eps);
         break;
       }
       case OpKind::Quantize:
@@ -193,7 +215,7 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         break;
       case OpKind::Rope:
         rope_row(row_ptr<const float>(*s0, r), row_ptr<float>(dst, r), static_cast<const int32_t*>(s1->data)[r],
-                 n.i[0], n.i[1], n.f[0], RopeMode(n.i[2]));
+                 n.p.rope.heads, n.p.rope.head_dim, n.p.rope.base, n.p.rope.mode);
         break;
       case OpKind::KvStore: {
         const int32_t p = static_cast<const int32_t*>(s1->data)[r];
@@ -207,11 +229,11 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         add_row(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r), dst.cols);
         break;
       case OpKind::SiluMul:
-        if (Activation(n.i[0]) == Activation::GeluTanh)
+        if (n.p.gated_mul.act == Activation::GeluTanh)
           kernels_.gelu_mul(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r),
                             dst.cols);
         else
-          gated_act_row(Activation(n.i[0]), row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r),
+          gated_act_row(n.p.gated_mul.act, row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r),
                         row_ptr<float>(dst, r), dst.cols);
         break;
       case OpKind::BiasRelu: {
@@ -228,6 +250,9 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         for (int64_t c = 0; c < dst.cols; ++c) y[perm[c]] = x[c];
         break;
       }
+      case OpKind::Copy:  // host memory on both sides: a row copy (a device backend queues its own)
+        std::memcpy(row_ptr<uint8_t>(dst, r), row_ptr<const uint8_t>(*s0, r), dst.row_bytes);
+        break;
       case OpKind::SelectRows: {
         const int32_t src_row = static_cast<const int32_t*>(s1->data)[r];
         std::memcpy(row_ptr<float>(dst, r), row_ptr<const float>(*s0, src_row), size_t(dst.cols) * 4);

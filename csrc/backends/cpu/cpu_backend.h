@@ -19,9 +19,16 @@ class CpuBackend final : public Backend {
  public:
   // `isa`: "auto" or a name from available_isas(). Scratch is sized from the graph here,
   // so compute() allocates nothing.
-  CpuBackend(const Graph& graph, int n_threads, const std::string& isa);
+  // `memory_space` > 0 makes it a stand-in for a device: the engine gives it buffers of its own and copies
+  // tensors in and out as it would for a GPU (the same host RAM underneath), so that path is tested on CPU.
+  CpuBackend(const Graph& graph, int n_threads, const std::string& isa, int memory_space = 0);
   std::string name() const override { return std::string("cpu-") + kernels_.isa; }
   bool supports(const Graph& graph, const Node& node) const override;
+  int memory_space() const override { return memory_space_; }
+  void* alloc(size_t bytes) override;
+  void release(void* p, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override {}
   // An exception on any pool thread stops every thread after the node it is in (they all meet at the
   // barrier), and the first one is rethrown here, on the caller's thread.
   void compute(const Graph& graph, const std::vector<int>& nodes, const RunShape& shape) override;
@@ -43,6 +50,7 @@ class CpuBackend final : public Backend {
   void compute_node(const Graph& graph, const Node& node, const RunShape& shape, int ith, int nth);
 
   const KernelTable& kernels_;
+  int memory_space_ = 0;
   ThreadPool pool_;
   NeuronStore* store_ = nullptr;
   int64_t scratch_per_thread_ = 0;  // floats: attention tiles and softmax state (attention.h)

@@ -38,8 +38,9 @@ const Tensor& src(const Graph& g, const Node& n, int k) { return g.tensors[size_
 
 void cpu_active_set(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth) {
   const Tensor& dst = g.tensors[size_t(n.dst)];
-  const Tensor& scores = src(g, n, 0);
-  const int64_t n_ff = n.i[0], hot = n.i[1];
+  const Tensor& scores = src(g, n, ActiveSetSrc::scores);
+  const ActiveSetParams& p = n.p.active_set;
+  const int64_t n_ff = p.n_ff, hot = p.hot;
   int64_t t0, t1;
   thread_share(rows_in_run(dst, shape), ith, nth, 1, t0, t1);  // one token's list is ~1 us of work
   for (int64_t t = t0; t < t1; ++t) {
@@ -48,21 +49,21 @@ void cpu_active_set(const Graph& g, const Node& n, const RunShape& shape, int it
     int32_t* ids = list + 1;
     int32_t count = 0;
     // Branch-free appends: the outcome is a coin flip at 50% sparsity, so a branch would mispredict.
-    if (n.i[2] == 0) {  // predictor logits against per-neuron cut-offs; hot neurons always run
-      const float* cut = static_cast<const float*>(src(g, n, 1).data);
+    if (p.mode == ActiveSetMode::Predictor) {  // predictor logits against per-neuron cut-offs; hot neurons always run
+      const float* cut = static_cast<const float*>(src(g, n, ActiveSetSrc::cut).data);
       for (int64_t j = 0; j < hot; ++j) ids[count++] = int32_t(j);
       for (int64_t j = 0; j < n_ff - hot; ++j) {
         ids[count] = int32_t(hot + j);
         count += s[j] > cut[j];
       }
-    } else if (n.i[3] == 1) {  // gate first (CATS): |SiLU(gate)| > t
-      const SiluCut cut(n.f[0]);
+    } else if (p.silu) {  // gate first (CATS): |SiLU(gate)| > t
+      const SiluCut cut(p.threshold);
       for (int64_t j = 0; j < n_ff; ++j) {
         ids[count] = int32_t(j);
         count += cut.above(s[j]);
       }
     } else {  // threshold on computed activations
-      const float thr = n.f[0];
+      const float thr = p.threshold;
       for (int64_t j = 0; j < n_ff; ++j) {
         ids[count] = int32_t(j);
         count += std::fabs(s[j]) > thr;
@@ -75,9 +76,9 @@ void cpu_active_set(const Graph& g, const Node& n, const RunShape& shape, int it
 void cpu_gather_matmul(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith,
                        int nth) {
   const Tensor& dst = g.tensors[size_t(n.dst)];
-  const Tensor& w = src(g, n, 0);
-  const Tensor& x = src(g, n, 1);
-  const Tensor& lists = src(g, n, 2);
+  const Tensor& w = src(g, n, MatMulSrc::weight);
+  const Tensor& x = src(g, n, MatMulSrc::x);
+  const Tensor& lists = src(g, n, MatMulSrc::active);
   // A shared list (a batch's union) is one call over every token: each listed row is read once.
   const bool shared = lists.row_mode == RowMode::Fixed;
   const int64_t n_tok = rows_in_run(dst, shape);
@@ -86,8 +87,8 @@ void cpu_gather_matmul(const KernelTable& k, const Graph& g, const Node& n, cons
     int64_t r0, r1;
     thread_share(list[0], ith, nth, 8, r0, r1);
     if (r0 >= r1) continue;
-    MatMulArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes, w.cols, r0, r1,
-                 row_ptr<const uint8_t>(x, t), x.row_bytes, shared ? n_tok : 1, row_ptr<float>(dst, t), dst.cols,
+    MatMulArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_stride, w.cols, r0, r1,
+                 row_ptr<const uint8_t>(x, t), x.row_stride, shared ? n_tok : 1, row_ptr<float>(dst, t), f32_stride(dst),
                  list + 1};
     a.w_rows = weight_rows(w);
     k.matmul(a);
@@ -97,18 +98,19 @@ void cpu_gather_matmul(const KernelTable& k, const Graph& g, const Node& n, cons
 void cpu_active_union(const Graph& g, const Node& n, const RunShape& shape, int ith, int32_t* mark) {
   if (ith != 0) return;
   int32_t* u = static_cast<int32_t*>(g.tensors[size_t(n.dst)].data);
-  const Tensor& lists = src(g, n, 0);
-  const int64_t n_ff = n.i[0], n_tok = rows_in_run(lists, shape);
-  if (n_tok > n.i[1]) {  // a prefill: dense without looking
+  const Tensor& lists = src(g, n, ActiveUnionSrc::lists);
+  const ActiveUnionParams& p = n.p.active_union;
+  const int64_t n_ff = p.n_ff, n_tok = rows_in_run(lists, shape);
+  if (n_tok > p.max_tokens) {  // a prefill: dense without looking
     u[0] = -1;
     return;
   }
   int64_t listed = 0;
   for (int64_t t = 0; t < n_tok; ++t) listed += row_ptr<const int32_t>(lists, t)[0];
-  // One token: a GEMV reads every row anyway, so the plan's density decides (f[2]). Several: the dense
+  // One token: a GEMV reads every row anyway, so the plan's density decides (max_single). Several: the dense
   // GEMM reuses each row for all of them, the per-token axpys do not (bench/results/batch_union.md).
   const double mean = double(listed) / double(n_tok * n_ff);
-  if (mean > (n_tok == 1 ? n.f[2] : n.f[0])) {  // decided before building the union
+  if (mean > (n_tok == 1 ? p.max_single : p.max_density)) {  // decided before building the union
     u[0] = -1;
     return;
   }
@@ -122,18 +124,18 @@ void cpu_active_union(const Graph& g, const Node& n, const RunShape& shape, int 
     u[1 + count] = int32_t(j);
     count += mark[j];
   }
-  const bool dense = n_tok > 1 && double(count) > double(n.f[1]) * double(n_ff);
+  const bool dense = n_tok > 1 && double(count) > double(p.max_union) * double(n_ff);
   u[0] = dense ? -1 : count;
 }
 
 void cpu_gated_act(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth) {
   const Tensor& dst = g.tensors[size_t(n.dst)];
-  const Activation act = Activation(n.i[0]);
-  const float thr = n.f[0];
+  const Activation act = n.p.gated_act.act;
+  const float thr = n.p.gated_act.threshold;
   for (int64_t t = 0; t < rows_in_run(dst, shape); ++t) {
-    const float* gate = row_ptr<const float>(src(g, n, 0), t);
-    const float* up = row_ptr<const float>(src(g, n, 1), t);
-    const int32_t* list = row_ptr<const int32_t>(src(g, n, 2), t);
+    const float* gate = row_ptr<const float>(src(g, n, GatedActSrc::gate), t);
+    const float* up = row_ptr<const float>(src(g, n, GatedActSrc::up), t);
+    const int32_t* list = row_ptr<const int32_t>(src(g, n, GatedActSrc::active), t);
     float* y = row_ptr<float>(dst, t);
     int64_t k0, k1;
     thread_share(list[0], ith, nth, 16, k0, k1);
@@ -149,10 +151,11 @@ namespace {
 
 // Token t's nonzero activations as (down row, coefficient) pairs, ascending rows; returns how many.
 int64_t compact_token(const Graph& g, const Node& n, int64_t t, int32_t* ids, float* coef, float* dense) {
-  const Tensor& w = src(g, n, 0);
-  const int32_t* row_map = n.src[4] >= 0 ? static_cast<const int32_t*>(src(g, n, 4).data) : nullptr;
-  const float* act = row_ptr<const float>(src(g, n, 1), t);
-  const int32_t* list = row_ptr<const int32_t>(src(g, n, 2), t);
+  const Tensor& w = src(g, n, DownAxpySrc::down);
+  const int rm = n.src[DownAxpySrc::row_map];
+  const int32_t* row_map = rm >= 0 ? static_cast<const int32_t*>(g.tensors[size_t(rm)].data) : nullptr;
+  const float* act = row_ptr<const float>(src(g, n, DownAxpySrc::act), t);
+  const int32_t* list = row_ptr<const int32_t>(src(g, n, DownAxpySrc::active), t);
   int64_t m = 0;
   if (row_map) {  // list ids -> down rows, then ascending rows (Q4T walks 32-neuron groups in order)
     for (int64_t r = 0; r < w.rows; ++r) dense[r] = 0.f;
@@ -182,13 +185,14 @@ constexpr double kTileBytes = 512.0 * 1024.0;
 void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,
                    SparseScratch scratch) {
   const Tensor& dst = g.tensors[size_t(n.dst)];
-  const Tensor& w = src(g, n, 0);
+  const Tensor& w = src(g, n, DownAxpySrc::down);
   // Threads own disjoint column slices of the output, so no two threads ever add into the same float:
   // no race and no reduction pass, and each thread reads one contiguous piece of every active row.
   int64_t c0, c1;
   thread_share(dst.cols, ith, nth, kQuantBlock, c0, c1);
   if (c0 >= c1) return;
-  const int32_t* shared_union = n.src[5] >= 0 ? static_cast<const int32_t*>(src(g, n, 5).data) : nullptr;
+  const int u = n.src[DownAxpySrc::union_list];
+  const int32_t* shared_union = u >= 0 ? static_cast<const int32_t*>(g.tensors[size_t(u)].data) : nullptr;
   const double bytes_per_col = double(w.row_bytes) / double(w.cols);
   const int64_t n_tok = rows_in_run(dst, shape);
   int64_t m[kAxpyTokens];
@@ -212,12 +216,12 @@ void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const Ru
     }
     for (int64_t tc = c0; tc < c1; tc += tile) {
       for (int64_t i = 0; i < chunk; ++i) {
-        AxpyRowsArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_bytes, scratch.ids + i * scratch.stride,
+        AxpyRowsArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_stride, scratch.ids + i * scratch.stride,
                        scratch.coef + i * scratch.stride, m[i], tc, std::min(tc + tile, c1),
                        row_ptr<float>(dst, t0 + i)};
         a.w_rows = weight_rows(w);
         if (w.type == DType::Q4T) {
-          const Tensor& sc = src(g, n, 3);
+          const Tensor& sc = src(g, n, DownAxpySrc::scales);
           a.scales = static_cast<const uint16_t*>(sc.data);
           a.scales_stride = sc.cols;
           a.tmp = scratch.tmp;

@@ -29,11 +29,14 @@ void cpu_active_union(const Graph& g, const Node& n, const RunShape& shape, int 
 void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,
                    SparseScratch scratch);
 
-// Row `row` of a tensor, as T*.
+// Row `row` of a tensor (or view), as T*.
 template <typename T>
 T* row_ptr(const Tensor& t, int64_t row) {
-  return reinterpret_cast<T*>(static_cast<uint8_t*>(t.data) + row * int64_t(t.row_bytes));
+  return reinterpret_cast<T*>(static_cast<uint8_t*>(t.data) + row * int64_t(t.row_stride));
 }
+
+// Floats from one row of an F32 tensor to the next (a view of some columns has wider rows than its own).
+inline int64_t f32_stride(const Tensor& t) { return int64_t(t.row_stride / sizeof(float)); }
 
 // The row pointer table of a paged weight (offload/neuron_store.h), or nullptr for a contiguous one.
 inline const uint8_t* const* weight_rows(const Tensor& w) {
