@@ -60,6 +60,10 @@ def _sparsity_args(p: argparse.ArgumentParser) -> None:
                    help="most bytes of weights kept in RAM, e.g. 80M or 1.5G (with --sparsity): each layer's "
                         "hottest FFN neurons stay, the rest are streamed from a bundle file on disk while the "
                         "model computes; results are identical to the in-RAM run")
+    p.add_argument("--neuron-cache", type=float, default=None, metavar="SHARE",
+                   help="with --ram-budget and a predictor plan: the share of the budget above the minimum kept "
+                        "as an LRU cache of recently read cold neurons (consecutive tokens share many) instead "
+                        "of more resident hot ones (default: the plan file's, else 0)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -196,6 +200,11 @@ def _load(args, **kwargs):
     budget = getattr(args, "ram_budget", None)
     if budget is not None:
         kwargs["ram_budget"] = budget
+    share = getattr(args, "neuron_cache", None)
+    if share is not None:
+        if budget is None:
+            raise PyinferError("--neuron-cache needs --ram-budget")
+        kwargs["neuron_cache"] = share
     return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target,
                 cache_type=cache, **kwargs)
 

@@ -104,6 +104,12 @@ def test_selective_reads_fetch_each_listed_row(tiny_model_path, cache, down):
     cold = sum(e["n_ff"] - k for e, k in zip(off.offload.layout.layers, off.offload.plan.resident))
     assert st["listed_neurons"] < len(TOKENS) * cold  # (bytes: the tiny model's tails are a few pages anyway)
     assert greedy_tokens(off) == greedy_tokens(ram)
+    # A neuron cache in part of a larger budget: still the same logits, and later tokens find rows in it.
+    cached = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down=down,
+                          ram_budget=budgets(ram, plan, down)[1], neuron_cache=0.5, progress=False)
+    assert cached.offload.plan.cache_bytes > 0
+    assert np.array_equal(decode_logits(cached, TOKENS), want)
+    assert cached.offload.stats()["cache_hits"] > 0
 
 
 def test_store_serves_each_row_in_any_fetch_order(tiny_model_path, cache):
@@ -129,6 +135,39 @@ def test_store_serves_each_row_in_any_fetch_order(tiny_model_path, cache):
                     fa.down[plan.layers[il].perm[k]].tobytes()
         cold = sum(1 for il in range(L) if resident[il] < FF)
         assert (store.stats()["bytes_read"] > 0) == (cold > 0)
+
+
+def test_neuron_cache_keeps_recent_cold_rows_and_evicts_the_least_recent(tiny_model_path, cache):
+    model = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
+    plan = all_active_plan(model.gguf.fingerprint(), seed=4)
+    layout = open_or_write(cache, model.gguf, model.config, plan, "q8_0", progress=False)
+    arrays = [ffn_arrays(model.gguf, model.config, plan, il, "q8_0") for il in range(L)]
+    layers = [{"n_ff": e["n_ff"], "resident": 8, "file_offset": e["file_offset"], "bundle_bytes": e["bundle_bytes"],
+               "part_offsets": e["part_offsets"], "selective": True} for e in layout.layers]
+    slot = max(e["bundle_bytes"] for e in layout.layers)
+    store = _core.NeuronStore(str(layout.path), layers, cache_bytes=3 * slot)
+    assert store.stats()["cache_bytes"] == 3 * slot
+
+    def fetch(il, ids):
+        before = store.stats()
+        store.fetch(il, np.array(ids, np.int32))
+        fa = arrays[il]
+        for k in ids:  # wherever a row comes from (resident, cache, this read), its bytes are the file's
+            assert store.row(il, 0, k, fa.gate.shape[1]) == fa.gate[k].tobytes()
+            assert store.row(il, 1, k, fa.up.shape[1]) == fa.up[k].tobytes()
+            assert store.row(il, 2, k, fa.down.shape[1]) == fa.down[k].tobytes()
+        after = store.stats()
+        return {k: after[k] - before[k] for k in ("cache_hits", "cache_evictions", "listed_neurons", "listed_hits")}
+
+    assert fetch(0, [2, 20, 21, 22]) == {"cache_hits": 0, "cache_evictions": 0, "listed_neurons": 3, "listed_hits": 1}
+    # LRU order now 22, 21, 20: 21 is a hit (and most recent), 23 is read and evicts 20.
+    assert fetch(0, [21, 23]) == {"cache_hits": 1, "cache_evictions": 1, "listed_neurons": 1, "listed_hits": 0}
+    assert fetch(0, [20]) == {"cache_hits": 0, "cache_evictions": 1, "listed_neurons": 1, "listed_hits": 0}  # 22 out
+    assert fetch(0, [20, 21, 23])["cache_hits"] == 3
+    # Another layer shares the cache; a union larger than the cache reads every row and keeps what fits.
+    assert fetch(1, list(range(30, 40)))["listed_neurons"] == 10
+    assert fetch(1, list(range(30, 40)))["cache_hits"] == 3
+    assert fetch(0, [20, 21, 23])["cache_hits"] == 0
 
 
 def test_store_refuses_bad_layouts(tmp_path):

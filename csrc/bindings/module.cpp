@@ -120,7 +120,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<NeuronStore, std::shared_ptr<NeuronStore>>(m, "NeuronStore")
       .def(py::init([](const std::string& path, const py::list& layers, int ring_slots, bool direct_io,
-                       int io_threads) {
+                       int io_threads, uint64_t cache_bytes) {
              std::vector<BundleLayer> ls;
              for (const auto& item : layers) {
                const py::dict d = item.cast<py::dict>();
@@ -139,15 +139,16 @@ PYBIND11_MODULE(_core, m) {
              }
              py::gil_scoped_release release;
              try {
-               return std::make_shared<NeuronStore>(path, std::move(ls), ring_slots, direct_io, io_threads);
+               return std::make_shared<NeuronStore>(path, std::move(ls), ring_slots, direct_io, io_threads, cache_bytes);
              } catch (const std::invalid_argument& e) {
                throw GraphError(e.what());
              }
            }), py::arg("path"), py::arg("layers"), py::arg("ring_slots") = 2, py::arg("direct_io") = true,
-           py::arg("io_threads") = 4,
+           py::arg("io_threads") = 4, py::arg("cache_bytes") = 0,
            "Opens a bundle file and reads each layer's resident bundles. layers: dicts of n_ff, resident, "
            "file_offset, bundle_bytes, part_offsets (gate, up, down), optional down_rows (table row of bundle k) and "
-           "selective (decode reads only the listed rows, on demand).")
+           "selective (decode reads only the listed rows, on demand). cache_bytes: an LRU cache of the selective "
+           "layers' cold neurons, for the tokens that follow.")
       .def("fetch", [](NeuronStore& s, int layer, std::optional<I32Array> ids) {
              std::vector<int32_t> list;
              if (ids) {
@@ -174,6 +175,8 @@ PYBIND11_MODULE(_core, m) {
              d["wait_seconds"] = st.wait_seconds; d["fetches"] = st.fetches; d["resident_bytes"] = st.resident_bytes;
              d["ring_bytes"] = st.ring_bytes; d["direct_io"] = st.direct_io; d["listed_reads"] = st.listed_reads;
              d["listed_neurons"] = st.listed_neurons; d["listed_hits"] = st.listed_hits;
+             d["cache_hits"] = st.cache_hits; d["cache_evictions"] = st.cache_evictions;
+             d["cache_bytes"] = st.cache_bytes;
              return d;
            }, "Reads, bytes and seconds since the last reset_stats().")
       .def("reset_stats", &NeuronStore::reset_stats)
@@ -365,7 +368,7 @@ PYBIND11_MODULE(_core, m) {
       .def("_inject_fault", [](PyEngine& e, int node, int thread, int backend) {
              std::lock_guard<std::mutex> lock(e.engine->run_mutex());
              if (backend < 0 || size_t(backend) >= e.engine->n_backends()) throw GraphError("backend out of range");
-             e.engine->backend(size_t(backend)).inject_fault(node, thread);
+             e.engine->cpu(size_t(backend)).inject_fault(node, thread);
            }, py::arg("node"), py::arg("thread"), py::arg("backend") = 0,
            "Tests only: node `node` throws on pool thread `thread` of `backend` (-1: never).")
       .def("reserve_memory", [](PyEngine& e) {

@@ -50,8 +50,9 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
   copy_plan_ = insert_copies(graph_, cfg_.placement, cfg_.backend_memory);
   if (copy_plan_.copies || !copy_plan_.uploads.empty()) graph_.validate();  // the copies too
   for (size_t b = 0; b < cfg_.backend_threads.size(); ++b) {
-    backends_.push_back(std::make_unique<CpuBackend>(graph_, cfg_.backend_threads[b], cfg_.isa, cfg_.backend_memory[b]));
-    backends_.back()->set_neuron_store(cfg_.neuron_store.get());
+    auto cpu = std::make_unique<CpuBackend>(graph_, cfg_.backend_threads[b], cfg_.isa, cfg_.backend_memory[b]);
+    cpu->set_neuron_store(cfg_.neuron_store.get());
+    backends_.push_back(std::move(cpu));
   }
   plan_memory();
   check_row_coverage();

@@ -58,10 +58,14 @@ class Engine {
 
   const Graph& graph() const { return graph_; }
   const EngineConfig& config() const { return cfg_; }
-  const CpuBackend& cpu() const { return *backends_[0]; }
-  CpuBackend& cpu() { return *backends_[0]; }
+  // Backend i as a CPU backend (op timing, fault injection), or GraphError when it is another kind.
+  CpuBackend& cpu(size_t i = 0) const {
+    auto* c = dynamic_cast<CpuBackend*>(backends_.at(i).get());
+    if (!c) throw GraphError("backend " + std::to_string(i) + " is not a CPU backend");
+    return *c;
+  }
   size_t n_backends() const { return backends_.size(); }
-  CpuBackend& backend(size_t i) { return *backends_.at(i); }
+  Backend& backend(size_t i) const { return *backends_.at(i); }
   const Executor& executor() const { return *executor_; }
   Executor& executor_mut() { return *executor_; }
   size_t scratch_bytes() const { return scratch_.size(); }
@@ -108,7 +112,7 @@ class Engine {
 
   std::vector<int> buffer_of_;  // tensor -> buffer id (-1: external)
   CopyPlan copy_plan_;
-  std::vector<std::unique_ptr<CpuBackend>> backends_;
+  std::vector<std::unique_ptr<Backend>> backends_;  // the engine sees only the interface
   std::vector<DeviceMemory> device_memory_;  // after backends_: released while their owners live
   std::unique_ptr<Executor> executor_;
   std::mutex run_mutex_;

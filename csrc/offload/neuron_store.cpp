@@ -37,7 +37,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io,
-                         int io_threads)
+                         int io_threads, uint64_t cache_bytes)
     : layers_(std::move(layers)), path_(path) {
   if (ring_slots < 1 || ring_slots > 64) throw std::invalid_argument("ring_slots must be 1..64");
   if (io_threads < 1 || io_threads > 64) throw std::invalid_argument("io_threads must be 1..64");
@@ -62,11 +62,30 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     resident_bytes += round_up(uint64_t(b.resident) * b.bundle_bytes, kIoAlign);
     if (b.resident < b.n_ff && b.selective) {
       demand_bytes = std::max(demand_bytes, tail_end(b) - tail_begin(b));
+      cache_slot_bytes_ = std::max(cache_slot_bytes_, b.bundle_bytes);
     } else if (b.resident < b.n_ff) {
       cold_pos_[l] = int(cold_order_.size());
       cold_order_.push_back(int(l));
       slot_bytes = std::max(slot_bytes, tail_end(b) - tail_begin(b));
     }
+  }
+  const int64_t n_cache = cache_slot_bytes_ ? int64_t(cache_bytes / cache_slot_bytes_) : 0;
+  if (n_cache > INT32_MAX) throw std::invalid_argument("neuron cache too large");
+  cached_.resize(layers_.size());
+  if (n_cache > 0) {
+    for (size_t l = 0; l < layers_.size(); ++l)
+      if (layers_[l].selective) cached_[l].assign(size_t(layers_[l].n_ff), -1);
+    slot_layer_.assign(size_t(n_cache), -1);
+    slot_neuron_.assign(size_t(n_cache), -1);
+    slot_stamp_.assign(size_t(n_cache), 0);
+    lru_prev_.resize(size_t(n_cache));
+    lru_next_.resize(size_t(n_cache));
+    for (int32_t i = 0; i < int32_t(n_cache); ++i) {  // every slot in the list, empty ones at the tail
+      lru_prev_[size_t(i)] = i - 1;
+      lru_next_[size_t(i)] = i + 1 < n_cache ? i + 1 : -1;
+    }
+    lru_head_ = 0;
+    lru_tail_ = int32_t(n_cache) - 1;
   }
   tables_.resize(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l)
@@ -102,6 +121,8 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     ring_ = aligned_bytes(uint64_t(n_slots) * slot_bytes);
     for (int s = 0; s < n_slots; ++s) slots_.push_back(Slot{ring_ + uint64_t(s) * slot_bytes, -1, SlotState::Empty});
     demand_ = aligned_bytes(demand_bytes);
+    cache_ = aligned_bytes(uint64_t(n_cache) * cache_slot_bytes_);
+    stats_.cache_bytes = uint64_t(n_cache) * cache_slot_bytes_;
     if (demand_bytes)
       io_ = std::make_unique<ParallelReader>(
           [this](uint8_t* dst, uint64_t off, uint64_t n) { read_exact(dst, off, n); }, io_threads);
@@ -114,6 +135,7 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     std::free(resident_);
     std::free(ring_);
     std::free(demand_);
+    std::free(cache_);
     throw;
   }
   if (!slots_.empty()) reader_ = std::thread(&NeuronStore::reader, this);
@@ -131,6 +153,7 @@ NeuronStore::~NeuronStore() {
   std::free(resident_);
   std::free(ring_);
   std::free(demand_);
+  std::free(cache_);
 }
 
 uint64_t NeuronStore::tail_begin(const BundleLayer& b) const {
@@ -174,7 +197,9 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
   const auto t0 = std::chrono::steady_clock::now();
   ranges_.clear();
   placed_.clear();
-  uint64_t out = 0, listed = 0, hits = 0;
+  ++fetch_stamp_;
+  const bool caching = !cached_[size_t(layer)].empty();
+  uint64_t out = 0, listed = 0, hits = 0, cache_hits = 0, evictions = 0;
   const bool dense = !list || list[0] < 0;
   if (dense) {  // a dense run: the whole tail, in large reads
     const uint64_t begin = tail_begin(b), end = tail_end(b);
@@ -198,6 +223,13 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
         continue;
       }
       const uint64_t b0 = b.file_offset + uint64_t(k) * b.bundle_bytes;
+      if (caching && cached_[size_t(layer)][size_t(k)] >= 0) {  // read for an earlier token, still cached
+        const int32_t slot = cached_[size_t(layer)][size_t(k)];
+        point_row(layer, k, cache_ + uint64_t(slot) * cache_slot_bytes_, b0);
+        cache_touch(slot);
+        ++cache_hits;
+        continue;
+      }
       const uint64_t p0 = round_down(b0, kIoAlign), p1 = round_up(b0 + b.bundle_bytes, kIoAlign);
       if (open && p0 <= cur1 + kGap && p1 - cur0 <= kMaxRange) {
         cur1 = std::max(cur1, p1);
@@ -216,7 +248,11 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
   if (dense)
     point_rows(layer, b.resident, b.n_ff, demand_, tail_begin(b));
   else
-    for (const auto& [k, r] : placed_) point_row(layer, k, ranges_[r].dst, ranges_[r].offset);
+    for (const auto& [k, r] : placed_) {
+      point_row(layer, k, ranges_[r].dst, ranges_[r].offset);
+      if (caching)
+        evictions += cache_insert(layer, k, ranges_[r].dst + (b.file_offset + uint64_t(k) * b.bundle_bytes - ranges_[r].offset));
+    }
   uint64_t bytes = 0;
   for (const ReadRange& r : ranges_) bytes += r.bytes;
   const double dt = seconds_since(t0);
@@ -230,7 +266,35 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
     stats_.listed_reads += ranges_.size();
     stats_.listed_neurons += listed;
     stats_.listed_hits += hits;
+    stats_.cache_hits += cache_hits;
+    stats_.cache_evictions += evictions;
   }
+}
+
+void NeuronStore::cache_touch(int32_t slot) {
+  slot_stamp_[size_t(slot)] = fetch_stamp_;
+  if (slot == lru_head_) return;
+  const int32_t p = lru_prev_[size_t(slot)], n = lru_next_[size_t(slot)];  // unlink (p >= 0: not the head)
+  lru_next_[size_t(p)] = n;
+  if (n >= 0) lru_prev_[size_t(n)] = p; else lru_tail_ = p;
+  lru_prev_[size_t(slot)] = -1;  // relink at the head
+  lru_next_[size_t(slot)] = lru_head_;
+  lru_prev_[size_t(lru_head_)] = slot;
+  lru_head_ = slot;
+}
+
+bool NeuronStore::cache_insert(int layer, int64_t k, const uint8_t* bundle) {
+  const int32_t slot = lru_tail_;
+  // Every slot was used by this fetch (its union outgrew the cache): keep the rows the compute points at.
+  if (slot_stamp_[size_t(slot)] == fetch_stamp_) return false;
+  const bool evicts = slot_layer_[size_t(slot)] >= 0;
+  if (evicts) cached_[size_t(slot_layer_[size_t(slot)])][size_t(slot_neuron_[size_t(slot)])] = -1;
+  std::memcpy(cache_ + uint64_t(slot) * cache_slot_bytes_, bundle, size_t(layers_[size_t(layer)].bundle_bytes));
+  slot_layer_[size_t(slot)] = layer;
+  slot_neuron_[size_t(slot)] = int32_t(k);
+  cached_[size_t(layer)][size_t(k)] = slot;
+  cache_touch(slot);
+  return evicts;
 }
 
 void NeuronStore::fetch(int layer, const int32_t* list) {

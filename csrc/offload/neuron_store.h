@@ -47,6 +47,9 @@ struct NeuronStoreStats {
   uint64_t listed_reads = 0;     // selective layers: ranges read for listed neurons
   uint64_t listed_neurons = 0;   // selective layers: cold neurons fetched by list
   uint64_t listed_hits = 0;      // selective layers: listed neurons already resident (RAM hits)
+  uint64_t cache_hits = 0;       // selective layers: listed cold neurons found in the neuron cache
+  uint64_t cache_evictions = 0;  // cached neurons dropped for newer ones
+  uint64_t cache_bytes = 0;
   uint64_t resident_bytes = 0;
   uint64_t ring_bytes = 0;
   bool direct_io = false;        // O_DIRECT accepted by the file system
@@ -57,9 +60,10 @@ class NeuronStore {
   static constexpr uint64_t kIoAlign = 4096;
   // Opens `path` and reads every layer's resident bundles. ring_slots >= 1 tails are buffered (2 lets one
   // layer compute while the next is read). Throws std::runtime_error naming the file on any I/O error.
-  // io_threads: reads in flight for selective layers.
+  // io_threads: reads in flight for selective layers. cache_bytes: the neuron cache of selective layers, cold
+  // neurons read earlier kept for the next tokens (consecutive tokens share many), least recently used out.
   NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io,
-              int io_threads = 4);
+              int io_threads = 4, uint64_t cache_bytes = 0);
   ~NeuronStore();
   NeuronStore(const NeuronStore&) = delete;
   NeuronStore& operator=(const NeuronStore&) = delete;
@@ -95,6 +99,9 @@ class NeuronStore {
   void point_rows(int layer, int64_t k0, int64_t k1, const uint8_t* base, uint64_t base_offset);
   void reader();
   void fetch_selective(int layer, const int32_t* list);
+  // The neuron cache (selective layers): slots of cache_slot_bytes_ in an LRU list, most recent at the head.
+  void cache_touch(int32_t slot);
+  bool cache_insert(int layer, int64_t k, const uint8_t* bundle);  // true: it dropped an older neuron
 
   std::vector<BundleLayer> layers_;
   std::vector<std::array<std::vector<const uint8_t*>, kBundleParts>> tables_;
@@ -110,6 +117,14 @@ class NeuronStore {
   std::unique_ptr<class ParallelReader> io_;
   std::vector<struct ReadRange> ranges_;      // scratch of fetch_selective
   std::vector<std::pair<int64_t, size_t>> placed_;
+  uint8_t* cache_ = nullptr;
+  uint64_t cache_slot_bytes_ = 0;
+  std::vector<std::vector<int32_t>> cached_;        // [layer][neuron]: its cache slot, or -1
+  std::vector<int32_t> slot_layer_, slot_neuron_;   // per slot: what it holds (-1: nothing)
+  std::vector<int32_t> lru_prev_, lru_next_;        // toward the head (more recent) / the tail
+  std::vector<uint64_t> slot_stamp_;                // the fetch that last used it: not evicted by that fetch
+  int32_t lru_head_ = -1, lru_tail_ = -1;
+  uint64_t fetch_stamp_ = 0;
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

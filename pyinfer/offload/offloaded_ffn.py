@@ -24,6 +24,9 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20,
 # 1 GB/s at 1 MiB on the test VM: ~30 us per request); in bytes at 1 GB/s it is what a layer kept whole saves.
 READ_REQUEST_BYTES = 32 * 1024
 RING_SLOTS = 2
+# Share of the budget above the minimum that the neuron cache gets when the plan has selective layers
+# (bench/results/neuron_cache.md measured it); the rest keeps the hottest neurons resident.
+CACHE_SHARE = 0.0
 
 
 def parse_size(text: str | int) -> int:
@@ -51,6 +54,7 @@ class OffloadPlan:
     fixed_bytes: int                 # non-FFN weights + predictors + scales + ring
     non_ffn_bytes: int
     ring_bytes: int
+    cache_bytes: int                 # the LRU cache of selective layers' cold neurons
     resident: list[int]              # per layer: hottest neurons kept
     resident_bytes: int
     streamed_bytes: int              # expected bundle bytes read per token
@@ -61,7 +65,7 @@ class OffloadPlan:
 
     def summary(self) -> dict:
         return {"ram_budget": self.budget, "fixed_bytes": self.fixed_bytes, "non_ffn_bytes": self.non_ffn_bytes,
-                "ring_bytes": self.ring_bytes,
+                "ring_bytes": self.ring_bytes, "cache_bytes": self.cache_bytes,
                 "resident_ffn_bytes": self.resident_bytes, "streamed_bytes_per_token": self.streamed_bytes,
                 "ffn_bundle_bytes": self.ffn_bytes, "resident_neurons": self.resident,
                 "solver": self.choice.solver, "solve_seconds": round(self.choice.seconds, 4),
@@ -115,7 +119,9 @@ def neuron_values(plan: SparsityPlan, layout: BundleLayout) -> list[np.ndarray]:
 
 
 def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, budget: int,
-                 ring_slots: int = RING_SLOTS) -> OffloadPlan:
+                 ring_slots: int = RING_SLOTS, cache_share: float | None = None) -> OffloadPlan:
+    """`cache_share` of the budget above the minimum goes to the neuron cache (selective layers only; default
+    CACHE_SHARE), the rest to resident neurons chosen by the solver."""
     n_ff = [e["n_ff"] for e in layout.layers]
     bundle = [e["bundle_bytes"] for e in layout.layers]
     ring = ring_bytes(layout, selective_layers(plan), ring_slots)
@@ -123,7 +129,11 @@ def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, 
     if budget < fixed:
         raise PyinferError(f"a RAM budget of {fmt_size(budget)} is below the minimum of {fmt_size(fixed)} "
                            f"(attention, embeddings, head, predictors and the read buffers must stay in RAM)")
-    capacity = budget - fixed
+    share = CACHE_SHARE if cache_share is None else float(cache_share)
+    if not 0.0 <= share < 1.0:
+        raise PyinferError(f"the cache share must be in [0, 1), got {share}")
+    cache = int((budget - fixed) * share) if any(selective_layers(plan)) else 0
+    capacity = budget - fixed - cache
     values = neuron_values(plan, layout)
     choice = solve_resident(n_ff, bundle, capacity, value_per_neuron=values, layer_bonus=READ_REQUEST_BYTES)
     greedy = greedy_resident(n_ff, bundle, capacity, value_per_neuron=values)
@@ -131,8 +141,8 @@ def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, 
     ffn = sum(n * b for n, b in zip(n_ff, bundle))
     # Bytes read per token: every streamed tail, and the expected firing share of each selective tail.
     streamed = sum(float(v[k:].sum()) for v, k in zip(values, choice.counts))
-    return OffloadPlan(budget, fixed, non_ffn_bytes(gguf), ring, choice.counts, resident_bytes, int(streamed), ffn,
-                       choice, greedy, {"selective_layers": int(sum(selective_layers(plan)))})
+    return OffloadPlan(budget, fixed, non_ffn_bytes(gguf), ring, cache, choice.counts, resident_bytes, int(streamed),
+                       ffn, choice, greedy, {"selective_layers": int(sum(selective_layers(plan)))})
 
 
 class OffloadedFfn:
@@ -140,7 +150,7 @@ class OffloadedFfn:
 
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, budget: int,
                  cache, ring_slots: int | None = None, direct_io: bool = True, progress: bool = True,
-                 io_threads: int = 4):
+                 io_threads: int = 4, cache_share: float | None = None):
         from ..runtime.sparse_ffn import pick_neuron_down
 
         ring_slots = ring_slots or RING_SLOTS
@@ -150,7 +160,7 @@ class OffloadedFfn:
         self.cfg = cfg
         self.down_type = pick_neuron_down(plan, down_type)
         self.layout = open_or_write(cache, gguf, cfg, plan, self.down_type, progress)
-        self.plan = plan_offload(gguf, plan, self.layout, budget, ring_slots)
+        self.plan = plan_offload(gguf, plan, self.layout, budget, ring_slots, cache_share)
         self._selective = selective_layers(plan)
         layers = []
         for il, e in enumerate(self.layout.layers):
@@ -159,7 +169,8 @@ class OffloadedFfn:
                            "selective": self._selective[il],
                            "down_rows": plan.layers[il].perm.astype(np.int32).tolist() if e["down_rows"] else None})
         try:
-            self.store = _core.NeuronStore(str(self.layout.path), layers, ring_slots, direct_io, io_threads)
+            self.store = _core.NeuronStore(str(self.layout.path), layers, ring_slots, direct_io, io_threads,
+                                           self.plan.cache_bytes)
         except (RuntimeError, ValueError) as e:
             raise PyinferError(str(e)) from None
         self._scales = [read_scales(self.layout, il) for il in range(len(layers))]
