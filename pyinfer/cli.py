@@ -310,6 +310,9 @@ def cmd_bench(args) -> int:
               f"{o['bytes_read_per_token'] / 2**20:.2f} MiB read per token "
               f"({o['read_bandwidth_mb_s'] or 0:.0f} MB/s, {'O_DIRECT' if o['direct_io'] else 'buffered'}), "
               f"{o['io_hidden_share']:.0%} of read time hidden behind compute")
+        if o.get("cache_hit_rate") is not None:
+            print(f"         neuron cache {o['cache_bytes'] / 2**20:.1f} MiB: {o['cache_hit_rate']:.0%} of listed cold "
+                  f"neurons found there; listed reads through {o['io_engine']}")
     if sparsity is not None:
         mean = {k: sum(row[k] for row in sparsity["layers"]) / len(sparsity["layers"])
                 for k in ("computed_density", "true_density", "recall")}

@@ -61,7 +61,9 @@ def test_offloaded_runs_equal_in_ram_bit_for_bit(tiny_model_path, cache, kind, d
         off = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down=down,
                            ram_budget=budget, progress=False)
         assert np.array_equal(decode_logits(off, TOKENS), want_decode)
+        off.offload.store.reset_stats()
         assert np.array_equal(off.eval(TOKENS, all_logits=True), want_prefill)
+        assert off.offload.stats()["dense_bytes_read"] > 0  # prefill read down from the bundle file
         assert greedy_tokens(off) == want_tokens
         st = off.offload.stats()
         streamed = off.offload.plan.streamed_bytes
@@ -168,6 +170,45 @@ def test_neuron_cache_keeps_recent_cold_rows_and_evicts_the_least_recent(tiny_mo
     assert fetch(1, list(range(30, 40)))["listed_neurons"] == 10
     assert fetch(1, list(range(30, 40)))["cache_hits"] == 3
     assert fetch(0, [20, 21, 23])["cache_hits"] == 0
+
+
+@pytest.mark.parametrize("io_uring", [True, False])
+def test_listed_reads_through_each_io_engine_and_their_errors(tiny_model_path, cache, io_uring):
+    """Selective reads go through io_uring where the kernel allows it, else pread threads: the same rows either
+    way, and a file cut short under the open store is an exception until it is whole again."""
+    model = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
+    plan = all_active_plan(model.gguf.fingerprint(), seed=4)
+    layout = open_or_write(cache, model.gguf, model.config, plan, "q8_0", progress=False)
+    arrays = [ffn_arrays(model.gguf, model.config, plan, il, "q8_0") for il in range(L)]
+    layers = [{"n_ff": e["n_ff"], "resident": 4, "file_offset": e["file_offset"], "bundle_bytes": e["bundle_bytes"],
+               "part_offsets": e["part_offsets"], "selective": True, "dense_offset": e["dense_offset"],
+               "dense_rows": e["dense_rows"], "dense_row_bytes": e["dense_row_bytes"]} for e in layout.layers]
+    store = _core.NeuronStore(str(layout.path), layers, io_threads=3, io_uring=io_uring)
+    engine = store.stats()["io_engine"]
+    assert engine == "pread" if not io_uring else engine in ("io_uring", "pread")
+
+    def fetch_and_check(il, ids):
+        store.fetch(il, None if ids is None else np.array(ids, np.int32))
+        for k in (range(FF) if ids is None else ids):
+            assert store.row(il, 0, k, arrays[il].gate.shape[1]) == arrays[il].gate[k].tobytes()
+            assert store.row(il, 2, k, arrays[il].down.shape[1]) == arrays[il].down[k].tobytes()
+
+    for il, ids in ((0, [5, 6, 7, 40, 90, FF - 1]), (1, None), (1, list(range(4, FF, 3)))):
+        fetch_and_check(il, ids)
+    for il in range(L):  # a dense run's original down: the model's bytes, read whole
+        store.fetch_dense(il)
+        down = np.asarray(model.gguf.tensor(f"blk.{il}.ffn_down.weight").data).view(np.uint8).reshape(TINY["d_model"], -1)
+        for r in (0, 7, TINY["d_model"] - 1):
+            assert store.row(il, 3, r, down.shape[1]) == down[r].tobytes()
+    assert store.stats()["dense_bytes_read"] >= L * down.nbytes
+    good = layout.path.read_bytes()
+    os.truncate(layout.path, HEAD + 4096)
+    for ids in ([FF - 2, FF - 1], None):
+        with pytest.raises(RuntimeError, match="shorter than its layout"):
+            store.fetch(1, None if ids is None else np.array(ids, np.int32))
+    layout.path.write_bytes(good)
+    fetch_and_check(1, [FF - 2, FF - 1])
+    assert store.stats()["io_engine"] == engine
 
 
 def test_store_refuses_bad_layouts(tmp_path):

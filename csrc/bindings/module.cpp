@@ -120,7 +120,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<NeuronStore, std::shared_ptr<NeuronStore>>(m, "NeuronStore")
       .def(py::init([](const std::string& path, const py::list& layers, int ring_slots, bool direct_io,
-                       int io_threads, uint64_t cache_bytes) {
+                       int io_threads, uint64_t cache_bytes, bool io_uring) {
              std::vector<BundleLayer> ls;
              for (const auto& item : layers) {
                const py::dict d = item.cast<py::dict>();
@@ -133,22 +133,29 @@ PYBIND11_MODULE(_core, m) {
                if (offs.size() != size_t(kBundleParts)) throw GraphError("part_offsets needs 3 entries");
                std::copy(offs.begin(), offs.end(), b.part_offset.begin());
                if (d.contains("selective")) b.selective = d["selective"].cast<bool>();
+               if (d.contains("dense_offset")) {
+                 b.dense_offset = d["dense_offset"].cast<uint64_t>();
+                 b.dense_rows = d["dense_rows"].cast<int64_t>();
+                 b.dense_row_bytes = d["dense_row_bytes"].cast<uint64_t>();
+               }
                if (d.contains("down_rows") && !d["down_rows"].is_none())
                  b.row_of[size_t(BundlePart::Down)] = d["down_rows"].cast<std::vector<int32_t>>();
                ls.push_back(std::move(b));
              }
              py::gil_scoped_release release;
              try {
-               return std::make_shared<NeuronStore>(path, std::move(ls), ring_slots, direct_io, io_threads, cache_bytes);
+               return std::make_shared<NeuronStore>(path, std::move(ls), ring_slots, direct_io, io_threads, cache_bytes,
+                                                    io_uring);
              } catch (const std::invalid_argument& e) {
                throw GraphError(e.what());
              }
            }), py::arg("path"), py::arg("layers"), py::arg("ring_slots") = 2, py::arg("direct_io") = true,
-           py::arg("io_threads") = 4, py::arg("cache_bytes") = 0,
+           py::arg("io_threads") = 4, py::arg("cache_bytes") = 0, py::arg("io_uring") = true,
            "Opens a bundle file and reads each layer's resident bundles. layers: dicts of n_ff, resident, "
            "file_offset, bundle_bytes, part_offsets (gate, up, down), optional down_rows (table row of bundle k) and "
            "selective (decode reads only the listed rows, on demand). cache_bytes: an LRU cache of the selective "
-           "layers' cold neurons, for the tokens that follow.")
+           "layers' cold neurons, for the tokens that follow. io_uring: selective reads through io_uring where the "
+           "kernel allows it (else, and with False, pread threads).")
       .def("fetch", [](NeuronStore& s, int layer, std::optional<I32Array> ids) {
              std::vector<int32_t> list;
              if (ids) {
@@ -159,9 +166,14 @@ PYBIND11_MODULE(_core, m) {
              s.fetch(layer, ids ? list.data() : nullptr);
            }, py::arg("layer"), py::arg("ids") = py::none(),
            "Tests: make a layer's rows readable (a selective layer's: only `ids`, ascending), as a NeuronFetch does.")
+      .def("fetch_dense", [](NeuronStore& s, int layer) {
+             py::gil_scoped_release release;
+             s.fetch_dense(layer);
+           }, py::arg("layer"), "Tests: read a layer's original down for a dense run, as a dense-down NeuronFetch does.")
       .def("row", [](const NeuronStore& s, int layer, int part, int64_t row, int64_t n_bytes) {
-             if (layer < 0 || layer >= s.n_layers() || part < 0 || part >= kBundleParts || row < 0 ||
-                 row >= s.layer(layer).n_ff || n_bytes < 0)
+             if (layer < 0 || layer >= s.n_layers() || part < 0 || part >= kTables || row < 0 ||
+                 row >= (part == int(BundlePart::DenseDown) ? s.layer(layer).dense_rows : s.layer(layer).n_ff) ||
+                 n_bytes < 0)
                throw GraphError("no such row");
              const uint8_t* p = s.table(layer, BundlePart(part))[row];
              if (!p) throw GraphError("row is not fetched");
@@ -176,7 +188,8 @@ PYBIND11_MODULE(_core, m) {
              d["ring_bytes"] = st.ring_bytes; d["direct_io"] = st.direct_io; d["listed_reads"] = st.listed_reads;
              d["listed_neurons"] = st.listed_neurons; d["listed_hits"] = st.listed_hits;
              d["cache_hits"] = st.cache_hits; d["cache_evictions"] = st.cache_evictions;
-             d["cache_bytes"] = st.cache_bytes;
+             d["cache_bytes"] = st.cache_bytes; d["io_engine"] = std::string(st.io_engine);
+             d["dense_bytes_read"] = st.dense_bytes_read; d["dense_seconds"] = st.dense_seconds;
              return d;
            }, "Reads, bytes and seconds since the last reset_stats().")
       .def("reset_stats", &NeuronStore::reset_stats)
@@ -214,13 +227,17 @@ PYBIND11_MODULE(_core, m) {
       .def("add_paged_weight", [](PyGraph& g, const std::string& name, DType type, int64_t cols, int64_t rows,
                                   std::shared_ptr<NeuronStore> store, int layer, int part) {
              if (g.store && g.store != store) throw GraphError("a graph reads from one neuron store");
-             if (layer < 0 || layer >= store->n_layers() || part < 0 || part >= kBundleParts)
+             if (layer < 0 || layer >= store->n_layers() || part < 0 || part >= kTables)
                throw GraphError("weight '" + name + "': no such layer or part in the neuron store");
              const BundleLayer& b = store->layer(layer);
-             if (rows != b.n_ff || cols < 1 || cols > kMaxCols || (dtype_is_quantized(type) && cols % kQuantBlock))
+             const bool dense = part == int(BundlePart::DenseDown);  // the original down [d, n_ff]
+             if (rows != (dense ? b.dense_rows : b.n_ff) || rows < 1 || cols < 1 || cols > kMaxCols ||
+                 (dtype_is_quantized(type) && cols % kQuantBlock))
                throw GraphError("weight '" + name + "': shape does not match the neuron store's layer");
-             const uint64_t part_end = part + 1 < kBundleParts ? b.part_offset[size_t(part) + 1] : b.bundle_bytes;
-             if (part_end - b.part_offset[size_t(part)] < dtype_row_bytes(type, cols))
+             const uint64_t part_bytes = dense ? b.dense_row_bytes
+                                               : (part + 1 < kBundleParts ? b.part_offset[size_t(part) + 1]
+                                                                           : b.bundle_bytes) - b.part_offset[size_t(part)];
+             if (part_bytes < dtype_row_bytes(type, cols))
                throw GraphError("weight '" + name + "': rows are longer than the bundle part that holds them");
              Tensor t{name, type, cols, rows, RowMode::Fixed, Storage::External};
              t.data = const_cast<uint8_t**>(store->table(layer, BundlePart(part)));
@@ -228,7 +245,8 @@ PYBIND11_MODULE(_core, m) {
              g.store = std::move(store);
              return g.graph.add_tensor(t);
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("rows"), py::arg("store"), py::arg("layer"),
-           py::arg("part"), "A weight whose rows a NeuronStore holds (part: 0 gate, 1 up, 2 down).")
+           py::arg("part"), "A weight whose rows a NeuronStore holds (part: 0 gate, 1 up, 2 down, 3 the original down "
+           "of dense runs).")
       .def("add_view", [](PyGraph& g, const std::string& name, int base, int64_t cols, int64_t rows, size_t offset,
                           size_t row_stride) { return g.graph.add_view(name, base, cols, rows, offset, row_stride); },
            py::arg("name"), py::arg("base"), py::arg("cols"), py::arg("rows") = 0, py::arg("offset") = 0,

@@ -407,7 +407,8 @@ void Graph::validate() const {
         c.type(n.dst, DType::I32);
         if (d.storage != Storage::State) c.fail("the fetch marker is state");
         if (P.layer < 0) c.fail("the layer must not be negative");
-        if (P.release != 0 && P.release != 1) c.fail("release must be 0 (fetch) or 1 (release)");
+        if (P.mode != NeuronFetchMode::Rows && P.mode != NeuronFetchMode::Release && P.mode != NeuronFetchMode::DenseDown)
+          c.fail("mode must be 0 (rows), 1 (release) or 2 (dense down)");
         if (u >= 0) {
           c.type(u, DType::I32);
           if (!union_written[size_t(origin(u))]) c.fail("the fetch list must be the result of an earlier ActiveUnion");

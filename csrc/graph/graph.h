@@ -67,8 +67,9 @@ enum class OpKind : int32_t {
   DownAxpy = 13,     // dst[t] = sum_{j in list} act[t][j] * down[row_map(j)]
   ScatterCols = 14,  // dst[t][perm[k]] = x[t][k]
   ActiveUnion = 15,  // dst (I32 state [1, n_ff + 1]) = the union of the tokens' lists, or count -1 ("run dense")
-  NeuronFetch = 16,  // fetch: every row (or the union's rows) of a layer's paged FFN weights becomes readable;
-                     //   release: the layer's readers are done, its buffer may be reused (offload/neuron_store.h).
+  NeuronFetch = 16,  // rows: every row (or the union's rows) of a layer's paged FFN weights becomes readable;
+                     //   release: the layer's readers are done, its buffer may be reused; dense down: a dense
+                     //   run's original down matrix is read whole (offload/neuron_store.h).
                      //   dst: I32 state [1, 1], untouched (it orders the fetch before the FFN's readers)
   Copy = 17,         // dst = x, row by row: a tensor carried into another memory space (the engine inserts
                      //   these where a node reads a tensor that lives in another backend's memory)

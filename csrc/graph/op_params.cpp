@@ -24,7 +24,7 @@ const ParamField kGatedAct[] = {PYI_I32(gated_act, act), PYI_F32(gated_act, thre
 const ParamField kActiveUnion[] = {PYI_I32(active_union, n_ff), PYI_I32(active_union, max_tokens),
                                    PYI_F32(active_union, max_density), PYI_F32(active_union, max_union),
                                    PYI_F32(active_union, max_single)};
-const ParamField kNeuronFetch[] = {PYI_I32(neuron_fetch, layer), PYI_I32(neuron_fetch, release)};
+const ParamField kNeuronFetch[] = {PYI_I32(neuron_fetch, layer), PYI_I32(neuron_fetch, mode)};
 
 #undef PYI_I32
 #undef PYI_F32

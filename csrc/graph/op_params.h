@@ -73,7 +73,10 @@ struct GatedActParams { Activation act; float threshold; };  // 0 where |act(gat
 // Count -1 ("run dense") when the run has more than max_tokens tokens, when the mean list density exceeds
 // max_density or the union's density max_union (one token: its list's density max_single).
 struct ActiveUnionParams { int32_t n_ff, max_tokens; float max_density, max_union, max_single; };
-struct NeuronFetchParams { int32_t layer; int32_t release; };  // release 0: fetch; 1: readers done
+// Rows: the layer's paged rows become readable (all, or the union's); Release: its readers are done;
+// DenseDown: a dense run's original down matrix is read whole (offload/neuron_store.h).
+enum class NeuronFetchMode : int32_t { Rows = 0, Release = 1, DenseDown = 2 };
+struct NeuronFetchParams { int32_t layer; NeuronFetchMode mode; };
 
 union OpParams {
   GetRowsParams get_rows;

@@ -1,6 +1,7 @@
 #include "offload/neuron_store.h"
 
 #include "offload/parallel_reader.h"
+#include "offload/uring_reader.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -37,11 +38,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io,
-                         int io_threads, uint64_t cache_bytes)
+                         int io_threads, uint64_t cache_bytes, bool use_uring)
     : layers_(std::move(layers)), path_(path) {
   if (ring_slots < 1 || ring_slots > 64) throw std::invalid_argument("ring_slots must be 1..64");
   if (io_threads < 1 || io_threads > 64) throw std::invalid_argument("io_threads must be 1..64");
-  uint64_t resident_bytes = 0, slot_bytes = 0, demand_bytes = 0;
+  uint64_t resident_bytes = 0, slot_bytes = 0, demand_bytes = 0, dense_bytes = 0;
   cold_pos_.assign(layers_.size(), -1);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const BundleLayer& b = layers_[l];
@@ -59,6 +60,9 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
         seen[size_t(r)] = 1;
       }
     }
+    if (b.dense_rows < 0 || (b.dense_rows > 0 && (b.dense_offset % kIoAlign || b.dense_row_bytes == 0)))
+      throw std::invalid_argument("bundle layer " + std::to_string(l) + ": a bad dense down region");
+    dense_bytes = std::max(dense_bytes, round_up(uint64_t(b.dense_rows) * b.dense_row_bytes, kIoAlign));
     resident_bytes += round_up(uint64_t(b.resident) * b.bundle_bytes, kIoAlign);
     if (b.resident < b.n_ff && b.selective) {
       demand_bytes = std::max(demand_bytes, tail_end(b) - tail_begin(b));
@@ -88,8 +92,10 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     lru_tail_ = int32_t(n_cache) - 1;
   }
   tables_.resize(layers_.size());
-  for (size_t l = 0; l < layers_.size(); ++l)
-    for (auto& t : tables_[l]) t.assign(size_t(layers_[l].n_ff), nullptr);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int p = 0; p < kBundleParts; ++p) tables_[l][size_t(p)].assign(size_t(layers_[l].n_ff), nullptr);
+    tables_[l][size_t(BundlePart::DenseDown)].assign(size_t(layers_[l].dense_rows), nullptr);
+  }
 
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (direct_io ? O_DIRECT : 0));
   direct_ = direct_io && fd_ >= 0;
@@ -123,12 +129,22 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     demand_ = aligned_bytes(demand_bytes);
     cache_ = aligned_bytes(uint64_t(n_cache) * cache_slot_bytes_);
     stats_.cache_bytes = uint64_t(n_cache) * cache_slot_bytes_;
-    if (demand_bytes)
-      io_ = std::make_unique<ParallelReader>(
-          [this](uint8_t* dst, uint64_t off, uint64_t n) { read_exact(dst, off, n); }, io_threads);
+    dense_ = aligned_bytes(dense_bytes);
+    if (demand_bytes || dense_bytes) {
+      io_threads_ = io_threads;
+      if (use_uring) {
+        try {  // one thread, io_threads reads in flight
+          io_ = std::make_unique<UringReader>(fd_, unsigned(io_threads), path_);
+        } catch (const std::runtime_error&) {
+          io_.reset();  // refused by this kernel: pread threads
+        }
+      }
+      if (!io_) io_ = pread_reader();
+    }
     stats_.resident_bytes = resident_bytes;
-    stats_.ring_bytes = uint64_t(n_slots) * slot_bytes + demand_bytes;
+    stats_.ring_bytes = uint64_t(n_slots) * slot_bytes + demand_bytes + dense_bytes;
     stats_.direct_io = direct_;
+    stats_.io_engine = io_ ? io_->kind() : "none";
   } catch (...) {
     io_.reset();
     ::close(fd_);
@@ -136,6 +152,7 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     std::free(ring_);
     std::free(demand_);
     std::free(cache_);
+    std::free(dense_);
     throw;
   }
   if (!slots_.empty()) reader_ = std::thread(&NeuronStore::reader, this);
@@ -149,11 +166,13 @@ NeuronStore::~NeuronStore() {
   cv_.notify_all();
   if (reader_.joinable()) reader_.join();
   io_.reset();
+  retired_.clear();
   ::close(fd_);
   std::free(resident_);
   std::free(ring_);
   std::free(demand_);
   std::free(cache_);
+  std::free(dense_);
 }
 
 uint64_t NeuronStore::tail_begin(const BundleLayer& b) const {
@@ -173,6 +192,28 @@ void NeuronStore::read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes) cons
     if (got == 0) throw std::runtime_error("bundle file " + path_ + " is shorter than its layout (truncated?)");
     done += uint64_t(got);
   }
+}
+
+void NeuronStore::read_ranges() {
+  try {
+    io_->read_all(ranges_);
+  } catch (...) {
+    auto* ring = dynamic_cast<UringReader*>(io_.get());
+    if (!ring || !ring->broken()) throw;
+    // The ring failed with reads in flight (into buffers that live on): never use it again.
+    retired_.push_back(std::move(io_));
+    io_ = pread_reader();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.io_engine = io_->kind();
+    }
+    io_->read_all(ranges_);
+  }
+}
+
+std::unique_ptr<RangeReader> NeuronStore::pread_reader() {
+  return std::make_unique<ParallelReader>(
+      [this](uint8_t* dst, uint64_t off, uint64_t n) { read_exact(dst, off, n); }, io_threads_);
 }
 
 void NeuronStore::point_row(int layer, int64_t k, const uint8_t* base, uint64_t base_offset) {
@@ -244,7 +285,7 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
     }
     if (open) flush();
   }
-  io_->read_all(ranges_);
+  read_ranges();
   if (dense)
     point_rows(layer, b.resident, b.n_ff, demand_, tail_begin(b));
   else
@@ -395,6 +436,26 @@ void NeuronStore::release(int layer) {
       if (s.state == SlotState::InUse && s.layer == layer) s.state = SlotState::Empty;
   }
   cv_.notify_all();
+}
+
+void NeuronStore::fetch_dense(int layer) {
+  if (layer < 0 || size_t(layer) >= layers_.size()) throw std::out_of_range("fetch: no such layer");
+  const BundleLayer& b = layers_[size_t(layer)];
+  if (b.dense_rows == 0) throw std::runtime_error("bundle file " + path_ + " holds no dense down for this layer");
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t bytes = round_up(uint64_t(b.dense_rows) * b.dense_row_bytes, kIoAlign);
+  constexpr uint64_t kChunk = 1 << 20;  // large sequential reads, a few in flight
+  ranges_.clear();
+  for (uint64_t off = 0; off < bytes; off += kChunk)
+    ranges_.push_back(ReadRange{dense_ + off, b.dense_offset + off, std::min(kChunk, bytes - off)});
+  read_ranges();
+  auto& table = tables_[size_t(layer)][size_t(BundlePart::DenseDown)];
+  for (int64_t r = 0; r < b.dense_rows; ++r) table[size_t(r)] = dense_ + uint64_t(r) * b.dense_row_bytes;
+  const double dt = seconds_since(t0);
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.dense_bytes_read += bytes;
+  stats_.dense_seconds += dt;
+  stats_.wait_seconds += dt;
 }
 
 NeuronStoreStats NeuronStore::stats() const {

@@ -20,9 +20,11 @@
 
 namespace pyinfer {
 
-// Parts of a bundle, in file order.
-enum class BundlePart : int { Gate = 0, Up = 1, Down = 2 };
+// Parts of a bundle, in file order; DenseDown is not in the bundles but the layer's original down matrix
+// [d, n_ff], stored after them for dense runs (prefill), read whole in large sequential reads.
+enum class BundlePart : int { Gate = 0, Up = 1, Down = 2, DenseDown = 3 };
 constexpr int kBundleParts = 3;
+constexpr int kTables = 4;
 
 struct BundleLayer {
   int64_t n_ff = 0;
@@ -36,6 +38,10 @@ struct BundleLayer {
   // Decode reads only the listed neurons of the tail (a predictor picks them), on demand, with many reads in
   // flight; not read ahead. Other layers' tails are streamed whole by the read-ahead ring.
   bool selective = false;
+  // The original down [dense_rows, n_ff] for dense runs (0 rows: none), dense_row_bytes per row, kIoAlign-aligned.
+  uint64_t dense_offset = 0;
+  int64_t dense_rows = 0;
+  uint64_t dense_row_bytes = 0;
 };
 
 struct NeuronStoreStats {
@@ -50,9 +56,12 @@ struct NeuronStoreStats {
   uint64_t cache_hits = 0;       // selective layers: listed cold neurons found in the neuron cache
   uint64_t cache_evictions = 0;  // cached neurons dropped for newer ones
   uint64_t cache_bytes = 0;
+  uint64_t dense_bytes_read = 0;  // dense runs' original down matrices (prefill)
+  double dense_seconds = 0;
   uint64_t resident_bytes = 0;
   uint64_t ring_bytes = 0;
   bool direct_io = false;        // O_DIRECT accepted by the file system
+  const char* io_engine = "none";  // selective reads: "io_uring", or "pread" threads where it is refused
 };
 
 class NeuronStore {
@@ -63,7 +72,7 @@ class NeuronStore {
   // io_threads: reads in flight for selective layers. cache_bytes: the neuron cache of selective layers, cold
   // neurons read earlier kept for the next tokens (consecutive tokens share many), least recently used out.
   NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io,
-              int io_threads = 4, uint64_t cache_bytes = 0);
+              int io_threads = 4, uint64_t cache_bytes = 0, bool use_uring = true);
   ~NeuronStore();
   NeuronStore(const NeuronStore&) = delete;
   NeuronStore& operator=(const NeuronStore&) = delete;
@@ -80,6 +89,9 @@ class NeuronStore {
   // The compute is done with `layer`'s rows: its slot goes back to the reader now rather than at the next
   // fetch (so the read-ahead also runs while attention and the output head compute).
   void release(int layer);
+  // A dense run (prefill): reads the layer's original down matrix whole, in large reads, into one buffer that
+  // the DenseDown table points into until the next fetch_dense.
+  void fetch_dense(int layer);
   NeuronStoreStats stats() const;
   void reset_stats();
 
@@ -99,12 +111,14 @@ class NeuronStore {
   void point_rows(int layer, int64_t k0, int64_t k1, const uint8_t* base, uint64_t base_offset);
   void reader();
   void fetch_selective(int layer, const int32_t* list);
+  std::unique_ptr<class RangeReader> pread_reader();
+  void read_ranges();  // ranges_, through io_ (a failed io_uring ring is swapped for pread threads)
   // The neuron cache (selective layers): slots of cache_slot_bytes_ in an LRU list, most recent at the head.
   void cache_touch(int32_t slot);
   bool cache_insert(int layer, int64_t k, const uint8_t* bundle);  // true: it dropped an older neuron
 
   std::vector<BundleLayer> layers_;
-  std::vector<std::array<std::vector<const uint8_t*>, kBundleParts>> tables_;
+  std::vector<std::array<std::vector<const uint8_t*>, kTables>> tables_;
   std::vector<int> cold_order_;      // layers with a cold tail, in compute order
   std::vector<int> cold_pos_;        // layer -> index in cold_order_ (-1: fully resident)
   std::string path_;
@@ -114,7 +128,10 @@ class NeuronStore {
   uint8_t* ring_ = nullptr;
   std::vector<Slot> slots_;
   uint8_t* demand_ = nullptr;        // selective layers' rows of the current fetch
-  std::unique_ptr<class ParallelReader> io_;
+  uint8_t* dense_ = nullptr;         // the original down of the current dense run
+  std::unique_ptr<class RangeReader> io_;       // selective reads: io_uring or pread threads
+  std::vector<std::unique_ptr<class RangeReader>> retired_;  // a failed ring, kept until its reads are surely done
+  int io_threads_ = 4;
   std::vector<struct ReadRange> ranges_;      // scratch of fetch_selective
   std::vector<std::pair<int64_t, size_t>> placed_;
   uint8_t* cache_ = nullptr;

@@ -18,7 +18,17 @@ struct ReadRange {
   uint64_t bytes;
 };
 
-class ParallelReader {
+// Reads a list of file ranges with several requests in flight: io_uring (uring_reader.h) where the kernel
+// allows it, else a few threads calling pread (ParallelReader).
+class RangeReader {
+ public:
+  virtual ~RangeReader() = default;
+  // Reads every range whole; throws std::runtime_error (naming the file) after all requests have stopped.
+  virtual void read_all(const std::vector<ReadRange>& ranges) = 0;
+  virtual const char* kind() const = 0;
+};
+
+class ParallelReader final : public RangeReader {
  public:
   // read(dst, offset, bytes) reads one range whole or throws; it must be safe to call from several threads.
   using ReadFn = std::function<void(uint8_t*, uint64_t, uint64_t)>;
@@ -28,7 +38,8 @@ class ParallelReader {
   ParallelReader& operator=(const ParallelReader&) = delete;
 
   // Reads every range (the caller's thread helps); rethrows the first failure after all have stopped.
-  void read_all(const std::vector<ReadRange>& ranges);
+  void read_all(const std::vector<ReadRange>& ranges) override;
+  const char* kind() const override { return "pread"; }
   int queue_depth() const { return int(workers_.size()) + 1; }
 
  private:

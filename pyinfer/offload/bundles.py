@@ -3,7 +3,8 @@ all three (LLM in a flash's row-column bundling), in the sparsity plan's hot-fir
 cold neurons are one contiguous tail and the hottest ones a prefix.
 
 Layout: a 64 KiB header (magic, JSON), then per layer its bundles [n_ff, bundle_bytes] padded to 4 KiB
-(so tails can be read with O_DIRECT), then, for a Q4T down, its group scales. Rows keep exactly the bytes
+(so tails can be read with O_DIRECT), then, for a Q4T down, its group scales, then the layer's original down
+matrix as the model stores it (dense runs, prefill, read it whole in large reads instead of through mmap). Rows keep exactly the bytes
 the in-RAM sparse path computes with, so offloaded runs equal in-RAM runs bit for bit. The file is bound to
 its model and plan by fingerprint and plan id; anything else found at its path is rebuilt, never trusted.
 """
@@ -25,7 +26,7 @@ from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import SparsityPlan
 
 MAGIC = b"PYINFBND"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER_BYTES = 64 * 1024
 ALIGN = 4096
 
@@ -110,6 +111,13 @@ def write_bundles(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig, plan: Spars
                     f.write(b"\0" * (align(sc.nbytes) - sc.nbytes))
                     entry.update(scales_offset=offset, scales_shape=list(sc.shape))
                     offset += align(sc.nbytes)
+                src = gguf.tensor(f"blk.{il}.ffn_down.weight")  # [d, n_ff], bytes as stored
+                raw = np.asarray(src.data).view(np.uint8).reshape(src.rows, -1)
+                f.write(raw.tobytes())
+                f.write(b"\0" * (align(raw.nbytes) - raw.nbytes))
+                entry.update(dense_offset=offset, dense_rows=int(src.rows), dense_row_bytes=int(raw.shape[1]),
+                             dense_type=int(src.dtype_id))
+                offset += align(raw.nbytes)
                 layers.append(entry)
             meta = json.dumps({"format": "pyinfer-bundles", "version": FORMAT_VERSION, "fingerprint": fp,
                                "plan_id": pid, "down": down_type, "layers": layers, "file_bytes": offset}).encode()

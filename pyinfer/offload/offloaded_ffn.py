@@ -84,11 +84,13 @@ def selective_layers(plan: SparsityPlan) -> list[bool]:
 
 def ring_bytes(layout: BundleLayout, selective: list[bool], ring_slots: int = RING_SLOTS) -> int:
     """Read buffers: ring slots for streamed tails and one buffer for a selective layer's reads, each sized
-    for a whole layer (a tail can be the whole layer), page-aligned at both ends."""
+    for a whole layer (a tail can be the whole layer), page-aligned at both ends; and one for the original
+    down matrix a dense run (prefill) reads."""
     span = [align(e["n_ff"] * e["bundle_bytes"]) + ALIGN for e in layout.layers]
     streamed = [s for s, sel in zip(span, selective) if not sel]
     picked = [s for s, sel in zip(span, selective) if sel]
-    return min(ring_slots, len(streamed)) * max(streamed, default=0) + max(picked, default=0)
+    dense = max((align(e["dense_rows"] * e["dense_row_bytes"]) for e in layout.layers), default=0)
+    return min(ring_slots, len(streamed)) * max(streamed, default=0) + max(picked, default=0) + dense
 
 
 def minimum_budget(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, ring_slots: int = RING_SLOTS
@@ -166,7 +168,8 @@ class OffloadedFfn:
         for il, e in enumerate(self.layout.layers):
             layers.append({"n_ff": e["n_ff"], "resident": self.plan.resident[il], "file_offset": e["file_offset"],
                            "bundle_bytes": e["bundle_bytes"], "part_offsets": e["part_offsets"],
-                           "selective": self._selective[il],
+                           "selective": self._selective[il], "dense_offset": e["dense_offset"],
+                           "dense_rows": e["dense_rows"], "dense_row_bytes": e["dense_row_bytes"],
                            "down_rows": plan.layers[il].perm.astype(np.int32).tolist() if e["down_rows"] else None})
         try:
             self.store = _core.NeuronStore(str(self.layout.path), layers, ring_slots, direct_io, io_threads,
@@ -187,11 +190,17 @@ class OffloadedFfn:
             scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * d, n_ff // 32, self._scales[il])
         return gate, up, down, scales
 
+    def dense_down(self, b, il: int):
+        """The layer's original down [d, n_ff] for dense runs: a paged weight, readable after a dense-down fetch."""
+        e = self.layout.layers[il]
+        return b.paged_weight(f"blk.{il}.ffn_down.dense", e["dense_type"], self.cfg.d_ff, e["dense_rows"],
+                              self.store, il, 3)
+
     def resident_copy(self, name: str, data: np.ndarray) -> np.ndarray:
         """The weights that must stay are copied out of the model's mmap into RAM the budget counts: page
         cache can be evicted under memory pressure, and a mapped page faulted back in drags its readahead
         window along, which evicts the next hot page (a thrash the budget never accounted for). The FFN's
-        original tensors stay mapped: only a dense prefill reads them, once."""
+        original tensors stay mapped and unread: dense runs read the bundle file's copy of down."""
         if _FFN_WEIGHT.match(name):
             return data
         if name not in self._copies:

@@ -57,12 +57,15 @@ class GraphBuilder:
         dt = DType(dtype)
         return T(self.graph.add_paged_weight(name, dt, cols, rows, store, layer, part), cols, dt, RowMode.FIXED, rows)
 
-    def neuron_fetch(self, layer: int, release: bool = False, union: T | None = None) -> T:
+    def neuron_fetch(self, layer: int, release: bool = False, union: T | None = None, dense_down: bool = False,
+                     run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """Makes every row of the layer's paged weights readable (reads its cold tail, or waits for the
         read-ahead that already did), or with `union` (an active_union result) the rows it lists; with
-        `release`, says its readers are done (its buffer may be reused)."""
-        dst = self.state(f"blk.{layer}.ffn.{'released' if release else 'fetched'}", 1, 1, DType.I32)
-        return self._node(Op.NEURON_FETCH, dst, {"union_list": union}, {"layer": layer, "release": int(release)})
+        `release`, says its readers are done (its buffer may be reused); with `dense_down`, reads the layer's
+        original down matrix whole for a dense run (offload.dense_down)."""
+        mode = 2 if dense_down else int(release)
+        dst = self.state(f"blk.{layer}.ffn.{('fetched', 'released', 'dense_down')[mode]}", 1, 1, DType.I32)
+        return self._node(Op.NEURON_FETCH, dst, {"union_list": union}, {"layer": layer, "mode": mode}, run_if=run_if)
 
     def view(self, base: T, name: str, cols: int | None = None, rows: int | None = None, col_offset: int = 0,
              row_offset: int = 0) -> T:

@@ -233,7 +233,12 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
         up = b.matmul(up_w, h, "up_d", run_if=dense)
         b.gated_mul(gate, up, out=gate, act=act_kind, run_if=dense)
     act_d = b.scatter_cols(gate, perm_w, "act", run_if=dense)
-    b.matmul(w(p + "ffn_down.weight"), act_d, "ffn_out", out=out, run_if=dense)
+    if offload is not None:  # the original down, read whole from the bundle file in large reads
+        b.neuron_fetch(il, dense_down=True, run_if=dense)
+        down_d = offload.dense_down(b, il)
+    else:
+        down_d = w(p + "ffn_down.weight")
+    b.matmul(down_d, act_d, "ffn_out", out=out, run_if=dense)
     if offload is not None:
         b.neuron_fetch(il, release=True)
     return out

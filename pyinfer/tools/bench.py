@@ -32,12 +32,14 @@ def offload_stats(model, store_stats: dict, tokens: int, seconds: float) -> dict
     compute hid: a decode step waits only for the part of each read its compute did not cover."""
     plan = model.offload.plan
     read_s, wait_s = store_stats["read_seconds"], store_stats["wait_seconds"]
-    return {**plan.summary(), "direct_io": store_stats["direct_io"],
+    return {**plan.summary(), "direct_io": store_stats["direct_io"], "io_engine": store_stats["io_engine"],
             "bytes_read_per_token": store_stats["bytes_read"] / max(tokens, 1),
             "ram_hit_rate": plan.resident_bytes / max(plan.ffn_bytes, 1),
-            # selective layers: listed neurons found resident, of all listed
-            "listed_hit_rate": (store_stats["listed_hits"] / (store_stats["listed_hits"] + store_stats["listed_neurons"])
-                                if store_stats.get("listed_neurons") else None),
+            # selective layers: listed neurons found resident, of all listed; cold ones found in the neuron cache
+            "listed_hit_rate": (store_stats["listed_hits"] / listed if (listed := store_stats["listed_hits"]
+                                + store_stats["cache_hits"] + store_stats["listed_neurons"]) else None),
+            "cache_hit_rate": (store_stats["cache_hits"] / cold if (cold := store_stats["cache_hits"]
+                               + store_stats["listed_neurons"]) and plan.cache_bytes else None),
             "read_seconds_per_token": read_s / max(tokens, 1), "wait_seconds_per_token": wait_s / max(tokens, 1),
             "io_hidden_share": max(0.0, 1.0 - wait_s / read_s) if read_s > 0 else 1.0,
             "read_bandwidth_mb_s": store_stats["bytes_read"] / read_s / 1e6 if read_s > 0 else None,

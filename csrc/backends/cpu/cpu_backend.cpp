@@ -170,10 +170,14 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       if (ith == 0) {
         if (!store_) throw GraphError("the graph reads offloaded neurons but no neuron store is attached");
         const int u = n.src[NeuronFetchSrc::union_list];  // the run's active rows (count -1: all)
-        if (!n.p.neuron_fetch.release)
-          store_->fetch(n.p.neuron_fetch.layer, u >= 0 ? static_cast<const int32_t*>(g.tensors[size_t(u)].data) : nullptr);
-        else
-          store_->release(n.p.neuron_fetch.layer);
+        const int layer = n.p.neuron_fetch.layer;
+        switch (n.p.neuron_fetch.mode) {
+          case NeuronFetchMode::Rows:
+            store_->fetch(layer, u >= 0 ? static_cast<const int32_t*>(g.tensors[size_t(u)].data) : nullptr);
+            break;
+          case NeuronFetchMode::Release: store_->release(layer); break;
+          case NeuronFetchMode::DenseDown: store_->fetch_dense(layer); break;
+        }
       }
       return;
     case OpKind::ActiveSet: return cpu_active_set(g, n, shape, ith, nth);
