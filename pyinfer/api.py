@@ -124,8 +124,10 @@ class Model:
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).
         runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns(max_tokens=1)
         try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line, not a traceback
-            graph = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down,
-                                      cache_type=cache_type, offload=self.offload).graph
+            builder = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down,
+                                        cache_type=cache_type, offload=self.offload)
+            graph = builder.graph
+            self._union_ids = [t.id for t in builder.unions]  # per layer: the last run's active union
             self._engine = _core.Engine(graph, max_tokens=self._max_batch, max_outputs=self._max_batch,
                                         n_threads=self.n_threads, isa=isa)
         except ValueError as e:

@@ -403,7 +403,7 @@ def cmd_serve(args) -> int:
 def cmd_plan(args) -> int:
     import os
 
-    from .offload.planner import calibrate_compute, make_plan, measure_reads
+    from .offload.planner import calibrate_compute, decode_trace, make_plan, measure_reads
 
     if args.ram_budget is None:
         raise PyinferError("pyinfer plan needs --ram-budget SIZE")
@@ -414,7 +414,9 @@ def cmd_plan(args) -> int:
     reads = measure_reads(str(off.layout.path), seconds=args.read_seconds)
     compute = calibrate_compute(model, args.tokens)
     low, ffn = off.plan.fixed_bytes, off.plan.ffn_bytes
-    plan = make_plan(model, reads, compute, [int(low + share * ffn) for share in (0.0, 0.25, 0.5, 0.75, 1.0)])
+    selective = any(off.selective(il) for il in range(model.config.n_layers))
+    trace = decode_trace(model, args.tokens) if selective else None  # for the neuron cache's share
+    plan = make_plan(model, reads, compute, [int(low + share * ffn) for share in (0.0, 0.25, 0.5, 0.75, 1.0)], trace)
     tmp = args.output + ".tmp"
     try:
         with open(tmp, "w") as f:
@@ -430,7 +432,11 @@ def cmd_plan(args) -> int:
     for chunk, row in reads["table"].items():
         print(f"  {int(chunk) // 1024:>6} KiB  " + "  ".join(f"qd{d} {v:7.0f}" for d, v in row.items()))
     print(f"compute    {compute * 1e3:.2f} ms per token (a decode without its read waits)")
-    print(f"choice     {plan['io_threads']} I/O threads, {plan['ring_slots']} read-ahead slots")
+    print(f"choice     {plan['io_threads']} I/O threads, {plan['ring_slots']} read-ahead slots, "
+          f"neuron cache {plan['cache_share']:.0%} of the budget above the minimum")
+    for row in plan["cache_sweep"]:
+        print(f"  cache {row['cache_share']:4.0%}: {row['cold_reads_per_token']:7.1f} cold neurons read per token, "
+              f"hit rate {row['cache_hit_rate']:4.0%}, predicted {row['tok_s']:7.1f} tok/s")
     print(f"{'budget MiB':>12} {'tok/s':>8} {'compute ms':>11} {'stream ms':>10} {'demand ms':>10}")
     for row in plan["sweep"]:
         if "error" in row:

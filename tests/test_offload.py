@@ -358,6 +358,15 @@ def test_a_full_disk_leaves_no_half_file(tiny_model_path, cache, monkeypatch):
 FAKE_READS = {"direct": True, "table": {4096: {1: 100.0, 4: 300.0}, 1 << 20: {1: 1000.0, 4: 1200.0}}}
 
 
+def test_cache_replay_counts_lru_hits_after_the_first_token():
+    from pyinfer.offload.planner import replay_cache
+
+    trace = [[np.array([0, 1, 5, 6])], [np.array([0, 1, 5, 7])], [np.array([5, 6, 7])]]
+    assert replay_cache(trace, [2], [True], slots=2) == (3, 2)
+    assert replay_cache(trace, [2], [True], slots=0) == (5, 0)
+    assert replay_cache(trace, [2], [False], slots=2) == (0, 0)  # streamed layers have no cache
+
+
 def test_bandwidth_interpolates_between_measured_chunks():
     from pyinfer.offload.planner import bandwidth, best_depth
 
@@ -413,3 +422,25 @@ def test_plan_command_writes_a_plan_that_load_and_bench_use(tiny_model_path, cac
     with pytest.raises(PyinferError, match="another model"):
         pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", ram_budget=str(cache / "other.json"))
     del other
+
+
+def test_plan_command_picks_the_neuron_cache_share_from_a_decode_trace(tiny_model_path, cache, capsys):
+    import json
+
+    from pyinfer.cli import main
+
+    ram = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
+    sparsity = varying_predictor_plan(ram.gguf.fingerprint()).save(cache / "pred.sparsity.npz")
+    budget = budgets(pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=str(sparsity)),
+                     varying_predictor_plan(ram.gguf.fingerprint()))[1]
+    out = cache / "pred.offload.json"
+    rc = main(["plan", "-m", tiny_model_path, "-t", "1", "--sparsity", str(sparsity), "--ram-budget", str(budget),
+               "-o", str(out), "--tokens", "4", "--read-seconds", "0.01", "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert rc == 0 and [r["cache_share"] for r in plan["cache_sweep"]] == [0.0, 0.1, 0.25, 0.5]
+    assert plan["cache_share"] in (0.0, 0.1, 0.25, 0.5)
+    assert all(r["cold_reads_per_token"] >= 0 and 0 <= r["cache_hit_rate"] <= 1 for r in plan["cache_sweep"])
+    m = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=str(sparsity), ram_budget=str(out),
+                     progress=False)
+    share = plan["cache_share"]
+    assert (m.offload.plan.cache_bytes > 0) == (share > 0)

@@ -1,6 +1,6 @@
 """`pyinfer plan`: measure this machine, then predict decode speed under a RAM budget (PowerInfer-2's planner,
-reduced to the choices this engine has: how many read-ahead slots and I/O threads, and, through the
-resident-set program, which neurons stay).
+reduced to the choices this engine has: the I/O queue depth, the neuron cache's share of the budget and,
+through the resident-set program, which neurons stay).
 
 Cost model per token, from measured parameters:
   compute  c = decode seconds not spent waiting for reads (a short calibration decode of this model)
@@ -9,6 +9,9 @@ Cost model per token, from measured parameters:
   demand   d = expected listed bytes of selective layers / bandwidth at their mean read size and the I/O
                threads' queue depth; nothing hides it
   tok/s = 1 / (max(c, s) + d)
+The neuron cache's share is chosen by replaying the calibration decode's active unions (a trace) through
+each candidate split: the resident prefixes the program keeps, then an LRU cache of the rest, counting the
+cold neurons that would still be read.
 """
 from __future__ import annotations
 
@@ -137,6 +140,74 @@ def calibrate_compute(model, tokens: int = 16) -> float:
     return (total - wait) / tokens
 
 
+def decode_trace(model, tokens: int = 16) -> list[list[np.ndarray]]:
+    """Per decode token, per layer: the active union's neuron ids (hot-first order), from a greedy decode."""
+    ids = model.tokenize("It was the best of times, it was the worst of times")
+    trace = []
+    with model._lock:
+        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
+        for i in range(tokens):
+            logits = model._forward([int(np.argmax(logits))], len(ids) + i, np.array([0]))[0]
+            step = []
+            for uid in model._union_ids:
+                u = np.array(model._engine.tensor(uid, 1)[0])
+                step.append(u[1:1 + u[0]].copy() if u[0] >= 0 else np.arange(len(u) - 1))
+            trace.append(step)
+    return trace
+
+
+def replay_cache(trace, resident: list[int], selective: list[bool], slots: int) -> tuple[int, int]:
+    """(cold neurons read, cold neurons found in an LRU cache of `slots` neurons) over the trace's tokens
+    after the first (the cache starts empty; a long decode runs warm)."""
+    from collections import OrderedDict
+
+    lru: OrderedDict = OrderedDict()
+    reads = hits = 0
+    for t, step in enumerate(trace):
+        for il, ids in enumerate(step):
+            if not selective[il]:
+                continue
+            used = set()  # this layer's fetch: its rows are not evicted by its own later misses
+            for k in ids[ids >= resident[il]].tolist():
+                key = (il, k)
+                if key in lru:
+                    lru.move_to_end(key)
+                    hits += t > 0
+                else:
+                    reads += t > 0
+                    if slots and (len(lru) < slots or next(iter(lru)) not in used):
+                        if len(lru) >= slots:
+                            lru.popitem(last=False)
+                        lru[key] = True
+                used.add(key)
+    return reads, hits
+
+
+def choose_cache_share(model, trace, reads: dict, compute_s: float, io_threads: int,
+                       shares=(0.0, 0.1, 0.25, 0.5)) -> tuple[float, list[dict]]:
+    """The cache share with the best predicted tok/s at this budget, and the table behind the choice."""
+    from .offloaded_ffn import plan_offload, selective_layers
+
+    off = model.offload
+    sel = selective_layers(model.sparsity)
+    if not any(sel) or len(trace) < 2:
+        return 0.0, []
+    slot = max(e["bundle_bytes"] for e, s in zip(off.layout.layers, sel) if s)
+    per_read = listed_read_bytes(off.layout)
+    rows = []
+    for share in shares:
+        p = plan_offload(model.gguf, model.sparsity, off.layout, off.plan.budget, off.ring_slots, share)
+        pred = predict(p, model.sparsity, off.layout, compute_s, reads, io_threads)
+        cold, hits = replay_cache(trace, p.resident, sel, p.cache_bytes // slot)
+        demand_s = cold / (len(trace) - 1) * per_read / bandwidth(reads, per_read, io_threads)
+        tok_s = 1.0 / (max(compute_s, pred.stream_s) + demand_s)
+        rows.append({"cache_share": share, "cache_bytes": p.cache_bytes, "resident_bytes": p.resident_bytes,
+                     "cold_reads_per_token": cold / (len(trace) - 1),
+                     "cache_hit_rate": hits / (hits + cold) if hits + cold else 0.0, "tok_s": tok_s})
+    best = max(rows, key=lambda r: r["tok_s"])
+    return best["cache_share"], rows
+
+
 def as_dict(p: Prediction) -> dict:
     return asdict(p)
 
@@ -151,14 +222,16 @@ def best_depth(reads: dict, read_bytes: float) -> int:
     return max(depths, key=lambda d: bandwidth(reads, read_bytes, d))
 
 
-def make_plan(model, reads: dict, compute_s: float, budgets: list[int]) -> dict:
-    """The plan for model.offload's budget, plus predictions for `budgets` (a sweep)."""
+def make_plan(model, reads: dict, compute_s: float, budgets: list[int], trace=None) -> dict:
+    """The plan for model.offload's budget, plus predictions for `budgets` (a sweep); with a decode trace,
+    the neuron cache's share too."""
     from ..errors import PyinferError
     from .offloaded_ffn import plan_offload
 
     off = model.offload
     io_threads = best_depth(reads, listed_read_bytes(off.layout))
     main = predict(off.plan, model.sparsity, off.layout, compute_s, reads, io_threads)
+    share, cache_rows = choose_cache_share(model, trace or [], reads, compute_s, io_threads)
     sweep = []
     for b in budgets:
         try:
@@ -168,7 +241,9 @@ def make_plan(model, reads: dict, compute_s: float, budgets: list[int]) -> dict:
             continue
         sweep.append(as_dict(predict(p, model.sparsity, off.layout, compute_s, reads, io_threads)))
     return {"format": FORMAT, "version": 1, "fingerprint": model.gguf.fingerprint(), "budget": off.plan.budget,
-            "ring_slots": off.ring_slots, "io_threads": io_threads, "predicted_tok_s": main.tok_s,
+            "ring_slots": off.ring_slots, "io_threads": io_threads, "cache_share": share,
+            "cache_sweep": cache_rows,
+            "predicted_tok_s": next((r["tok_s"] for r in cache_rows if r["cache_share"] == share), main.tok_s),
             "prediction": as_dict(main), "compute_s_per_token": compute_s, "reads": reads, "sweep": sweep,
             "resident_neurons": off.plan.resident}
 
