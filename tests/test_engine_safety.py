@@ -102,16 +102,20 @@ def test_error_on_a_pool_thread_comes_back(tiny_model_path, thread):
     np.testing.assert_array_equal(run_prompt(eng), want)  # the pool is still in step
 
 
-def ffn_on_second_backend(b: GraphBuilder) -> None:
-    """Every node from the FFN norm to the residual add of each layer runs on backend 1."""
+def ffn_on_second_backend(b: GraphBuilder, residual: bool = True) -> None:
+    """Every node from the FFN norm to the residual add of each layer runs on backend 1 (without `residual`,
+    the add stays on backend 0: the residual stream is written in place, in one memory space only)."""
     on_b1 = False
     for k, (op, dst) in enumerate(b.node_ops):
         if op == _core.Op.RMS_NORM and dst == "ffn_in":
             on_b1 = True
-        if on_b1:
-            b.place(k, 1)
         if on_b1 and op == _core.Op.ADD:
             on_b1 = False
+            if not residual:
+                continue
+            b.place(k, 1)
+        if on_b1:
+            b.place(k, 1)
 
 
 @pytest.mark.parametrize("threads", [[1, 1], [2, 1]])

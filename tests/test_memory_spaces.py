@@ -6,7 +6,7 @@ import pytest
 
 from pyinfer import _core
 from pyinfer.runtime.graph_builder import GraphBuilder
-from test_engine_safety import ffn_halves_graph, tiny_engine
+from test_engine_safety import ffn_halves_graph, ffn_on_second_backend, tiny_engine
 
 
 def decode(engine, prompt=4, steps=3):
@@ -22,31 +22,20 @@ def decode(engine, prompt=4, steps=3):
     return np.concatenate(out)
 
 
-def ffn_body_on_device(b: GraphBuilder) -> None:
-    """Every node from the FFN norm up to (not including) the residual add: the residual stream is written in
-    place on the host, and a tensor is written in one memory space only."""
-    on = False
-    for k, (op, dst) in enumerate(b.node_ops):
-        if op == _core.Op.RMS_NORM and dst == "ffn_in":
-            on = True
-        if on and op == _core.Op.ADD:
-            on = False
-        if on:
-            b.place(k, 1)
-
-
 def copies_in(engine) -> int:
     return sum(op == _core.Op.COPY for op in engine.node_ops())
 
 
 @pytest.mark.parametrize("threads", [[1, 1], [2, 1]])
 def test_ffn_in_another_memory_space_equals_host(tiny_model_path, threads):
-    _, b1 = tiny_engine(tiny_model_path)
-    want = decode(_core.Engine(b1.graph, max_tokens=8, max_outputs=8, n_threads=sum(threads)))
-    _, b2 = tiny_engine(tiny_model_path)
-    ffn_body_on_device(b2)
-    eng = _core.Engine(b2.graph, max_tokens=8, max_outputs=8, backend_threads=threads, placement=b2.placement,
-                       backend_memory=[0, 1])
+    engines = []
+    for device in (False, True):
+        _, b = tiny_engine(tiny_model_path)
+        if device:  # the FFN but its residual add: the stream is written in place, in host memory only
+            ffn_on_second_backend(b, residual=False)
+        engines.append(_core.Engine(b.graph, max_tokens=8, max_outputs=8, backend_threads=threads if device
+                                    else [sum(threads)], placement=b.placement, backend_memory=[0, 1][:1 + device]))
+    want, eng = decode(engines[0]), engines[1]
     # Per layer: the normed input goes in, the FFN output comes back; the FFN weights are uploaded once.
     assert eng.n_copies == copies_in(eng) > 0 and eng.n_uploads > 0 and eng.device_bytes > 0
     for _ in range(2):
