@@ -256,7 +256,7 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
     int64_t prev = -1;
     for (int32_t i = 0; i < list[0]; ++i) {
       const int64_t k = list[1 + i];
-      // Ascending ids keep the page ranges disjoint, so they fit the demand buffer (an active union is).
+      // Ascending ids keep the page ranges disjoint and within the tail, so they fit the demand buffer.
       if (k <= prev || k >= b.n_ff) throw std::out_of_range("fetch: listed neurons must be ascending ids < n_ff");
       prev = k;
       if (k < b.resident) {
@@ -272,15 +272,21 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
         continue;
       }
       const uint64_t p0 = round_down(b0, kIoAlign), p1 = round_up(b0 + b.bundle_bytes, kIoAlign);
+      size_t holder = ranges_.size();  // the range whose bytes hold b0 (the open one, flushed or not)
       if (open && p0 <= cur1 + kGap && p1 - cur0 <= kMaxRange) {
         cur1 = std::max(cur1, p1);
       } else {
+        // A range cut at kMaxRange may end inside this bundle's first page: the next range starts where it
+        // ended, so no page is read twice (the ranges stay disjoint and fit the demand buffer) and the bundle's
+        // bytes run on contiguously from the previous range's buffer into the next one's.
+        const bool continues = open && b0 < cur1;
         if (open) flush();
-        cur0 = p0;
+        if (!continues) holder = ranges_.size();
+        cur0 = continues ? cur1 : p0;
         cur1 = p1;
         open = true;
       }
-      placed_.emplace_back(k, ranges_.size());
+      placed_.emplace_back(k, holder);
       ++listed;
     }
     if (open) flush();
