@@ -403,7 +403,8 @@ def cmd_serve(args) -> int:
 def cmd_plan(args) -> int:
     import os
 
-    from .offload.planner import calibrate_compute, decode_trace, make_plan, measure_reads
+    from .offload.planner import calibrate_compute, make_plan, measure_reads
+    from .offload.trace_replay import decode_trace
 
     if args.ram_budget is None:
         raise PyinferError("pyinfer plan needs --ram-budget SIZE")

@@ -208,6 +208,7 @@ def test_listed_reads_through_each_io_engine_and_their_errors(tiny_model_path, c
             store.fetch(1, None if ids is None else np.array(ids, np.int32))
     layout.path.write_bytes(good)
     fetch_and_check(1, [FF - 2, FF - 1])
+    store.reset_stats()
     assert store.stats()["io_engine"] == engine
 
 
@@ -379,12 +380,21 @@ FAKE_READS = {"direct": True, "table": {4096: {1: 100.0, 4: 300.0}, 1 << 20: {1:
 
 
 def test_cache_replay_counts_lru_hits_after_the_first_token():
-    from pyinfer.offload.planner import replay_cache
+    from pyinfer.offload.trace_replay import replay_cache
 
     trace = [[np.array([0, 1, 5, 6])], [np.array([0, 1, 5, 7])], [np.array([5, 6, 7])]]
     assert replay_cache(trace, [2], [True], slots=2) == (3, 2)
     assert replay_cache(trace, [2], [True], slots=0) == (5, 0)
     assert replay_cache(trace, [2], [False], slots=2) == (0, 0)  # streamed layers have no cache
+
+
+def test_replayed_reads_merge_pages_as_the_store_does():
+    from pyinfer.offload.trace_replay import merged_ranges
+
+    assert merged_ranges([0, 1000, 2000], 1000) == (4096, 1)
+    assert merged_ranges([0, 100_000], 1000) == (8192, 2)  # a gap over 8 KiB: two requests
+    # 300 contiguous bundles pass the 256 KiB cap inside a page: cut there, no page read twice
+    assert merged_ranges([k * 1000 for k in range(300)], 1000) == (303104, 2)
 
 
 def test_bandwidth_interpolates_between_measured_chunks():

@@ -476,6 +476,8 @@ void NeuronStore::reset_stats() {
   stats_.resident_bytes = keep.resident_bytes;
   stats_.ring_bytes = keep.ring_bytes;
   stats_.direct_io = keep.direct_io;
+  stats_.io_engine = keep.io_engine;
+  stats_.cache_bytes = keep.cache_bytes;
 }
 
 }  // namespace pyinfer

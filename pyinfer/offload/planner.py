@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .trace_replay import Replay, replay
+
 CHUNKS = (4096, 16384, 65536, 262144, 1 << 20)
 DEPTHS = (1, 2, 4, 8)
 
@@ -104,8 +106,11 @@ def listed_read_bytes(layout) -> float:
     return max(4096.0, float(np.ceil(bundle / 4096) * 4096))
 
 
-def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_threads: int = 4) -> Prediction:
-    """Tokens per second of one offload plan (offloaded_ffn.OffloadPlan) from the measured parameters."""
+def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_threads: int = 4, trace=None
+            ) -> Prediction:
+    """Tokens per second of one offload plan (offloaded_ffn.OffloadPlan) from the measured parameters. With a
+    decode trace, the listed reads are those the store would merge for the trace's unions (replay); without,
+    each expected neuron is read on its own."""
     from .offloaded_ffn import neuron_values, selective_layers
 
     values = neuron_values(plan, layout)
@@ -121,8 +126,16 @@ def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_thread
     stream_s = stream / bandwidth(reads, 1 << 20, 1) if stream else 0.0
     demand_pages = demand / bundle * per_read if demand else 0.0
     demand_s = demand_pages / bandwidth(reads, per_read, io_threads) if demand else 0.0
+    notes = {}
+    if trace and any(sel):
+        slot = max(e["bundle_bytes"] for e, s in zip(layout.layers, sel) if s)
+        r = replay(trace, layout, offload_plan.resident, sel, offload_plan.cache_bytes // slot)
+        demand_pages, demand_s = r.read_bytes, demand_seconds(r, reads, io_threads)
+        notes = {"replayed_reads_per_token": r.requests, "cache_hit_rate": r.cache_hits / (r.cache_hits + r.cold_reads)
+                 if r.cache_hits + r.cold_reads else 0.0}
     t = max(compute_s, stream_s) + demand_s
-    return Prediction(offload_plan.budget, compute_s, stream_s, demand_s, 1.0 / t, int(stream), int(demand_pages))
+    return Prediction(offload_plan.budget, compute_s, stream_s, demand_s, 1.0 / t, int(stream), int(demand_pages),
+                      notes)
 
 
 def calibrate_compute(model, tokens: int = 16) -> float:
@@ -140,47 +153,11 @@ def calibrate_compute(model, tokens: int = 16) -> float:
     return (total - wait) / tokens
 
 
-def decode_trace(model, tokens: int = 16) -> list[list[np.ndarray]]:
-    """Per decode token, per layer: the active union's neuron ids (hot-first order), from a greedy decode."""
-    ids = model.tokenize("It was the best of times, it was the worst of times")
-    trace = []
-    with model._lock:
-        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
-        for i in range(tokens):
-            logits = model._forward([int(np.argmax(logits))], len(ids) + i, np.array([0]))[0]
-            step = []
-            for uid in model._union_ids:
-                u = np.array(model._engine.tensor(uid, 1)[0])
-                step.append(u[1:1 + u[0]].copy() if u[0] >= 0 else np.arange(len(u) - 1))
-            trace.append(step)
-    return trace
-
-
-def replay_cache(trace, resident: list[int], selective: list[bool], slots: int) -> tuple[int, int]:
-    """(cold neurons read, cold neurons found in an LRU cache of `slots` neurons) over the trace's tokens
-    after the first (the cache starts empty; a long decode runs warm)."""
-    from collections import OrderedDict
-
-    lru: OrderedDict = OrderedDict()
-    reads = hits = 0
-    for t, step in enumerate(trace):
-        for il, ids in enumerate(step):
-            if not selective[il]:
-                continue
-            used = set()  # this layer's fetch: its rows are not evicted by its own later misses
-            for k in ids[ids >= resident[il]].tolist():
-                key = (il, k)
-                if key in lru:
-                    lru.move_to_end(key)
-                    hits += t > 0
-                else:
-                    reads += t > 0
-                    if slots and (len(lru) < slots or next(iter(lru)) not in used):
-                        if len(lru) >= slots:
-                            lru.popitem(last=False)
-                        lru[key] = True
-                used.add(key)
-    return reads, hits
+def demand_seconds(r: Replay, reads: dict, io_threads: int) -> float:
+    """Listed reads take their bytes at the bandwidth measured for their mean range size and queue depth."""
+    if r.requests <= 0:
+        return 0.0
+    return r.read_bytes / bandwidth(reads, r.read_bytes / r.requests, io_threads)
 
 
 def choose_cache_share(model, trace, reads: dict, compute_s: float, io_threads: int,
@@ -193,17 +170,16 @@ def choose_cache_share(model, trace, reads: dict, compute_s: float, io_threads: 
     if not any(sel) or len(trace) < 2:
         return 0.0, []
     slot = max(e["bundle_bytes"] for e, s in zip(off.layout.layers, sel) if s)
-    per_read = listed_read_bytes(off.layout)
     rows = []
     for share in shares:
         p = plan_offload(model.gguf, model.sparsity, off.layout, off.plan.budget, off.ring_slots, share)
-        pred = predict(p, model.sparsity, off.layout, compute_s, reads, io_threads)
-        cold, hits = replay_cache(trace, p.resident, sel, p.cache_bytes // slot)
-        demand_s = cold / (len(trace) - 1) * per_read / bandwidth(reads, per_read, io_threads)
-        tok_s = 1.0 / (max(compute_s, pred.stream_s) + demand_s)
+        r = replay(trace, off.layout, p.resident, sel, p.cache_bytes // slot)
+        pred = predict(p, model.sparsity, off.layout, compute_s, reads, io_threads, trace)
         rows.append({"cache_share": share, "cache_bytes": p.cache_bytes, "resident_bytes": p.resident_bytes,
-                     "cold_reads_per_token": cold / (len(trace) - 1),
-                     "cache_hit_rate": hits / (hits + cold) if hits + cold else 0.0, "tok_s": tok_s})
+                     "cold_reads_per_token": r.cold_reads, "read_bytes_per_token": r.read_bytes,
+                     "reads_per_token": r.requests, "demand_s": pred.demand_s,
+                     "cache_hit_rate": r.cache_hits / (r.cache_hits + r.cold_reads) if r.cold_reads + r.cache_hits
+                     else 0.0, "tok_s": pred.tok_s})
     best = max(rows, key=lambda r: r["tok_s"])
     return best["cache_share"], rows
 
@@ -230,7 +206,7 @@ def make_plan(model, reads: dict, compute_s: float, budgets: list[int], trace=No
 
     off = model.offload
     io_threads = best_depth(reads, listed_read_bytes(off.layout))
-    main = predict(off.plan, model.sparsity, off.layout, compute_s, reads, io_threads)
+    main = predict(off.plan, model.sparsity, off.layout, compute_s, reads, io_threads, trace)
     share, cache_rows = choose_cache_share(model, trace or [], reads, compute_s, io_threads)
     sweep = []
     for b in budgets:
@@ -239,7 +215,7 @@ def make_plan(model, reads: dict, compute_s: float, budgets: list[int], trace=No
         except PyinferError as e:  # below the minimum: say so in the sweep
             sweep.append({"budget": b, "error": str(e)})
             continue
-        sweep.append(as_dict(predict(p, model.sparsity, off.layout, compute_s, reads, io_threads)))
+        sweep.append(as_dict(predict(p, model.sparsity, off.layout, compute_s, reads, io_threads, trace)))
     return {"format": FORMAT, "version": 1, "fingerprint": model.gguf.fingerprint(), "budget": off.plan.budget,
             "ring_slots": off.ring_slots, "io_threads": io_threads, "cache_share": share,
             "cache_sweep": cache_rows,
