@@ -67,7 +67,7 @@ class Model:
     def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto",
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
                  neuron_down: str = "auto", cache_type: str = "f16", ram_budget: str | int | None = None,
-                 neuron_cache: float | None = None):
+                 neuron_cache: float | None = None, neuron_window: float | None = None):
         """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
         the sparse path); by default prefill runs dense. `cache_type`: the KV cache's element type, "f16"
         (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0).
@@ -76,7 +76,9 @@ class Model:
         that do not fit are streamed from a bundle file written next to the sparsity cache (needs a
         sparsity plan). Results equal the in-RAM run of the same plan bit for bit. `neuron_cache`: the share of
         the budget above the minimum kept as an LRU cache of cold neurons read for earlier tokens (predictor
-        plans), instead of more resident hot neurons."""
+        plans), instead of more resident hot neurons. `neuron_window`: the share of each predictor layer's
+        neurons after its resident ones read ahead every token (hidden behind the compute of earlier layers)
+        instead of on demand."""
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise PyinferError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if cache_type not in CACHE_TYPES:
@@ -117,7 +119,9 @@ class Model:
                                         ring_slots=planned["ring_slots"] if planned else None,
                                         io_threads=planned["io_threads"] if planned else 4,
                                         cache_share=neuron_cache if neuron_cache is not None
-                                        else (planned or {}).get("cache_share"))
+                                        else (planned or {}).get("cache_share"),
+                                        window_share=neuron_window if neuron_window is not None
+                                        else (planned or {}).get("window_share"))
             self.offload.predicted = planned
         self._max_batch = min(MAX_BATCH, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None

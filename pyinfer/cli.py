@@ -64,6 +64,10 @@ def _sparsity_args(p: argparse.ArgumentParser) -> None:
                    help="with --ram-budget and a predictor plan: the share of the budget above the minimum kept "
                         "as an LRU cache of recently read cold neurons (consecutive tokens share many) instead "
                         "of more resident hot ones (default: the plan file's, else 0)")
+    p.add_argument("--neuron-window", type=float, default=None, metavar="SHARE",
+                   help="with --ram-budget and a predictor plan: the share of each layer's neurons after its "
+                        "resident ones read ahead every token in large reads, hidden behind the compute of "
+                        "earlier layers, instead of on demand (default: the plan file's, else 0)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -200,11 +204,12 @@ def _load(args, **kwargs):
     budget = getattr(args, "ram_budget", None)
     if budget is not None:
         kwargs["ram_budget"] = budget
-    share = getattr(args, "neuron_cache", None)
-    if share is not None:
-        if budget is None:
-            raise PyinferError("--neuron-cache needs --ram-budget")
-        kwargs["neuron_cache"] = share
+    for flag, key in (("--neuron-cache", "neuron_cache"), ("--neuron-window", "neuron_window")):
+        share = getattr(args, key, None)
+        if share is not None:
+            if budget is None:
+                raise PyinferError(f"{flag} needs --ram-budget")
+            kwargs[key] = share
     return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target,
                 cache_type=cache, **kwargs)
 
@@ -434,10 +439,12 @@ def cmd_plan(args) -> int:
         print(f"  {int(chunk) // 1024:>6} KiB  " + "  ".join(f"qd{d} {v:7.0f}" for d, v in row.items()))
     print(f"compute    {compute * 1e3:.2f} ms per token (a decode without its read waits)")
     print(f"choice     {plan['io_threads']} I/O threads, {plan['ring_slots']} read-ahead slots, "
-          f"neuron cache {plan['cache_share']:.0%} of the budget above the minimum")
-    for row in plan["cache_sweep"]:
-        print(f"  cache {row['cache_share']:4.0%}: {row['cold_reads_per_token']:7.1f} cold neurons read per token, "
-              f"hit rate {row['cache_hit_rate']:4.0%}, predicted {row['tok_s']:7.1f} tok/s")
+          f"neuron cache {plan['cache_share']:.0%} of the budget above the minimum, "
+          f"read-ahead window {plan['window_share']:.0%} of each predictor layer")
+    for row in plan["read_sweep"]:
+        print(f"  cache {row['cache_share']:4.0%} window {row['window_share']:4.0%}: "
+              f"{row['cold_reads_per_token']:7.1f} cold neurons read on demand per token (cache hits "
+              f"{row['cache_hit_rate']:4.0%}, window {row['window_hit_rate']:4.0%}), predicted {row['tok_s']:7.1f} tok/s")
     print(f"{'budget MiB':>12} {'tok/s':>8} {'compute ms':>11} {'stream ms':>10} {'demand ms':>10}")
     for row in plan["sweep"]:
         if "error" in row:

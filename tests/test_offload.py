@@ -35,11 +35,11 @@ def threshold_plan(fp, seed=1):
     return plan
 
 
-def budgets(model, plan, down="auto"):
+def budgets(model, plan, down="auto", window_share=0.0):
     from pyinfer.model.pull import cache_dir
 
     layout = open_or_write(cache_dir(), model.gguf, model.config, plan, pick_neuron_down(plan, down), progress=False)
-    low = minimum_budget(model.gguf, plan, layout)
+    low = minimum_budget(model.gguf, plan, layout, window_share=window_share)
     ffn = sum(e["n_ff"] * e["bundle_bytes"] for e in layout.layers)
     return [low, low + ffn // 3, low + ffn]
 
@@ -112,6 +112,12 @@ def test_selective_reads_fetch_each_listed_row(tiny_model_path, cache, down):
     assert cached.offload.plan.cache_bytes > 0
     assert np.array_equal(decode_logits(cached, TOKENS), want)
     assert cached.offload.stats()["cache_hits"] > 0
+    # A read-ahead window: the same logits again, and listed rows found in it.
+    ahead = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down=down,
+                         ram_budget=budgets(ram, plan, down, 0.25)[1], neuron_window=0.25, progress=False)
+    assert sum(ahead.offload.plan.window) > 0
+    assert np.array_equal(decode_logits(ahead, TOKENS), want)
+    assert ahead.offload.stats()["window_hits"] > 0
 
 
 def test_store_serves_each_row_in_any_fetch_order(tiny_model_path, cache):
@@ -230,6 +236,33 @@ def test_listed_reads_cut_inside_a_bundle_stay_within_the_tail(tmp_path, io_urin
             assert store.row(0, 0, int(k), 300) == raw[k * bundle:k * bundle + 300].tobytes()
             assert store.row(0, 2, int(k), 400) == raw[k * bundle + 600:(k + 1) * bundle].tobytes()
         assert store.stats()["bytes_read"] > 0
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 64 * 1000])
+def test_selective_read_ahead_window_serves_the_likeliest_cold_rows(tmp_path, cache_bytes):
+    """A selective layer's first `window` cold bundles are read ahead by the reader thread (in layer order, as
+    streamed tails are); listed neurons inside it are served from there, the rest are read on demand."""
+    n_ff, bundle, layers = 3000, 1000, 3
+    raw = np.random.default_rng(4).integers(0, 256, layers * 3_002_368, dtype=np.uint8)
+    path = tmp_path / "raw.bundles"
+    path.write_bytes(raw.tobytes())
+    spec = [{"n_ff": n_ff, "resident": 10, "file_offset": il * 3_002_368, "bundle_bytes": bundle,
+             "part_offsets": [0, 300, 600], "selective": True, "window": 500} for il in range(layers)]
+    store = _core.NeuronStore(str(path), spec, ring_slots=2, cache_bytes=cache_bytes)
+
+    def fetch(il, ids):
+        before = store.stats()
+        store.fetch(il, np.array(ids, np.int32))
+        for k in ids:
+            at = il * 3_002_368 + k * bundle
+            assert store.row(il, 1, k, 300) == raw[at + 300:at + 600].tobytes()
+        store.release(il)
+        after = store.stats()
+        return tuple(after[k] - before[k] for k in ("window_hits", "listed_neurons", "cache_hits"))
+
+    for il in (0, 1, 2, 0, 2, 1, 1):  # in layer order, and out of it (the read-ahead restarts)
+        window, read, cached = fetch(il, [5, 20, 509, 510, 1000, 2999])
+        assert window == 2 and read + cached == 3  # 5 resident; 20, 509 read ahead; the rest read or cached
 
 
 def test_store_refuses_bad_layouts(tmp_path):
@@ -467,10 +500,11 @@ def test_plan_command_picks_the_neuron_cache_share_from_a_decode_trace(tiny_mode
     rc = main(["plan", "-m", tiny_model_path, "-t", "1", "--sparsity", str(sparsity), "--ram-budget", str(budget),
                "-o", str(out), "--tokens", "4", "--read-seconds", "0.01", "--json"])
     plan = json.loads(capsys.readouterr().out)
-    assert rc == 0 and [r["cache_share"] for r in plan["cache_sweep"]] == [0.0, 0.1, 0.25, 0.5]
-    assert plan["cache_share"] in (0.0, 0.1, 0.25, 0.5)
-    assert all(r["cold_reads_per_token"] >= 0 and 0 <= r["cache_hit_rate"] <= 1 for r in plan["cache_sweep"])
+    assert rc == 0 and [r["cache_share"] for r in plan["read_sweep"]][:4] == [0.0, 0.1, 0.25, 0.5]
+    assert plan["cache_share"] in (0.0, 0.1, 0.25, 0.5) and plan["window_share"] in (0.0, 0.1, 0.25, 0.5, 1.0)
+    assert all(r["cold_reads_per_token"] >= 0 and 0 <= r["cache_hit_rate"] <= 1 and 0 <= r["window_hit_rate"] <= 1
+               for r in plan["read_sweep"])
     m = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=str(sparsity), ram_budget=str(out),
                      progress=False)
-    share = plan["cache_share"]
-    assert (m.offload.plan.cache_bytes > 0) == (share > 0)
+    assert (m.offload.plan.cache_bytes > 0) == (plan["cache_share"] > 0)
+    assert (sum(m.offload.plan.window) > 0) == (plan["window_share"] > 0)

@@ -133,6 +133,7 @@ PYBIND11_MODULE(_core, m) {
                if (offs.size() != size_t(kBundleParts)) throw GraphError("part_offsets needs 3 entries");
                std::copy(offs.begin(), offs.end(), b.part_offset.begin());
                if (d.contains("selective")) b.selective = d["selective"].cast<bool>();
+               if (d.contains("window")) b.window = d["window"].cast<int64_t>();
                if (d.contains("dense_offset")) {
                  b.dense_offset = d["dense_offset"].cast<uint64_t>();
                  b.dense_rows = d["dense_rows"].cast<int64_t>();
@@ -166,6 +167,10 @@ PYBIND11_MODULE(_core, m) {
              s.fetch(layer, ids ? list.data() : nullptr);
            }, py::arg("layer"), py::arg("ids") = py::none(),
            "Tests: make a layer's rows readable (a selective layer's: only `ids`, ascending), as a NeuronFetch does.")
+      .def("release", [](NeuronStore& s, int layer) {
+             py::gil_scoped_release release;
+             s.release(layer);
+           }, py::arg("layer"), "Tests: the layer's readers are done, as a release NeuronFetch says.")
       .def("fetch_dense", [](NeuronStore& s, int layer) {
              py::gil_scoped_release release;
              s.fetch_dense(layer);
@@ -187,7 +192,7 @@ PYBIND11_MODULE(_core, m) {
              d["wait_seconds"] = st.wait_seconds; d["fetches"] = st.fetches; d["resident_bytes"] = st.resident_bytes;
              d["ring_bytes"] = st.ring_bytes; d["direct_io"] = st.direct_io; d["listed_reads"] = st.listed_reads;
              d["listed_neurons"] = st.listed_neurons; d["listed_hits"] = st.listed_hits;
-             d["cache_hits"] = st.cache_hits; d["cache_evictions"] = st.cache_evictions;
+             d["cache_hits"] = st.cache_hits; d["cache_evictions"] = st.cache_evictions; d["window_hits"] = st.window_hits;
              d["cache_bytes"] = st.cache_bytes; d["io_engine"] = std::string(st.io_engine);
              d["dense_bytes_read"] = st.dense_bytes_read; d["dense_seconds"] = st.dense_seconds;
              return d;

@@ -64,13 +64,16 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
       throw std::invalid_argument("bundle layer " + std::to_string(l) + ": a bad dense down region");
     dense_bytes = std::max(dense_bytes, round_up(uint64_t(b.dense_rows) * b.dense_row_bytes, kIoAlign));
     resident_bytes += round_up(uint64_t(b.resident) * b.bundle_bytes, kIoAlign);
+    if (b.window < 0 || (b.window > 0 && !b.selective))
+      throw std::invalid_argument("bundle layer " + std::to_string(l) + ": a read-ahead window is for selective layers");
     if (b.resident < b.n_ff && b.selective) {
       demand_bytes = std::max(demand_bytes, tail_end(b) - tail_begin(b));
       cache_slot_bytes_ = std::max(cache_slot_bytes_, b.bundle_bytes);
-    } else if (b.resident < b.n_ff) {
+    }
+    if (b.resident < b.n_ff && (!b.selective || b.window > 0)) {
       cold_pos_[l] = int(cold_order_.size());
       cold_order_.push_back(int(l));
-      slot_bytes = std::max(slot_bytes, tail_end(b) - tail_begin(b));
+      slot_bytes = std::max(slot_bytes, ahead_end(b) - tail_begin(b));
     }
   }
   const int64_t n_cache = cache_slot_bytes_ ? int64_t(cache_bytes / cache_slot_bytes_) : 0;
@@ -179,6 +182,12 @@ uint64_t NeuronStore::tail_begin(const BundleLayer& b) const {
   return round_down(b.file_offset + uint64_t(b.resident) * b.bundle_bytes, kIoAlign);
 }
 
+uint64_t NeuronStore::ahead_end(const BundleLayer& b) const {
+  if (!b.selective) return tail_end(b);
+  const int64_t last = std::min(b.n_ff, b.resident + b.window);
+  return round_up(b.file_offset + uint64_t(last) * b.bundle_bytes, kIoAlign);
+}
+
 uint64_t NeuronStore::tail_end(const BundleLayer& b) const {
   return round_up(b.file_offset + uint64_t(b.n_ff) * b.bundle_bytes, kIoAlign);
 }
@@ -233,14 +242,15 @@ const uint8_t* const* NeuronStore::table(int layer, BundlePart part) const {
   return tables_.at(size_t(layer))[size_t(part)].data();
 }
 
-void NeuronStore::fetch_selective(int layer, const int32_t* list) {
+void NeuronStore::fetch_selective(int layer, const int32_t* list, const uint8_t* window) {
   const BundleLayer& b = layers_[size_t(layer)];
   const auto t0 = std::chrono::steady_clock::now();
   ranges_.clear();
   placed_.clear();
   ++fetch_stamp_;
   const bool caching = !cached_[size_t(layer)].empty();
-  uint64_t out = 0, listed = 0, hits = 0, cache_hits = 0, evictions = 0;
+  uint64_t out = 0, listed = 0, hits = 0, cache_hits = 0, evictions = 0, window_hits = 0;
+  const int64_t window_end = window ? std::min(b.n_ff, b.resident + b.window) : b.resident;
   const bool dense = !list || list[0] < 0;
   if (dense) {  // a dense run: the whole tail, in large reads
     const uint64_t begin = tail_begin(b), end = tail_end(b);
@@ -264,6 +274,11 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
         continue;
       }
       const uint64_t b0 = b.file_offset + uint64_t(k) * b.bundle_bytes;
+      if (k < window_end) {  // read ahead with the window (its slot holds the file from tail_begin on)
+        point_row(layer, k, window, tail_begin(b));
+        ++window_hits;
+        continue;
+      }
       if (caching && cached_[size_t(layer)][size_t(k)] >= 0) {  // read for an earlier token, still cached
         const int32_t slot = cached_[size_t(layer)][size_t(k)];
         point_row(layer, k, cache_ + uint64_t(slot) * cache_slot_bytes_, b0);
@@ -314,6 +329,7 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list) {
     stats_.listed_neurons += listed;
     stats_.listed_hits += hits;
     stats_.cache_hits += cache_hits;
+    stats_.window_hits += window_hits;
     stats_.cache_evictions += evictions;
   }
 }
@@ -346,12 +362,28 @@ bool NeuronStore::cache_insert(int layer, int64_t k, const uint8_t* bundle) {
 
 void NeuronStore::fetch(int layer, const int32_t* list) {
   if (layer < 0 || size_t(layer) >= layers_.size()) throw std::out_of_range("fetch: no such layer");
-  const BundleLayer& lb = layers_[size_t(layer)];
-  if (lb.selective && lb.resident < lb.n_ff) return fetch_selective(layer, list);
+  const BundleLayer& b = layers_[size_t(layer)];
+  if (b.selective && b.resident < b.n_ff) {
+    const uint8_t* window = nullptr;
+    if (cold_pos_[size_t(layer)] >= 0) {
+      const auto t0 = std::chrono::steady_clock::now();
+      window = ready_slot(layer)->mem;
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.wait_seconds += seconds_since(t0);
+    }
+    return fetch_selective(layer, list, window);
+  }
   if (cold_pos_[size_t(layer)] < 0) return;
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
+  Slot* slot = ready_slot(layer);
+  point_rows(layer, b.resident, b.n_ff, slot->mem, tail_begin(b));
+  std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.fetches;
+  stats_.wait_seconds += seconds_since(t0);
+}
+
+NeuronStore::Slot* NeuronStore::ready_slot(int layer) {
+  std::unique_lock<std::mutex> lock(mutex_);
   for (Slot& s : slots_)
     if (s.state == SlotState::InUse) s.state = SlotState::Empty;  // the previous layer's compute is done
   auto find = [&]() -> Slot* {
@@ -383,9 +415,7 @@ void NeuronStore::fetch(int layer, const int32_t* list) {
     std::rethrow_exception(e);
   }
   slot->state = SlotState::InUse;
-  const BundleLayer& b = layers_[size_t(layer)];
-  point_rows(layer, b.resident, b.n_ff, slot->mem, tail_begin(b));
-  stats_.wait_seconds += seconds_since(t0);
+  return slot;
 }
 
 void NeuronStore::reader() {
@@ -408,7 +438,7 @@ void NeuronStore::reader() {
     slot->layer = layer;
     slot->state = SlotState::Reading;
     const BundleLayer& b = layers_[size_t(layer)];
-    const uint64_t begin = tail_begin(b), bytes = tail_end(b) - begin;
+    const uint64_t begin = tail_begin(b), bytes = ahead_end(b) - begin;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr failed;

@@ -38,6 +38,10 @@ struct BundleLayer {
   // Decode reads only the listed neurons of the tail (a predictor picks them), on demand, with many reads in
   // flight; not read ahead. Other layers' tails are streamed whole by the read-ahead ring.
   bool selective = false;
+  // Selective layers: the first `window` cold bundles (the likeliest to fire after the resident ones) are read
+  // ahead by the reader thread like a streamed tail, hidden behind the compute of earlier layers; listed
+  // neurons inside the window need no read of their own.
+  int64_t window = 0;
   // The original down [dense_rows, n_ff] for dense runs (0 rows: none), dense_row_bytes per row, kIoAlign-aligned.
   uint64_t dense_offset = 0;
   int64_t dense_rows = 0;
@@ -54,6 +58,7 @@ struct NeuronStoreStats {
   uint64_t listed_neurons = 0;   // selective layers: cold neurons fetched by list
   uint64_t listed_hits = 0;      // selective layers: listed neurons already resident (RAM hits)
   uint64_t cache_hits = 0;       // selective layers: listed cold neurons found in the neuron cache
+  uint64_t window_hits = 0;      // selective layers: listed cold neurons found in the read-ahead window
   uint64_t cache_evictions = 0;  // cached neurons dropped for newer ones
   uint64_t cache_bytes = 0;
   uint64_t dense_bytes_read = 0;  // dense runs' original down matrices (prefill)
@@ -104,13 +109,17 @@ class NeuronStore {
   };
   uint64_t tail_begin(const BundleLayer& b) const;  // aligned file range of the cold tail
   uint64_t tail_end(const BundleLayer& b) const;
+  uint64_t ahead_end(const BundleLayer& b) const;   // end of what the reader thread reads ahead: the tail, or
+                                                    // a selective layer's window
+  // Waits for `layer`'s read-ahead slot and marks it in use (the previous layer's slot goes back first).
+  Slot* ready_slot(int layer);
   void read_exact(uint8_t* dst, uint64_t offset, uint64_t bytes) const;
   // Table entries of bundles [k0, k1) (or bundle k) of `layer`, whose bytes lie at `base`, which holds the
   // file from `base_offset` on.
   void point_row(int layer, int64_t k, const uint8_t* base, uint64_t base_offset);
   void point_rows(int layer, int64_t k0, int64_t k1, const uint8_t* base, uint64_t base_offset);
   void reader();
-  void fetch_selective(int layer, const int32_t* list);
+  void fetch_selective(int layer, const int32_t* list, const uint8_t* window);
   std::unique_ptr<class RangeReader> pread_reader();
   void read_ranges();  // ranges_, through io_ (a failed io_uring ring is swapped for pread threads)
   // The neuron cache (selective layers): slots of cache_slot_bytes_ in an LRU list, most recent at the head.

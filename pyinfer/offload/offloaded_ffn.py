@@ -27,6 +27,8 @@ RING_SLOTS = 2
 # Share of the budget above the minimum that the neuron cache gets when the plan has selective layers
 # (bench/results/neuron_cache.md measured it); the rest keeps the hottest neurons resident.
 CACHE_SHARE = 0.0
+# Share of each selective layer's neurons read ahead after its resident prefix (default; `pyinfer plan` picks).
+WINDOW_SHARE = 0.0
 
 
 def parse_size(text: str | int) -> int:
@@ -62,10 +64,11 @@ class OffloadPlan:
     choice: ResidentChoice
     greedy: ResidentChoice
     info: dict = field(default_factory=dict)
+    window: list[int] = field(default_factory=list)  # per selective layer: cold neurons read ahead
 
     def summary(self) -> dict:
         return {"ram_budget": self.budget, "fixed_bytes": self.fixed_bytes, "non_ffn_bytes": self.non_ffn_bytes,
-                "ring_bytes": self.ring_bytes, "cache_bytes": self.cache_bytes,
+                "ring_bytes": self.ring_bytes, "cache_bytes": self.cache_bytes, "window_neurons": self.window,
                 "resident_ffn_bytes": self.resident_bytes, "streamed_bytes_per_token": self.streamed_bytes,
                 "ffn_bundle_bytes": self.ffn_bytes, "resident_neurons": self.resident,
                 "solver": self.choice.solver, "solve_seconds": round(self.choice.seconds, 4),
@@ -82,24 +85,32 @@ def selective_layers(plan: SparsityPlan) -> list[bool]:
     return [lp.predictor is not None and lp.hot < len(lp.perm) for lp in plan.layers]
 
 
-def ring_bytes(layout: BundleLayout, selective: list[bool], ring_slots: int = RING_SLOTS) -> int:
-    """Read buffers: ring slots for streamed tails and one buffer for a selective layer's reads, each sized
-    for a whole layer (a tail can be the whole layer), page-aligned at both ends; and one for the original
-    down matrix a dense run (prefill) reads."""
+def window_neurons(layout: BundleLayout, selective: list[bool], window_share: float) -> list[int]:
+    """Per layer: how many cold neurons a selective layer reads ahead (0 for streamed layers)."""
+    return [round(window_share * e["n_ff"]) if sel else 0 for e, sel in zip(layout.layers, selective)]
+
+
+def ring_bytes(layout: BundleLayout, selective: list[bool], ring_slots: int = RING_SLOTS,
+               window_share: float = 0.0) -> int:
+    """Read buffers: ring slots for what the reader thread reads ahead (streamed tails, sized for a whole layer
+    since a tail can be one, and selective layers' windows), one buffer for a selective layer's reads, all
+    page-aligned at both ends; and one for the original down matrix a dense run (prefill) reads."""
     span = [align(e["n_ff"] * e["bundle_bytes"]) + ALIGN for e in layout.layers]
-    streamed = [s for s, sel in zip(span, selective) if not sel]
+    windows = window_neurons(layout, selective, window_share)
+    ahead = [s for s, sel in zip(span, selective) if not sel]
+    ahead += [align(w * e["bundle_bytes"]) + ALIGN for w, e in zip(windows, layout.layers) if w > 0]
     picked = [s for s, sel in zip(span, selective) if sel]
     dense = max((align(e["dense_rows"] * e["dense_row_bytes"]) for e in layout.layers), default=0)
-    return min(ring_slots, len(streamed)) * max(streamed, default=0) + max(picked, default=0) + dense
+    return min(ring_slots, len(ahead)) * max(ahead, default=0) + max(picked, default=0) + dense
 
 
-def minimum_budget(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, ring_slots: int = RING_SLOTS
-                   ) -> int:
+def minimum_budget(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, ring_slots: int = RING_SLOTS,
+                   window_share: float = 0.0) -> int:
     """What must stay in RAM whatever the budget: every weight but the FFN's, the predictors, the Q4T
     scales and the read buffers."""
     scales = sum(int(np.prod(e["scales_shape"])) * 2 for e in layout.layers if "scales_shape" in e)
     return (non_ffn_bytes(gguf) + plan.predictor_bytes() + scales
-            + ring_bytes(layout, selective_layers(plan), ring_slots))
+            + ring_bytes(layout, selective_layers(plan), ring_slots, window_share))
 
 
 def neuron_values(plan: SparsityPlan, layout: BundleLayout) -> list[np.ndarray]:
@@ -121,13 +132,19 @@ def neuron_values(plan: SparsityPlan, layout: BundleLayout) -> list[np.ndarray]:
 
 
 def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, budget: int,
-                 ring_slots: int = RING_SLOTS, cache_share: float | None = None) -> OffloadPlan:
+                 ring_slots: int = RING_SLOTS, cache_share: float | None = None,
+                 window_share: float | None = None) -> OffloadPlan:
     """`cache_share` of the budget above the minimum goes to the neuron cache (selective layers only; default
-    CACHE_SHARE), the rest to resident neurons chosen by the solver."""
+    CACHE_SHARE), the rest to resident neurons chosen by the solver. `window_share` of each selective layer's
+    neurons after its resident prefix are read ahead every token (default WINDOW_SHARE; their buffers count
+    in the minimum)."""
     n_ff = [e["n_ff"] for e in layout.layers]
     bundle = [e["bundle_bytes"] for e in layout.layers]
-    ring = ring_bytes(layout, selective_layers(plan), ring_slots)
-    fixed = minimum_budget(gguf, plan, layout, ring_slots)
+    wshare = WINDOW_SHARE if window_share is None else float(window_share)
+    if not 0.0 <= wshare <= 1.0:
+        raise PyinferError(f"the read-ahead window share must be in [0, 1], got {wshare}")
+    ring = ring_bytes(layout, selective_layers(plan), ring_slots, wshare)
+    fixed = minimum_budget(gguf, plan, layout, ring_slots, wshare)
     if budget < fixed:
         raise PyinferError(f"a RAM budget of {fmt_size(budget)} is below the minimum of {fmt_size(fixed)} "
                            f"(attention, embeddings, head, predictors and the read buffers must stay in RAM)")
@@ -143,8 +160,11 @@ def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, 
     ffn = sum(n * b for n, b in zip(n_ff, bundle))
     # Bytes read per token: every streamed tail, and the expected firing share of each selective tail.
     streamed = sum(float(v[k:].sum()) for v, k in zip(values, choice.counts))
+    windows = [min(w, n - k) for w, n, k in zip(window_neurons(layout, selective_layers(plan), wshare), n_ff,
+                                                 choice.counts)]
     return OffloadPlan(budget, fixed, non_ffn_bytes(gguf), ring, cache, choice.counts, resident_bytes, int(streamed),
-                       ffn, choice, greedy, {"selective_layers": int(sum(selective_layers(plan)))})
+                       ffn, choice, greedy, {"selective_layers": int(sum(selective_layers(plan))),
+                                             "window_share": wshare}, windows)
 
 
 class OffloadedFfn:
@@ -152,7 +172,7 @@ class OffloadedFfn:
 
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, budget: int,
                  cache, ring_slots: int | None = None, direct_io: bool = True, progress: bool = True,
-                 io_threads: int = 4, cache_share: float | None = None):
+                 io_threads: int = 4, cache_share: float | None = None, window_share: float | None = None):
         from ..runtime.sparse_ffn import pick_neuron_down
 
         ring_slots = ring_slots or RING_SLOTS
@@ -162,13 +182,14 @@ class OffloadedFfn:
         self.cfg = cfg
         self.down_type = pick_neuron_down(plan, down_type)
         self.layout = open_or_write(cache, gguf, cfg, plan, self.down_type, progress)
-        self.plan = plan_offload(gguf, plan, self.layout, budget, ring_slots, cache_share)
+        self.plan = plan_offload(gguf, plan, self.layout, budget, ring_slots, cache_share, window_share)
         self._selective = selective_layers(plan)
         layers = []
         for il, e in enumerate(self.layout.layers):
             layers.append({"n_ff": e["n_ff"], "resident": self.plan.resident[il], "file_offset": e["file_offset"],
                            "bundle_bytes": e["bundle_bytes"], "part_offsets": e["part_offsets"],
-                           "selective": self._selective[il], "dense_offset": e["dense_offset"],
+                           "selective": self._selective[il], "window": self.plan.window[il],
+                           "dense_offset": e["dense_offset"],
                            "dense_rows": e["dense_rows"], "dense_row_bytes": e["dense_row_bytes"],
                            "down_rows": plan.layers[il].perm.astype(np.int32).tolist() if e["down_rows"] else None})
         try:

@@ -115,10 +115,12 @@ def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_thread
 
     values = neuron_values(plan, layout)
     sel = selective_layers(plan)
+    window = offload_plan.window or [0] * len(sel)
     stream = demand = 0.0
-    for v, k, s in zip(values, offload_plan.resident, sel):
-        if s:
-            demand += float(v[k:].sum())
+    for v, k, s, w, e in zip(values, offload_plan.resident, sel, window, layout.layers):
+        if s:  # the window is read ahead whole, the rest as it fires
+            stream += w * e["bundle_bytes"]
+            demand += float(v[k + w:].sum())
         else:
             stream += float(v[k:].sum())
     bundle = max(e["bundle_bytes"] for e in layout.layers)
@@ -129,7 +131,7 @@ def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_thread
     notes = {}
     if trace and any(sel):
         slot = max(e["bundle_bytes"] for e, s in zip(layout.layers, sel) if s)
-        r = replay(trace, layout, offload_plan.resident, sel, offload_plan.cache_bytes // slot)
+        r = replay(trace, layout, offload_plan.resident, sel, offload_plan.cache_bytes // slot, window)
         demand_pages, demand_s = r.read_bytes, demand_seconds(r, reads, io_threads)
         notes = {"replayed_reads_per_token": r.requests, "cache_hit_rate": r.cache_hits / (r.cache_hits + r.cold_reads)
                  if r.cache_hits + r.cold_reads else 0.0}
@@ -160,28 +162,38 @@ def demand_seconds(r: Replay, reads: dict, io_threads: int) -> float:
     return r.read_bytes / bandwidth(reads, r.read_bytes / r.requests, io_threads)
 
 
-def choose_cache_share(model, trace, reads: dict, compute_s: float, io_threads: int,
-                       shares=(0.0, 0.1, 0.25, 0.5)) -> tuple[float, list[dict]]:
-    """The cache share with the best predicted tok/s at this budget, and the table behind the choice."""
+CACHE_SHARES = (0.0, 0.1, 0.25, 0.5)
+WINDOW_SHARES = (0.0, 0.1, 0.25, 0.5, 1.0)
+
+
+def choose_read_split(model, trace, reads: dict, compute_s: float, io_threads: int) -> tuple[dict, list[dict]]:
+    """For the selective layers: the neuron cache's share of the budget and the read-ahead window (each swept
+    with the other off) with the best predicted tok/s at this budget, and the table behind the choice."""
+    from ..errors import PyinferError
     from .offloaded_ffn import plan_offload, selective_layers
 
     off = model.offload
     sel = selective_layers(model.sparsity)
     if not any(sel) or len(trace) < 2:
-        return 0.0, []
+        return {"cache_share": 0.0, "window_share": 0.0}, []
     slot = max(e["bundle_bytes"] for e, s in zip(off.layout.layers, sel) if s)
     rows = []
-    for share in shares:
-        p = plan_offload(model.gguf, model.sparsity, off.layout, off.plan.budget, off.ring_slots, share)
-        r = replay(trace, off.layout, p.resident, sel, p.cache_bytes // slot)
+    for cache, window in [(c, 0.0) for c in CACHE_SHARES] + [(0.0, w) for w in WINDOW_SHARES[1:]]:
+        try:
+            p = plan_offload(model.gguf, model.sparsity, off.layout, off.plan.budget, off.ring_slots, cache, window)
+        except PyinferError:  # the window's buffers do not fit this budget
+            continue
+        r = replay(trace, off.layout, p.resident, sel, p.cache_bytes // slot, p.window)
         pred = predict(p, model.sparsity, off.layout, compute_s, reads, io_threads, trace)
-        rows.append({"cache_share": share, "cache_bytes": p.cache_bytes, "resident_bytes": p.resident_bytes,
-                     "cold_reads_per_token": r.cold_reads, "read_bytes_per_token": r.read_bytes,
-                     "reads_per_token": r.requests, "demand_s": pred.demand_s,
+        listed = r.cache_hits + r.cold_reads + r.window_hits
+        rows.append({"cache_share": cache, "window_share": window, "cache_bytes": p.cache_bytes,
+                     "resident_bytes": p.resident_bytes, "cold_reads_per_token": r.cold_reads,
+                     "read_bytes_per_token": r.read_bytes, "reads_per_token": r.requests,
+                     "stream_s": pred.stream_s, "demand_s": pred.demand_s,
                      "cache_hit_rate": r.cache_hits / (r.cache_hits + r.cold_reads) if r.cold_reads + r.cache_hits
-                     else 0.0, "tok_s": pred.tok_s})
+                     else 0.0, "window_hit_rate": r.window_hits / listed if listed else 0.0, "tok_s": pred.tok_s})
     best = max(rows, key=lambda r: r["tok_s"])
-    return best["cache_share"], rows
+    return {"cache_share": best["cache_share"], "window_share": best["window_share"]}, rows
 
 
 def as_dict(p: Prediction) -> dict:
@@ -207,7 +219,7 @@ def make_plan(model, reads: dict, compute_s: float, budgets: list[int], trace=No
     off = model.offload
     io_threads = best_depth(reads, listed_read_bytes(off.layout))
     main = predict(off.plan, model.sparsity, off.layout, compute_s, reads, io_threads, trace)
-    share, cache_rows = choose_cache_share(model, trace or [], reads, compute_s, io_threads)
+    split, split_rows = choose_read_split(model, trace or [], reads, compute_s, io_threads)
     sweep = []
     for b in budgets:
         try:
@@ -217,9 +229,9 @@ def make_plan(model, reads: dict, compute_s: float, budgets: list[int], trace=No
             continue
         sweep.append(as_dict(predict(p, model.sparsity, off.layout, compute_s, reads, io_threads, trace)))
     return {"format": FORMAT, "version": 1, "fingerprint": model.gguf.fingerprint(), "budget": off.plan.budget,
-            "ring_slots": off.ring_slots, "io_threads": io_threads, "cache_share": share,
-            "cache_sweep": cache_rows,
-            "predicted_tok_s": next((r["tok_s"] for r in cache_rows if r["cache_share"] == share), main.tok_s),
+            "ring_slots": off.ring_slots, "io_threads": io_threads, **split, "read_sweep": split_rows,
+            "predicted_tok_s": next((r["tok_s"] for r in split_rows if r["cache_share"] == split["cache_share"]
+                                     and r["window_share"] == split["window_share"]), main.tok_s),
             "prediction": as_dict(main), "compute_s_per_token": compute_s, "reads": reads, "sweep": sweep,
             "resident_neurons": off.plan.resident}
 

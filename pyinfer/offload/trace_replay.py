@@ -35,6 +35,7 @@ class Replay:
     """A decode trace replayed through one resident set and cache, per token after the first."""
     cold_reads: float = 0.0     # listed cold neurons read from disk
     cache_hits: float = 0.0     # listed cold neurons found in the cache
+    window_hits: float = 0.0    # listed cold neurons found in the read-ahead window
     read_bytes: float = 0.0     # bytes of the page ranges the store would read
     requests: float = 0.0       # how many ranges
 
@@ -56,10 +57,11 @@ def merged_ranges(offsets: list[int], bundle: int) -> tuple[int, int]:
     return total, count
 
 
-def replay(trace, layout, resident: list[int], selective: list[bool], slots: int = 0) -> Replay:
-    """What the store would read for the trace's unions: the resident prefixes, an LRU cache of `slots`
-    neurons, then merged page ranges of the rest. Counted from the second token on (the cache starts empty;
-    a long decode runs warm)."""
+def replay(trace, layout, resident: list[int], selective: list[bool], slots: int = 0,
+           window: list[int] | None = None) -> Replay:
+    """What the store would read for the trace's unions: the resident prefixes, the read-ahead windows after
+    them, an LRU cache of `slots` neurons, then merged page ranges of the rest. Counted from the second token
+    on (the cache starts empty; a long decode runs warm)."""
     from collections import OrderedDict
 
     lru: OrderedDict = OrderedDict()
@@ -71,7 +73,13 @@ def replay(trace, layout, resident: list[int], selective: list[bool], slots: int
             e = layout.layers[il] if layout is not None else None
             used = set()  # this layer's fetch: its rows are not evicted by its own later misses
             missed = []
-            for k in ids[ids >= resident[il]].tolist():
+            ahead = resident[il] + (window[il] if window else 0)
+            out.window_hits += (t > 0) * int(np.count_nonzero((ids >= resident[il]) & (ids < ahead)))
+            cold = ids[ids >= ahead].tolist()
+            if not slots:
+                missed = cold
+                cold = []
+            for k in cold:
                 key = (il, k)
                 if key in lru:
                     lru.move_to_end(key)
@@ -91,7 +99,7 @@ def replay(trace, layout, resident: list[int], selective: list[bool], slots: int
                     out.read_bytes += nbytes
                     out.requests += nreq
     n = max(len(trace) - 1, 1)
-    return Replay(out.cold_reads / n, out.cache_hits / n, out.read_bytes / n, out.requests / n)
+    return Replay(out.cold_reads / n, out.cache_hits / n, out.window_hits / n, out.read_bytes / n, out.requests / n)
 
 
 def replay_cache(trace, resident: list[int], selective: list[bool], slots: int) -> tuple[int, int]:
