@@ -9,14 +9,19 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def decode_trace(model, tokens: int = 16) -> list[list[np.ndarray]]:
-    """Per decode token, per layer: the active union's neuron ids (hot-first order), from a greedy decode."""
+def decode_trace(model, tokens: int = 16, temperature: float = 0.8) -> list[list[np.ndarray]]:
+    """Per decode token, per layer: the active union's neuron ids (hot-first order), from a sampled decode
+    (seeded): a greedy one can loop on one token, whose repeated unions would flatter any cache."""
     ids = model.tokenize("It was the best of times, it was the worst of times")
+    rng = np.random.default_rng(0)
     trace = []
     with model._lock:
         logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
         for i in range(tokens):
-            logits = model._forward([int(np.argmax(logits))], len(ids) + i, np.array([0]))[0]
+            z = np.asarray(logits, np.float64) / temperature
+            p = np.exp(z - z.max())
+            token = int(rng.choice(len(p), p=p / p.sum()))
+            logits = model._forward([token], len(ids) + i, np.array([0]))[0]
             step = []
             for uid in model._union_ids:
                 u = np.array(model._engine.tensor(uid, 1)[0])
