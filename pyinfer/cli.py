@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.set_defaults(sparsity="auto")
     op.add_argument("-o", "--output", required=True, help="plan file to write (JSON); pass it as --ram-budget")
     op.add_argument("--tokens", type=int, default=16, help="decode tokens of the compute calibration (default 16)")
+    op.add_argument("--verify", type=int, default=3, metavar="N",
+                    help="decode with each of the N best predicted read splits (neuron cache, read-ahead window) "
+                         "and keep the fastest measured one (default 3; 0: trust the prediction)")
     op.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     op.add_argument("--read-seconds", type=float, default=0.25, help=argparse.SUPPRESS)  # per measured cell
 
@@ -203,13 +206,13 @@ def _load(args, **kwargs):
     cache = getattr(args, "cache_type", "f16")
     budget = getattr(args, "ram_budget", None)
     if budget is not None:
-        kwargs["ram_budget"] = budget
+        kwargs.setdefault("ram_budget", budget)
     for flag, key in (("--neuron-cache", "neuron_cache"), ("--neuron-window", "neuron_window")):
         share = getattr(args, key, None)
         if share is not None:
             if budget is None:
                 raise PyinferError(f"{flag} needs --ram-budget")
-            kwargs[key] = share
+            kwargs.setdefault(key, share)  # a caller's own value (plan --verify) wins
     return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target,
                 cache_type=cache, **kwargs)
 
@@ -405,6 +408,22 @@ def cmd_serve(args) -> int:
     return serve(args)
 
 
+def verify_read_split(args, plan: dict, model) -> None:
+    """Decodes with the best predicted read splits and keeps the fastest measured one: the cost model does not
+    know how window and on-demand reads slow each other down."""
+    from .offload.planner import measure_decode
+
+    rows = sorted(plan["read_sweep"], key=lambda r: -r["tok_s"])[:args.verify]
+    budget = model.offload.plan.budget
+    for row in rows:
+        m = _load(args, ram_budget=budget, neuron_cache=row["cache_share"], neuron_window=row["window_share"])
+        row["measured_tok_s"] = measure_decode(m, args.tokens)
+        del m
+    best = max(rows, key=lambda r: r["measured_tok_s"])
+    plan.update(cache_share=best["cache_share"], window_share=best["window_share"], predicted_tok_s=best["tok_s"],
+                measured_tok_s=best["measured_tok_s"])
+
+
 def cmd_plan(args) -> int:
     import os
 
@@ -423,6 +442,8 @@ def cmd_plan(args) -> int:
     selective = any(off.selective(il) for il in range(model.config.n_layers))
     trace = decode_trace(model, args.tokens) if selective else None  # for the neuron cache's share
     plan = make_plan(model, reads, compute, [int(low + share * ffn) for share in (0.0, 0.25, 0.5, 0.75, 1.0)], trace)
+    if args.verify > 0 and len(plan["read_sweep"]) > 1:
+        verify_read_split(args, plan, model)
     tmp = args.output + ".tmp"
     try:
         with open(tmp, "w") as f:
@@ -442,9 +463,11 @@ def cmd_plan(args) -> int:
           f"neuron cache {plan['cache_share']:.0%} of the budget above the minimum, "
           f"read-ahead window {plan['window_share']:.0%} of each predictor layer")
     for row in plan["read_sweep"]:
+        measured = f", measured {row['measured_tok_s']:7.1f}" if "measured_tok_s" in row else ""
         print(f"  cache {row['cache_share']:4.0%} window {row['window_share']:4.0%}: "
               f"{row['cold_reads_per_token']:7.1f} cold neurons read on demand per token (cache hits "
-              f"{row['cache_hit_rate']:4.0%}, window {row['window_hit_rate']:4.0%}), predicted {row['tok_s']:7.1f} tok/s")
+              f"{row['cache_hit_rate']:4.0%}, window {row['window_hit_rate']:4.0%}), predicted {row['tok_s']:7.1f} "
+              f"tok/s{measured}")
     print(f"{'budget MiB':>12} {'tok/s':>8} {'compute ms':>11} {'stream ms':>10} {'demand ms':>10}")
     for row in plan["sweep"]:
         if "error" in row:

@@ -504,6 +504,8 @@ def test_plan_command_picks_the_neuron_cache_share_from_a_decode_trace(tiny_mode
     assert plan["cache_share"] in (0.0, 0.1, 0.25, 0.5) and plan["window_share"] in (0.0, 0.1, 0.25, 0.5, 1.0)
     assert all(r["cold_reads_per_token"] >= 0 and 0 <= r["cache_hit_rate"] <= 1 and 0 <= r["window_hit_rate"] <= 1
                for r in plan["read_sweep"])
+    verified = [r for r in plan["read_sweep"] if "measured_tok_s" in r]  # --verify 3 (the default)
+    assert len(verified) == 3 and plan["measured_tok_s"] == max(r["measured_tok_s"] for r in verified)
     m = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=str(sparsity), ram_budget=str(out),
                      progress=False)
     assert (m.offload.plan.cache_bytes > 0) == (plan["cache_share"] > 0)

@@ -196,6 +196,22 @@ def choose_read_split(model, trace, reads: dict, compute_s: float, io_threads: i
     return {"cache_share": best["cache_share"], "window_share": best["window_share"]}, rows
 
 
+def measure_decode(model, tokens: int = 16) -> float:
+    """Decode tokens per second, reads included, after a short warm-up (the read-ahead ring and cache fill)."""
+    ids = model.tokenize("Once upon a time")
+    with model._lock:
+        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
+        pos = len(ids)
+        for _ in range(4):
+            logits = model._forward([int(np.argmax(logits))], pos, np.array([0]))[0]
+            pos += 1
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            logits = model._forward([int(np.argmax(logits))], pos, np.array([0]))[0]
+            pos += 1
+        return tokens / (time.perf_counter() - t0)
+
+
 def as_dict(p: Prediction) -> dict:
     return asdict(p)
 
