@@ -318,6 +318,8 @@ def cmd_bench(args) -> int:
               f"{o['bytes_read_per_token'] / 2**20:.2f} MiB read per token "
               f"({o['read_bandwidth_mb_s'] or 0:.0f} MB/s, {'O_DIRECT' if o['direct_io'] else 'buffered'}), "
               f"{o['io_hidden_share']:.0%} of read time hidden behind compute")
+        if o.get("window_hit_rate") is not None:
+            print(f"         read-ahead window: {o['window_hit_rate']:.0%} of listed neurons found there")
         if o.get("cache_hit_rate") is not None:
             print(f"         neuron cache {o['cache_bytes'] / 2**20:.1f} MiB: {o['cache_hit_rate']:.0%} of listed cold "
                   f"neurons found there; listed reads through {o['io_engine']}")

@@ -37,7 +37,9 @@ def offload_stats(model, store_stats: dict, tokens: int, seconds: float) -> dict
             "ram_hit_rate": plan.resident_bytes / max(plan.ffn_bytes, 1),
             # selective layers: listed neurons found resident, of all listed; cold ones found in the neuron cache
             "listed_hit_rate": (store_stats["listed_hits"] / listed if (listed := store_stats["listed_hits"]
-                                + store_stats["cache_hits"] + store_stats["listed_neurons"]) else None),
+                                + store_stats["cache_hits"] + store_stats["window_hits"]
+                                + store_stats["listed_neurons"]) else None),
+            "window_hit_rate": store_stats["window_hits"] / listed if listed and sum(plan.window) else None,
             "cache_hit_rate": (store_stats["cache_hits"] / cold if (cold := store_stats["cache_hits"]
                                + store_stats["listed_neurons"]) and plan.cache_bytes else None),
             "read_seconds_per_token": read_s / max(tokens, 1), "wait_seconds_per_token": wait_s / max(tokens, 1),
