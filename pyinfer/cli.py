@@ -177,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "         pyinfer bench --ram-budget smollm2.offload.json   # predicted vs measured\n\n"
                                "Measures read bandwidth by chunk size and queue depth on the bundle file (O_DIRECT), "
                                "and the compute time of a\nshort decode; predicts tok/s at this budget and a sweep "
-                               "of others, and picks the I/O threads.")
+                               "of others, and picks the I/O threads. With a predictor plan it\nalso replays a short "
+                               "decode's active unions through each neuron-cache and read-ahead-window split, decodes "
+                               "with\nthe best three (--verify) and keeps the fastest measured.")
     _model_args(op)
     _sparsity_args(op)
     op.set_defaults(sparsity="auto")
