@@ -48,9 +48,10 @@ class CopyPlanner {
       if (n.guard.when_list >= 0) n.guard.when_list = readable(n.guard.when_list, space, backend, nodes, placement);
       const int r = root_[size_t(n.dst)];
       if (home_[size_t(r)] != space)
-        throw GraphError("node " + std::to_string(k) + " (" + op_name(n.op) + ") writes '" + g_.tensors[size_t(n.dst)].name +
-                         "' in memory space " + std::to_string(space) + "; it lives in space " +
-                         std::to_string(home_[size_t(r)]) + " (a tensor is written in one space only)");
+        throw GraphError("node " + std::to_string(k) + " (" + op_name(n.op) + ") writes '" +
+                         g_.tensors[size_t(n.dst)].name + "' in memory space " + std::to_string(space) +
+                         "; it lives in space " + std::to_string(home_[size_t(r)]) +
+                         " (a tensor is written in one space only)");
       ++version_[size_t(r)];
       nodes.push_back(n);
       placement.push_back(backend);

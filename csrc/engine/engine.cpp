@@ -32,21 +32,20 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
     if (b < 0 || size_t(b) >= cfg_.backend_threads.size())
       throw GraphError("the placement names backend " + std::to_string(b) + "; this engine has " +
                        std::to_string(cfg_.backend_threads.size()));
+  if (cfg_.backend_memory.empty()) cfg_.backend_memory.assign(cfg_.backend_threads.size(), 0);
+  if (cfg_.backend_memory.size() != cfg_.backend_threads.size())
+    throw GraphError("backend_memory names a memory space for each backend");
+  for (int space : cfg_.backend_memory)
+    if (space < 0 || space > 63) throw GraphError("memory spaces are 0 (host) .. 63");
   for (size_t k = 0; k < graph_.nodes.size(); ++k) {
     const Node& n = graph_.nodes[k];
-    if (n.op == OpKind::NeuronFetch && !cfg_.backend_memory.empty() && cfg_.backend_memory.size() > size_t(cfg_.placement[k]) &&
-        cfg_.backend_memory[size_t(cfg_.placement[k])] != 0)
+    if (n.op == OpKind::NeuronFetch && cfg_.backend_memory[size_t(cfg_.placement[k])] != 0)
       throw GraphError("neuron_fetch reads into host memory: place it on a host backend");
     const int layer = n.p.neuron_fetch.layer;
     if (n.op == OpKind::NeuronFetch && (!cfg_.neuron_store || layer >= cfg_.neuron_store->n_layers()))
       throw GraphError("a neuron_fetch node names layer " + std::to_string(layer) + ", which the neuron store " +
                        (cfg_.neuron_store ? "does not have" : "is missing for"));
   }
-  if (cfg_.backend_memory.empty()) cfg_.backend_memory.assign(cfg_.backend_threads.size(), 0);
-  if (cfg_.backend_memory.size() != cfg_.backend_threads.size())
-    throw GraphError("backend_memory names a memory space for each backend");
-  for (int space : cfg_.backend_memory)
-    if (space < 0 || space > 63) throw GraphError("memory spaces are 0 (host) .. 63");
   copy_plan_ = insert_copies(graph_, cfg_.placement, cfg_.backend_memory);
   if (copy_plan_.copies || !copy_plan_.uploads.empty()) graph_.validate();  // the copies too
   for (size_t b = 0; b < cfg_.backend_threads.size(); ++b) {

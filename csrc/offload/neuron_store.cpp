@@ -42,7 +42,7 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     : layers_(std::move(layers)), path_(path) {
   if (ring_slots < 1 || ring_slots > 64) throw std::invalid_argument("ring_slots must be 1..64");
   if (io_threads < 1 || io_threads > 64) throw std::invalid_argument("io_threads must be 1..64");
-  uint64_t resident_bytes = 0, slot_bytes = 0, demand_bytes = 0, dense_bytes = 0;
+  uint64_t resident_bytes = 0, slot_bytes = 0, demand_bytes = 0, dense_bytes = 0, cache_slot_bytes = 0;
   cold_pos_.assign(layers_.size(), -1);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const BundleLayer& b = layers_[l];
@@ -68,7 +68,7 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
       throw std::invalid_argument("bundle layer " + std::to_string(l) + ": a read-ahead window is for selective layers");
     if (b.resident < b.n_ff && b.selective) {
       demand_bytes = std::max(demand_bytes, tail_end(b) - tail_begin(b));
-      cache_slot_bytes_ = std::max(cache_slot_bytes_, b.bundle_bytes);
+      cache_slot_bytes = std::max(cache_slot_bytes, b.bundle_bytes);
     }
     if (b.resident < b.n_ff && (!b.selective || b.window > 0)) {
       cold_pos_[l] = int(cold_order_.size());
@@ -76,24 +76,9 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
       slot_bytes = std::max(slot_bytes, ahead_end(b) - tail_begin(b));
     }
   }
-  const int64_t n_cache = cache_slot_bytes_ ? int64_t(cache_bytes / cache_slot_bytes_) : 0;
-  if (n_cache > INT32_MAX) throw std::invalid_argument("neuron cache too large");
-  cached_.resize(layers_.size());
-  if (n_cache > 0) {
-    for (size_t l = 0; l < layers_.size(); ++l)
-      if (layers_[l].selective) cached_[l].assign(size_t(layers_[l].n_ff), -1);
-    slot_layer_.assign(size_t(n_cache), -1);
-    slot_neuron_.assign(size_t(n_cache), -1);
-    slot_stamp_.assign(size_t(n_cache), 0);
-    lru_prev_.resize(size_t(n_cache));
-    lru_next_.resize(size_t(n_cache));
-    for (int32_t i = 0; i < int32_t(n_cache); ++i) {  // every slot in the list, empty ones at the tail
-      lru_prev_[size_t(i)] = i - 1;
-      lru_next_[size_t(i)] = i + 1 < n_cache ? i + 1 : -1;
-    }
-    lru_head_ = 0;
-    lru_tail_ = int32_t(n_cache) - 1;
-  }
+  std::vector<int64_t> cached_neurons;
+  for (const BundleLayer& b : layers_) cached_neurons.push_back(b.selective ? b.n_ff : 0);
+  cache_ = NeuronCache(cached_neurons, cache_slot_bytes, cache_bytes);
   tables_.resize(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int p = 0; p < kBundleParts; ++p) tables_[l][size_t(p)].assign(size_t(layers_[l].n_ff), nullptr);
@@ -130,8 +115,7 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     ring_ = aligned_bytes(uint64_t(n_slots) * slot_bytes);
     for (int s = 0; s < n_slots; ++s) slots_.push_back(Slot{ring_ + uint64_t(s) * slot_bytes, -1, SlotState::Empty});
     demand_ = aligned_bytes(demand_bytes);
-    cache_ = aligned_bytes(uint64_t(n_cache) * cache_slot_bytes_);
-    stats_.cache_bytes = uint64_t(n_cache) * cache_slot_bytes_;
+    stats_.cache_bytes = cache_.bytes();
     dense_ = aligned_bytes(dense_bytes);
     if (demand_bytes || dense_bytes) {
       io_threads_ = io_threads;
@@ -154,7 +138,6 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     std::free(resident_);
     std::free(ring_);
     std::free(demand_);
-    std::free(cache_);
     std::free(dense_);
     throw;
   }
@@ -174,7 +157,6 @@ NeuronStore::~NeuronStore() {
   std::free(resident_);
   std::free(ring_);
   std::free(demand_);
-  std::free(cache_);
   std::free(dense_);
 }
 
@@ -247,8 +229,8 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list, const uint8_t*
   const auto t0 = std::chrono::steady_clock::now();
   ranges_.clear();
   placed_.clear();
-  ++fetch_stamp_;
-  const bool caching = !cached_[size_t(layer)].empty();
+  cache_.begin_fetch();
+  const bool caching = cache_.caches(layer);
   uint64_t out = 0, listed = 0, hits = 0, cache_hits = 0, evictions = 0, window_hits = 0;
   const int64_t window_end = window ? std::min(b.n_ff, b.resident + b.window) : b.resident;
   const bool dense = !list || list[0] < 0;
@@ -279,10 +261,8 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list, const uint8_t*
         ++window_hits;
         continue;
       }
-      if (caching && cached_[size_t(layer)][size_t(k)] >= 0) {  // read for an earlier token, still cached
-        const int32_t slot = cached_[size_t(layer)][size_t(k)];
-        point_row(layer, k, cache_ + uint64_t(slot) * cache_slot_bytes_, b0);
-        cache_touch(slot);
+      if (const uint8_t* cached = caching ? cache_.find(layer, k) : nullptr) {  // read for an earlier token
+        point_row(layer, k, cached, b0);
         ++cache_hits;
         continue;
       }
@@ -312,8 +292,9 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list, const uint8_t*
   else
     for (const auto& [k, r] : placed_) {
       point_row(layer, k, ranges_[r].dst, ranges_[r].offset);
-      if (caching)
-        evictions += cache_insert(layer, k, ranges_[r].dst + (b.file_offset + uint64_t(k) * b.bundle_bytes - ranges_[r].offset));
+      bool evicted = false;
+      const uint8_t* bundle = ranges_[r].dst + (b.file_offset + uint64_t(k) * b.bundle_bytes - ranges_[r].offset);
+      if (caching && cache_.insert(layer, k, bundle, b.bundle_bytes, evicted)) evictions += evicted;
     }
   uint64_t bytes = 0;
   for (const ReadRange& r : ranges_) bytes += r.bytes;
@@ -332,32 +313,6 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list, const uint8_t*
     stats_.window_hits += window_hits;
     stats_.cache_evictions += evictions;
   }
-}
-
-void NeuronStore::cache_touch(int32_t slot) {
-  slot_stamp_[size_t(slot)] = fetch_stamp_;
-  if (slot == lru_head_) return;
-  const int32_t p = lru_prev_[size_t(slot)], n = lru_next_[size_t(slot)];  // unlink (p >= 0: not the head)
-  lru_next_[size_t(p)] = n;
-  if (n >= 0) lru_prev_[size_t(n)] = p; else lru_tail_ = p;
-  lru_prev_[size_t(slot)] = -1;  // relink at the head
-  lru_next_[size_t(slot)] = lru_head_;
-  lru_prev_[size_t(lru_head_)] = slot;
-  lru_head_ = slot;
-}
-
-bool NeuronStore::cache_insert(int layer, int64_t k, const uint8_t* bundle) {
-  const int32_t slot = lru_tail_;
-  // Every slot was used by this fetch (its union outgrew the cache): keep the rows the compute points at.
-  if (slot_stamp_[size_t(slot)] == fetch_stamp_) return false;
-  const bool evicts = slot_layer_[size_t(slot)] >= 0;
-  if (evicts) cached_[size_t(slot_layer_[size_t(slot)])][size_t(slot_neuron_[size_t(slot)])] = -1;
-  std::memcpy(cache_ + uint64_t(slot) * cache_slot_bytes_, bundle, size_t(layers_[size_t(layer)].bundle_bytes));
-  slot_layer_[size_t(slot)] = layer;
-  slot_neuron_[size_t(slot)] = int32_t(k);
-  cached_[size_t(layer)][size_t(k)] = slot;
-  cache_touch(slot);
-  return evicts;
 }
 
 void NeuronStore::fetch(int layer, const int32_t* list) {

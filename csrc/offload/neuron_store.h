@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "offload/neuron_cache.h"
+
 namespace pyinfer {
 
 // Parts of a bundle, in file order; DenseDown is not in the bundles but the layer's original down matrix
@@ -122,9 +124,6 @@ class NeuronStore {
   void fetch_selective(int layer, const int32_t* list, const uint8_t* window);
   std::unique_ptr<class RangeReader> pread_reader();
   void read_ranges();  // ranges_, through io_ (a failed io_uring ring is swapped for pread threads)
-  // The neuron cache (selective layers): slots of cache_slot_bytes_ in an LRU list, most recent at the head.
-  void cache_touch(int32_t slot);
-  bool cache_insert(int layer, int64_t k, const uint8_t* bundle);  // true: it dropped an older neuron
 
   std::vector<BundleLayer> layers_;
   std::vector<std::array<std::vector<const uint8_t*>, kTables>> tables_;
@@ -143,14 +142,7 @@ class NeuronStore {
   int io_threads_ = 4;
   std::vector<struct ReadRange> ranges_;      // scratch of fetch_selective
   std::vector<std::pair<int64_t, size_t>> placed_;
-  uint8_t* cache_ = nullptr;
-  uint64_t cache_slot_bytes_ = 0;
-  std::vector<std::vector<int32_t>> cached_;        // [layer][neuron]: its cache slot, or -1
-  std::vector<int32_t> slot_layer_, slot_neuron_;   // per slot: what it holds (-1: nothing)
-  std::vector<int32_t> lru_prev_, lru_next_;        // toward the head (more recent) / the tail
-  std::vector<uint64_t> slot_stamp_;                // the fetch that last used it: not evicted by that fetch
-  int32_t lru_head_ = -1, lru_tail_ = -1;
-  uint64_t fetch_stamp_ = 0;
+  NeuronCache cache_;                // selective layers' cold neurons read for earlier tokens
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;

@@ -88,8 +88,8 @@ void cpu_gather_matmul(const KernelTable& k, const Graph& g, const Node& n, cons
     thread_share(list[0], ith, nth, 8, r0, r1);
     if (r0 >= r1) continue;
     MatMulArgs a{w.type, static_cast<const uint8_t*>(w.data), w.row_stride, w.cols, r0, r1,
-                 row_ptr<const uint8_t>(x, t), x.row_stride, shared ? n_tok : 1, row_ptr<float>(dst, t), f32_stride(dst),
-                 list + 1};
+                 row_ptr<const uint8_t>(x, t), x.row_stride, shared ? n_tok : 1, row_ptr<float>(dst, t),
+                 f32_stride(dst), list + 1};
     a.w_rows = weight_rows(w);
     k.matmul(a);
   }
