@@ -73,7 +73,8 @@ def cuda_devices() -> list[dict]: ...
 class NeuronStore:
     """A bundle file's neurons: resident prefixes in RAM, cold tails streamed or read by list."""
     def __init__(self, path: str, layers: Sequence[dict], ring_slots: int = 2, direct_io: bool = True,
-                 io_threads: int = 4, cache_bytes: int = 0, io_uring: bool = True) -> None: ...
+                 io_threads: int = 4, cache_bytes: int = 0, io_uring: bool = True, merge_gap: int = 8192,
+                 max_range: int = 262144) -> None: ...
     def fetch(self, layer: int, ids: Optional[npt.ArrayLike] = None) -> None: ...  # tests
     def fetch_dense(self, layer: int) -> None: ...  # tests
     def release(self, layer: int) -> None: ...  # tests

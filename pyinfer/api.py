@@ -121,7 +121,8 @@ class Model:
                                         cache_share=neuron_cache if neuron_cache is not None
                                         else (planned or {}).get("cache_share"),
                                         window_share=neuron_window if neuron_window is not None
-                                        else (planned or {}).get("window_share"))
+                                        else (planned or {}).get("window_share"),
+                                        max_range=(planned or {}).get("max_range"))
             self.offload.predicted = planned
         self._max_batch = min(MAX_BATCH, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None

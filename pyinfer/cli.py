@@ -417,15 +417,25 @@ def verify_read_split(args, plan: dict, model) -> None:
     know how window and on-demand reads slow each other down."""
     from .offload.planner import measure_decode
 
+    import os
+
+    keys = ("cache_share", "window_share", "max_range")
     rows = sorted(plan["read_sweep"], key=lambda r: -r["tok_s"])[:args.verify]
-    budget = model.offload.plan.budget
-    for row in rows:
-        m = _load(args, ram_budget=budget, neuron_cache=row["cache_share"], neuron_window=row["window_share"])
-        row["measured_tok_s"] = measure_decode(m, args.tokens)
-        del m
+    candidate = args.output + ".verify.json"  # each candidate loads as a plan file would
+    try:
+        for row in rows:
+            with open(candidate, "w") as f:
+                json.dump({**plan, **{k: row[k] for k in keys}}, f)
+            m = _load(args, ram_budget=candidate, neuron_cache=row["cache_share"], neuron_window=row["window_share"])
+            row["measured_tok_s"] = measure_decode(m, args.tokens)
+            del m
+    except OSError as e:
+        raise PyinferError(f"cannot write {candidate}: {e.strerror}") from None
+    finally:
+        if os.path.exists(candidate):
+            os.unlink(candidate)
     best = max(rows, key=lambda r: r["measured_tok_s"])
-    plan.update(cache_share=best["cache_share"], window_share=best["window_share"], predicted_tok_s=best["tok_s"],
-                measured_tok_s=best["measured_tok_s"])
+    plan.update({k: best[k] for k in keys}, predicted_tok_s=best["tok_s"], measured_tok_s=best["measured_tok_s"])
 
 
 def cmd_plan(args) -> int:
@@ -465,10 +475,12 @@ def cmd_plan(args) -> int:
     print(f"compute    {compute * 1e3:.2f} ms per token (a decode without its read waits)")
     print(f"choice     {plan['io_threads']} I/O threads, {plan['ring_slots']} read-ahead slots, "
           f"neuron cache {plan['cache_share']:.0%} of the budget above the minimum, "
-          f"read-ahead window {plan['window_share']:.0%} of each predictor layer")
+          f"read-ahead window {plan['window_share']:.0%} of each predictor layer, "
+          f"listed reads cut at {plan['max_range'] // 1024} KiB")
     for row in plan["read_sweep"]:
         measured = f", measured {row['measured_tok_s']:7.1f}" if "measured_tok_s" in row else ""
-        print(f"  cache {row['cache_share']:4.0%} window {row['window_share']:4.0%}: "
+        print(f"  cache {row['cache_share']:4.0%} window {row['window_share']:4.0%} "
+              f"cut {row['max_range'] // 1024:5d} KiB: "
               f"{row['cold_reads_per_token']:7.1f} cold neurons read on demand per token (cache hits "
               f"{row['cache_hit_rate']:4.0%}, window {row['window_hit_rate']:4.0%}), predicted {row['tok_s']:7.1f} "
               f"tok/s{measured}")
@@ -479,7 +491,8 @@ def cmd_plan(args) -> int:
         else:
             print(f"{row['budget'] / mb:12.1f} {row['tok_s']:8.1f} {row['compute_s'] * 1e3:11.2f} "
                   f"{row['stream_s'] * 1e3:10.2f} {row['demand_s'] * 1e3:10.2f}")
-    print(f"plan       {args.output}: budget {plan['budget'] / mb:.1f} MiB, predicted {plan['predicted_tok_s']:.1f} tok/s")
+    print(f"plan       {args.output}: budget {plan['budget'] / mb:.1f} MiB, "
+          f"predicted {plan['predicted_tok_s']:.1f} tok/s")
     return 0
 
 

@@ -218,8 +218,8 @@ def test_listed_reads_through_each_io_engine_and_their_errors(tiny_model_path, c
     assert store.stats()["io_engine"] == engine
 
 
-@pytest.mark.parametrize("io_uring", [True, False])
-def test_listed_reads_cut_inside_a_bundle_stay_within_the_tail(tmp_path, io_uring):
+@pytest.mark.parametrize("io_uring,max_range", [(True, 256 << 10), (False, 256 << 10), (True, 64 << 10)])
+def test_listed_reads_cut_inside_a_bundle_stay_within_the_tail(tmp_path, io_uring, max_range):
     """Bundles that straddle pages, a union dense enough that the merged reads reach their 256 KiB cap many
     times: a cut inside a bundle's page must not read that page twice (the demand buffer holds one tail), and
     every row must still come back whole."""
@@ -229,7 +229,7 @@ def test_listed_reads_cut_inside_a_bundle_stay_within_the_tail(tmp_path, io_urin
     path.write_bytes(raw.tobytes())
     layer = {"n_ff": n_ff, "resident": 0, "file_offset": 0, "bundle_bytes": bundle, "part_offsets": [0, 300, 600],
              "selective": True}
-    store = _core.NeuronStore(str(path), [layer], io_threads=2, io_uring=io_uring)
+    store = _core.NeuronStore(str(path), [layer], io_threads=2, io_uring=io_uring, max_range=max_range)
     for ids in (np.arange(0, n_ff, 2), np.arange(1, n_ff), np.arange(5, n_ff, 7)):
         store.fetch(0, ids.astype(np.int32))
         for k in ids[::37]:
@@ -502,6 +502,7 @@ def test_plan_command_picks_the_neuron_cache_share_from_a_decode_trace(tiny_mode
     plan = json.loads(capsys.readouterr().out)
     assert rc == 0 and [r["cache_share"] for r in plan["read_sweep"]][:4] == [0.0, 0.1, 0.25, 0.5]
     assert plan["cache_share"] in (0.0, 0.1, 0.25, 0.5) and plan["window_share"] in (0.0, 0.1, 0.25, 0.5, 1.0)
+    assert {r["max_range"] for r in plan["read_sweep"]} == {64 << 10, 256 << 10, 1 << 20}
     assert all(r["cold_reads_per_token"] >= 0 and 0 <= r["cache_hit_rate"] <= 1 and 0 <= r["window_hit_rate"] <= 1
                for r in plan["read_sweep"])
     verified = [r for r in plan["read_sweep"] if "measured_tok_s" in r]  # --verify 3 (the default)
@@ -510,3 +511,4 @@ def test_plan_command_picks_the_neuron_cache_share_from_a_decode_trace(tiny_mode
                      progress=False)
     assert (m.offload.plan.cache_bytes > 0) == (plan["cache_share"] > 0)
     assert (sum(m.offload.plan.window) > 0) == (plan["window_share"] > 0)
+    assert m.offload.max_range == plan["max_range"] and not (cache / "pred.offload.json.verify.json").exists()

@@ -120,7 +120,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<NeuronStore, std::shared_ptr<NeuronStore>>(m, "NeuronStore")
       .def(py::init([](const std::string& path, const py::list& layers, int ring_slots, bool direct_io,
-                       int io_threads, uint64_t cache_bytes, bool io_uring) {
+                       int io_threads, uint64_t cache_bytes, bool io_uring, uint64_t merge_gap, uint64_t max_range) {
              std::vector<BundleLayer> ls;
              for (const auto& item : layers) {
                const py::dict d = item.cast<py::dict>();
@@ -146,17 +146,19 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              try {
                return std::make_shared<NeuronStore>(path, std::move(ls), ring_slots, direct_io, io_threads, cache_bytes,
-                                                    io_uring);
+                                                    io_uring, ReadClusters{merge_gap, max_range});
              } catch (const std::invalid_argument& e) {
                throw GraphError(e.what());
              }
            }), py::arg("path"), py::arg("layers"), py::arg("ring_slots") = 2, py::arg("direct_io") = true,
            py::arg("io_threads") = 4, py::arg("cache_bytes") = 0, py::arg("io_uring") = true,
+           py::arg("merge_gap") = ReadClusters{}.merge_gap, py::arg("max_range") = ReadClusters{}.max_range,
            "Opens a bundle file and reads each layer's resident bundles. layers: dicts of n_ff, resident, "
            "file_offset, bundle_bytes, part_offsets (gate, up, down), optional down_rows (table row of bundle k) and "
            "selective (decode reads only the listed rows, on demand). cache_bytes: an LRU cache of the selective "
            "layers' cold neurons, for the tokens that follow. io_uring: selective reads through io_uring where the "
-           "kernel allows it (else, and with False, pread threads).")
+           "kernel allows it (else, and with False, pread threads). merge_gap / max_range: listed reads merge page "
+           "ranges closer than merge_gap bytes and cut them at max_range bytes.")
       .def("fetch", [](NeuronStore& s, int layer, std::optional<I32Array> ids) {
              std::vector<int32_t> list;
              if (ids) {

@@ -16,10 +16,6 @@ namespace pyinfer {
 
 namespace {
 
-// Selective reads: a gap this small between two needed ranges is read rather than paid for with another
-// request; a range is cut at kMaxRange so the I/O threads share the work.
-constexpr uint64_t kGap = 8192;
-constexpr uint64_t kMaxRange = 256 * 1024;
 
 uint64_t round_down(uint64_t x, uint64_t a) { return x / a * a; }
 uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -38,8 +34,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io,
-                         int io_threads, uint64_t cache_bytes, bool use_uring)
-    : layers_(std::move(layers)), path_(path) {
+                         int io_threads, uint64_t cache_bytes, bool use_uring, ReadClusters clusters)
+    : layers_(std::move(layers)), path_(path), merge_gap_(clusters.merge_gap), max_range_(clusters.max_range) {
+  if (max_range_ < kIoAlign || max_range_ % kIoAlign || max_range_ > (uint64_t(64) << 20) || merge_gap_ > (1u << 20))
+    throw std::invalid_argument("read clusters: max_range must be whole pages up to 64 MiB, merge_gap at most 1 MiB");
   if (ring_slots < 1 || ring_slots > 64) throw std::invalid_argument("ring_slots must be 1..64");
   if (io_threads < 1 || io_threads > 64) throw std::invalid_argument("io_threads must be 1..64");
   uint64_t resident_bytes = 0, slot_bytes = 0, demand_bytes = 0, dense_bytes = 0, cache_slot_bytes = 0;
@@ -65,7 +63,8 @@ NeuronStore::NeuronStore(const std::string& path, std::vector<BundleLayer> layer
     dense_bytes = std::max(dense_bytes, round_up(uint64_t(b.dense_rows) * b.dense_row_bytes, kIoAlign));
     resident_bytes += round_up(uint64_t(b.resident) * b.bundle_bytes, kIoAlign);
     if (b.window < 0 || (b.window > 0 && !b.selective))
-      throw std::invalid_argument("bundle layer " + std::to_string(l) + ": a read-ahead window is for selective layers");
+      throw std::invalid_argument("bundle layer " + std::to_string(l) +
+                                  ": a read-ahead window is for selective layers");
     if (b.resident < b.n_ff && b.selective) {
       demand_bytes = std::max(demand_bytes, tail_end(b) - tail_begin(b));
       cache_slot_bytes = std::max(cache_slot_bytes, b.bundle_bytes);
@@ -236,8 +235,8 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list, const uint8_t*
   const bool dense = !list || list[0] < 0;
   if (dense) {  // a dense run: the whole tail, in large reads
     const uint64_t begin = tail_begin(b), end = tail_end(b);
-    for (uint64_t off = begin; off < end; off += kMaxRange)
-      ranges_.push_back(ReadRange{demand_ + (off - begin), off, std::min(kMaxRange, end - off)});
+    for (uint64_t off = begin; off < end; off += max_range_)
+      ranges_.push_back(ReadRange{demand_ + (off - begin), off, std::min(max_range_, end - off)});
   } else {
     uint64_t cur0 = 0, cur1 = 0;  // the open range [cur0, cur1) of the file
     bool open = false;
@@ -268,10 +267,10 @@ void NeuronStore::fetch_selective(int layer, const int32_t* list, const uint8_t*
       }
       const uint64_t p0 = round_down(b0, kIoAlign), p1 = round_up(b0 + b.bundle_bytes, kIoAlign);
       size_t holder = ranges_.size();  // the range whose bytes hold b0 (the open one, flushed or not)
-      if (open && p0 <= cur1 + kGap && p1 - cur0 <= kMaxRange) {
+      if (open && p0 <= cur1 + merge_gap_ && p1 - cur0 <= max_range_) {
         cur1 = std::max(cur1, p1);
       } else {
-        // A range cut at kMaxRange may end inside this bundle's first page: the next range starts where it
+        // A range cut at max_range_ may end inside this bundle's first page: the next range starts where it
         // ended, so no page is read twice (the ranges stay disjoint and fit the demand buffer) and the bundle's
         // bytes run on contiguously from the previous range's buffer into the next one's.
         const bool continues = open && b0 < cur1;

@@ -71,6 +71,13 @@ struct NeuronStoreStats {
   const char* io_engine = "none";  // selective reads: "io_uring", or "pread" threads where it is refused
 };
 
+// How listed reads are clustered: page ranges closer than merge_gap bytes are read as one (the gap is read
+// rather than paid for with another request), and a range is cut at max_range bytes so several stay in flight.
+struct ReadClusters {
+  uint64_t merge_gap = 8192;
+  uint64_t max_range = 256 * 1024;
+};
+
 class NeuronStore {
  public:
   static constexpr uint64_t kIoAlign = 4096;
@@ -79,7 +86,7 @@ class NeuronStore {
   // io_threads: reads in flight for selective layers. cache_bytes: the neuron cache of selective layers, cold
   // neurons read earlier kept for the next tokens (consecutive tokens share many), least recently used out.
   NeuronStore(const std::string& path, std::vector<BundleLayer> layers, int ring_slots, bool direct_io,
-              int io_threads = 4, uint64_t cache_bytes = 0, bool use_uring = true);
+              int io_threads = 4, uint64_t cache_bytes = 0, bool use_uring = true, ReadClusters clusters = {});
   ~NeuronStore();
   NeuronStore(const NeuronStore&) = delete;
   NeuronStore& operator=(const NeuronStore&) = delete;
@@ -140,6 +147,7 @@ class NeuronStore {
   std::unique_ptr<class RangeReader> io_;       // selective reads: io_uring or pread threads
   std::vector<std::unique_ptr<class RangeReader>> retired_;  // a failed ring, kept until its reads are surely done
   int io_threads_ = 4;
+  uint64_t merge_gap_, max_range_;
   std::vector<struct ReadRange> ranges_;      // scratch of fetch_selective
   std::vector<std::pair<int64_t, size_t>> placed_;
   NeuronCache cache_;                // selective layers' cold neurons read for earlier tokens

@@ -50,7 +50,8 @@ UringReader::UringReader(int fd, unsigned depth, std::string path) : fd_(fd), de
   if (single) {
     cq_map_ = sq_map_;
   } else {
-    cq_map_ = mmap(nullptr, cq_map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring_, IORING_OFF_CQ_RING);
+    cq_map_ = mmap(nullptr, cq_map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring_,
+                   IORING_OFF_CQ_RING);
     if (cq_map_ == MAP_FAILED) {
       cq_map_ = nullptr;
       fail("completion ring mmap");
@@ -87,7 +88,8 @@ int UringReader::enter(unsigned to_submit, unsigned wait) {
   for (;;) {
     const long r = syscall(__NR_io_uring_enter, ring_, to_submit, wait, wait ? IORING_ENTER_GETEVENTS : 0, nullptr, 0);
     if (r >= 0) return int(r);
-    if (errno != EINTR) throw std::runtime_error("reading bundle file " + path_ + ": io_uring_enter: " + std::strerror(errno));
+    if (errno != EINTR)
+      throw std::runtime_error("reading bundle file " + path_ + ": io_uring_enter: " + std::strerror(errno));
   }
 }
 

@@ -24,6 +24,8 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20,
 # 1 GB/s at 1 MiB on the test VM: ~30 us per request); in bytes at 1 GB/s it is what a layer kept whole saves.
 READ_REQUEST_BYTES = 32 * 1024
 RING_SLOTS = 2
+# Listed reads are cut at this many bytes (the read cluster size; `pyinfer plan` picks it).
+MAX_RANGE = 256 * 1024
 # Share of the budget above the minimum that the neuron cache gets when the plan has selective layers
 # (bench/results/neuron_cache.md measured it); the rest keeps the hottest neurons resident.
 CACHE_SHARE = 0.0
@@ -172,7 +174,8 @@ class OffloadedFfn:
 
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, budget: int,
                  cache, ring_slots: int | None = None, direct_io: bool = True, progress: bool = True,
-                 io_threads: int = 4, cache_share: float | None = None, window_share: float | None = None):
+                 io_threads: int = 4, cache_share: float | None = None, window_share: float | None = None,
+                 max_range: int | None = None):
         from ..runtime.sparse_ffn import pick_neuron_down
 
         ring_slots = ring_slots or RING_SLOTS
@@ -193,8 +196,9 @@ class OffloadedFfn:
                            "dense_rows": e["dense_rows"], "dense_row_bytes": e["dense_row_bytes"],
                            "down_rows": plan.layers[il].perm.astype(np.int32).tolist() if e["down_rows"] else None})
         try:
+            self.max_range = max_range or MAX_RANGE
             self.store = _core.NeuronStore(str(self.layout.path), layers, ring_slots, direct_io, io_threads,
-                                           self.plan.cache_bytes)
+                                           self.plan.cache_bytes, max_range=self.max_range)
         except (RuntimeError, ValueError) as e:
             raise PyinferError(str(e)) from None
         self._scales = [read_scales(self.layout, il) for il in range(len(layers))]

@@ -106,8 +106,8 @@ def listed_read_bytes(layout) -> float:
     return max(4096.0, float(np.ceil(bundle / 4096) * 4096))
 
 
-def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_threads: int = 4, trace=None
-            ) -> Prediction:
+def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_threads: int = 4, trace=None,
+            max_range: int = 256 * 1024) -> Prediction:
     """Tokens per second of one offload plan (offloaded_ffn.OffloadPlan) from the measured parameters. With a
     decode trace, the listed reads are those the store would merge for the trace's unions (replay); without,
     each expected neuron is read on its own."""
@@ -131,7 +131,7 @@ def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_thread
     notes = {}
     if trace and any(sel):
         slot = max(e["bundle_bytes"] for e, s in zip(layout.layers, sel) if s)
-        r = replay(trace, layout, offload_plan.resident, sel, offload_plan.cache_bytes // slot, window)
+        r = replay(trace, layout, offload_plan.resident, sel, offload_plan.cache_bytes // slot, window, max_range)
         demand_pages, demand_s = r.read_bytes, demand_seconds(r, reads, io_threads)
         notes = {"replayed_reads_per_token": r.requests, "cache_hit_rate": r.cache_hits / (r.cache_hits + r.cold_reads)
                  if r.cache_hits + r.cold_reads else 0.0}
@@ -164,36 +164,40 @@ def demand_seconds(r: Replay, reads: dict, io_threads: int) -> float:
 
 CACHE_SHARES = (0.0, 0.1, 0.25, 0.5)
 WINDOW_SHARES = (0.0, 0.1, 0.25, 0.5, 1.0)
+MAX_RANGES = (64 * 1024, 256 * 1024, 1024 * 1024)  # read cluster sizes: where listed reads are cut
 
 
 def choose_read_split(model, trace, reads: dict, compute_s: float, io_threads: int) -> tuple[dict, list[dict]]:
-    """For the selective layers: the neuron cache's share of the budget and the read-ahead window (each swept
-    with the other off) with the best predicted tok/s at this budget, and the table behind the choice."""
+    """For the selective layers: the neuron cache's share of the budget, the read-ahead window and the read
+    cluster size (each swept with the others at their defaults) with the best predicted tok/s at this budget,
+    and the table behind the choice."""
     from ..errors import PyinferError
     from .offloaded_ffn import plan_offload, selective_layers
 
     off = model.offload
     sel = selective_layers(model.sparsity)
     if not any(sel) or len(trace) < 2:
-        return {"cache_share": 0.0, "window_share": 0.0}, []
+        return {"cache_share": 0.0, "window_share": 0.0, "max_range": MAX_RANGES[1]}, []
     slot = max(e["bundle_bytes"] for e, s in zip(off.layout.layers, sel) if s)
     rows = []
-    for cache, window in [(c, 0.0) for c in CACHE_SHARES] + [(0.0, w) for w in WINDOW_SHARES[1:]]:
+    splits = ([(c, 0.0, MAX_RANGES[1]) for c in CACHE_SHARES] + [(0.0, w, MAX_RANGES[1]) for w in WINDOW_SHARES[1:]]
+              + [(0.0, 0.0, m) for m in MAX_RANGES if m != MAX_RANGES[1]])
+    for cache, window, max_range in splits:
         try:
             p = plan_offload(model.gguf, model.sparsity, off.layout, off.plan.budget, off.ring_slots, cache, window)
         except PyinferError:  # the window's buffers do not fit this budget
             continue
-        r = replay(trace, off.layout, p.resident, sel, p.cache_bytes // slot, p.window)
-        pred = predict(p, model.sparsity, off.layout, compute_s, reads, io_threads, trace)
+        r = replay(trace, off.layout, p.resident, sel, p.cache_bytes // slot, p.window, max_range)
+        pred = predict(p, model.sparsity, off.layout, compute_s, reads, io_threads, trace, max_range)
         listed = r.cache_hits + r.cold_reads + r.window_hits
-        rows.append({"cache_share": cache, "window_share": window, "cache_bytes": p.cache_bytes,
+        rows.append({"cache_share": cache, "window_share": window, "max_range": max_range, "cache_bytes": p.cache_bytes,
                      "resident_bytes": p.resident_bytes, "cold_reads_per_token": r.cold_reads,
                      "read_bytes_per_token": r.read_bytes, "reads_per_token": r.requests,
                      "stream_s": pred.stream_s, "demand_s": pred.demand_s,
                      "cache_hit_rate": r.cache_hits / (r.cache_hits + r.cold_reads) if r.cold_reads + r.cache_hits
                      else 0.0, "window_hit_rate": r.window_hits / listed if listed else 0.0, "tok_s": pred.tok_s})
     best = max(rows, key=lambda r: r["tok_s"])
-    return {"cache_share": best["cache_share"], "window_share": best["window_share"]}, rows
+    return {k: best[k] for k in ("cache_share", "window_share", "max_range")}, rows
 
 
 def measure_decode(model, tokens: int = 16) -> float:
@@ -246,8 +250,8 @@ def make_plan(model, reads: dict, compute_s: float, budgets: list[int], trace=No
         sweep.append(as_dict(predict(p, model.sparsity, off.layout, compute_s, reads, io_threads, trace)))
     return {"format": FORMAT, "version": 1, "fingerprint": model.gguf.fingerprint(), "budget": off.plan.budget,
             "ring_slots": off.ring_slots, "io_threads": io_threads, **split, "read_sweep": split_rows,
-            "predicted_tok_s": next((r["tok_s"] for r in split_rows if r["cache_share"] == split["cache_share"]
-                                     and r["window_share"] == split["window_share"]), main.tok_s),
+            "predicted_tok_s": next((r["tok_s"] for r in split_rows if all(r[k] == v for k, v in split.items())),
+                                    main.tok_s),
             "prediction": as_dict(main), "compute_s_per_token": compute_s, "reads": reads, "sweep": sweep,
             "resident_neurons": off.plan.resident}
 
