@@ -4,9 +4,10 @@ cold neurons are one contiguous tail and the hottest ones a prefix.
 
 Layout: a 64 KiB header (magic, JSON), then per layer its bundles [n_ff, bundle_bytes] padded to 4 KiB
 (so tails can be read with O_DIRECT), then, for a Q4T down, its group scales, then the layer's original down
-matrix as the model stores it (dense runs, prefill, read it whole in large reads instead of through
-mmap). Rows keep exactly the bytes the in-RAM sparse path computes with, so offloaded runs equal in-RAM runs bit for bit. The file is bound to
-its model and plan by fingerprint and plan id; anything else found at its path is rebuilt, never trusted.
+matrix as the model stores it (dense runs, prefill, read it whole in large reads instead of through mmap).
+Rows keep exactly the bytes the in-RAM sparse path computes with, so offloaded runs equal in-RAM runs bit
+for bit. The file is bound to its model and plan by fingerprint and plan id; anything else found at its
+path is rebuilt, never trusted.
 """
 from __future__ import annotations
 
