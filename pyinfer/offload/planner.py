@@ -140,18 +140,28 @@ def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_thread
                       notes)
 
 
-def calibrate_compute(model, tokens: int = 16) -> float:
-    """Seconds per decode token not spent waiting for reads, from a short greedy decode."""
+def timed_decode(model, tokens: int, warmup: int = 0) -> tuple[float, float]:
+    """(seconds, seconds spent waiting for reads) of `tokens` greedy decode steps after a short prompt and
+    `warmup` untimed steps (which fill the read-ahead ring and the neuron cache)."""
     ids = model.tokenize("Once upon a time")
     with model._lock:
         logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
-        if model.offload is not None:
-            model.offload.store.reset_stats()
-        t0 = time.perf_counter()
-        for i in range(tokens):
-            logits = model._forward([int(np.argmax(logits))], len(ids) + i, np.array([0]))[0]
+        pos = len(ids)
+        for i in range(warmup + tokens):
+            if i == warmup:
+                if model.offload is not None:
+                    model.offload.store.reset_stats()
+                t0 = time.perf_counter()
+            logits = model._forward([int(np.argmax(logits))], pos, np.array([0]))[0]
+            pos += 1
         total = time.perf_counter() - t0
     wait = model.offload.store.stats()["wait_seconds"] if model.offload is not None else 0.0
+    return total, wait
+
+
+def calibrate_compute(model, tokens: int = 16) -> float:
+    """Seconds per decode token not spent waiting for reads, from a short greedy decode."""
+    total, wait = timed_decode(model, tokens)
     return (total - wait) / tokens
 
 
@@ -202,18 +212,7 @@ def choose_read_split(model, trace, reads: dict, compute_s: float, io_threads: i
 
 def measure_decode(model, tokens: int = 16) -> float:
     """Decode tokens per second, reads included, after a short warm-up (the read-ahead ring and cache fill)."""
-    ids = model.tokenize("Once upon a time")
-    with model._lock:
-        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
-        pos = len(ids)
-        for _ in range(4):
-            logits = model._forward([int(np.argmax(logits))], pos, np.array([0]))[0]
-            pos += 1
-        t0 = time.perf_counter()
-        for _ in range(tokens):
-            logits = model._forward([int(np.argmax(logits))], pos, np.array([0]))[0]
-            pos += 1
-        return tokens / (time.perf_counter() - t0)
+    return tokens / timed_decode(model, tokens, warmup=4)[0]
 
 
 def as_dict(p: Prediction) -> dict:

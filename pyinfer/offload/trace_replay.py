@@ -105,11 +105,3 @@ def replay(trace, layout, resident: list[int], selective: list[bool], slots: int
                     out.requests += nreq
     n = max(len(trace) - 1, 1)
     return Replay(out.cold_reads / n, out.cache_hits / n, out.window_hits / n, out.read_bytes / n, out.requests / n)
-
-
-def replay_cache(trace, resident: list[int], selective: list[bool], slots: int) -> tuple[int, int]:
-    """(cold neurons read, cold neurons found in an LRU cache of `slots` neurons), summed over the trace's
-    tokens after the first."""
-    r = replay(trace, None, resident, selective, slots)
-    n = max(len(trace) - 1, 1)
-    return round(r.cold_reads * n), round(r.cache_hits * n)
