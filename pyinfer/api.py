@@ -122,7 +122,8 @@ class Model:
                                         else (planned or {}).get("cache_share"),
                                         window_share=neuron_window if neuron_window is not None
                                         else (planned or {}).get("window_share"),
-                                        max_range=(planned or {}).get("max_range"))
+                                        max_range=(planned or {}).get("max_range"),
+                                        merge_gap=(planned or {}).get("merge_gap"))
             self.offload.predicted = planned
         self._max_batch = min(MAX_BATCH, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None

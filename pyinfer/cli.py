@@ -415,11 +415,11 @@ def cmd_serve(args) -> int:
 def verify_read_split(args, plan: dict, model) -> None:
     """Decodes with the best predicted read splits and keeps the fastest measured one: the cost model does not
     know how window and on-demand reads slow each other down."""
-    from .offload.planner import measure_decode
-
     import os
 
-    keys = ("cache_share", "window_share", "max_range")
+    from .offload.planner import READ_KEYS as keys
+    from .offload.planner import measure_decode
+
     rows = sorted(plan["read_sweep"], key=lambda r: -r["tok_s"])[:args.verify]
     candidate = args.output + ".verify.json"  # each candidate loads as a plan file would
     try:
@@ -476,11 +476,12 @@ def cmd_plan(args) -> int:
     print(f"choice     {plan['io_threads']} I/O threads, {plan['ring_slots']} read-ahead slots, "
           f"neuron cache {plan['cache_share']:.0%} of the budget above the minimum, "
           f"read-ahead window {plan['window_share']:.0%} of each predictor layer, "
-          f"listed reads cut at {plan['max_range'] // 1024} KiB")
+          f"listed reads cut at {plan['max_range'] // 1024} KiB, merged across gaps under "
+          f"{plan['merge_gap'] // 1024} KiB")
     for row in plan["read_sweep"]:
         measured = f", measured {row['measured_tok_s']:7.1f}" if "measured_tok_s" in row else ""
         print(f"  cache {row['cache_share']:4.0%} window {row['window_share']:4.0%} "
-              f"cut {row['max_range'] // 1024:5d} KiB: "
+              f"cut {row['max_range'] // 1024:5d} KiB gap {row['merge_gap'] // 1024:3d} KiB: "
               f"{row['cold_reads_per_token']:7.1f} cold neurons read on demand per token (cache hits "
               f"{row['cache_hit_rate']:4.0%}, window {row['window_hit_rate']:4.0%}), predicted {row['tok_s']:7.1f} "
               f"tok/s{measured}")

@@ -430,6 +430,8 @@ def test_replayed_reads_merge_pages_as_the_store_does():
 
     assert merged_ranges([0, 1000, 2000], 1000) == (4096, 1)
     assert merged_ranges([0, 100_000], 1000) == (8192, 2)  # a gap over 8 KiB: two requests
+    assert merged_ranges([0, 9000], 1000, gap=8192) == (12288, 1)  # one page between: read, not requested
+    assert merged_ranges([0, 9000], 1000, gap=0) == (8192, 2)
     # 300 contiguous bundles pass the 256 KiB cap inside a page: cut there, no page read twice
     assert merged_ranges([k * 1000 for k in range(300)], 1000) == (303104, 2)
 
@@ -507,6 +509,7 @@ def test_plan_command_picks_the_neuron_cache_share_from_a_decode_trace(tiny_mode
     assert rc == 0 and [r["cache_share"] for r in plan["read_sweep"]][:4] == [0.0, 0.1, 0.25, 0.5]
     assert plan["cache_share"] in (0.0, 0.1, 0.25, 0.5) and plan["window_share"] in (0.0, 0.1, 0.25, 0.5, 1.0)
     assert {r["max_range"] for r in plan["read_sweep"]} == {64 << 10, 256 << 10, 1 << 20}
+    assert {r["merge_gap"] for r in plan["read_sweep"]} == {0, 8 << 10, 32 << 10}
     assert all(r["cold_reads_per_token"] >= 0 and 0 <= r["cache_hit_rate"] <= 1 and 0 <= r["window_hit_rate"] <= 1
                for r in plan["read_sweep"])
     verified = [r for r in plan["read_sweep"] if "measured_tok_s" in r]  # --verify 3 (the default)
@@ -515,4 +518,5 @@ def test_plan_command_picks_the_neuron_cache_share_from_a_decode_trace(tiny_mode
                      progress=False)
     assert (m.offload.plan.cache_bytes > 0) == (plan["cache_share"] > 0)
     assert (sum(m.offload.plan.window) > 0) == (plan["window_share"] > 0)
+    assert m.offload.merge_gap == plan["merge_gap"]
     assert m.offload.max_range == plan["max_range"] and not (cache / "pred.offload.json.verify.json").exists()

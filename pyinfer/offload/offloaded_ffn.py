@@ -26,6 +26,8 @@ READ_REQUEST_BYTES = 32 * 1024
 RING_SLOTS = 2
 # Listed reads are cut at this many bytes (the read cluster size; `pyinfer plan` picks it).
 MAX_RANGE = 256 * 1024
+# Listed page ranges closer than this are read as one (`pyinfer plan` picks it).
+MERGE_GAP = 8192
 # Share of the budget above the minimum that the neuron cache gets when the plan has selective layers
 # (bench/results/neuron_cache.md measured it); the rest keeps the hottest neurons resident.
 CACHE_SHARE = 0.0
@@ -175,7 +177,7 @@ class OffloadedFfn:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, budget: int,
                  cache, ring_slots: int | None = None, direct_io: bool = True, progress: bool = True,
                  io_threads: int = 4, cache_share: float | None = None, window_share: float | None = None,
-                 max_range: int | None = None):
+                 max_range: int | None = None, merge_gap: int | None = None):
         from ..runtime.sparse_ffn import pick_neuron_down
 
         ring_slots = ring_slots or RING_SLOTS
@@ -197,8 +199,9 @@ class OffloadedFfn:
                            "down_rows": plan.layers[il].perm.astype(np.int32).tolist() if e["down_rows"] else None})
         try:
             self.max_range = max_range or MAX_RANGE
+            self.merge_gap = MERGE_GAP if merge_gap is None else merge_gap
             self.store = _core.NeuronStore(str(self.layout.path), layers, ring_slots, direct_io, io_threads,
-                                           self.plan.cache_bytes, max_range=self.max_range)
+                                           self.plan.cache_bytes, max_range=self.max_range, merge_gap=self.merge_gap)
         except (RuntimeError, ValueError) as e:
             raise PyinferError(str(e)) from None
         self._scales = [read_scales(self.layout, il) for il in range(len(layers))]

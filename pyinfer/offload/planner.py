@@ -107,7 +107,7 @@ def listed_read_bytes(layout) -> float:
 
 
 def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_threads: int = 4, trace=None,
-            max_range: int = 256 * 1024) -> Prediction:
+            max_range: int = 256 * 1024, merge_gap: int = 8192) -> Prediction:
     """Tokens per second of one offload plan (offloaded_ffn.OffloadPlan) from the measured parameters. With a
     decode trace, the listed reads are those the store would merge for the trace's unions (replay); without,
     each expected neuron is read on its own."""
@@ -131,7 +131,8 @@ def predict(offload_plan, plan, layout, compute_s: float, reads: dict, io_thread
     notes = {}
     if trace and any(sel):
         slot = max(e["bundle_bytes"] for e, s in zip(layout.layers, sel) if s)
-        r = replay(trace, layout, offload_plan.resident, sel, offload_plan.cache_bytes // slot, window, max_range)
+        r = replay(trace, layout, offload_plan.resident, sel, offload_plan.cache_bytes // slot, window, max_range,
+                   merge_gap)
         demand_pages, demand_s = r.read_bytes, demand_seconds(r, reads, io_threads)
         notes = {"replayed_reads_per_token": r.requests, "cache_hit_rate": r.cache_hits / (r.cache_hits + r.cold_reads)
                  if r.cache_hits + r.cold_reads else 0.0}
@@ -175,39 +176,46 @@ def demand_seconds(r: Replay, reads: dict, io_threads: int) -> float:
 CACHE_SHARES = (0.0, 0.1, 0.25, 0.5)
 WINDOW_SHARES = (0.0, 0.1, 0.25, 0.5, 1.0)
 MAX_RANGES = (64 * 1024, 256 * 1024, 1024 * 1024)  # read cluster sizes: where listed reads are cut
+# Listed page ranges closer than this are read as one: the gap's bytes are read to save a request.
+MERGE_GAPS = (0, 8192, 32768)
+READ_KEYS = ("cache_share", "window_share", "max_range", "merge_gap")  # what the read split sets
+DEFAULT_SPLIT = {"cache_share": 0.0, "window_share": 0.0, "max_range": MAX_RANGES[1], "merge_gap": MERGE_GAPS[1]}
 
 
 def choose_read_split(model, trace, reads: dict, compute_s: float, io_threads: int) -> tuple[dict, list[dict]]:
-    """For the selective layers: the neuron cache's share of the budget, the read-ahead window and the read
-    cluster size (each swept with the others at their defaults) with the best predicted tok/s at this budget,
-    and the table behind the choice."""
+    """For the selective layers: the neuron cache's share of the budget, the read-ahead window, the read
+    cluster size and the merge gap (each swept with the others at their defaults) with the best predicted tok/s
+    at this budget, and the table behind the choice."""
     from ..errors import PyinferError
     from .offloaded_ffn import plan_offload, selective_layers
 
     off = model.offload
     sel = selective_layers(model.sparsity)
     if not any(sel) or len(trace) < 2:
-        return {"cache_share": 0.0, "window_share": 0.0, "max_range": MAX_RANGES[1]}, []
+        return dict(DEFAULT_SPLIT), []
     slot = max(e["bundle_bytes"] for e, s in zip(off.layout.layers, sel) if s)
     rows = []
-    splits = ([(c, 0.0, MAX_RANGES[1]) for c in CACHE_SHARES] + [(0.0, w, MAX_RANGES[1]) for w in WINDOW_SHARES[1:]]
-              + [(0.0, 0.0, m) for m in MAX_RANGES if m != MAX_RANGES[1]])
-    for cache, window, max_range in splits:
+    base = DEFAULT_SPLIT
+    splits = ([dict(base, cache_share=c) for c in CACHE_SHARES] + [dict(base, window_share=w) for w in WINDOW_SHARES]
+              + [dict(base, max_range=m) for m in MAX_RANGES] + [dict(base, merge_gap=g) for g in MERGE_GAPS])
+    splits = [s for i, s in enumerate(splits) if s not in splits[:i]]
+    for split in splits:
+        cache, window, max_range, gap = (split[k] for k in READ_KEYS)
         try:
             p = plan_offload(model.gguf, model.sparsity, off.layout, off.plan.budget, off.ring_slots, cache, window)
         except PyinferError:  # the window's buffers do not fit this budget
             continue
-        r = replay(trace, off.layout, p.resident, sel, p.cache_bytes // slot, p.window, max_range)
-        pred = predict(p, model.sparsity, off.layout, compute_s, reads, io_threads, trace, max_range)
+        r = replay(trace, off.layout, p.resident, sel, p.cache_bytes // slot, p.window, max_range, gap)
+        pred = predict(p, model.sparsity, off.layout, compute_s, reads, io_threads, trace, max_range, gap)
         listed = r.cache_hits + r.cold_reads + r.window_hits
-        rows.append({"cache_share": cache, "window_share": window, "max_range": max_range, "cache_bytes": p.cache_bytes,
+        rows.append({**split, "cache_bytes": p.cache_bytes,
                      "resident_bytes": p.resident_bytes, "cold_reads_per_token": r.cold_reads,
                      "read_bytes_per_token": r.read_bytes, "reads_per_token": r.requests,
                      "stream_s": pred.stream_s, "demand_s": pred.demand_s,
                      "cache_hit_rate": r.cache_hits / (r.cache_hits + r.cold_reads) if r.cold_reads + r.cache_hits
                      else 0.0, "window_hit_rate": r.window_hits / listed if listed else 0.0, "tok_s": pred.tok_s})
     best = max(rows, key=lambda r: r["tok_s"])
-    return {k: best[k] for k in ("cache_share", "window_share", "max_range")}, rows
+    return {k: best[k] for k in READ_KEYS}, rows
 
 
 def measure_decode(model, tokens: int = 16) -> float:

@@ -45,13 +45,14 @@ class Replay:
     requests: float = 0.0       # how many ranges
 
 
-def merged_ranges(offsets: list[int], bundle: int, cap: int = MAX_RANGE) -> tuple[int, int]:
-    """(bytes, ranges) the store reads for bundles at these ascending file offsets, ranges cut at `cap`."""
+def merged_ranges(offsets: list[int], bundle: int, cap: int = MAX_RANGE, gap: int = GAP) -> tuple[int, int]:
+    """(bytes, ranges) the store reads for bundles at these ascending file offsets: page ranges closer than
+    `gap` bytes merged, ranges cut at `cap`."""
     total = count = 0
     cur0 = cur1 = -1
     for b0 in offsets:
         p0, p1 = b0 // PAGE * PAGE, -(-(b0 + bundle) // PAGE) * PAGE
-        if cur1 >= 0 and p0 <= cur1 + GAP and p1 - cur0 <= cap:
+        if cur1 >= 0 and p0 <= cur1 + gap and p1 - cur0 <= cap:
             cur1 = max(cur1, p1)
             continue
         if cur1 >= 0:
@@ -63,7 +64,7 @@ def merged_ranges(offsets: list[int], bundle: int, cap: int = MAX_RANGE) -> tupl
 
 
 def replay(trace, layout, resident: list[int], selective: list[bool], slots: int = 0,
-           window: list[int] | None = None, cap: int = MAX_RANGE) -> Replay:
+           window: list[int] | None = None, cap: int = MAX_RANGE, gap: int = GAP) -> Replay:
     """What the store would read for the trace's unions: the resident prefixes, the read-ahead windows after
     them, an LRU cache of `slots` neurons, then merged page ranges of the rest. Counted from the second token
     on (the cache starts empty; a long decode runs warm)."""
@@ -100,7 +101,7 @@ def replay(trace, layout, resident: list[int], selective: list[bool], slots: int
                 out.cold_reads += len(missed)
                 if e is not None and missed:
                     nbytes, nreq = merged_ranges([e["file_offset"] + k * e["bundle_bytes"] for k in missed],
-                                                 e["bundle_bytes"], cap)
+                                                 e["bundle_bytes"], cap, gap)
                     out.read_bytes += nbytes
                     out.requests += nreq
     n = max(len(trace) - 1, 1)
