@@ -138,9 +138,8 @@ def main() -> int:
     cal = teacher_unions(model, (DATA / "pride-and-prejudice.txt").read_text()[20000:60000], args.cal_tokens)
     ev = teacher_unions(model, (DATA / "wikitext-2-raw-test.txt").read_text()[:40000], args.eval_tokens)
     hot_first = [np.arange(e["n_ff"]) for e in layout.layers]
-    rows = [{"order": "hot-first (shipped)", "merge_gap": 8192, **replay_reads(ev, layout, resident, hot_first, 8192)}]
-    for gap in (0, 32768):
-        rows.append({"order": "hot-first (shipped)", "merge_gap": gap, **replay_reads(ev, layout, resident, hot_first, gap)})
+    rows = [{"order": "hot-first (shipped)", "merge_gap": gap, **replay_reads(ev, layout, resident, hot_first, gap)}
+            for gap in (8192, 0, 32768)]
     for method in (greedy_chain, spectral):
         for band in (512, 0):
             slots = file_slots(cal, layout, resident, method, band)
