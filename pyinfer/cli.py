@@ -26,6 +26,9 @@ activation sparsity (decode computes only the FFN neurons that fire):
   pyinfer train-predictors --profile smollm2.profile.npz -f calib.txt --target 0.5 -o smollm2.sparse.npz
   pyinfer bench --sparsity smollm2.sparse.npz         # adds per-layer density and predictor recall
 
+GPU placement (hot neurons on the GPU, cold ones on the CPU, chosen by HiGHS under a VRAM budget):
+  pyinfer place --vram-budget 2G -o smollm2.placement.json
+
 larger than RAM (hot neurons stay in RAM, cold ones stream from disk):
   pyinfer generate --sparsity auto --ram-budget 80M "Once upon a time"
   pyinfer bench --sparsity auto --ram-budget 80M --json   # adds bytes read per token and I/O overlap
@@ -191,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     op.add_argument("--read-seconds", type=float, default=0.25, help=argparse.SUPPRESS)  # per measured cell
 
+    from .place.command import add_parser as add_place_parser
+
+    add_place_parser(sub, _model_args, _sparsity_args)
+
     i = sub.add_parser("info", help="model metadata, kernel ISA and CUDA devices")
     _model_args(i)
     return parser
@@ -201,7 +208,7 @@ def _load(args, **kwargs):
 
     if args.threads is not None and args.threads < 1:
         raise PyinferError("--threads must be at least 1")
-    sparsity = getattr(args, "sparsity", "off")
+    sparsity = kwargs.pop("sparsity", getattr(args, "sparsity", "off"))
     target = getattr(args, "target", None)
     if target is not None and not 0.0 <= target < 1.0:
         raise PyinferError("--target must be in [0, 1)")
@@ -497,6 +504,12 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_place(args) -> int:
+    from .place.command import cmd_place as place
+
+    return place(args, _load)
+
+
 def cmd_pull(args) -> int:
     from .model.pull import pull
 
@@ -531,8 +544,7 @@ def cmd_info(args) -> int:
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "perplexity": cmd_perplexity, "bench": cmd_bench,
             "profile": cmd_profile, "train-predictors": cmd_train_predictors, "serve": cmd_serve, "pull": cmd_pull,
-            "plan": cmd_plan,
-            "info": cmd_info}
+            "plan": cmd_plan, "place": cmd_place, "info": cmd_info}
 
 
 def main(argv: list[str] | None = None) -> int:

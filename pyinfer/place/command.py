@@ -1,0 +1,89 @@
+"""`pyinfer place`: measure what the placement weighs on this machine, solve it under a VRAM budget, write the
+placement file and print where each layer's neurons go."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import PyinferError
+
+EPILOG = """examples:
+  pyinfer place --vram-budget 2G -o smollm2.placement.json
+  pyinfer place --vram-budget 150M --sparsity smollm2.sparse.npz --group 64 -o p.json --json
+
+What must be on the GPU comes first (attention and norms of every block, the fp16 KV cache for --ctx
+positions, the predictors, a 64 MiB scratch reserve); below that the budget is refused with the minimum.
+The rest holds each layer's hottest FFN neurons in groups of --group and, if it pays, the output head,
+chosen by a mixed-integer program (HiGHS) that maximizes the CPU time per token the GPU takes over: the
+profile's firing frequencies weighted by the CPU's measured seconds per weight byte. A layer split between
+GPU and CPU must save more than one synchronization (--sync-us; measured when a GPU is present), else it goes
+wholly to one side: the communication constraint PowerInfer's released solver drops. The greedy fill it is
+compared with is printed beside it."""
+
+
+def add_parser(sub, model_args, sparsity_args) -> None:
+    p = sub.add_parser("place", help="place hot FFN neurons on the GPU under a VRAM budget (HiGHS)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    model_args(p)
+    sparsity_args(p)
+    p.set_defaults(sparsity="auto")
+    p.add_argument("--vram-budget", required=True, metavar="SIZE",
+                   help="bytes of GPU memory pyinfer may use, e.g. 2G or 150M")
+    p.add_argument("--group", type=int, default=32, help="neurons per placement group (default 32; PowerInfer: 256)")
+    p.add_argument("--sync-us", type=float, default=None,
+                   help="one split layer's synchronization and transfer, microseconds (default: measured on the "
+                        "GPU, or 30 without one)")
+    p.add_argument("--tokens", type=int, default=16, help="decode tokens of the CPU cost measurement (default 16)")
+    p.add_argument("-o", "--output", required=True, help="placement file to write (JSON)")
+    p.add_argument("--json", action="store_true", help="print the placement as one JSON object")
+
+
+def cmd_place(args, load) -> int:
+    from ..offload import parse_size
+    from ..sparsity.calibrate import bundled_calibration_text
+    from .gpu_placement import place, save_placement
+    from .measure import firing_frequencies, measure_costs
+
+    if args.ram_budget is not None:
+        raise PyinferError("pyinfer place plans the GPU; --ram-budget is for `pyinfer plan`")
+    if args.tokens < 1:
+        raise PyinferError("--tokens must be at least 1")
+    if args.sync_us is not None and args.sync_us < 0:
+        raise PyinferError("--sync-us must not be negative")
+    budget = parse_size(args.vram_budget)
+    dense = load(args, sparsity="off")
+    costs = measure_costs(dense, args.tokens, None if args.sync_us is None else args.sync_us * 1e-6)
+    del dense
+    model = load(args)
+    plan = model.sparsity
+    freq = None
+    if plan is not None and not all(lp.freq is not None for lp in plan.layers):
+        freq = firing_frequencies(model, bundled_calibration_text())  # the plan predates recorded frequencies
+    placement = place(model.gguf, model.config, plan, budget, args.ctx, costs, freq, args.group)
+    save_placement(placement, args.output)
+    if args.json:
+        print(json.dumps(placement.summary()))
+        return 0
+    _print(placement, args.output)
+    return 0
+
+
+def _print(p, output: str) -> None:
+    mb = 2 ** 20
+    out = sys.stdout
+    fixed = ", ".join(f"{k} {v / mb:.1f}" for k, v in p.fixed.items())
+    print(f"budget     {p.vram_budget / mb:.1f} MiB; fixed {p.minimum / mb:.1f} MiB ({fixed})", file=out)
+    print(f"costs      CPU {p.costs['cpu_seconds_per_byte'] * 1e12:.1f} ps per weight byte; split sync "
+          f"{p.costs['sync_seconds'] * 1e6:.1f} us ({p.costs['source'].get('sync_seconds', '')})", file=out)
+    print(f"{'layer':>5} {'GPU neurons':>12} {'greedy':>8}", file=out)
+    for il, (k, g, n) in enumerate(zip(p.gpu_neurons, p.greedy["gpu_neurons"], p.n_ff)):
+        mark = " split" if 0 < k < n else ""
+        lose = " (greedy split loses time)" if il in p.greedy["split_layers_losing_time"] else ""
+        print(f"{il:5d} {k:7d}/{n:<4d} {g:8d}{mark}{lose}", file=out)
+    print(f"head       {'GPU' if p.head_on_gpu else 'CPU'} ({p.head_bytes / mb:.1f} MiB)", file=out)
+    print(f"result     FFN on GPU {p.ffn_bytes_on_gpu / mb:.1f} of {p.ffn_bytes / mb:.1f} MiB, "
+          f"{p.mass_on_gpu:.0%} of the activation mass; CPU time moved {p.cpu_seconds_moved * 1e3:.2f} of "
+          f"{p.cpu_seconds_total * 1e3:.2f} ms per token; {p.solver} in {p.solve_seconds * 1e3:.0f} ms "
+          f"({'differs from' if p.greedy['differs'] else 'same as'} greedy)", file=out)
+    print(f"placement  {output}", file=out)

@@ -1,0 +1,191 @@
+"""Which FFN neurons the GPU computes under a VRAM budget (PowerInfer's placement, with its paper's
+communication constraint that the released solver drops).
+
+What must be on the GPU comes first: every non-FFN weight of the blocks (attention and norms), the fp16 KV
+cache for the context, the predictors and a scratch reserve. What is left holds neuron groups (a prefix of
+each layer's hot-first order) and, as one more item, the output head. The program (place/knapsack.py)
+maximizes the CPU time per token the GPU takes over: a neuron's gate and up rows are computed every token
+when its layer has no predictor and only when it fires when it has one, its down column only when it fires,
+each at the CPU's measured seconds per weight byte. So the objective is the profile's activation mass weighted
+by what computing each neuron costs. A layer split between the two sides must save more than one
+synchronization and transfer of the hidden vector (measured on the GPU); otherwise it goes wholly to one side.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import PyinferError
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from ..sparsity.plan import SparsityPlan
+from .knapsack import KnapsackAnswer, PrefixKnapsack, group_sizes, group_sums, solve_greedy, solve_highs
+
+_FFN = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)(_t)?\.weight$")
+_BLOCK = re.compile(r"^blk\.\d+\.")
+FORMAT = "pyinfer-gpu-placement"
+SCRATCH_BYTES = 64 << 20   # activations, logits of one batch and the CUDA context's own allocations
+DEFAULT_SYNC_SECONDS = 30e-6  # without a GPU to measure: one event wait and two small copies over PCIe
+
+
+@dataclass
+class GpuCosts:
+    """What the program weighs, in seconds per token."""
+    cpu_seconds_per_byte: float   # decode matrix-vector time per weight byte on this CPU
+    sync_seconds: float           # one split layer's synchronization and transfer of the hidden vector
+    source: dict = field(default_factory=dict)  # how each was obtained
+
+
+@dataclass
+class Placement:
+    fingerprint: str
+    vram_budget: int
+    fixed: dict                    # bytes that must be on the GPU: attention, kv_cache, predictors, scratch
+    minimum: int                   # sum of fixed
+    group: int
+    gpu_neurons: list[int]         # per layer: the hot-first prefix the GPU computes
+    n_ff: list[int]
+    head_on_gpu: bool
+    ffn_bytes_on_gpu: int
+    ffn_bytes: int
+    head_bytes: int
+    mass_on_gpu: float             # share of the profile's expected activation mass computed on the GPU
+    cpu_seconds_moved: float       # expected CPU time per token the GPU takes over
+    cpu_seconds_total: float       # the FFN and head's CPU time per token without a GPU
+    solver: str
+    solve_seconds: float
+    costs: dict
+    greedy: dict                   # PowerInfer's simplification: greedy fill, no communication constraint
+    info: dict = field(default_factory=dict)
+
+    @property
+    def split_layers(self) -> list[int]:
+        return [il for il, (k, n) in enumerate(zip(self.gpu_neurons, self.n_ff)) if 0 < k < n]
+
+    def summary(self) -> dict:
+        return {"format": FORMAT, "version": 1, **asdict(self), "split_layers": self.split_layers}
+
+
+def ffn_tensors(gguf: GGUFModelFile, cfg: LlamaConfig) -> list[int]:
+    """Per layer: bytes of its gate, up and down weights."""
+    out = [0] * cfg.n_layers
+    for name, t in gguf.tensors.items():
+        m = _FFN.match(name)
+        if m and not name.endswith("_t.weight"):
+            out[int(m.group(1))] += int(t.data.nbytes)
+    return out
+
+
+def fixed_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, n_ctx: int) -> dict:
+    """What must be on the GPU before any neuron: attention and norms of every block, the fp16 KV cache of
+    n_ctx positions, the predictors, a scratch reserve."""
+    attention = sum(int(t.data.nbytes) for n, t in gguf.tensors.items() if _BLOCK.match(n) and not _FFN.match(n))
+    kv = cfg.n_layers * n_ctx * 2 * cfg.n_kv_heads * cfg.head_dim * 2
+    return {"attention": attention, "kv_cache": kv, "predictors": plan.predictor_bytes() if plan else 0,
+            "scratch": SCRATCH_BYTES}
+
+
+def head_bytes(gguf: GGUFModelFile) -> int:
+    """The output head (a GPU copy of token_embd when the model ties them)."""
+    t = gguf.tensors.get("output.weight") or gguf.tensors["token_embd.weight"]
+    return int(t.data.nbytes)
+
+
+def neuron_seconds(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, costs: GpuCosts,
+                   freq: list[np.ndarray] | None) -> list[np.ndarray]:
+    """Per layer, per hot-first neuron: expected CPU seconds per token of computing it (F64 [n_ff])."""
+    per_layer = ffn_tensors(gguf, cfg)
+    out = []
+    for il, total in enumerate(per_layer):
+        row = total / 3 / cfg.d_ff * costs.cpu_seconds_per_byte   # one gate row, up row or down column
+        f = np.ones(cfg.d_ff) if freq is None or freq[il] is None else np.clip(np.asarray(freq[il], np.float64), 0, 1)
+        selective = plan is not None and plan.layers[il].predictor is not None
+        out.append(row * (2 * f if selective else 2.0) + row * f)
+    return out
+
+
+def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram_budget: int, n_ctx: int,
+          costs: GpuCosts, freq: list[np.ndarray] | None = None, group: int = 32,
+          time_limit: float = 10.0) -> Placement:
+    """The placement under `vram_budget` bytes; refused (PyinferError, naming the minimum) below the minimum.
+    freq: per layer the firing frequency of each hot-first neuron (None: the plan's, or every neuron fires)."""
+    if group < 1:
+        raise PyinferError(f"the neuron group size must be at least 1, got {group}")
+    fixed = fixed_bytes(gguf, cfg, plan, n_ctx)
+    minimum = sum(fixed.values())
+    if vram_budget < minimum:
+        raise PyinferError(f"a VRAM budget of {vram_budget / 2**20:.1f} MiB is below the minimum of "
+                           f"{minimum / 2**20:.1f} MiB (attention {fixed['attention'] / 2**20:.1f}, KV cache "
+                           f"{fixed['kv_cache'] / 2**20:.1f} for {n_ctx} positions, predictors "
+                           f"{fixed['predictors'] / 2**20:.1f}, scratch {fixed['scratch'] / 2**20:.1f})")
+    if freq is None and plan is not None and all(lp.freq is not None for lp in plan.layers):
+        freq = [lp.freq for lp in plan.layers]
+    seconds = neuron_seconds(gguf, cfg, plan, costs, freq)
+    per_neuron = [b / cfg.d_ff for b in ffn_tensors(gguf, cfg)]
+    sizes = [group_sizes(cfg.d_ff, group) for _ in range(cfg.n_layers)]
+    head = head_bytes(gguf)
+    head_s = head * costs.cpu_seconds_per_byte
+    # The head is one more "layer" of one group, never split.
+    program = PrefixKnapsack(
+        group_bytes=[[s * b for s in ss] for ss, b in zip(sizes, per_neuron)] + [[float(head)]],
+        group_value=[group_sums(v, ss) for v, ss in zip(seconds, sizes)] + [[head_s]],
+        capacity=float(vram_budget - minimum),
+        split_saving=[group_sums(v, ss) for v, ss in zip(seconds, sizes)] + [[head_s]],
+        split_cost=[costs.sync_seconds] * cfg.n_layers + [0.0])
+    answer = solve_highs(program, time_limit)
+    unconstrained = PrefixKnapsack(program.group_bytes, program.group_value, program.capacity)
+    greedy = solve_greedy(unconstrained)
+    return _placement(gguf, cfg, vram_budget, fixed, group, sizes, per_neuron, head, seconds, freq, answer,
+                      greedy, program, costs)
+
+
+def _placement(gguf, cfg, budget, fixed, group, sizes, per_neuron, head, seconds, freq, answer: KnapsackAnswer,
+               greedy: KnapsackAnswer, program: PrefixKnapsack, costs: GpuCosts) -> Placement:
+    counts = [int(sum(ss[:k])) for ss, k in zip(sizes, answer.kept)]
+    mass = [np.ones(cfg.d_ff) if freq is None or freq[il] is None else np.asarray(freq[il], np.float64)
+            for il in range(cfg.n_layers)]
+    total_mass = float(sum(m.sum() for m in mass)) or 1.0
+    greedy_counts = [int(sum(ss[:k])) for ss, k in zip(sizes, greedy.kept)]
+    # What the greedy answer leaves split without saving its synchronization: PowerInfer's issue #253.
+    losing = [il for il, (k, ss) in enumerate(zip(greedy.kept, sizes)) if 0 < k < len(ss)
+              and sum(program.split_saving[il][:k]) < costs.sync_seconds]
+    return Placement(
+        fingerprint=gguf.fingerprint(), vram_budget=int(budget), fixed=fixed, minimum=int(sum(fixed.values())),
+        group=group, gpu_neurons=counts, n_ff=[cfg.d_ff] * cfg.n_layers, head_on_gpu=bool(answer.kept[-1]),
+        ffn_bytes_on_gpu=int(sum(c * b for c, b in zip(counts, per_neuron))),
+        ffn_bytes=int(sum(b * cfg.d_ff for b in per_neuron)), head_bytes=head,
+        mass_on_gpu=float(sum(m[:c].sum() for m, c in zip(mass, counts))) / total_mass,
+        cpu_seconds_moved=answer.value,
+        cpu_seconds_total=float(sum(s.sum() for s in seconds)) + head * costs.cpu_seconds_per_byte,
+        solver=answer.solver, solve_seconds=answer.seconds, costs=asdict(costs),
+        greedy={"gpu_neurons": greedy_counts, "head_on_gpu": bool(greedy.kept[-1]), "value": greedy.value,
+                "split_layers_losing_time": losing, "differs": greedy.kept != answer.kept},
+        info=answer.info)
+
+
+def save_placement(p: Placement, path: str) -> None:
+    import os
+
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(p.summary(), f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise PyinferError(f"cannot write {path}: {e.strerror}") from None
+
+
+def read_placement(path: str, fingerprint: str) -> dict:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise PyinferError(f"cannot read the GPU placement {path}: {e}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise PyinferError(f"{path} is not a pyinfer GPU placement (make one with `pyinfer place`)")
+    if d.get("fingerprint") != fingerprint:
+        raise PyinferError(f"{path} was placed for another model; run `pyinfer place` again for this one")
+    return d

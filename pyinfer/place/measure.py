@@ -1,0 +1,68 @@
+"""What the GPU placement weighs, measured on this machine: the CPU's decode time per weight byte, a split
+layer's synchronization cost on the GPU (when there is one), and neurons' firing frequencies where the
+sparsity plan does not carry them."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .gpu_placement import DEFAULT_SYNC_SECONDS, GpuCosts
+
+_MATMUL_WEIGHT = re.compile(r"^(blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))|output)\.weight$")
+
+
+def cpu_seconds_per_byte(model, tokens: int = 16) -> float:
+    """Seconds the engine's matrix-vector products take per weight byte in a dense greedy decode (decode is
+    bound by the bytes it streams, so a neuron costs its bytes at this rate)."""
+    ids = model.tokenize("Once upon a time")
+    with model._lock:
+        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
+        model._engine.set_op_timing(False)
+        model._engine.set_op_timing(True)
+        for i in range(tokens):
+            logits = model._forward([int(np.argmax(logits))], len(ids) + i, np.array([0]))[0]
+        timing = model._engine.op_timing()
+        model._engine.set_op_timing(False)
+    names = set(model.gguf.tensors)
+    weights = sum(int(t.data.nbytes) for n, t in model.gguf.tensors.items() if _MATMUL_WEIGHT.match(n))
+    if "output.weight" not in names:  # a tied head reads token_embd
+        weights += int(model.gguf.tensors["token_embd.weight"].data.nbytes)
+    matmul_s = sum(s for op, (s, _) in timing.items() if "mat" in op or "gather" in op or "axpy" in op)
+    return matmul_s / tokens / max(weights, 1)
+
+
+def sync_seconds() -> tuple[float, str]:
+    """One split layer's synchronization and hidden-vector transfer on the first GPU, or the default."""
+    from .. import _core
+
+    if _core.cuda_built() and _core.cuda_devices() and hasattr(_core, "cuda_sync_seconds"):
+        return float(_core.cuda_sync_seconds(4096, 200)), "measured on " + _core.cuda_devices()[0]["name"]
+    return DEFAULT_SYNC_SECONDS, "default (no GPU to measure: an event wait and two small PCIe copies)"
+
+
+def measure_costs(model, tokens: int = 16, sync: float | None = None) -> GpuCosts:
+    per_byte = cpu_seconds_per_byte(model, tokens)
+    if sync is None:
+        sync, how = sync_seconds()
+    else:
+        how = "given"
+    return GpuCosts(per_byte, sync, {"cpu_seconds_per_byte": f"measured: dense decode of {tokens} tokens, "
+                                     f"{model.n_threads} threads", "sync_seconds": how})
+
+
+def firing_frequencies(model, text: str, tokens: int = 128) -> list[np.ndarray]:
+    """Per layer: how often each hot-first neuron was in the active union over a one-token-at-a-time pass of
+    `text` (layers that ran dense count every neuron)."""
+    ids = model.tokenize(text)[:tokens]
+    counts = [np.zeros(model.config.d_ff) for _ in model._union_ids]
+    with model._lock:
+        for pos, tok in enumerate(ids):
+            model._forward([tok], pos, np.array([0]))
+            for il, uid in enumerate(model._union_ids):
+                u = np.array(model._engine.tensor(uid, 1)[0])
+                if u[0] >= 0:
+                    counts[il][u[1:1 + u[0]]] += 1
+                else:
+                    counts[il] += 1
+    return [c / max(len(ids), 1) for c in counts]
