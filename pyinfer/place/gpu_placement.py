@@ -9,6 +9,10 @@ when its layer has no predictor and only when it fires when it has one, its down
 each at the CPU's measured seconds per weight byte. So the objective is the profile's activation mass weighted
 by what computing each neuron costs. A layer split between the two sides must save more than one
 synchronization and transfer of the hidden vector (measured on the GPU); otherwise it goes wholly to one side.
+
+Groups are whole quantization blocks of the original down matrix (32 neurons for Q4_0/Q4_1/Q8_0, 256 for
+K-quants), taken in each layer's order of value: the GPU's down is then those blocks of every row, byte for
+byte, and its gate and up the matching rows, so neither side re-quantizes anything.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from ..errors import PyinferError
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import SparsityPlan
-from .knapsack import KnapsackAnswer, PrefixKnapsack, group_sizes, group_sums, solve_greedy, solve_highs
+from .knapsack import PrefixKnapsack, group_sizes, group_sums, solve_greedy, solve_highs
 
 _FFN = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)(_t)?\.weight$")
 _BLOCK = re.compile(r"^blk\.\d+\.")
@@ -46,7 +50,9 @@ class Placement:
     fixed: dict                    # bytes that must be on the GPU: attention, kv_cache, predictors, scratch
     minimum: int                   # sum of fixed
     group: int
-    gpu_neurons: list[int]         # per layer: the hot-first prefix the GPU computes
+    gpu_neurons: list[int]         # per layer: how many neurons the GPU computes
+    gpu_blocks: list[list[int]]    # per layer: which down blocks (original neuron order, `block` neurons each)
+    block: int
     n_ff: list[int]
     head_on_gpu: bool
     ffn_bytes_on_gpu: int
@@ -94,14 +100,27 @@ def head_bytes(gguf: GGUFModelFile) -> int:
     return int(t.data.nbytes)
 
 
+def down_block(gguf: GGUFModelFile) -> int:
+    """Neurons per quantization block along the down matrix's rows (its columns are the neurons)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    t = gguf.tensors["blk.0.ffn_down.weight"]
+    return int(GGML_QUANT_SIZES[GGMLQuantizationType[t.type_name]][0])
+
+
 def neuron_seconds(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, costs: GpuCosts,
                    freq: list[np.ndarray] | None) -> list[np.ndarray]:
-    """Per layer, per hot-first neuron: expected CPU seconds per token of computing it (F64 [n_ff])."""
+    """Per layer, per neuron in the model's own order: expected CPU seconds per token of computing it
+    (F64 [n_ff]). freq is per hot-first neuron (the plan's order)."""
     per_layer = ffn_tensors(gguf, cfg)
     out = []
     for il, total in enumerate(per_layer):
         row = total / 3 / cfg.d_ff * costs.cpu_seconds_per_byte   # one gate row, up row or down column
-        f = np.ones(cfg.d_ff) if freq is None or freq[il] is None else np.clip(np.asarray(freq[il], np.float64), 0, 1)
+        f = np.ones(cfg.d_ff)
+        if freq is not None and freq[il] is not None:
+            f = np.empty(cfg.d_ff)
+            perm = plan.layers[il].perm if plan is not None else np.arange(cfg.d_ff)
+            f[perm] = np.clip(np.asarray(freq[il], np.float64), 0, 1)
         selective = plan is not None and plan.layers[il].predictor is not None
         out.append(row * (2 * f if selective else 2.0) + row * f)
     return out
@@ -111,7 +130,8 @@ def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram
           costs: GpuCosts, freq: list[np.ndarray] | None = None, group: int = 32,
           time_limit: float = 10.0) -> Placement:
     """The placement under `vram_budget` bytes; refused (PyinferError, naming the minimum) below the minimum.
-    freq: per layer the firing frequency of each hot-first neuron (None: the plan's, or every neuron fires)."""
+    freq: per layer the firing frequency of each hot-first neuron (None: the plan's, or every neuron fires).
+    group: neurons per placement group, rounded up to whole down blocks."""
     if group < 1:
         raise PyinferError(f"the neuron group size must be at least 1, got {group}")
     fixed = fixed_bytes(gguf, cfg, plan, n_ctx)
@@ -123,47 +143,57 @@ def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram
                            f"{fixed['predictors'] / 2**20:.1f}, scratch {fixed['scratch'] / 2**20:.1f})")
     if freq is None and plan is not None and all(lp.freq is not None for lp in plan.layers):
         freq = [lp.freq for lp in plan.layers]
+    block = down_block(gguf)
+    if cfg.d_ff % block:
+        raise PyinferError(f"d_ff {cfg.d_ff} is not a whole number of down blocks of {block}")
+    per_group = max(1, -(-group // block))                     # blocks per group
     seconds = neuron_seconds(gguf, cfg, plan, costs, freq)
-    per_neuron = [b / cfg.d_ff for b in ffn_tensors(gguf, cfg)]
-    sizes = [group_sizes(cfg.d_ff, group) for _ in range(cfg.n_layers)]
+    block_s = [v.reshape(-1, block).sum(1) for v in seconds]   # per layer, per down block
+    order = [np.argsort(-v, kind="stable") for v in block_s]   # each layer's blocks, most valuable first
+    sizes = [group_sizes(cfg.d_ff // block, per_group) for _ in range(cfg.n_layers)]
+    group_s = [group_sums(v[o], ss) for v, o, ss in zip(block_s, order, sizes)]
+    per_block = [b / cfg.d_ff * block for b in ffn_tensors(gguf, cfg)]
     head = head_bytes(gguf)
     head_s = head * costs.cpu_seconds_per_byte
     # The head is one more "layer" of one group, never split.
     program = PrefixKnapsack(
-        group_bytes=[[s * b for s in ss] for ss, b in zip(sizes, per_neuron)] + [[float(head)]],
-        group_value=[group_sums(v, ss) for v, ss in zip(seconds, sizes)] + [[head_s]],
-        capacity=float(vram_budget - minimum),
-        split_saving=[group_sums(v, ss) for v, ss in zip(seconds, sizes)] + [[head_s]],
-        split_cost=[costs.sync_seconds] * cfg.n_layers + [0.0])
+        group_bytes=[[s * b for s in ss] for ss, b in zip(sizes, per_block)] + [[float(head)]],
+        group_value=group_s + [[head_s]], capacity=float(vram_budget - minimum),
+        split_saving=group_s + [[head_s]], split_cost=[costs.sync_seconds] * cfg.n_layers + [0.0])
     answer = solve_highs(program, time_limit)
-    unconstrained = PrefixKnapsack(program.group_bytes, program.group_value, program.capacity)
-    greedy = solve_greedy(unconstrained)
-    return _placement(gguf, cfg, vram_budget, fixed, group, sizes, per_neuron, head, seconds, freq, answer,
-                      greedy, program, costs)
-
-
-def _placement(gguf, cfg, budget, fixed, group, sizes, per_neuron, head, seconds, freq, answer: KnapsackAnswer,
-               greedy: KnapsackAnswer, program: PrefixKnapsack, costs: GpuCosts) -> Placement:
-    counts = [int(sum(ss[:k])) for ss, k in zip(sizes, answer.kept)]
-    mass = [np.ones(cfg.d_ff) if freq is None or freq[il] is None else np.asarray(freq[il], np.float64)
-            for il in range(cfg.n_layers)]
+    greedy = solve_greedy(PrefixKnapsack(program.group_bytes, program.group_value, program.capacity))
+    blocks = [sorted(int(b) for b in o[:sum(ss[:k])]) for o, ss, k in zip(order, sizes, answer.kept)]
+    greedy_blocks = [int(sum(ss[:k])) for ss, k in zip(sizes, greedy.kept)]
+    mass = _mass(cfg, plan, freq)
     total_mass = float(sum(m.sum() for m in mass)) or 1.0
-    greedy_counts = [int(sum(ss[:k])) for ss, k in zip(sizes, greedy.kept)]
     # What the greedy answer leaves split without saving its synchronization: PowerInfer's issue #253.
     losing = [il for il, (k, ss) in enumerate(zip(greedy.kept, sizes)) if 0 < k < len(ss)
               and sum(program.split_saving[il][:k]) < costs.sync_seconds]
     return Placement(
-        fingerprint=gguf.fingerprint(), vram_budget=int(budget), fixed=fixed, minimum=int(sum(fixed.values())),
-        group=group, gpu_neurons=counts, n_ff=[cfg.d_ff] * cfg.n_layers, head_on_gpu=bool(answer.kept[-1]),
-        ffn_bytes_on_gpu=int(sum(c * b for c, b in zip(counts, per_neuron))),
-        ffn_bytes=int(sum(b * cfg.d_ff for b in per_neuron)), head_bytes=head,
-        mass_on_gpu=float(sum(m[:c].sum() for m, c in zip(mass, counts))) / total_mass,
+        fingerprint=gguf.fingerprint(), vram_budget=int(vram_budget), fixed=fixed, minimum=int(minimum),
+        group=per_group * block, gpu_neurons=[len(b) * block for b in blocks], gpu_blocks=blocks, block=block,
+        n_ff=[cfg.d_ff] * cfg.n_layers, head_on_gpu=bool(answer.kept[-1]),
+        ffn_bytes_on_gpu=int(sum(len(b) * pb for b, pb in zip(blocks, per_block))),
+        ffn_bytes=int(sum(ffn_tensors(gguf, cfg))), head_bytes=head,
+        mass_on_gpu=float(sum(m.reshape(-1, block)[b].sum() for m, b in zip(mass, blocks))) / total_mass,
         cpu_seconds_moved=answer.value,
-        cpu_seconds_total=float(sum(s.sum() for s in seconds)) + head * costs.cpu_seconds_per_byte,
+        cpu_seconds_total=float(sum(s.sum() for s in seconds)) + head_s,
         solver=answer.solver, solve_seconds=answer.seconds, costs=asdict(costs),
-        greedy={"gpu_neurons": greedy_counts, "head_on_gpu": bool(greedy.kept[-1]), "value": greedy.value,
-                "split_layers_losing_time": losing, "differs": greedy.kept != answer.kept},
+        greedy={"gpu_neurons": [n * block for n in greedy_blocks], "head_on_gpu": bool(greedy.kept[-1]),
+                "value": greedy.value, "split_layers_losing_time": losing, "differs": greedy.kept != answer.kept},
         info=answer.info)
+
+
+def _mass(cfg: LlamaConfig, plan: SparsityPlan | None, freq) -> list[np.ndarray]:
+    """Per layer, per neuron in the model's order: its firing frequency (1 where unknown)."""
+    out = []
+    for il in range(cfg.n_layers):
+        m = np.ones(cfg.d_ff)
+        if freq is not None and freq[il] is not None:
+            perm = plan.layers[il].perm if plan is not None else np.arange(cfg.d_ff)
+            m[perm] = np.asarray(freq[il], np.float64)
+        out.append(m)
+    return out
 
 
 def save_placement(p: Placement, path: str) -> None:
