@@ -14,6 +14,7 @@ from .model.chat_template import render_chat
 from .model.gguf_file import GGUFModelFile
 from .model.pull import resolve_model
 from .model.tokenizer import IncrementalDecoder, Tokenizer
+from .place.device import check_cuda, engine_backends, parse_device, resolve_placement
 from .runtime.llama_graph import CACHE_TYPES, build_llama_graph
 from .runtime.sampling import Sampler, SamplingParams
 from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
@@ -67,7 +68,8 @@ class Model:
     def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto",
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
                  neuron_down: str = "auto", cache_type: str = "f16", ram_budget: str | int | None = None,
-                 neuron_cache: float | None = None, neuron_window: float | None = None):
+                 neuron_cache: float | None = None, neuron_window: float | None = None, device: str = "cpu",
+                 vram_budget: str | int | None = None):
         """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
         the sparse path); by default prefill runs dense. `cache_type`: the KV cache's element type, "f16"
         (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0).
@@ -78,7 +80,10 @@ class Model:
         the budget above the minimum kept as an LRU cache of cold neurons read for earlier tokens (predictor
         plans), instead of more resident hot neurons. `neuron_window`: the share of each predictor layer's
         neurons after its resident ones read ahead every token (hidden behind the compute of earlier layers)
-        instead of on demand."""
+        instead of on demand. `device`: "cpu" (default), "cuda"/"cuda:N" (hot FFN neurons and, if it fits,
+        the output head on the GPU, the rest on the CPU, both at once), or "standin" (a second CPU backend
+        standing in for the GPU). `vram_budget`: bytes of GPU memory (a size, or a file from `pyinfer place`;
+        default: free memory less 512 MiB)."""
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise PyinferError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         if cache_type not in CACHE_TYPES:
@@ -125,17 +130,32 @@ class Model:
                                         max_range=(planned or {}).get("max_range"),
                                         merge_gap=(planned or {}).get("merge_gap"))
             self.offload.predicted = planned
+        self.placement = None
+        kind, index = parse_device(device)
+        if kind == "cpu" and vram_budget is not None:
+            raise PyinferError("a VRAM budget needs device='cuda' (or 'standin')")
+        if kind != "cpu":
+            if kind == "cuda":
+                check_cuda(index)
+            if self.sparsity is not None or self.offload is not None:
+                raise PyinferError("the hybrid CPU/GPU split runs the FFN dense on both sides for now: use "
+                                   "sparsity='off' and no RAM budget with a device (pyinfer place --sparsity "
+                                   "still uses a plan's frequencies to choose the neurons)")
+            self.placement = resolve_placement(kind, index, vram_budget, self.gguf, self.config, None, n_ctx)
         self._max_batch = min(MAX_BATCH, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).
         runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns(max_tokens=1)
         try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line, not a traceback
             builder = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down,
-                                        cache_type=cache_type, offload=self.offload)
+                                        cache_type=cache_type, offload=self.offload,
+                                        hybrid=dict(self.placement, device=1) if self.placement else None)
             graph = builder.graph
             self._union_ids = [t.id for t in builder.unions]  # per layer: the last run's active union
             self._engine = _core.Engine(graph, max_tokens=self._max_batch, max_outputs=self._max_batch,
-                                        n_threads=self.n_threads, isa=isa)
+                                        n_threads=self.n_threads, isa=isa, **engine_backends(kind, index,
+                                                                                             self.n_threads,
+                                                                                             builder.placement))
         except ValueError as e:
             raise PyinferError(f"{Path(self.path).name}: {e}") from None
         self._cached: list[int] = []  # tokens whose K/V are in the cache at positions 0..len-1

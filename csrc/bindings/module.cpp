@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "kernels/kernels.h"
 #ifdef PYINFER_WITH_CUDA
+#include "cuda_backend.h"
 #include "cuda_info.h"
 #endif
 
@@ -54,6 +55,26 @@ py::array tensor_view(py::object owner, const Tensor& t, int64_t rows) {
   return a;
 }
 
+// Backend i of an engine from its kind: "cpu" (the engine's own CPU backend) or "cuda:N".
+std::vector<EngineConfig::BackendMaker> backend_makers(const std::vector<std::string>& kinds) {
+  std::vector<EngineConfig::BackendMaker> out;
+  for (const std::string& k : kinds) {
+    if (k == "cpu") {
+      out.emplace_back();
+      continue;
+    }
+    if (k.rfind("cuda", 0) != 0)
+      throw GraphError("backend kind '" + k + "' is not cpu or cuda:N");
+#ifdef PYINFER_WITH_CUDA
+    const int device = k.size() > 5 && k[4] == ':' ? std::stoi(k.substr(5)) : 0;
+    out.emplace_back([device](const Graph& g, int space) { return make_cuda_backend(g, device, space); });
+#else
+    throw GraphError("this pyinfer was built without CUDA: backend '" + k + "' is not available");
+#endif
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -98,6 +119,14 @@ PYBIND11_MODULE(_core, m) {
   m.attr("N_OP_KINDS") = kOpKinds;
   m.def("available_isas", &available_isas, "Kernel ISAs usable on this CPU, best first (comma-separated).");
   m.def("row_bytes", [](DType t, int64_t n) { return dtype_row_bytes(t, n); });
+#ifdef PYINFER_WITH_CUDA
+  m.def("cuda_sync_seconds", [](size_t bytes, int reps, int device) {
+    py::gil_scoped_release release;
+    return cuda_sync_seconds(device, bytes, reps);
+  }, py::arg("bytes"), py::arg("reps") = 200, py::arg("device") = 0,
+     "Median seconds of `bytes` copied up and back and a stream synchronization on a GPU (the cost a layer split "
+     "between CPU and GPU pays each token). Only in CUDA builds.");
+#endif
   m.def("cuda_built", []() {
 #ifdef PYINFER_WITH_CUDA
     return true;
@@ -334,17 +363,20 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init([](const PyGraph& g, int64_t max_tokens, int64_t max_outputs, int n_threads, const std::string& isa,
                        const std::vector<int>& backend_threads, const std::vector<int>& placement,
-                       const std::vector<int>& backend_memory) {
+                       const std::vector<int>& backend_memory, const std::vector<std::string>& backend_kinds) {
              auto e = std::make_unique<PyEngine>();
              EngineConfig cfg{max_tokens, max_outputs, n_threads, isa, backend_threads, placement, backend_memory};
              cfg.neuron_store = g.store;
+             cfg.backend_makers = backend_makers(backend_kinds);
              e->engine = std::make_unique<Engine>(g.graph, cfg);
              e->keep_alive = g.keep_alive;
              return e;
            }), py::arg("graph"), py::arg("max_tokens") = 512, py::arg("max_outputs") = 1, py::arg("n_threads") = 1,
            py::arg("isa") = "auto", py::arg("backend_threads") = std::vector<int>{},
            py::arg("placement") = std::vector<int>{}, py::arg("backend_memory") = std::vector<int>{},
-           "backend_threads: threads of each CPU backend instance (default: one of n_threads); placement: the "
+           py::arg("backend_kinds") = std::vector<std::string>{},
+           "backend_kinds: 'cpu' or 'cuda:N' per backend (default: all CPU); a CUDA backend needs its own memory "
+           "space. backend_threads: threads of each CPU backend instance (default: one of n_threads); placement: the "
            "backend of each node (default: all on backend 0). Backends run their nodes concurrently where the "
            "dependencies allow. backend_memory: each backend's memory space (default all 0, host memory); a CPU "
            "backend given its own space stands in for a GPU: its own buffers, weights uploaded, Copy nodes where "

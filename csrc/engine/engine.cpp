@@ -49,9 +49,19 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
   copy_plan_ = insert_copies(graph_, cfg_.placement, cfg_.backend_memory);
   if (copy_plan_.copies || !copy_plan_.uploads.empty()) graph_.validate();  // the copies too
   for (size_t b = 0; b < cfg_.backend_threads.size(); ++b) {
+    if (b < cfg_.backend_makers.size() && cfg_.backend_makers[b]) {
+      backends_.push_back(cfg_.backend_makers[b](graph_, cfg_.backend_memory[b]));
+      continue;
+    }
     auto cpu = std::make_unique<CpuBackend>(graph_, cfg_.backend_threads[b], cfg_.isa, cfg_.backend_memory[b]);
     cpu->set_neuron_store(cfg_.neuron_store.get());
     backends_.push_back(std::move(cpu));
+  }
+  for (size_t k = 0; k < graph_.nodes.size(); ++k) {  // a device backend runs only the ops it has kernels for
+    const Backend& be = *backends_[size_t(cfg_.placement[k])];
+    if (!be.supports(graph_, graph_.nodes[k]))
+      throw GraphError("backend " + be.name() + " cannot run node " + std::to_string(k) + " (" +
+                       op_name(graph_.nodes[k].op) + "): place it on the CPU");
   }
   plan_memory();
   check_row_coverage();
@@ -157,7 +167,9 @@ void Engine::plan_memory() {
       if (s >= 0) backends_of[size_t(rt(s))] |= bit;
   }
   auto single = [](uint64_t m) { return m != 0 && (m & (m - 1)) == 0; };
-  using SlotKey = std::tuple<size_t, uint8_t, int>;  // bytes, list, backend
+  // bytes, list, backend, memory space: a slot is an offset in its space's scratch, so it is reused only there
+  // (a Copy node on a device's backend writes host memory, its other nodes the device's).
+  using SlotKey = std::tuple<size_t, uint8_t, int, int>;
   std::multimap<SlotKey, std::pair<int, size_t>> free_slots;  // -> (buffer, offset)
   std::vector<std::pair<int, size_t>> slot_of(nt, {-1, 0});
   for (size_t k = 0; k < graph_.nodes.size(); ++k) {
@@ -168,7 +180,7 @@ void Engine::plan_memory() {
     const size_t d = size_t(rt(n.dst));
     if (ts[d].storage == Storage::Scratch && slot_of[d].first < 0) {
       const size_t bytes = align_up(size_t(ts[d].rows) * ts[d].row_bytes);
-      auto it = free_slots.find(SlotKey{bytes, is_list[d], cfg_.placement[k]});
+      auto it = free_slots.find(SlotKey{bytes, is_list[d], cfg_.placement[k], ts[d].memory});
       if (it != free_slots.end()) {
         slot_of[d] = it->second;
         free_slots.erase(it);
@@ -186,7 +198,7 @@ void Engine::plan_memory() {
       if (t >= 0 && ts[size_t(t)].storage == Storage::Scratch && last[size_t(t)] == int(k) &&
           single(backends_of[size_t(t)]))
         free_slots.emplace(SlotKey{align_up(size_t(ts[size_t(t)].rows) * ts[size_t(t)].row_bytes),
-                                   is_list[size_t(t)], cfg_.placement[k]},
+                                   is_list[size_t(t)], cfg_.placement[k], ts[size_t(t)].memory},
                            slot_of[size_t(t)]);
   }
 

@@ -2,6 +2,7 @@
 // allocated in the constructor; run() only checks and binds inputs, then computes.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,6 +33,10 @@ struct EngineConfig {
   std::vector<int> backend_memory;
   // Where the graph's paged weights come from (NeuronFetch nodes); shared with the graph's builder.
   std::shared_ptr<NeuronStore> neuron_store;
+  // How to make backend i when it is not a CPU backend (a GPU): missing or empty entries are CPU backends.
+  // The maker gets the graph (after copies are inserted) and the backend's memory space.
+  using BackendMaker = std::function<std::unique_ptr<Backend>(const Graph&, int memory_space)>;
+  std::vector<BackendMaker> backend_makers;
 };
 
 // What every run checks of one named input before the graph reads it.

@@ -52,10 +52,10 @@ def cmd_place(args, load) -> int:
     if args.sync_us is not None and args.sync_us < 0:
         raise PyinferError("--sync-us must not be negative")
     budget = parse_size(args.vram_budget)
-    dense = load(args, sparsity="off")
+    dense = load(args, sparsity="off", device="cpu", vram_budget=None)  # --vram-budget is the placement's
     costs = measure_costs(dense, args.tokens, None if args.sync_us is None else args.sync_us * 1e-6)
     del dense
-    model = load(args)
+    model = load(args, device="cpu", vram_budget=None)
     plan = model.sparsity
     freq = None
     if plan is not None and not all(lp.freq is not None for lp in plan.layers):

@@ -10,6 +10,7 @@ from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import SparsityPlan
 from .graph_builder import GraphBuilder, T
+from .hybrid_ffn import hybrid_ffn
 from .sparse_ffn import SparseRuns, dense_ffn, sparse_ffn
 
 # KV cache element types by their llama.cpp names.
@@ -18,13 +19,17 @@ CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0}
 
 def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
                       runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
-                      paged: tuple[int, int] | None = None, cache_type: str = "f16", offload=None) -> GraphBuilder:
+                      paged: tuple[int, int] | None = None, cache_type: str = "f16", offload=None,
+                      hybrid: dict | None = None) -> GraphBuilder:
     """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
     in blocks (continuous batching); each run then also takes every token's KV slot and block table.
     `cache_type`: "f16" or "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token).
-    `offload`: an offload.OffloadedFfn (with `sparsity`): the FFN rows come from its neuron store."""
+    `offload`: an offload.OffloadedFfn (with `sparsity`): the FFN rows come from its neuron store.
+    `hybrid`: a GPU placement (place/gpu_placement.py, as its summary) and "device", the engine backend that
+    stands for the GPU: attention, each layer's placed FFN blocks and, if placed, the output head run there;
+    the residual stream stays in host memory."""
     if cache_type not in CACHE_TYPES:
         raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
     kv_dtype = CACHE_TYPES[cache_type]
@@ -51,6 +56,7 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     x = b.get_rows(embed, tokens, "x", scale=cfg.embed_scale)  # F32 [T, d_model], the residual stream
     for il in range(cfg.n_layers):
         p = f"blk.{il}."
+        first = len(b.placement)
         h = b.rms_norm(x, w(p + "attn_norm.weight"), cfg.norm_eps, "attn_in")
         q = b.matmul(w(p + "attn_q.weight"), h, "q")    # F32 [T, n_heads * head_dim]
         k = b.matmul(w(p + "attn_k.weight"), h, "k")    # F32 [T, n_kv_heads * head_dim]
@@ -70,10 +76,15 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         o = b.matmul(w(p + "attn_output.weight"), o, "attn_out")  # F32 [T, d_model]
         if cfg.post_norms:
             o = b.rms_norm(o, w(p + "post_attention_norm.weight"), cfg.norm_eps, "attn_out_normed", out=o)
+        if hybrid is not None:  # attention on the GPU (its weights and KV cache are in the placement's minimum)
+            for node in range(first, len(b.placement)):
+                b.place(node, hybrid["device"])
         b.add(x, o, out=x)
         h = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps, "ffn_in")  # F32 [T, d_model]
         if record:
             f = _recorded_ffn(b, w, h, il, cfg)
+        elif hybrid is not None:
+            f = hybrid_ffn(b, gguf, h, il, cfg, hybrid["gpu_blocks"][il], hybrid["block"], hybrid["device"])
         elif sparsity is not None:
             f = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type, offload)
         else:
@@ -86,7 +97,11 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     xo = b.select_rows(x, out_ids, "x_out")             # F32 [O, d_model]
     h = b.rms_norm(xo, w("output_norm.weight"), cfg.norm_eps, "out_in")
     head = embed if cfg.tied_output else w("output.weight")
+    first = len(b.placement)
     logits = b.matmul(head, h, "logits")                # F32 [O, vocab]
+    if hybrid is not None and hybrid.get("head_on_gpu"):
+        for node in range(first, len(b.placement)):
+            b.place(node, hybrid["device"])
     b.graph.output_logits = logits.id
     return b
 

@@ -30,17 +30,22 @@ class SeqWork:
 class BatchEngine:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, num_blocks: int, block_size: int, max_seq_len: int,
                  n_threads: int, max_batch_tokens: int = 512, sparsity=None, runs: SparseRuns = SparseRuns(),
-                 cache_type: str = "f16", offload=None):
+                 cache_type: str = "f16", offload=None, device: str = "cpu", placement: dict | None = None):
         """`offload`: an offload.OffloadedFfn streaming the FFN neurons that do not fit a RAM budget. With `sparsity`, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the
-        sparse FFN over the union of their active neurons while it is sparse enough (sparse_ffn.py)."""
+        sparse FFN over the union of their active neurons while it is sparse enough (sparse_ffn.py). `device` and
+        `placement` (place/device.py): the hybrid CPU/GPU split, as load(device=...) runs it."""
+        from ..place.device import engine_backends, parse_device
+
         self.cfg, self.block_size, self.num_blocks = cfg, block_size, num_blocks
         self.max_blocks = -(-max_seq_len // block_size)
         self.max_batch_tokens = max_batch_tokens
         try:
             b = build_llama_graph(gguf, cfg, num_blocks * block_size, sparsity, runs,
-                                  paged=(block_size, self.max_blocks), cache_type=cache_type, offload=offload)
+                                  paged=(block_size, self.max_blocks), cache_type=cache_type, offload=offload,
+                                  hybrid=dict(placement, device=1) if placement else None)
+            kind, index = parse_device(device)
             self.engine = _core.Engine(b.graph, max_tokens=max_batch_tokens, max_outputs=max_batch_tokens,
-                                       n_threads=n_threads)
+                                       n_threads=n_threads, **engine_backends(kind, index, n_threads, b.placement))
         except ValueError as e:
             raise PyinferError(str(e)) from None
         self._unions = [t.id for t in b.unions]

@@ -13,8 +13,9 @@ BLOCK_SIZE = 16
 
 def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_POLICY, n_threads: int | None = None,
                  api_key: str | None = None, max_seq_len: int | None = None, sparsity="off", target=None,
-                 cache_type: str = "f16", ram_budget=None):
-    """Returns (app, loop, model); call loop.start() before serving. `ram_budget`: as load()'s."""
+                 cache_type: str = "f16", ram_budget=None, device: str = "cpu", vram_budget=None):
+    """Returns (app, loop, model); call loop.start() before serving. `ram_budget`, `device`, `vram_budget`: as
+    load()'s."""
     from ..api import load
     from ..sparsity.resolve import resolve_sparsity
     from .batch_engine import BatchEngine
@@ -39,8 +40,22 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
         if plan is None:
             raise PyinferError("--ram-budget streams FFN neurons and needs --sparsity (auto or a file)")
         offload = OffloadedFfn(model.gguf, model.config, plan, "auto", parse_size(ram_budget), cache_dir())
+    placement = None
+    if device != "cpu" or vram_budget is not None:
+        from ..place.device import check_cuda, parse_device, resolve_placement
+
+        kind, index = parse_device(device)
+        if kind == "cpu":
+            raise PyinferError("--vram-budget needs --device cuda (or standin)")
+        if plan is not None or offload is not None:
+            raise PyinferError("the hybrid CPU/GPU split runs the FFN dense on both sides for now: use --device "
+                               "without --sparsity and --ram-budget")
+        if kind == "cuda":
+            check_cuda(index)
+        placement = resolve_placement(kind, index, vram_budget, model.gguf, model.config, None,
+                                      (kv_budget // BLOCK_SIZE) * BLOCK_SIZE)
     batch = BatchEngine(model.gguf, model.config, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, model.n_threads,
-                        sparsity=plan, cache_type=cache_type, offload=offload)
+                        sparsity=plan, cache_type=cache_type, offload=offload, device=device, placement=placement)
     batch.engine.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
     loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(model.tokenizer.end_of_generation))
     name = Path(model.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
@@ -52,7 +67,7 @@ def serve(args) -> int:
 
     app, loop, model = build_server(args.model, args.kv_budget, args.scheduler, args.threads, args.api_key,
                                     sparsity=args.sparsity, target=args.target, cache_type=args.cache_type,
-                                    ram_budget=args.ram_budget)
+                                    ram_budget=args.ram_budget, device=args.device, vram_budget=args.vram_budget)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"pyinfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
     loop.start()

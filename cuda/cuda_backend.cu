@@ -1,0 +1,260 @@
+// The CUDA backend (cuda_backend.h): device buffers, one stream, pinned staging for the copies the engine
+// inserts where tensors cross between host and device, and the dense ops' kernels (kernels/). The neuron-aware
+// ops (active lists, gather-GEMV, down axpy) stay on the CPU: supports() says so, and the engine refuses a
+// placement that puts them here.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_backend.h"
+#include "executor/guards.h"
+#include "kernels/ops.cuh"
+
+namespace pyinfer {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+
+bool weight_type_ok(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0:
+    case DType::Q5_1: case DType::Q8_0: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return true;
+    default: return false;
+  }
+}
+
+cuda::Rows rows_of(const Tensor& t, int64_t rows) {
+  return cuda::Rows{static_cast<uint8_t*>(t.data), rows, t.cols, int64_t(t.row_stride), t.type};
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Graph&, int device, int memory_space) : device_(device), space_(memory_space) {
+    if (memory_space <= 0) throw std::runtime_error("a CUDA backend needs a memory space of its own (> 0)");
+    check(cudaSetDevice(device), "cudaSetDevice");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    name_ = "cuda:" + std::to_string(device) + " " + prop.name;
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (staging_) cudaFreeHost(staging_);
+    if (done_) cudaEventDestroy(done_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return name_; }
+  int memory_space() const override { return space_; }
+
+  bool supports(const Graph& g, const Node& n) const override {
+    if (n.guard.when_list >= 0) return false;  // a sparse FFN's path choice reads host memory
+    auto src = [&](int slot) -> const Tensor& { return g.tensors[size_t(n.src[size_t(slot)])]; };
+    switch (n.op) {
+      case OpKind::MatMul:
+        return n.src[MatMulSrc::active] < 0 && !src(MatMulSrc::weight).paged && weight_type_ok(src(MatMulSrc::weight).type) &&
+               (src(MatMulSrc::x).type == DType::F32 || src(MatMulSrc::x).type == DType::Q8A);
+      case OpKind::GetRows: return !src(GetRowsSrc::table).paged && weight_type_ok(src(GetRowsSrc::table).type);
+      case OpKind::Attention:
+        return src(AttentionSrc::k_cache).type == DType::F16 && src(AttentionSrc::v_cache).type == DType::F16 &&
+               n.p.attention.head_dim <= 256 && n.p.attention.kv_heads > 0;
+      case OpKind::KvStore: return g.tensors[size_t(n.dst)].type == DType::F16;
+      case OpKind::RmsNorm: case OpKind::Quantize: case OpKind::Rope: case OpKind::Add: case OpKind::SiluMul:
+      case OpKind::SelectRows: case OpKind::BiasRelu: case OpKind::ScatterCols: case OpKind::Copy: return true;
+      default: return false;
+    }
+  }
+
+  void* alloc(size_t bytes) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<size_t>(bytes, 1)) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    check(cudaMemset(p, 0, std::max<size_t>(bytes, 1)), "cudaMemset");
+    return p;
+  }
+  void release(void* p, size_t) override {
+    if (p) {
+      cudaSetDevice(device_);
+      cudaFree(p);
+    }
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+  }
+  void synchronize() override {
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    check(cudaGetLastError(), "a kernel");
+  }
+
+  void compute(const Graph& g, const std::vector<int>& nodes, const RunShape& shape) override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    staged_ = 0;
+    pending_.clear();
+    for (int id : nodes) {
+      const Node& n = g.nodes[size_t(id)];
+      if (!guard_passes(g, n.guard, shape.n_tokens)) continue;
+      compute_node(g, n, shape);
+      check(cudaGetLastError(), op_name(n.op));
+    }
+    check(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    check(cudaEventSynchronize(done_), "the device's work");  // results visible to the other backends
+    for (const Pending& p : pending_)  // copies back to host memory land from the staging buffer
+      for (int64_t r = 0; r < p.rows; ++r)
+        std::memcpy(p.host + r * p.host_stride, p.staged + r * p.row_bytes, p.row_bytes);
+  }
+
+ private:
+  struct Pending {
+    uint8_t* host;
+    const uint8_t* staged;
+    int64_t rows, host_stride;
+    size_t row_bytes;
+  };
+
+  // Pinned bytes for one copy of this run; the buffer grows (once, on the first runs) to what a run needs.
+  uint8_t* stage(size_t bytes) {
+    if (staged_ + bytes > staging_bytes_) {
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // earlier copies of this run still read it
+      for (Pending& p : pending_) {  // finish them from the old buffer before it goes
+        for (int64_t r = 0; r < p.rows; ++r)
+          std::memcpy(p.host + r * p.host_stride, p.staged + r * p.row_bytes, p.row_bytes);
+      }
+      pending_.clear();
+      if (staging_) cudaFreeHost(staging_);
+      staging_bytes_ = std::max(staging_bytes_ * 2, staged_ + bytes + (1 << 20));
+      void* p = nullptr;
+      check(cudaHostAlloc(&p, staging_bytes_, cudaHostAllocDefault), "cudaHostAlloc");
+      staging_ = static_cast<uint8_t*>(p);
+      staged_ = 0;
+    }
+    uint8_t* out = staging_ + staged_;
+    staged_ += (bytes + 255) / 256 * 256;
+    return out;
+  }
+
+  void copy_node(const Tensor& src, const Tensor& dst, int64_t rows) {
+    if (rows <= 0) return;
+    const size_t rb = dst.row_bytes;
+    if (src.memory == 0 && dst.memory != 0) {  // up: through pinned staging, so the copy is truly async
+      uint8_t* st = stage(rb * size_t(rows));
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(st + r * rb, static_cast<const uint8_t*>(src.data) + r * int64_t(src.row_stride), rb);
+      check(cudaMemcpy2DAsync(dst.data, dst.row_stride, st, rb, rb, size_t(rows), cudaMemcpyHostToDevice, stream_),
+            "copy to the device");
+    } else if (src.memory != 0 && dst.memory == 0) {  // down: staged, landed after the run's sync
+      uint8_t* st = stage(rb * size_t(rows));
+      check(cudaMemcpy2DAsync(st, rb, src.data, src.row_stride, rb, size_t(rows), cudaMemcpyDeviceToHost, stream_),
+            "copy to the host");
+      pending_.push_back(Pending{static_cast<uint8_t*>(dst.data), st, rows, int64_t(dst.row_stride), rb});
+    } else {
+      check(cudaMemcpy2DAsync(dst.data, dst.row_stride, src.data, src.row_stride, rb, size_t(rows),
+                              cudaMemcpyDeviceToDevice, stream_), "copy on the device");
+    }
+  }
+
+  void compute_node(const Graph& g, const Node& n, const RunShape& shape) {
+    const Tensor& dst = g.tensors[size_t(n.dst)];
+    auto src = [&](int slot) -> const Tensor& { return g.tensors[size_t(n.src[size_t(slot)])]; };
+    auto i32 = [&](int slot) { return static_cast<const int32_t*>(src(slot).data); };
+    const int64_t rows = rows_in_run(dst, shape);
+    switch (n.op) {
+      case OpKind::MatMul: {
+        const Tensor& x = src(MatMulSrc::x);
+        return cuda::matmul(rows_of(src(MatMulSrc::weight), src(MatMulSrc::weight).rows), rows_of(x, rows_in_run(x, shape)),
+                            rows_of(dst, rows), stream_);
+      }
+      case OpKind::GetRows:
+        return cuda::get_rows(rows_of(src(GetRowsSrc::table), 0), i32(GetRowsSrc::ids), rows_of(dst, rows),
+                              n.p.get_rows.scale, stream_);
+      case OpKind::RmsNorm:
+        return cuda::rms_norm(rows_of(src(RmsNormSrc::x), rows), static_cast<const float*>(src(RmsNormSrc::weight).data),
+                              rows_of(dst, rows), n.p.rms_norm.eps, n.p.rms_norm.segment, stream_);
+      case OpKind::Quantize: return cuda::quantize_q8a(rows_of(src(QuantizeSrc::x), rows), rows_of(dst, rows), stream_);
+      case OpKind::Rope:
+        return cuda::rope(rows_of(src(RopeSrc::x), rows), rows_of(dst, rows), i32(RopeSrc::positions), n.p.rope, stream_);
+      case OpKind::KvStore: {
+        const Tensor& x = src(KvStoreSrc::x);
+        return cuda::kv_store_f16(rows_of(x, rows_in_run(x, shape)), i32(KvStoreSrc::rows), rows_of(dst, dst.rows), stream_);
+      }
+      case OpKind::Attention: {
+        using S = AttentionSrc;
+        const int t = n.src[S::table];
+        cuda::AttentionRows a{rows_of(src(S::q), rows), rows_of(src(S::k_cache), 0), rows_of(src(S::v_cache), 0),
+                              rows_of(dst, rows), i32(S::positions), t >= 0 ? i32(S::table) : nullptr,
+                              t >= 0 ? g.tensors[size_t(t)].cols : 0};
+        return cuda::attention(a, n.p.attention, stream_);
+      }
+      case OpKind::Add:
+        return cuda::add(rows_of(src(BinarySrc::a), rows), rows_of(src(BinarySrc::b), rows), rows_of(dst, rows), stream_);
+      case OpKind::SiluMul:
+        return cuda::gated_mul(rows_of(src(GatedMulSrc::gate), rows), rows_of(src(GatedMulSrc::up), rows),
+                               rows_of(dst, rows), n.p.gated_mul.act, stream_);
+      case OpKind::SelectRows:
+        return cuda::select_rows(rows_of(src(SelectRowsSrc::x), 0), i32(SelectRowsSrc::rows), rows_of(dst, rows), stream_);
+      case OpKind::BiasRelu:
+        return cuda::bias_relu(rows_of(src(BiasReluSrc::x), rows), static_cast<const float*>(src(BiasReluSrc::bias).data),
+                               rows_of(dst, rows), stream_);
+      case OpKind::ScatterCols:
+        return cuda::scatter_cols(rows_of(src(ScatterColsSrc::x), rows), i32(ScatterColsSrc::perm), rows_of(dst, rows),
+                                  stream_);
+      case OpKind::Copy: {
+        const Tensor& x = src(CopySrc::x);
+        return copy_node(x, dst, rows_in_run(x, shape));
+      }
+      default: throw std::runtime_error(std::string("the CUDA backend has no kernel for ") + op_name(n.op));
+    }
+  }
+
+  int device_, space_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  uint8_t* staging_ = nullptr;   // pinned host memory for copies in and out
+  size_t staging_bytes_ = 0, staged_ = 0;
+  std::vector<Pending> pending_;  // copies to host memory waiting for the run's sync
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Graph& graph, int device, int memory_space) {
+  return std::make_unique<CudaBackend>(graph, device, memory_space);
+}
+
+double cuda_sync_seconds(int device, size_t bytes, int reps) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  void *dev = nullptr, *host = nullptr;
+  cudaStream_t s = nullptr;
+  check(cudaMalloc(&dev, bytes), "cudaMalloc");
+  check(cudaHostAlloc(&host, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+  check(cudaStreamCreate(&s), "cudaStreamCreate");
+  std::vector<double> t;
+  for (int i = 0; i < std::max(reps, 1) + 5; ++i) {  // five warm-up rounds
+    const auto t0 = std::chrono::steady_clock::now();
+    cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, s);
+    cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s);
+    const cudaError_t e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) break;
+    if (i >= 5) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  cudaStreamDestroy(s);
+  cudaFreeHost(host);
+  cudaFree(dev);
+  if (t.empty()) throw std::runtime_error("CUDA error while timing a synchronization");
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace pyinfer

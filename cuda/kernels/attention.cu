@@ -1,0 +1,70 @@
+// Causal attention over the fp16 KV cache (csrc/kernels/attention.cpp is the reference): one warp per
+// (token, head). Keys go by in chunks of 32, one per lane for the scores; the running max and sum of the
+// online softmax are kept by every lane, and each lane owns head_dim / 32 output dimensions.
+#include <cuda_fp16.h>
+
+#include "kernels/ops.cuh"
+
+namespace pyinfer::cuda {
+namespace {
+
+constexpr int kMaxDimsPerLane = 8;  // head_dim up to 256
+
+__global__ void attention_kernel(AttentionRows a, AttentionParams p) {
+  const int64_t t = blockIdx.y;
+  const int h = int(blockIdx.x) * (blockDim.x / 32) + int(threadIdx.x / 32);
+  const int lane = threadIdx.x % 32;
+  if (h >= p.heads) return;
+  const int kvh = h / (p.heads / p.kv_heads);
+  const float* q = reinterpret_cast<const float*>(a.q.data + t * a.q.stride) + int64_t(h) * p.head_dim;
+  const int pos = a.positions[t];
+  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  const int per_lane = (p.head_dim + 31) / 32;
+  float acc[kMaxDimsPerLane] = {};
+  float m = -INFINITY, sum = 0.f;
+  for (int k0 = lo; k0 <= pos; k0 += 32) {
+    const int key = k0 + lane;
+    float score = -INFINITY;
+    int64_t row = 0;
+    if (key <= pos) {
+      row = a.table ? int64_t(a.table[t * a.table_cols + key / p.block_size]) * p.block_size + key % p.block_size : key;
+      const __half* k = reinterpret_cast<const __half*>(a.k.data + row * a.k.stride) + int64_t(kvh) * p.head_dim;
+      float s = 0.f;
+      for (int d = 0; d < p.head_dim; ++d) s += q[d] * __half2float(k[d]);
+      score = s * p.scale;
+    }
+    float chunk_max = score;
+    for (int o = 16; o > 0; o >>= 1) chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, o));
+    const float m_new = fmaxf(m, chunk_max);
+    const float rescale = m == -INFINITY ? 0.f : expf(m - m_new);
+    sum *= rescale;
+    for (int i = 0; i < per_lane; ++i) acc[i] *= rescale;
+    const int n = min(32, pos - k0 + 1);
+    for (int j = 0; j < n; ++j) {
+      const float w = expf(__shfl_sync(0xffffffffu, score, j) - m_new);
+      const int64_t r = __shfl_sync(0xffffffffu, row, j);
+      const __half* v = reinterpret_cast<const __half*>(a.v.data + r * a.v.stride) + int64_t(kvh) * p.head_dim;
+      sum += w;
+      for (int i = 0; i < per_lane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < p.head_dim) acc[i] += w * __half2float(v[d]);
+      }
+    }
+    m = m_new;
+  }
+  float* out = reinterpret_cast<float*>(a.out.data + t * a.out.stride) + int64_t(h) * p.head_dim;
+  for (int i = 0; i < per_lane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < p.head_dim) out[d] = sum > 0.f ? acc[i] / sum : 0.f;
+  }
+}
+
+}  // namespace
+
+void attention(const AttentionRows& a, const AttentionParams& p, cudaStream_t s) {
+  if (a.q.rows <= 0) return;
+  const int warps = 4;
+  attention_kernel<<<dim3(unsigned((p.heads + warps - 1) / warps), unsigned(a.q.rows)), 32 * warps, 0, s>>>(a, p);
+}
+
+}  // namespace pyinfer::cuda

@@ -1,0 +1,94 @@
+// Element i of one row of any weight type pyinfer reads, on the device: the GGML block layouts of
+// graph/dtype.h, decoded as csrc/kernels/quant_blocks.cpp decodes them on the CPU (the reference).
+#pragma once
+#include <cstdint>
+
+#include <cuda_fp16.h>
+
+#include "graph/dtype.h"
+
+namespace pyinfer::cuda {
+
+// fp16 bits at a byte address (blocks of 18 or 22 bytes leave fields only 2-byte aligned).
+__device__ __forceinline__ float half_at(const uint8_t* p) {
+  const uint16_t bits = uint16_t(p[0]) | uint16_t(uint16_t(p[1]) << 8);
+  return __half2float(__ushort_as_half(bits));
+}
+
+__device__ __forceinline__ void kquant_scale_min(const uint8_t* s, int j, int& scale, int& min) {
+  if (j < 4) {
+    scale = s[j] & 63;
+    min = s[j + 4] & 63;
+  } else {
+    scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Low nibbles are elements 0..15 of a 32-element block, high nibbles 16..31.
+__device__ __forceinline__ int nibble(const uint8_t* qs, int j) { return j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4; }
+
+__device__ __forceinline__ int fifth_bit(const uint8_t* qh, int j) { return (qh[j / 8] >> (j % 8)) & 1; }
+
+__device__ inline float weight_elem(DType type, const uint8_t* row, int64_t i) {
+  const int j = int(i % 32);
+  switch (type) {
+    case DType::F32: return reinterpret_cast<const float*>(row)[i];
+    case DType::F16: return half_at(row + 2 * i);
+    case DType::BF16: {
+      const uint32_t bits = uint32_t(row[2 * i]) << 16 | uint32_t(row[2 * i + 1]) << 24;
+      return __uint_as_float(bits);
+    }
+    case DType::Q4_0: {
+      const uint8_t* b = row + (i / 32) * 18;
+      return half_at(b) * float(nibble(b + 2, j) - 8);
+    }
+    case DType::Q4_1: {
+      const uint8_t* b = row + (i / 32) * 20;
+      return half_at(b) * float(nibble(b + 4, j)) + half_at(b + 2);
+    }
+    case DType::Q5_0: {
+      const uint8_t* b = row + (i / 32) * 22;
+      return half_at(b) * float((nibble(b + 6, j) | fifth_bit(b + 2, j) << 4) - 16);
+    }
+    case DType::Q5_1: {
+      const uint8_t* b = row + (i / 32) * 24;
+      return half_at(b) * float(nibble(b + 8, j) | fifth_bit(b + 4, j) << 4) + half_at(b + 2);
+    }
+    case DType::Q8_0: {
+      const uint8_t* b = row + (i / 32) * 34;
+      return half_at(b) * float(int8_t(b[2 + j]));
+    }
+    case DType::Q4_K:
+    case DType::Q5_K: {
+      const bool five = type == DType::Q5_K;
+      const uint8_t* b = row + (i / 256) * (five ? 176 : 144);
+      const int e = int(i % 256), sub = e / 32, l = e % 32;
+      const uint8_t* qs = b + (five ? 48 : 16);
+      int v = (qs[32 * (sub / 2) + l] >> ((sub & 1) * 4)) & 0x0f;
+      if (five) v |= ((b[16 + l] >> sub) & 1) << 4;
+      int sc, mn;
+      kquant_scale_min(b + 4, sub, sc, mn);
+      return half_at(b) * float(sc * v) - half_at(b + 2) * float(mn);
+    }
+    case DType::Q6_K: {
+      const uint8_t* b = row + (i / 256) * 210;
+      const int e = int(i % 256), sub = e / 32, l = e % 32, half = sub / 4, g = sub % 4;
+      const uint8_t* ql = b + 64 * half + 32 * (g & 1);
+      const uint8_t* qh = b + 128 + 32 * half;
+      const int q = (((ql[l] >> ((g >> 1) * 4)) & 0x0f) | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+      const int scale = int(int8_t(b[192 + 8 * half + 2 * g + l / 16]));
+      return half_at(b + 208) * float(scale * q);
+    }
+    default: return 0.f;
+  }
+}
+
+// Element i of an activation row: F32, or Q8A blocks (float d, float s, int8 q[32]: x = d * q).
+__device__ __forceinline__ float act_elem(DType type, const uint8_t* row, int64_t i) {
+  if (type == DType::F32) return reinterpret_cast<const float*>(row)[i];
+  const uint8_t* b = row + (i / 32) * 40;
+  return *reinterpret_cast<const float*>(b) * float(int8_t(b[8 + i % 32]));
+}
+
+}  // namespace pyinfer::cuda

@@ -1,0 +1,223 @@
+// Element-wise and row ops of the CUDA backend; each follows the CPU reference named in ops.cuh.
+#include <cuda_fp16.h>
+
+#include "kernels/dequant.cuh"
+#include "kernels/ops.cuh"
+
+namespace pyinfer::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__device__ __forceinline__ T* at(const Rows& r, int64_t row) {
+  return reinterpret_cast<T*>(r.data + row * r.stride);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// One warp per (weight row, tile of up to 8 tokens): lanes stride over the columns, then a warp sum.
+constexpr int kTokenTile = 8;
+__global__ void matmul_kernel(Rows w, Rows x, Rows y) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t t0 = int64_t(blockIdx.y) * kTokenTile;
+  if (r >= w.rows) return;
+  const uint8_t* wr = w.data + r * w.stride;
+  float acc[kTokenTile] = {};
+  const int nt = int(x.rows - t0 < kTokenTile ? x.rows - t0 : kTokenTile);
+  for (int64_t c = lane; c < w.cols; c += 32) {
+    const float wv = weight_elem(w.type, wr, c);
+    for (int t = 0; t < nt; ++t) acc[t] += wv * act_elem(x.type, x.data + (t0 + t) * x.stride, c);
+  }
+  for (int t = 0; t < nt; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) at<float>(y, t0 + t)[r] = v;
+  }
+}
+
+__global__ void get_rows_kernel(Rows table, const int32_t* ids, Rows y, float scale) {
+  const int64_t i = blockIdx.y;
+  const uint8_t* src = table.data + int64_t(ids[i]) * table.stride;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.x) * blockDim.x) {
+    const float v = weight_elem(table.type, src, c);
+    at<float>(y, i)[c] = scale != 0.f ? v * scale : v;
+  }
+}
+
+// One block per (row, segment).
+__global__ void rms_norm_kernel(Rows x, const float* weight, Rows y, float eps, int segment) {
+  const int64_t r = blockIdx.x, c0 = int64_t(blockIdx.y) * segment;
+  const float* xr = at<float>(x, r) + c0;
+  float* yr = at<float>(y, r) + c0;
+  __shared__ float partial[kThreads / 32];
+  float ss = 0.f;
+  for (int c = threadIdx.x; c < segment; c += blockDim.x) ss += xr[c] * xr[c];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partial[0] = v;
+  }
+  __syncthreads();
+  const float scale = rsqrtf(partial[0] / float(segment) + eps);
+  for (int c = threadIdx.x; c < segment; c += blockDim.x) yr[c] = xr[c] * scale * weight[c];
+}
+
+// One warp per 32-element block.
+__global__ void quantize_q8a_kernel(Rows x, Rows y, int64_t blocks_per_row) {
+  const int64_t b = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= x.rows * blocks_per_row) return;
+  const int64_t r = b / blocks_per_row, k = b % blocks_per_row;
+  const float v = at<float>(x, r)[k * 32 + lane];
+  const float amax = warp_max(fabsf(v));
+  const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+  const int q = __float2int_rn(v * id);  // round half to even, as the CPU's nearbyint
+  uint8_t* blk = y.data + r * y.stride + k * 40;
+  blk[8 + lane] = uint8_t(int8_t(q));
+  const float sum = warp_sum(float(q));
+  if (lane == 0) {
+    reinterpret_cast<float*>(blk)[0] = d;
+    reinterpret_cast<float*>(blk)[1] = d * sum;
+  }
+}
+
+__global__ void rope_kernel(Rows x, Rows y, const int32_t* positions, RopeParams p) {
+  const int64_t t = blockIdx.y;
+  const int half = p.head_dim / 2;
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // (head, pair)
+  if (k >= int64_t(p.heads) * half) return;
+  const int h = int(k / half), i = int(k % half);
+  const double theta = double(positions[t]) * pow(double(p.base), -2.0 * i / p.head_dim);
+  const float cs = float(cos(theta)), sn = float(sin(theta));
+  const bool neox = p.mode == RopeMode::Neox;
+  const int64_t o = int64_t(h) * p.head_dim;
+  const int64_t a = o + (neox ? i : 2 * i), b = o + (neox ? i + half : 2 * i + 1);
+  const float x0 = at<float>(x, t)[a], x1 = at<float>(x, t)[b];
+  at<float>(y, t)[a] = x0 * cs - x1 * sn;
+  at<float>(y, t)[b] = x0 * sn + x1 * cs;
+}
+
+__global__ void kv_store_kernel(Rows x, const int32_t* rows, Rows cache) {
+  const int64_t t = blockIdx.y;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < x.cols; c += int64_t(gridDim.x) * blockDim.x)
+    at<__half>(cache, rows[t])[c] = __float2half_rn(at<float>(x, t)[c]);
+}
+
+__device__ __forceinline__ float gelu_tanh(float g) {
+  // As the CPU's table: GELU of g rounded to fp16 (0 and g far out).
+  if (g <= -10.f) return 0.f;
+  if (g >= 10.f) return g;
+  const float x = __half2float(__float2half_rn(g));
+  return 0.5f * x * (1.f + tanhf(0.7978845608028654f * x * (1.f + 0.044715f * x * x)));
+}
+
+__device__ __forceinline__ float gated(Activation a, float g, float u) {
+  switch (a) {
+    case Activation::SiLU: return g / (1.f + expf(-g)) * u;
+    case Activation::ReLU: return (g > 0.f ? g : 0.f) * u;
+    case Activation::GeluTanh: return gelu_tanh(g) * u;
+    case Activation::ReLU2: return (g > 0.f ? g * g : 0.f) * u;
+    case Activation::DReLU: return (g > 0.f ? g : 0.f) * (u > 0.f ? u : 0.f);
+  }
+  return 0.f;
+}
+
+// Element-wise over [rows, cols]: grid.y is the row.
+enum class Binary { Add, Gated, BiasRelu };
+__global__ void binary_kernel(Rows a, Rows b, const float* bias, Rows y, Binary op, Activation act) {
+  const int64_t r = blockIdx.y;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.x) * blockDim.x) {
+    const float x = at<float>(a, r)[c];
+    float v;
+    switch (op) {
+      case Binary::Add: v = x + at<float>(b, r)[c]; break;
+      case Binary::Gated: v = gated(act, x, at<float>(b, r)[c]); break;
+      default: v = fmaxf(0.f, x + bias[c]); break;
+    }
+    at<float>(y, r)[c] = v;
+  }
+}
+
+__global__ void select_rows_kernel(Rows x, const int32_t* rows, Rows y) {
+  const int64_t o = blockIdx.y;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.x) * blockDim.x)
+    at<float>(y, o)[c] = at<float>(x, rows[o])[c];
+}
+
+__global__ void scatter_cols_kernel(Rows x, const int32_t* perm, Rows y) {
+  const int64_t r = blockIdx.y;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < x.cols; c += int64_t(gridDim.x) * blockDim.x)
+    at<float>(y, r)[perm[c]] = at<float>(x, r)[c];
+}
+
+dim3 row_grid(int64_t cols, int64_t rows) {
+  const int64_t x = (cols + kThreads - 1) / kThreads;
+  return dim3(unsigned(x < 64 ? x : 64), unsigned(rows));
+}
+
+}  // namespace
+
+void matmul(const Rows& w, const Rows& x, const Rows& y, cudaStream_t s) {
+  if (x.rows <= 0) return;
+  const int warps = kThreads / 32;
+  const dim3 grid(unsigned((w.rows + warps - 1) / warps), unsigned((x.rows + kTokenTile - 1) / kTokenTile));
+  matmul_kernel<<<grid, kThreads, 0, s>>>(w, x, y);
+}
+
+void get_rows(const Rows& table, const int32_t* ids, const Rows& y, float scale, cudaStream_t s) {
+  if (y.rows > 0) get_rows_kernel<<<row_grid(y.cols, y.rows), kThreads, 0, s>>>(table, ids, y, scale);
+}
+
+void rms_norm(const Rows& x, const float* weight, const Rows& y, float eps, int segment, cudaStream_t s) {
+  const int seg = segment > 0 ? segment : int(x.cols);
+  if (x.rows > 0) rms_norm_kernel<<<dim3(unsigned(x.rows), unsigned(x.cols / seg)), kThreads, 0, s>>>(x, weight, y, eps, seg);
+}
+
+void quantize_q8a(const Rows& x, const Rows& y, cudaStream_t s) {
+  const int64_t blocks = x.rows * (x.cols / 32), warps = kThreads / 32;
+  if (blocks > 0) quantize_q8a_kernel<<<unsigned((blocks + warps - 1) / warps), kThreads, 0, s>>>(x, y, x.cols / 32);
+}
+
+void rope(const Rows& x, const Rows& y, const int32_t* positions, const RopeParams& p, cudaStream_t s) {
+  const int64_t pairs = int64_t(p.heads) * (p.head_dim / 2);
+  if (x.rows > 0)
+    rope_kernel<<<dim3(unsigned((pairs + kThreads - 1) / kThreads), unsigned(x.rows)), kThreads, 0, s>>>(x, y, positions, p);
+}
+
+void kv_store_f16(const Rows& x, const int32_t* rows, const Rows& cache, cudaStream_t s) {
+  if (x.rows > 0) kv_store_kernel<<<row_grid(x.cols, x.rows), kThreads, 0, s>>>(x, rows, cache);
+}
+
+void add(const Rows& a, const Rows& b, const Rows& y, cudaStream_t s) {
+  if (y.rows > 0) binary_kernel<<<row_grid(y.cols, y.rows), kThreads, 0, s>>>(a, b, nullptr, y, Binary::Add, Activation::SiLU);
+}
+
+void gated_mul(const Rows& gate, const Rows& up, const Rows& y, Activation act, cudaStream_t s) {
+  if (y.rows > 0) binary_kernel<<<row_grid(y.cols, y.rows), kThreads, 0, s>>>(gate, up, nullptr, y, Binary::Gated, act);
+}
+
+void bias_relu(const Rows& x, const float* bias, const Rows& y, cudaStream_t s) {
+  if (y.rows > 0) binary_kernel<<<row_grid(y.cols, y.rows), kThreads, 0, s>>>(x, x, bias, y, Binary::BiasRelu, Activation::SiLU);
+}
+
+void select_rows(const Rows& x, const int32_t* rows, const Rows& y, cudaStream_t s) {
+  if (y.rows > 0) select_rows_kernel<<<row_grid(y.cols, y.rows), kThreads, 0, s>>>(x, rows, y);
+}
+
+void scatter_cols(const Rows& x, const int32_t* perm, const Rows& y, cudaStream_t s) {
+  if (y.rows > 0) scatter_cols_kernel<<<row_grid(x.cols, y.rows), kThreads, 0, s>>>(x, perm, y);
+}
+
+}  // namespace pyinfer::cuda

@@ -1,0 +1,47 @@
+// Launchers of the CUDA backend's kernels. Each takes device pointers, strides in bytes (rows of views may be
+// wider than their elements) and the stream; the CPU reference of each is named beside it.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "graph/dtype.h"
+#include "graph/op_params.h"
+
+namespace pyinfer::cuda {
+
+struct Rows {          // a tensor's rows as the kernels see them
+  uint8_t* data;
+  int64_t rows;        // rows in this run
+  int64_t cols;
+  int64_t stride;      // bytes from one row to the next
+  DType type;
+};
+
+// y[t][r] = sum_c w[r][c] x[t][c] (csrc/kernels/matmul_*.cpp); x is F32 or Q8A.
+void matmul(const Rows& w, const Rows& x, const Rows& y, cudaStream_t s);
+// y[i] = dequant(table[ids[i]]) * scale (scale 0: unscaled).
+void get_rows(const Rows& table, const int32_t* ids, const Rows& y, float scale, cudaStream_t s);
+// Per row, or per segment of `segment` columns: x / rms(x) * weight.
+void rms_norm(const Rows& x, const float* weight, const Rows& y, float eps, int segment, cudaStream_t s);
+// Q8A blocks of an F32 row (quantize_q8a_scalar: d = amax / 127, q = round half to even of x / d).
+void quantize_q8a(const Rows& x, const Rows& y, cudaStream_t s);
+void rope(const Rows& x, const Rows& y, const int32_t* positions, const RopeParams& p, cudaStream_t s);
+// cache[rows[t]] = fp16(x[t]).
+void kv_store_f16(const Rows& x, const int32_t* rows, const Rows& cache, cudaStream_t s);
+void add(const Rows& a, const Rows& b, const Rows& y, cudaStream_t s);
+void gated_mul(const Rows& gate, const Rows& up, const Rows& y, Activation act, cudaStream_t s);
+void select_rows(const Rows& x, const int32_t* rows, const Rows& y, cudaStream_t s);
+void bias_relu(const Rows& x, const float* bias, const Rows& y, cudaStream_t s);
+void scatter_cols(const Rows& x, const int32_t* perm, const Rows& y, cudaStream_t s);
+
+struct AttentionRows {
+  Rows q, k, v, out;           // q/out F32 [T, heads * head_dim]; k/v F16 caches
+  const int32_t* positions;    // [T]
+  const int32_t* table;        // paged: [T, table_cols] block ids, or null
+  int64_t table_cols;
+};
+// Causal attention (csrc/kernels/attention.cpp): one warp per (token, head), online softmax over the keys.
+void attention(const AttentionRows& a, const AttentionParams& p, cudaStream_t s);
+
+}  // namespace pyinfer::cuda

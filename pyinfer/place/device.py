@@ -1,0 +1,108 @@
+"""Which device a model runs on, asked of the GPU through cuda-python (without importing torch), and the GPU
+placement a load uses: a file from `pyinfer place`, or one solved at load time under a VRAM budget.
+
+Devices: "cpu" (the default), "cuda" or "cuda:N" (needs a CUDA build of pyinfer and a GPU), and "standin": a
+second CPU backend with memory of its own standing in for the GPU. It runs the very graph a GPU would, copies
+included, so a placement can be checked (and is tested) on a machine without one."""
+from __future__ import annotations
+
+import re
+
+from ..errors import PyinferError
+
+MARGIN_BYTES = 512 << 20    # left free by the default budget: the CUDA context, cuBLAS, other processes
+DEFAULT_CPU_SECONDS_PER_BYTE = 1e-10  # ~10 GB/s decode streaming, where `pyinfer place` did not measure
+
+
+def _cudart():
+    try:
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+    except ImportError:
+        try:
+            from cuda import cudart  # older layout
+        except ImportError:
+            return None
+    return cudart
+
+
+def cuda_devices() -> list[dict]:
+    """[{index, name, total, free}] of the visible GPUs: through cuda-python when installed, else the
+    extension's own query (no free memory then). Empty without a driver or device; never raises."""
+    cudart = _cudart()
+    if cudart is None:
+        from .. import _core
+
+        return [{"index": d["index"], "name": d["name"], "total": d["total_memory"], "free": None}
+                for d in _core.cuda_devices()]
+    out = []
+    try:
+        err, n = cudart.cudaGetDeviceCount()
+        if int(err) != 0:
+            return []
+        for i in range(n):
+            err, props = cudart.cudaGetDeviceProperties(i)
+            if int(err) != 0:
+                continue
+            cudart.cudaSetDevice(i)
+            err, free, total = cudart.cudaMemGetInfo()
+            name = props.name
+            name = name.decode(errors="replace").rstrip("\0") if isinstance(name, bytes) else str(name)
+            out.append({"index": i, "name": name, "total": int(total) if int(err) == 0 else int(props.totalGlobalMem),
+                        "free": int(free) if int(err) == 0 else None})
+    except Exception:  # a broken driver install: no device, as without one
+        return []
+    return out
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    """'cpu' | 'standin' | 'cuda' | 'cuda:N' -> (kind, index)."""
+    m = re.fullmatch(r"(cpu|standin|cuda)(?::(\d+))?", str(device))
+    if not m or (m.group(2) is not None and m.group(1) != "cuda"):
+        raise PyinferError(f"device must be cpu, cuda, cuda:N or standin, got {device!r}")
+    return m.group(1), int(m.group(2) or 0)
+
+
+def check_cuda(index: int) -> dict:
+    """The device, or a one-line PyinferError saying why it cannot be used (the CPU path still can)."""
+    from .. import _core
+
+    if not _core.cuda_built():
+        raise PyinferError("this pyinfer was built without CUDA (no nvcc when it was installed); run on the CPU "
+                           "(drop --device cuda) or reinstall on a machine with the CUDA toolkit")
+    devices = cuda_devices()
+    if not devices:
+        raise PyinferError("no CUDA device found (no GPU, or no driver); run on the CPU (drop --device cuda)")
+    if index >= len(devices):
+        raise PyinferError(f"cuda:{index} does not exist; this machine has {len(devices)} CUDA device(s)")
+    return devices[index]
+
+
+def resolve_placement(kind: str, index: int, vram_budget, gguf, cfg, plan, n_ctx: int) -> dict:
+    """The placement (as `pyinfer place` writes it) for this load."""
+    from ..offload import parse_size
+    from .gpu_placement import GpuCosts, place, read_placement
+
+    if isinstance(vram_budget, str) and vram_budget.endswith(".json"):
+        return read_placement(vram_budget, gguf.fingerprint())
+    if vram_budget is None:
+        if kind != "cuda":
+            raise PyinferError("device='standin' needs a vram_budget (a size, or a file from `pyinfer place`)")
+        free = check_cuda(index).get("free")
+        if free is None:
+            raise PyinferError("cannot read free GPU memory (install cuda-python); pass --vram-budget SIZE")
+        vram_budget = max(free - MARGIN_BYTES, 1)
+    from .measure import sync_seconds
+
+    sync, how = sync_seconds() if kind == "cuda" else (0.0, "stand-in: no transfer cost")
+    costs = GpuCosts(DEFAULT_CPU_SECONDS_PER_BYTE, sync,
+                     {"cpu_seconds_per_byte": "default (pyinfer place measures it)", "sync_seconds": how})
+    return place(gguf, cfg, plan, parse_size(vram_budget), n_ctx, costs).summary()
+
+
+def engine_backends(kind: str, index: int, n_threads: int, placement: list[int]) -> dict:
+    """The engine's backends for a device: backend 0 is the CPU; backend 1, in memory space 1, is the GPU
+    (or a one-thread CPU backend standing in for it)."""
+    if kind == "cpu":
+        return {}
+    return {"placement": placement, "backend_threads": [n_threads, 1], "backend_memory": [0, 1],
+            "backend_kinds": ["cpu", "cpu" if kind == "standin" else f"cuda:{index}"]}

@@ -1,0 +1,114 @@
+"""The hybrid CPU/GPU split (runtime/hybrid_ffn.py, place/device.py) on a machine without a GPU: a second CPU
+backend with memory of its own stands in for the device, runs attention, its FFN blocks and the head, and the
+engine copies tensors across as it would for a GPU."""
+import itertools
+
+import numpy as np
+import pytest
+from tiny_model import write_tiny_llama
+
+import pyinfer
+from pyinfer import _core
+from pyinfer.errors import PyinferError
+from pyinfer.runtime.llama_graph import build_llama_graph
+
+
+@pytest.fixture(scope="module")
+def model4(tmp_path_factory) -> str:
+    cfg = {"n_layers": 4, "d_model": 64, "d_ff": 128, "n_heads": 4, "n_kv_heads": 2}
+    return str(write_tiny_llama(tmp_path_factory.mktemp("hybrid") / "tiny4.gguf", config=cfg))
+
+
+def logits(m, gpu_blocks, two_backends: bool, head=False) -> np.ndarray:
+    ids = list(range(1, 20))
+    pl = {"gpu_blocks": gpu_blocks, "block": 32, "head_on_gpu": head}
+    b = build_llama_graph(m.gguf, m.config, 64, hybrid=dict(pl, device=1))
+    kw = {"placement": b.placement, "backend_threads": [2, 1], "backend_memory": [0, 1]} if two_backends else {}
+    e = _core.Engine(b.graph, max_tokens=64, max_outputs=64, n_threads=2, **kw)
+    n = len(ids)
+    e.run(n, np.array(ids, np.int32), np.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32))
+    assert not two_backends or e.n_copies > 0
+    return np.array(e.logits())[:n].copy()
+
+
+def test_the_device_runs_exactly_what_one_backend_runs(model4):
+    # Every split of a 4-block layer, layer by layer: the stand-in computes with the CPU's kernels, so the two
+    # backends must agree bit for bit (a scratch slot reused across memory spaces once broke this).
+    m = pyinfer.load(model4, n_threads=2, n_ctx=64)
+    for counts in itertools.chain(itertools.product((0, 2, 4), repeat=2), [(1, 3), (3, 1)]):
+        blocks = [list(range(c)) for c in counts] * 2
+        np.testing.assert_array_equal(logits(m, blocks, True), logits(m, blocks, False), err_msg=str(counts))
+    np.testing.assert_array_equal(logits(m, [[0, 2]] * 4, True, head=True), logits(m, [[0, 2]] * 4, False))
+
+
+def test_a_split_layer_sums_to_the_dense_ffn(model4):
+    # One FFN on a fixed input: the two sides' partial sums add up to the dense output (up to the order of the
+    # float additions; over a whole model that order can flip Q8A roundings, so logits are not compared).
+    from pyinfer.runtime.graph_builder import GraphBuilder
+    from pyinfer.runtime.hybrid_ffn import hybrid_ffn
+    from pyinfer.runtime.sparse_ffn import dense_ffn
+
+    m = pyinfer.load(model4, n_threads=2, n_ctx=64)
+    cfg, gguf = m.config, m.gguf
+    x = np.random.default_rng(0).standard_normal((3, cfg.d_model)).astype(np.float32)
+
+    def run(blocks):
+        b = GraphBuilder()
+        h = b.activation("h", cfg.d_model)
+        b.add(*[b.weight("x", int(_core.DType.F32), cfg.d_model, 3, x)] * 2, out=h)
+
+        def w(name):
+            t = gguf.tensor(name)
+            return b.weight(name, t.dtype_id, t.cols, t.rows, t.data)
+        out = dense_ffn(b, w, h, 1, cfg) if blocks is None else hybrid_ffn(b, gguf, h, 1, cfg, blocks, 32, 0)
+        b.graph.pin(out.id)
+        e = _core.Engine(b.graph, max_tokens=3, max_outputs=1, n_threads=2)
+        e.run(3)
+        return np.array(e.tensor(out.id, 3))
+
+    dense = run(None)
+    for blocks in ([1], [0, 3], [0, 1, 2], [0, 1, 2, 3], []):
+        np.testing.assert_allclose(run(blocks), dense, rtol=1e-5, atol=1e-5 * np.abs(dense).max(), err_msg=str(blocks))
+
+
+def test_load_on_the_standin_device(model4):
+    cpu = pyinfer.load(model4, n_threads=2, n_ctx=64)
+    from pyinfer.place.gpu_placement import fixed_bytes
+
+    minimum = sum(fixed_bytes(cpu.gguf, cpu.config, None, 64).values())
+    m = pyinfer.load(model4, n_threads=2, n_ctx=64, device="standin", vram_budget=minimum + 24 * 1024)
+    assert 0 < sum(m.placement["gpu_neurons"]) < 4 * 128
+    assert m._engine.n_copies > 0 and m._engine.n_segments > 1
+    assert m.generate("Once upon a time", max_tokens=8, temperature=0) == \
+        cpu.generate("Once upon a time", max_tokens=8, temperature=0)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"device": "cpu", "vram_budget": "1G"}, "needs device='cuda'"),
+    ({"device": "standin"}, "needs a vram_budget"),
+    ({"device": "tpu"}, "device must be cpu, cuda, cuda:N or standin"),
+    ({"device": "standin", "vram_budget": "1K"}, "below the minimum"),
+    ({"device": "standin", "vram_budget": "1G", "sparsity": "auto"}, "dense on both sides"),
+])
+def test_device_errors_are_one_line(model4, kwargs, message):
+    with pytest.raises(PyinferError, match=message) as e:
+        pyinfer.load(model4, n_threads=1, n_ctx=64, **kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_cuda_without_a_gpu_says_why_and_the_cpu_still_runs(model4):
+    from pyinfer.place.device import cuda_devices
+
+    if _core.cuda_built() and cuda_devices():
+        pytest.skip("a GPU is present")
+    with pytest.raises(PyinferError, match="without CUDA|no CUDA device"):
+        pyinfer.load(model4, n_threads=1, n_ctx=64, device="cuda")
+    assert pyinfer.load(model4, n_threads=1, n_ctx=64).generate("Hi", max_tokens=2, temperature=0) is not None
+
+
+def test_generate_command_takes_the_device_flags(model4, capsys):
+    from pyinfer.cli import main
+
+    rc = main(["generate", "-m", model4, "-t", "1", "-c", "64", "--device", "standin", "--vram-budget", "200M",
+               "-n", "4", "--temp", "0", "Once upon"])
+    assert rc == 0 and capsys.readouterr().out.strip()
