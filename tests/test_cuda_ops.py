@@ -1,0 +1,176 @@
+"""Every op the CUDA backend runs against the CPU backend (ggml's test-backend-ops): one small graph per case,
+computed once with every node on the GPU and once on the CPU, compared within the tolerance stated per op.
+Skipped without a CUDA build and a GPU (bench/gpu/check.sh runs them on a GPU machine);
+PYINFER_TEST_DEVICE=standin runs them against a second CPU backend instead, which checks the harness itself."""
+import os
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+from test_quant_types import random_blocks
+
+from pyinfer import _core
+from pyinfer._core import DType
+from pyinfer.place.device import cuda_devices
+from pyinfer.runtime.graph_builder import GraphBuilder
+
+DEVICE = os.environ.get("PYINFER_TEST_DEVICE", "cuda:0")
+pytestmark = pytest.mark.skipif(DEVICE != "standin" and not (_core.cuda_built() and cuda_devices()),
+                                reason="needs a CUDA build and a GPU")
+RNG = np.random.default_rng(7)
+
+
+def both(build, n_tokens: int, max_tokens: int = 16, **run_kw):
+    """(CPU outputs, GPU outputs) of the graph `build(b)` returns, every node on the device for the second."""
+    global RNG
+    outs = []
+    for device in (False, True):
+        RNG = np.random.default_rng(7)  # the same random inputs for both builds
+        b = GraphBuilder()
+        out = build(b)
+        out = out if isinstance(out, tuple) else (out,)
+        for t in out:
+            b.graph.pin(t.id)
+        kw = {}
+        if device:
+            kw = {"placement": [1] * len(b.placement), "backend_threads": [1, 1], "backend_memory": [0, 1],
+                  "backend_kinds": ["cpu", "cpu" if DEVICE == "standin" else DEVICE]}
+        e = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=2, **kw)
+        e.run(n_tokens, **run_kw)
+        n_out = len(run_kw.get("out_ids", []))
+        rows = {_core.RowMode.TOKENS: n_tokens, _core.RowMode.OUTPUTS: n_out}
+        outs.append([np.array(e.tensor(t.id, rows.get(t.rows, t.n_rows))) for t in out])
+    return outs
+
+
+def close(a, b, rtol):
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(y, x, rtol=rtol, atol=rtol * max(1.0, float(np.abs(x).max())))
+
+
+def f32(b, name, rows, cols, data=None):
+    data = RNG.standard_normal((rows, cols)).astype(np.float32) if data is None else data
+    return b.weight(name, int(DType.F32), cols, rows, data)
+
+
+WEIGHTS = [Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+
+
+def weight_bytes(qtype, rows, cols):
+    if qtype in (Q.F32, Q.F16):
+        return RNG.standard_normal((rows, cols)).astype(np.float32 if qtype == Q.F32 else np.float16)
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
+        return quants.quantize(RNG.standard_normal((rows, cols)).astype(np.float32), qtype)
+    return random_blocks(qtype, rows, cols, RNG)
+
+
+# Matmul: fp32 accumulation in another order than the CPU's integer dots: 1e-4 of the output's scale.
+@pytest.mark.parametrize("qtype", WEIGHTS)
+@pytest.mark.parametrize("n_tok", [1, 3, 9])
+def test_matmul(qtype, n_tok):
+    rows, k = 37, 512
+    w = weight_bytes(qtype, rows, k)
+    x = RNG.standard_normal((n_tok, k)).astype(np.float32)
+    close(*both(lambda b: b.matmul(b.weight("w", int(qtype), k, rows, w), f32(b, "x", n_tok, k, x), "y"), n_tok),
+          1e-4)
+
+
+# Embedding rows: exact dequantization (1e-6).
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q4_0, Q.Q8_0, Q.Q6_K])
+def test_get_rows(qtype):
+    rows, cols = 6, 512
+    w = weight_bytes(qtype, rows, cols)
+    ids = np.array([5, 0, 3], np.int32)
+    close(*both(lambda b: b.get_rows(b.weight("t", int(qtype), cols, rows, w),
+                                     b.weight("ids", int(DType.I32), 1, 3, ids), "r", scale=2.0), 3), 1e-6)
+
+
+# Float ops: 1e-5.
+def test_rms_norm_whole_rows_and_segments():
+    def build(b):
+        x = f32(b, "x", 4, 128)
+        wt = f32(b, "w", 1, 128)
+        return b.rms_norm(x, wt, 1e-6, "a"), b.rms_norm(x, f32(b, "w32", 1, 32), 1e-6, "s", segment=32)
+    close(*both(build, 4), 1e-5)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope(neox):
+    pos = np.array([0, 5, 17, 1000], np.int32)
+
+    def build(b):
+        x = f32(b, "x", 4, 4 * 64)
+        y = b.add(x, f32(b, "zero", 4, 256, np.zeros((4, 256), np.float32)), name="y")  # rope writes in place
+        return b.rope(y, b.weight("p", int(DType.I32), 1, 4, pos), 4, 64, 10000.0, neox=neox)
+    close(*both(build, 4), 1e-5)
+
+
+@pytest.mark.parametrize("act", [0, 1, 2, 3, 4])
+def test_gated_mul_add_bias_relu(act):
+    def build(b):
+        g, u = f32(b, "g", 3, 96), f32(b, "u", 3, 96)
+        return (b.gated_mul(g, u, name="act", act=act), b.add(g, u, name="sum"),
+                b.bias_relu(b.add(g, u, name="sum2"), f32(b, "bias", 1, 96)))
+    close(*both(build, 3), 1e-5)
+
+
+def test_quantize_select_rows_scatter_cols():
+    perm = RNG.permutation(64).astype(np.int32)
+
+    def build(b):
+        x = f32(b, "x", 5, 64)
+        q = b.quantize(x)
+        out_ids = b.input("out_ids", _core.RowMode.OUTPUTS)
+        b.graph.input_out_ids = out_ids.id
+        sel = b.select_rows(x, out_ids, "sel")
+        return q, sel, b.scatter_cols(x, b.weight("perm", int(DType.I32), 64, 1, perm), "sc")
+    cpu, gpu = both(build, 5, out_ids=np.array([4, 1], np.int32))
+    np.testing.assert_array_equal(gpu[0], cpu[0])  # Q8A blocks: the same rounding (half to even)
+    close(cpu[1:], gpu[1:], 0)
+
+
+# Attention over the fp16 cache: online softmax in another order, 1e-4.
+@pytest.mark.parametrize("window", [0, 5])
+def test_kv_store_and_attention(window):
+    heads, kv_heads, hd, n = 4, 2, 64, 9
+    pos = np.arange(n, dtype=np.int32)
+
+    def build(b):
+        q, k, v = f32(b, "q", n, heads * hd), f32(b, "k", n, kv_heads * hd), f32(b, "v", n, kv_heads * hd)
+        p = b.weight("pos", int(DType.I32), 1, n, pos)
+        kc, vc = b.state("kc", kv_heads * hd, 32), b.state("vc", kv_heads * hd, 32)
+        b.kv_store(kc, k, p)
+        b.kv_store(vc, v, p)
+        return b.attention(q, kc, vc, p, heads, kv_heads, hd, "o", window=window)
+    close(*both(build, n), 1e-4)
+
+
+# The whole tiny model on the device, then split with the CPU: greedy tokens equal, logits within 1% of their
+# scale on average (the device's float order can flip an activation's Q8A rounding, which then propagates).
+def test_whole_model_and_hybrid_split(tiny_model_path):
+    import pyinfer
+
+    cpu = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    device = "standin" if DEVICE == "standin" else DEVICE
+    ids = cpu.tokenize("Once upon a time there was")
+    want = cpu.eval(ids, all_logits=True)
+    for budget in ("4G", None):
+        if budget is None:  # attention, KV cache and scratch, plus about half the FFN
+            from pyinfer.place.gpu_placement import fixed_bytes
+
+            ffn = sum(t.data.nbytes for n, t in cpu.gguf.tensors.items() if ".ffn_" in n)
+            budget = sum(fixed_bytes(cpu.gguf, cpu.config, None, 64).values()) + ffn // 2
+        m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, device=device, vram_budget=budget)
+        got = m.eval(ids, all_logits=True)
+        assert np.abs(got - want).mean() <= 0.01 * np.abs(want).mean()
+        assert m.generate("Once upon a time", max_tokens=8, temperature=0) == \
+            cpu.generate("Once upon a time", max_tokens=8, temperature=0)
+
+
+@pytest.mark.skipif(DEVICE == "standin", reason="the stand-in runs every op")
+def test_the_engine_refuses_a_sparse_op_on_the_gpu():
+    def build(b):
+        return b.active_set(f32(b, "s", 2, 64), 64, "active", threshold=0.5)
+    with pytest.raises(_core.GraphError, match="cannot run node .* active_set.*place it on the CPU"):
+        both(build, 2)
