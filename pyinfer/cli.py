@@ -210,8 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--read-seconds", type=float, default=0.25, help=argparse.SUPPRESS)  # per measured cell
 
     from .place.command import add_parser as add_place_parser
+    from .train.command import add_parser as add_relufy_parser
 
     add_place_parser(sub, _model_args, _sparsity_args)
+    add_relufy_parser(sub, _model_args)
 
     i = sub.add_parser("info", help="model metadata, kernel ISA and CUDA devices")
     _model_args(i)
@@ -528,6 +530,12 @@ def cmd_place(args) -> int:
     return place(args, _load)
 
 
+def cmd_relufy(args) -> int:
+    from .train.command import cmd_relufy as relufy
+
+    return relufy(args, _load)
+
+
 def cmd_pull(args) -> int:
     from .model.pull import pull
 
@@ -565,7 +573,7 @@ def cmd_info(args) -> int:
 
 COMMANDS = {"generate": cmd_generate, "chat": cmd_chat, "perplexity": cmd_perplexity, "bench": cmd_bench,
             "profile": cmd_profile, "train-predictors": cmd_train_predictors, "serve": cmd_serve, "pull": cmd_pull,
-            "plan": cmd_plan, "place": cmd_place, "info": cmd_info}
+            "plan": cmd_plan, "place": cmd_place, "relufy": cmd_relufy, "info": cmd_info}
 
 
 def main(argv: list[str] | None = None) -> int:

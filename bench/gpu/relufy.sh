@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 13's GPU run: ReLU-fy SmolLM2-135M on one GPU for as many tokens as fit in MINUTES (default 9) of
+# training, then write the FFN-only GGUF (cut into parts of 15 MiB: files come back at most 16 MiB each;
+# `cat ffn.gguf.part-* > ffn.gguf` joins them) and a JSON of figures to OUTDIR.
+#
+# The 92 MB model file cannot travel in one call (the working tree is limited to 64 MiB). Here:
+#   split -b 46M ~/.cache/pyinfer/SmolLM2-135M-Instruct.Q4_1.gguf .model/part-     (.model/ ignored by git)
+#   mkdir -p shared-data && cp ../shared/data/{pride-and-prejudice,tinyshakespeare}.txt shared-data/  (ignored)
+# then two calls back to back (the machine stays warm between them): the first carries .model/part-aa and runs
+# `bash bench/gpu/relufy.sh --stage`, which keeps the part in /tmp; the second carries .model/part-ab, shared-data
+# and .whl and runs `bash bench/gpu/relufy.sh $OUT`.
+#
+#   bash bench/gpu/relufy.sh OUTDIR [MINUTES]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PARTS=/tmp/pyinfer-model-parts
+mkdir -p "$PARTS"
+cp -n .model/part-* "$PARTS"/ 2>/dev/null || true
+if [ "${1:-}" = "--stage" ]; then ls -la "$PARTS"; exit 0; fi
+OUT="${1:?usage: bash bench/gpu/relufy.sh OUTDIR [MINUTES]}"
+MINUTES="${2:-9}"
+mkdir -p "$OUT"
+exec > >(tee "$OUT/relufy.log") 2>&1
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
+MODEL="${MODEL:-/tmp/smollm2.gguf}"
+[ -f "$MODEL" ] || cat "$PARTS"/part-* > "$MODEL"
+echo "model $MODEL: $(sha256sum "$MODEL" | cut -c1-16)…, $(stat -c %s "$MODEL") bytes"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export CMAKE_ARGS="${CMAKE_ARGS:-} -DPYINFER_CUDA=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
+"$PY" -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/pyinfer-site . || exit 1
+export PYTHONPATH=/tmp/pyinfer-site:$PYTHONPATH
+nvidia-smi --query-gpu=name --format=csv,noheader
+"$PY" -m pyinfer.cli relufy -m "$MODEL" -t 8 -o /tmp/ffn.gguf --ffn-only --device cuda --minutes "$MINUTES" \
+  --tokens 1000000000 --seq-len 512 --batch 32 --lr 1e-4 --l1 1e-3 --target-sparsity 0.9 \
+  --data shared-data/pride-and-prejudice.txt shared-data/tinyshakespeare.txt --self-text 20000 --json \
+  > "$OUT/relufy.json" || exit 1
+cp /tmp/ffn.gguf.curve.json "$OUT/"
+split -b 15M /tmp/ffn.gguf "$OUT/ffn.gguf.part-"
+ls -la "$OUT"

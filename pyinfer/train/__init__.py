@@ -1,0 +1,1 @@
+"""Training (optional, PyTorch): ReLU-fication by distillation (`pyinfer relufy`)."""
