@@ -137,11 +137,11 @@ class Model:
         if kind != "cpu":
             if kind == "cuda":
                 check_cuda(index)
-            if self.sparsity is not None or self.offload is not None:
-                raise PyinferError("the hybrid CPU/GPU split runs the FFN dense on both sides for now: use "
-                                   "sparsity='off' and no RAM budget with a device (pyinfer place --sparsity "
-                                   "still uses a plan's frequencies to choose the neurons)")
-            self.placement = resolve_placement(kind, index, vram_budget, self.gguf, self.config, None, n_ctx)
+            if self.offload is not None:
+                raise PyinferError("a device and a RAM budget together are not supported yet (the GPU split "
+                                   "keeps the CPU's neurons in RAM)")
+            self.placement = resolve_placement(kind, index, vram_budget, self.gguf, self.config, self.sparsity,
+                                               n_ctx)
         self._max_batch = min(MAX_BATCH, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).

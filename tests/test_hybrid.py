@@ -88,7 +88,7 @@ def test_load_on_the_standin_device(model4):
     ({"device": "standin"}, "needs a vram_budget"),
     ({"device": "tpu"}, "device must be cpu, cuda, cuda:N or standin"),
     ({"device": "standin", "vram_budget": "1K"}, "below the minimum"),
-    ({"device": "standin", "vram_budget": "1G", "sparsity": "auto"}, "dense on both sides"),
+    ({"device": "standin", "vram_budget": "1G", "sparsity": "auto", "ram_budget": "1G"}, "RAM budget together"),
 ])
 def test_device_errors_are_one_line(model4, kwargs, message):
     with pytest.raises(PyinferError, match=message) as e:
@@ -112,3 +112,47 @@ def test_generate_command_takes_the_device_flags(model4, capsys):
     rc = main(["generate", "-m", model4, "-t", "1", "-c", "64", "--device", "standin", "--vram-budget", "200M",
                "-n", "4", "--temp", "0", "Once upon"])
     assert rc == 0 and capsys.readouterr().out.strip()
+
+
+def test_sparse_cpu_side_with_an_all_active_plan_equals_dense(tmp_path):
+    # Every neuron predicted active: the CPU side's restricted sparse FFN plus the device's dense blocks must
+    # give the dense model's decode logits (a float model: no Q8A rounding to flip).
+    from gguf import GGMLQuantizationType as Q
+    from test_sparsity import TOKENS, all_active_plan, decode_logits
+
+    path = str(write_tiny_llama(tmp_path / "f32.gguf", seed=3, matrix_type=Q.F32, embed_type=Q.F32))
+    dense = pyinfer.load(path, n_threads=2, n_ctx=64)
+    want = decode_logits(dense, TOKENS)
+    plan = all_active_plan(dense.gguf.fingerprint())
+    from pyinfer.place.gpu_placement import fixed_bytes
+
+    minimum = sum(fixed_bytes(dense.gguf, dense.config, plan, 64).values())
+    m = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=plan, device="standin", vram_budget=minimum + 40_000)
+    assert any(0 < k < n for k, n in zip(m.placement["gpu_neurons"], m.placement["n_ff"]))  # split layers
+    np.testing.assert_allclose(decode_logits(m, TOKENS), want, rtol=1e-4, atol=1e-4)
+
+
+def test_restricted_plan_keeps_order_hot_prefix_and_predictor_rows():
+    from test_sparsity import all_active_plan
+
+    from pyinfer.runtime.hybrid_ffn import restrict_plan
+
+    plan = all_active_plan("x", hot=16)
+    lp = plan.layers[0]
+    neurons = np.arange(32, 96)  # blocks 1 and 2 of 96 neurons
+    sub = restrict_plan(plan, 0, neurons, 96).layers[0]
+    kept = [k for k in range(96) if lp.perm[k] >= 32]
+    assert list(sub.perm) == [int(lp.perm[k]) - 32 for k in kept]
+    assert sub.hot == sum(k < 16 for k in kept)
+    assert sub.predictor.w2_q8.shape[0] == len(neurons) - sub.hot == len(sub.predictor.cut)
+    assert plan.layers[0] is lp and restrict_plan(plan, 0, neurons, 96).layers[1] is plan.layers[1]
+
+
+def test_server_runs_the_hybrid_split(model4):
+    pytest.importorskip("fastapi")
+    from pyinfer.serve.server import build_server
+
+    _app, loop, _model = build_server(model4, 256, n_threads=1, device="standin", vram_budget="200M")
+    assert loop is not None
+    with pytest.raises(PyinferError, match="needs --device"):
+        build_server(model4, 256, n_threads=1, vram_budget="200M")

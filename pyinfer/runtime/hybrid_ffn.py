@@ -4,13 +4,21 @@ partial sums meet in one add on the CPU.
 
 The split is by whole quantization blocks of the original down matrix [d, n_ff]: each side's down is those
 blocks of every row and its gate and up the matching rows, byte for byte, so neither side re-quantizes
-anything and the sum equals the single-backend FFN up to the order of float additions."""
+anything and the sum equals the single-backend FFN up to the order of float additions.
+
+With a sparsity plan the CPU side runs sparse (PowerInfer's split: the GPU computes its hot neurons, the CPU
+only the cold ones that fire): its blocks become an FFN of their own (SubFfnModel) and the layer's plan is
+restricted to them (restrict_plan: the same hot-first order, hot prefix and predictor rows), so
+runtime/sparse_ffn.py builds it unchanged."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from ..model.config import LlamaConfig
-from ..model.gguf_file import GGUFModelFile
+from ..model.gguf_file import GGUFModelFile, GGUFTensor
+from ..sparsity.plan import LayerPlan, Predictor, SparsityPlan
 from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, T
 
 
@@ -50,9 +58,57 @@ def _side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig,
     return out
 
 
+class SubFfnModel:
+    """A model file whose layer `il` FFN is only the listed down blocks' neurons (in their original order):
+    tensor() gives the gathered gate and up rows and down blocks for that layer, the model's own otherwise."""
+
+    def __init__(self, gguf: GGUFModelFile, il: int, blocks: list[int], block: int, n_ff: int):
+        self._gguf = gguf
+        gate, up, down = side_weights(gguf, il, blocks, block, n_ff)
+        n = len(blocks) * block
+        self.own = {}
+        for part, data, rows, cols in (("gate", gate, n, None), ("up", up, n, None), ("down", down, None, n)):
+            name = f"blk.{il}.ffn_{part}.weight"
+            t = gguf.tensor(name)
+            if t.type_name in ("F32", "F16"):  # typed elements, as the reader gives float tensors
+                data = data.view(np.float32 if t.type_name == "F32" else np.float16)
+            self.own[name] = GGUFTensor(name, t.type_name, cols or t.cols, rows or t.rows,
+                                         data.reshape(rows or t.rows, -1))
+
+    def tensor(self, name: str):
+        return self.own.get(name) or self._gguf.tensor(name)
+
+    def __getattr__(self, attr):
+        return getattr(self._gguf, attr)
+
+
+def restrict_plan(plan: SparsityPlan, il: int, neurons: np.ndarray, n_ff: int) -> SparsityPlan:
+    """The plan with layer `il` cut to `neurons` (original ids, ascending), renumbered 0..len-1 in that order:
+    the same hot-first order among them, hot prefix and predictor rows (quantized rows slice exactly)."""
+    lp = plan.layers[il]
+    compact = np.full(n_ff, -1, np.int64)
+    compact[neurons] = np.arange(len(neurons))
+    keep = np.flatnonzero(compact[lp.perm] >= 0)              # hot-first positions of the kept neurons
+    pred = None
+    if lp.predictor is not None:
+        rows = keep[keep >= lp.hot] - lp.hot
+        p = lp.predictor
+        pred = Predictor(p.w1_q8, p.b1, np.ascontiguousarray(p.w2_q8[rows]), np.ascontiguousarray(p.cut[rows]),
+                         dict(p.stats))
+    sub = LayerPlan(compact[lp.perm[keep]].astype(np.int32), lp.threshold, int(np.count_nonzero(keep < lp.hot)),
+                    pred, lp.gate_threshold, None if lp.freq is None else np.asarray(lp.freq)[keep])
+    layers = list(plan.layers)
+    layers[il] = sub
+    return dataclasses.replace(plan, layers=layers)
+
+
 def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, gpu_blocks: list[int],
-               block: int, device: int) -> T:
-    """The layer's FFN output, F32 [T, d_model]: blocks `gpu_blocks` on backend `device`, the rest on 0."""
+               block: int, device: int, sparsity: SparsityPlan | None = None, runs=None, down_type: str = "auto",
+               w=None) -> T:
+    """The layer's FFN output, F32 [T, d_model]: blocks `gpu_blocks` on backend `device` (dense), the rest on
+    0 (sparse under `sparsity`, else dense)."""
+    from .sparse_ffn import sparse_ffn
+
     if gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id in INTEGER_DOT_WEIGHTS:
         b.quantize(h)  # one Q8A copy of h on the CPU, shared by both sides (the device reads a copy of it)
     n_blocks = cfg.d_ff // block
@@ -60,7 +116,21 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     cpu = [k for k in range(n_blocks) if k not in set(gpu)]
     if not cpu:
         return _side(b, gguf, h, il, cfg, gpu, block, "gpu", device)
-    out = _side(b, gguf, h, il, cfg, cpu, block, "cpu", 0)
+    if sparsity is None:
+        out = _side(b, gguf, h, il, cfg, cpu, block, "cpu", 0)
+    elif not gpu:
+        out = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type)
+    else:
+        neurons = (np.asarray(cpu, np.int64)[:, None] * block + np.arange(block)).ravel()
+        sub = SubFfnModel(gguf, il, cpu, block, cfg.d_ff)
+
+        def w_sub(name: str) -> T:  # the dense path's down: the CPU blocks of it
+            if name not in sub.own:
+                return w(name)
+            t = sub.tensor(name)
+            return b.weight(name + ".cpu", t.dtype_id, t.cols, t.rows, t.data)
+        out = sparse_ffn(b, w_sub, sub, h, il, dataclasses.replace(cfg, d_ff=len(neurons)),
+                         restrict_plan(sparsity, il, neurons, cfg.d_ff), runs, down_type)
     if gpu:
         b.add(out, _side(b, gguf, h, il, cfg, gpu, block, "gpu", device), out=out)
     return out

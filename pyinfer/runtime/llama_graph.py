@@ -84,7 +84,8 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         if record:
             f = _recorded_ffn(b, w, h, il, cfg)
         elif hybrid is not None:
-            f = hybrid_ffn(b, gguf, h, il, cfg, hybrid["gpu_blocks"][il], hybrid["block"], hybrid["device"])
+            f = hybrid_ffn(b, gguf, h, il, cfg, hybrid["gpu_blocks"][il], hybrid["block"], hybrid["device"],
+                           sparsity, runs, down_type, w)
         elif sparsity is not None:
             f = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type, offload)
         else:

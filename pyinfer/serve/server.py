@@ -47,12 +47,11 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
         kind, index = parse_device(device)
         if kind == "cpu":
             raise PyinferError("--vram-budget needs --device cuda (or standin)")
-        if plan is not None or offload is not None:
-            raise PyinferError("the hybrid CPU/GPU split runs the FFN dense on both sides for now: use --device "
-                               "without --sparsity and --ram-budget")
+        if offload is not None:
+            raise PyinferError("--device and --ram-budget together are not supported yet")
         if kind == "cuda":
             check_cuda(index)
-        placement = resolve_placement(kind, index, vram_budget, model.gguf, model.config, None,
+        placement = resolve_placement(kind, index, vram_budget, model.gguf, model.config, plan,
                                       (kv_budget // BLOCK_SIZE) * BLOCK_SIZE)
     batch = BatchEngine(model.gguf, model.config, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, model.n_threads,
                         sparsity=plan, cache_type=cache_type, offload=offload, device=device, placement=placement)
