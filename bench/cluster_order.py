@@ -35,16 +35,14 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 def teacher_unions(model, text: str, n: int) -> list[list[np.ndarray]]:
     """Per token, per layer: the active union (hot-first ids) of a one-token-at-a-time pass over `text`."""
+    from pyinfer.offload.trace_replay import last_unions
+
     ids = model.tokenize(text)[:n]
     out = []
     with model._lock:
         for pos, tok in enumerate(ids):
             model._forward([tok], pos, np.array([0]))
-            step = []
-            for uid in model._union_ids:
-                u = np.array(model._engine.tensor(uid, 1)[0])
-                step.append(u[1:1 + u[0]].copy() if u[0] >= 0 else np.arange(len(u) - 1))
-            out.append(step)
+            out.append(last_unions(model))
     return out
 
 

@@ -466,8 +466,6 @@ def verify_read_split(args, plan: dict, model) -> None:
 
 
 def cmd_plan(args) -> int:
-    import os
-
     from .offload.planner import calibrate_compute, make_plan, measure_reads
     from .offload.trace_replay import decode_trace
 
@@ -485,13 +483,9 @@ def cmd_plan(args) -> int:
     plan = make_plan(model, reads, compute, [int(low + share * ffn) for share in (0.0, 0.25, 0.5, 0.75, 1.0)], trace)
     if args.verify > 0 and len(plan["read_sweep"]) > 1:
         verify_read_split(args, plan, model)
-    tmp = args.output + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(plan, f, indent=1)
-        os.replace(tmp, args.output)
-    except OSError as e:
-        raise PyinferError(f"cannot write {args.output}: {e.strerror}") from None
+    from .tools.json_file import write_json
+
+    write_json(args.output, plan)
     if args.json:
         print(json.dumps(plan))
         return 0

@@ -264,17 +264,6 @@ def make_plan(model, reads: dict, compute_s: float, budgets: list[int], trace=No
 
 
 def read_plan(path: str, fingerprint: str) -> dict:
-    import json
+    from ..tools.json_file import read_bound_json
 
-    from ..errors import PyinferError
-
-    try:
-        with open(path) as f:
-            d = json.load(f)
-    except (OSError, ValueError) as e:
-        raise PyinferError(f"cannot read the offload plan {path}: {e}") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise PyinferError(f"{path} is not a pyinfer offload plan (make one with `pyinfer plan`)")
-    if d.get("fingerprint") != fingerprint:
-        raise PyinferError(f"{path} was planned for another model; run `pyinfer plan` again for this one")
-    return d
+    return read_bound_json(path, FORMAT, fingerprint, "offload plan", "pyinfer plan")

@@ -22,12 +22,18 @@ def decode_trace(model, tokens: int = 16, temperature: float = 0.8) -> list[list
             p = np.exp(z - z.max())
             token = int(rng.choice(len(p), p=p / p.sum()))
             logits = model._forward([token], len(ids) + i, np.array([0]))[0]
-            step = []
-            for uid in model._union_ids:
-                u = np.array(model._engine.tensor(uid, 1)[0])
-                step.append(u[1:1 + u[0]].copy() if u[0] >= 0 else np.arange(len(u) - 1))
-            trace.append(step)
+            trace.append(last_unions(model))
     return trace
+
+
+def last_unions(model) -> list[np.ndarray]:
+    """Per sparse layer: the neuron ids (hot-first order) its FFN computed in the model's last run, every id
+    where the run went dense."""
+    out = []
+    for uid in model._union_ids:
+        u = np.array(model._engine.tensor(uid, 1)[0])  # I32 [n_ff + 1]: count (-1: dense), ids
+        out.append(u[1:1 + u[0]].copy() if u[0] >= 0 else np.arange(len(u) - 1))
+    return out
 
 
 # The neuron store's listed reads (offload/neuron_store.cpp): page ranges merged across gaps under GAP bytes,

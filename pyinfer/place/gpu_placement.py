@@ -16,7 +16,6 @@ byte, and its gate and up the matching rows, so neither side re-quantizes anythi
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -197,25 +196,12 @@ def _mass(cfg: LlamaConfig, plan: SparsityPlan | None, freq) -> list[np.ndarray]
 
 
 def save_placement(p: Placement, path: str) -> None:
-    import os
+    from ..tools.json_file import write_json
 
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(p.summary(), f, indent=1)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise PyinferError(f"cannot write {path}: {e.strerror}") from None
+    write_json(path, p.summary())
 
 
 def read_placement(path: str, fingerprint: str) -> dict:
-    try:
-        with open(path) as f:
-            d = json.load(f)
-    except (OSError, ValueError) as e:
-        raise PyinferError(f"cannot read the GPU placement {path}: {e}") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise PyinferError(f"{path} is not a pyinfer GPU placement (make one with `pyinfer place`)")
-    if d.get("fingerprint") != fingerprint:
-        raise PyinferError(f"{path} was placed for another model; run `pyinfer place` again for this one")
-    return d
+    from ..tools.json_file import read_bound_json
+
+    return read_bound_json(path, FORMAT, fingerprint, "GPU placement", "pyinfer place")

@@ -54,15 +54,13 @@ def measure_costs(model, tokens: int = 16, sync: float | None = None) -> GpuCost
 def firing_frequencies(model, text: str, tokens: int = 128) -> list[np.ndarray]:
     """Per layer: how often each hot-first neuron was in the active union over a one-token-at-a-time pass of
     `text` (layers that ran dense count every neuron)."""
+    from ..offload.trace_replay import last_unions
+
     ids = model.tokenize(text)[:tokens]
     counts = [np.zeros(model.config.d_ff) for _ in model._union_ids]
     with model._lock:
         for pos, tok in enumerate(ids):
             model._forward([tok], pos, np.array([0]))
-            for il, uid in enumerate(model._union_ids):
-                u = np.array(model._engine.tensor(uid, 1)[0])
-                if u[0] >= 0:
-                    counts[il][u[1:1 + u[0]]] += 1
-                else:
-                    counts[il] += 1
+            for il, active in enumerate(last_unions(model)):
+                counts[il][active] += 1
     return [c / max(len(ids), 1) for c in counts]
