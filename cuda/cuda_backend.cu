@@ -43,7 +43,9 @@ class CudaBackend final : public Backend {
     check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     name_ = "cuda:" + std::to_string(device) + " " + prop.name;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    // Blocking sync: the driver thread sleeps while the GPU works instead of spinning on a core the CPU
+    // backend needs for its half of the layer.
+    check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreate");
   }
   ~CudaBackend() override {
     cudaSetDevice(device_);
@@ -81,7 +83,8 @@ class CudaBackend final : public Backend {
       cudaGetLastError();
       throw std::bad_alloc();
     }
-    check(cudaMemset(p, 0, std::max<size_t>(bytes, 1)), "cudaMemset");
+    // On the backend's own stream: the weight uploads and kernels queued after it see the zeros.
+    check(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 1), stream_), "cudaMemsetAsync");
     return p;
   }
   void release(void* p, size_t) override {
@@ -103,14 +106,22 @@ class CudaBackend final : public Backend {
     check(cudaSetDevice(device_), "cudaSetDevice");
     staged_ = 0;
     pending_.clear();
-    for (int id : nodes) {
-      const Node& n = g.nodes[size_t(id)];
-      if (!guard_passes(g, n.guard, shape.n_tokens)) continue;
-      compute_node(g, n, shape);
-      check(cudaGetLastError(), op_name(n.op));
+    try {
+      for (int id : nodes) {
+        const Node& n = g.nodes[size_t(id)];
+        if (!guard_passes(g, n.guard, shape.n_tokens)) continue;
+        compute_node(g, n, shape);
+        check(cudaGetLastError(), op_name(n.op));
+      }
+      check(cudaEventRecord(done_, stream_), "cudaEventRecord");
+      check(cudaEventSynchronize(done_), "the device's work");  // results visible to the other backends
+    } catch (...) {
+      // Work queued before the failure may still read the staging buffer: the next run starts clean.
+      cudaStreamSynchronize(stream_);
+      cudaGetLastError();
+      pending_.clear();
+      throw;
     }
-    check(cudaEventRecord(done_, stream_), "cudaEventRecord");
-    check(cudaEventSynchronize(done_), "the device's work");  // results visible to the other backends
     for (const Pending& p : pending_)  // copies back to host memory land from the staging buffer
       for (int64_t r = 0; r < p.rows; ++r)
         std::memcpy(p.host + r * p.host_stride, p.staged + r * p.row_bytes, p.row_bytes);
@@ -133,11 +144,12 @@ class CudaBackend final : public Backend {
           std::memcpy(p.host + r * p.host_stride, p.staged + r * p.row_bytes, p.row_bytes);
       }
       pending_.clear();
-      if (staging_) cudaFreeHost(staging_);
-      staging_bytes_ = std::max(staging_bytes_ * 2, staged_ + bytes + (1 << 20));
-      void* p = nullptr;
-      check(cudaHostAlloc(&p, staging_bytes_, cudaHostAllocDefault), "cudaHostAlloc");
+      const size_t grown = std::max(staging_bytes_ * 2, staged_ + bytes + (1 << 20));
+      void* p = nullptr;  // the new buffer first: a failed allocation leaves the old one valid
+      check(cudaHostAlloc(&p, grown, cudaHostAllocDefault), "cudaHostAlloc");
+      if (staging_) check(cudaFreeHost(staging_), "cudaFreeHost");
       staging_ = static_cast<uint8_t*>(p);
+      staging_bytes_ = grown;
       staged_ = 0;
     }
     uint8_t* out = staging_ + staged_;
@@ -161,7 +173,7 @@ class CudaBackend final : public Backend {
       pending_.push_back(Pending{static_cast<uint8_t*>(dst.data), st, rows, int64_t(dst.row_stride), rb});
     } else {
       check(cudaMemcpy2DAsync(dst.data, dst.row_stride, src.data, src.row_stride, rb, size_t(rows),
-                              cudaMemcpyDeviceToDevice, stream_), "copy on the device");
+                              cudaMemcpyDefault, stream_), "copy on the device");
     }
   }
 

@@ -4,7 +4,7 @@
 # `cat ffn.gguf.part-* > ffn.gguf` joins them) and a JSON of figures to OUTDIR.
 #
 # The 92 MB model file cannot travel in one call (the working tree is limited to 64 MiB). Here:
-#   split -b 46M ~/.cache/pyinfer/SmolLM2-135M-Instruct.Q4_1.gguf .model/part-     (.model/ ignored by git)
+#   split -b 48M $(python3 -c "from pyinfer.model.pull import resolve_model; print(resolve_model(None))") .model/part-
 #   mkdir -p shared-data && cp ../shared/data/{pride-and-prejudice,tinyshakespeare}.txt shared-data/  (ignored)
 # then two calls back to back (the machine stays warm between them): the first carries .model/part-aa and runs
 # `bash bench/gpu/relufy.sh --stage`, which keeps the part in /tmp; the second carries .model/part-ab, shared-data

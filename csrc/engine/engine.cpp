@@ -70,9 +70,12 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
     const Tensor& m = graph_.tensors[size_t(mirror)];
     const Tensor& w = graph_.tensors[size_t(weight)];
     Backend& dev = *space_owner(m.memory);
-    for (int64_t r = 0; r < w.rows; ++r)  // row by row: the weight may be a view with a wider stride
-      dev.copy(static_cast<uint8_t*>(m.data) + r * int64_t(m.row_stride),
-               static_cast<const uint8_t*>(w.data) + r * int64_t(w.row_stride), w.row_bytes);
+    if (w.row_stride == w.row_bytes && m.row_stride == w.row_bytes)  // contiguous: one copy
+      dev.copy(m.data, w.data, size_t(w.rows) * w.row_bytes);
+    else
+      for (int64_t r = 0; r < w.rows; ++r)  // row by row: the weight is a view with a wider stride
+        dev.copy(static_cast<uint8_t*>(m.data) + r * int64_t(m.row_stride),
+                 static_cast<const uint8_t*>(w.data) + r * int64_t(w.row_stride), w.row_bytes);
     dev.synchronize();
   }
   std::vector<Backend*> backends;

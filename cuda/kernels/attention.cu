@@ -11,8 +11,8 @@ namespace {
 constexpr int kMaxDimsPerLane = 8;  // head_dim up to 256
 
 __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
-  const int64_t t = blockIdx.y;
-  const int h = int(blockIdx.x) * (blockDim.x / 32) + int(threadIdx.x / 32);
+  const int64_t t = blockIdx.x;  // tokens on grid.x (grid.y stops at 65535)
+  const int h = int(blockIdx.y) * (blockDim.x / 32) + int(threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
   if (h >= p.heads) return;
   const int kvh = h / (p.heads / p.kv_heads);
@@ -64,7 +64,7 @@ __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
 void attention(const AttentionRows& a, const AttentionParams& p, cudaStream_t s) {
   if (a.q.rows <= 0) return;
   const int warps = 4;
-  attention_kernel<<<dim3(unsigned((p.heads + warps - 1) / warps), unsigned(a.q.rows)), 32 * warps, 0, s>>>(a, p);
+  attention_kernel<<<dim3(unsigned(a.q.rows), unsigned((p.heads + warps - 1) / warps)), 32 * warps, 0, s>>>(a, p);
 }
 
 }  // namespace pyinfer::cuda

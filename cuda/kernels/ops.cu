@@ -45,9 +45,9 @@ __global__ void matmul_kernel(Rows w, Rows x, Rows y) {
 }
 
 __global__ void get_rows_kernel(Rows table, const int32_t* ids, Rows y, float scale) {
-  const int64_t i = blockIdx.y;
+  const int64_t i = blockIdx.x;
   const uint8_t* src = table.data + int64_t(ids[i]) * table.stride;
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.y) * blockDim.x) {
     const float v = weight_elem(table.type, src, c);
     at<float>(y, i)[c] = scale != 0.f ? v * scale : v;
   }
@@ -82,7 +82,7 @@ __global__ void quantize_q8a_kernel(Rows x, Rows y, int64_t blocks_per_row) {
   const int64_t r = b / blocks_per_row, k = b % blocks_per_row;
   const float v = at<float>(x, r)[k * 32 + lane];
   const float amax = warp_max(fabsf(v));
-  const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+  const float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;  // as the CPU: subnormal amax -> zeros
   const int q = __float2int_rn(v * id);  // round half to even, as the CPU's nearbyint
   uint8_t* blk = y.data + r * y.stride + k * 40;
   blk[8 + lane] = uint8_t(int8_t(q));
@@ -94,9 +94,9 @@ __global__ void quantize_q8a_kernel(Rows x, Rows y, int64_t blocks_per_row) {
 }
 
 __global__ void rope_kernel(Rows x, Rows y, const int32_t* positions, RopeParams p) {
-  const int64_t t = blockIdx.y;
+  const int64_t t = blockIdx.x;
   const int half = p.head_dim / 2;
-  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // (head, pair)
+  const int64_t k = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;  // (head, pair)
   if (k >= int64_t(p.heads) * half) return;
   const int h = int(k / half), i = int(k % half);
   const double theta = double(positions[t]) * pow(double(p.base), -2.0 * i / p.head_dim);
@@ -110,8 +110,8 @@ __global__ void rope_kernel(Rows x, Rows y, const int32_t* positions, RopeParams
 }
 
 __global__ void kv_store_kernel(Rows x, const int32_t* rows, Rows cache) {
-  const int64_t t = blockIdx.y;
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < x.cols; c += int64_t(gridDim.x) * blockDim.x)
+  const int64_t t = blockIdx.x;
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < x.cols; c += int64_t(gridDim.y) * blockDim.x)
     at<__half>(cache, rows[t])[c] = __float2half_rn(at<float>(x, t)[c]);
 }
 
@@ -137,8 +137,8 @@ __device__ __forceinline__ float gated(Activation a, float g, float u) {
 // Element-wise over [rows, cols]: grid.y is the row.
 enum class Binary { Add, Gated, BiasRelu };
 __global__ void binary_kernel(Rows a, Rows b, const float* bias, Rows y, Binary op, Activation act) {
-  const int64_t r = blockIdx.y;
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.x) * blockDim.x) {
+  const int64_t r = blockIdx.x;
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.y) * blockDim.x) {
     const float x = at<float>(a, r)[c];
     float v;
     switch (op) {
@@ -151,20 +151,21 @@ __global__ void binary_kernel(Rows a, Rows b, const float* bias, Rows y, Binary 
 }
 
 __global__ void select_rows_kernel(Rows x, const int32_t* rows, Rows y) {
-  const int64_t o = blockIdx.y;
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.x) * blockDim.x)
+  const int64_t o = blockIdx.x;
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.y) * blockDim.x)
     at<float>(y, o)[c] = at<float>(x, rows[o])[c];
 }
 
 __global__ void scatter_cols_kernel(Rows x, const int32_t* perm, Rows y) {
-  const int64_t r = blockIdx.y;
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < x.cols; c += int64_t(gridDim.x) * blockDim.x)
+  const int64_t r = blockIdx.x;
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < x.cols; c += int64_t(gridDim.y) * blockDim.x)
     at<float>(y, r)[perm[c]] = at<float>(x, r)[c];
 }
 
+// Rows on grid.x (up to 2^31 - 1; grid.y stops at 65535), column blocks on grid.y.
 dim3 row_grid(int64_t cols, int64_t rows) {
-  const int64_t x = (cols + kThreads - 1) / kThreads;
-  return dim3(unsigned(x < 64 ? x : 64), unsigned(rows));
+  const int64_t y = (cols + kThreads - 1) / kThreads;
+  return dim3(unsigned(rows), unsigned(y < 64 ? y : 64));
 }
 
 }  // namespace
@@ -193,7 +194,7 @@ void quantize_q8a(const Rows& x, const Rows& y, cudaStream_t s) {
 void rope(const Rows& x, const Rows& y, const int32_t* positions, const RopeParams& p, cudaStream_t s) {
   const int64_t pairs = int64_t(p.heads) * (p.head_dim / 2);
   if (x.rows > 0)
-    rope_kernel<<<dim3(unsigned((pairs + kThreads - 1) / kThreads), unsigned(x.rows)), kThreads, 0, s>>>(x, y, positions, p);
+    rope_kernel<<<dim3(unsigned(x.rows), unsigned((pairs + kThreads - 1) / kThreads)), kThreads, 0, s>>>(x, y, positions, p);
 }
 
 void kv_store_f16(const Rows& x, const int32_t* rows, const Rows& cache, cudaStream_t s) {
