@@ -1,11 +1,13 @@
 // The CUDA backend (cuda_backend.h): device buffers, one stream, pinned staging for the copies the engine
-// inserts where tensors cross between host and device, and the dense ops' kernels (kernels/). The neuron-aware
-// ops (active lists, gather-GEMV, down axpy) stay on the CPU: supports() says so, and the engine refuses a
-// placement that puts them here.
+// inserts where tensors cross between host and device, and the kernels (kernels/): the dense ops and the
+// neuron-aware ones (active lists, gather-GEMV, gated activation, down axpy). Not here: the active union and
+// nodes guarded by its decision (a guard reads host memory), Q4T downs and paged weights; supports() says
+// so, and the engine refuses a placement that puts them here.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -62,9 +64,12 @@ class CudaBackend final : public Backend {
     if (n.guard.when_list >= 0) return false;  // a sparse FFN's path choice reads host memory
     auto src = [&](int slot) -> const Tensor& { return g.tensors[size_t(n.src[size_t(slot)])]; };
     switch (n.op) {
-      case OpKind::MatMul:
-        return n.src[MatMulSrc::active] < 0 && !src(MatMulSrc::weight).paged && weight_type_ok(src(MatMulSrc::weight).type) &&
+      case OpKind::MatMul:  // dense, or a gather over an active list
+        return !src(MatMulSrc::weight).paged && weight_type_ok(src(MatMulSrc::weight).type) &&
                (src(MatMulSrc::x).type == DType::F32 || src(MatMulSrc::x).type == DType::Q8A);
+      case OpKind::DownAxpy:  // neuron-major down rows; Q4T's shared group scales are not done here
+        return !src(DownAxpySrc::down).paged && weight_type_ok(src(DownAxpySrc::down).type);
+      case OpKind::ActiveSet: case OpKind::GatedAct: return true;
       case OpKind::GetRows: return !src(GetRowsSrc::table).paged && weight_type_ok(src(GetRowsSrc::table).type);
       case OpKind::Attention:
         return src(AttentionSrc::k_cache).type == DType::F16 && src(AttentionSrc::v_cache).type == DType::F16 &&
@@ -185,6 +190,13 @@ class CudaBackend final : public Backend {
     switch (n.op) {
       case OpKind::MatMul: {
         const Tensor& x = src(MatMulSrc::x);
+        if (n.src[MatMulSrc::active] >= 0) {
+          const Tensor& lists = src(MatMulSrc::active);
+          return cuda::gather_matmul(rows_of(src(MatMulSrc::weight), src(MatMulSrc::weight).rows),
+                                     rows_of(x, rows_in_run(x, shape)), rows_of(dst, rows),
+                                     rows_of(lists, rows_in_run(lists, shape)), lists.row_mode == RowMode::Fixed,
+                                     stream_);
+        }
         return cuda::matmul(rows_of(src(MatMulSrc::weight), src(MatMulSrc::weight).rows), rows_of(x, rows_in_run(x, shape)),
                             rows_of(dst, rows), stream_);
       }
@@ -226,6 +238,22 @@ class CudaBackend final : public Backend {
         const Tensor& x = src(CopySrc::x);
         return copy_node(x, dst, rows_in_run(x, shape));
       }
+      case OpKind::ActiveSet: {
+        const int cut = n.src[ActiveSetSrc::cut];
+        return cuda::active_set(rows_of(src(ActiveSetSrc::scores), rows),
+                                cut >= 0 ? static_cast<const float*>(src(ActiveSetSrc::cut).data) : nullptr,
+                                rows_of(dst, rows), n.p.active_set, stream_);
+      }
+      case OpKind::GatedAct:
+        return cuda::gated_act(rows_of(src(GatedActSrc::gate), rows), rows_of(src(GatedActSrc::up), rows),
+                               rows_of(src(GatedActSrc::active), rows), rows_of(dst, rows), n.p.gated_act.act,
+                               n.p.gated_act.threshold, stream_);
+      case OpKind::DownAxpy: {
+        const int map = n.src[DownAxpySrc::row_map];
+        return cuda::down_axpy(rows_of(src(DownAxpySrc::down), src(DownAxpySrc::down).rows),
+                               rows_of(src(DownAxpySrc::act), rows), rows_of(src(DownAxpySrc::active), rows),
+                               map >= 0 ? i32(DownAxpySrc::row_map) : nullptr, rows_of(dst, rows), axpy_, stream_);
+      }
       default: throw std::runtime_error(std::string("the CUDA backend has no kernel for ") + op_name(n.op));
     }
   }
@@ -237,6 +265,10 @@ class CudaBackend final : public Backend {
   uint8_t* staging_ = nullptr;   // pinned host memory for copies in and out
   size_t staging_bytes_ = 0, staged_ = 0;
   std::vector<Pending> pending_;  // copies to host memory waiting for the run's sync
+  // PYINFER_CUDA_AXPY=atomics picks PowerInfer's atomic adds for the down axpy; columns (the default) gives
+  // each thread its own output columns.
+  cuda::AxpyVariant axpy_ = std::getenv("PYINFER_CUDA_AXPY") && std::string(std::getenv("PYINFER_CUDA_AXPY")) == "atomics"
+                                ? cuda::AxpyVariant::Atomics : cuda::AxpyVariant::Columns;
 };
 
 }  // namespace

@@ -33,8 +33,9 @@ def both(build, n_tokens: int, max_tokens: int = 16, **run_kw):
         for t in out:
             b.graph.pin(t.id)
         kw = {}
-        if device:
-            kw = {"placement": [1] * len(b.placement), "backend_threads": [1, 1], "backend_memory": [0, 1],
+        if device:  # every node on the device but the active union (a guard's decision, read on the host)
+            placement = [0 if op == _core.Op.ACTIVE_UNION else 1 for op, _ in b.node_ops]
+            kw = {"placement": placement, "backend_threads": [1, 1], "backend_memory": [0, 1],
                   "backend_kinds": ["cpu", "cpu" if DEVICE == "standin" else DEVICE]}
         e = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=2, **kw)
         e.run(n_tokens, **run_kw)
@@ -174,3 +175,41 @@ def test_the_engine_refuses_a_sparse_op_on_the_gpu():
         return b.active_set(f32(b, "s", 2, 64), 64, "active", threshold=0.5)
     with pytest.raises(_core.GraphError, match="cannot run node .* active_set.*place it on the CPU"):
         both(build, 2)
+
+
+# Neuron-aware ops: lists exact; gather-GEMV, gated activation and down axpy within 1e-4 of their scale.
+@pytest.mark.parametrize("variant", ["columns", "atomics"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_neuron_aware_ops(variant, shared, monkeypatch):
+    monkeypatch.setenv("PYINFER_CUDA_AXPY", variant)
+    n_ff, d, n = 96, 64, 3
+    w_gate, w_up = (quants.quantize(RNG.standard_normal((n_ff, d)).astype(np.float32), Q.Q8_0) for _ in range(2))
+    down = quants.quantize(RNG.standard_normal((n_ff, d)).astype(np.float32), Q.Q8_0)  # neuron-major rows
+
+    def build(b):
+        lists = b.active_set(f32(b, "s", n, n_ff), n_ff, "lists", threshold=0.6)
+        x = f32(b, "x", n, d)
+        # shared: one list for every token, the batch's union (its op runs on the CPU: guards read it there)
+        gather = b.active_union(lists, n_ff, "union", max_tokens=16) if shared else lists
+        g = b.matmul(b.weight("wg", int(Q.Q8_0), d, n_ff, w_gate), x, "g", active=gather)
+        u = b.matmul(b.weight("wu", int(Q.Q8_0), d, n_ff, w_up), x, "u", active=gather)
+        b.gated_act(g, u, lists, 0.1)
+        y = b.down_axpy(b.weight("down", int(Q.Q8_0), d, n_ff, down), g, lists, "y")
+        return lists, g, y
+    cpu, gpu = both(build, n)
+    np.testing.assert_array_equal(gpu[0], cpu[0])
+    close(cpu[1:], gpu[1:], 1e-4)
+
+
+@pytest.mark.parametrize("mode", ["predictor", "silu"])
+def test_active_set_modes(mode):
+    n_ff, hot, n = 300, 20, 4  # more neurons than one block of threads
+    cut = RNG.standard_normal((1, n_ff - hot)).astype(np.float32)
+
+    def build(b):
+        if mode == "predictor":
+            return b.active_set(f32(b, "s", n, n_ff - hot), n_ff, "lists", cut=f32(b, "cut", 1, n_ff - hot, cut),
+                                hot=hot)
+        return b.active_set(f32(b, "s", n, n_ff), n_ff, "lists", threshold=0.2, silu=True)
+    cpu, gpu = both(build, n)
+    np.testing.assert_array_equal(gpu[0], cpu[0])

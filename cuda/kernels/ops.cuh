@@ -44,4 +44,20 @@ struct AttentionRows {
 // Causal attention (csrc/kernels/attention.cpp): one warp per (token, head), online softmax over the keys.
 void attention(const AttentionRows& a, const AttentionParams& p, cudaStream_t s);
 
+// ---- neuron-aware ops (kernels/sparse.cu; csrc/backends/cpu/sparse_ops.cpp is the reference)
+// |SiLU(g)| > t as comparisons (the CPU's SiluCut): g > hi, or lo < g < mid.
+struct SiluThreshold { float hi, lo, mid; };
+SiluThreshold silu_threshold(float t);
+// Each token's active list: I32 [n_ff + 1], a count then ascending ids.
+void active_set(const Rows& scores, const float* cut, const Rows& lists, const ActiveSetParams& p, cudaStream_t s);
+// y[t][id] = dot(w[id], x[t]) for the ids of token t's list (`shared`: one list, a batch's union, for all).
+void gather_matmul(const Rows& w, const Rows& x, const Rows& y, const Rows& lists, bool shared, cudaStream_t s);
+// y[t][j] = act(gate[t][j]) * up[t][j] for the listed j, 0 where its magnitude is at most `threshold`.
+void gated_act(const Rows& gate, const Rows& up, const Rows& lists, const Rows& y, Activation act, float threshold,
+               cudaStream_t s);
+// y[t] = sum over token t's listed j of act[t][j] * down[row_map ? row_map[j] : j] (down neuron-major).
+enum class AxpyVariant { Columns, Atomics };
+void down_axpy(const Rows& down, const Rows& act, const Rows& lists, const int32_t* row_map, const Rows& y,
+               AxpyVariant variant, cudaStream_t s);
+
 }  // namespace pyinfer::cuda
