@@ -156,3 +156,29 @@ def test_server_runs_the_hybrid_split(model4):
     assert loop is not None
     with pytest.raises(PyinferError, match="needs --device"):
         build_server(model4, 256, n_threads=1, vram_budget="200M")
+
+
+def test_sparse_decode_on_both_sides_is_the_same_on_one_backend(tiny_model_path):
+    # Random predictors (each token's list a different half of the cold neurons): the CPU side's restricted
+    # plan and the device side's own predictor rows must pick the same neurons whether the device is a second
+    # backend or not, so the decode logits agree bit for bit.
+    from test_offload import varying_predictor_plan
+    from test_sparsity import TOKENS
+
+    from pyinfer.runtime.sparse_ffn import SparseRuns
+
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = varying_predictor_plan(m.gguf.fingerprint())
+    pl = {"gpu_blocks": [[0], [1, 2]], "block": 32, "head_on_gpu": False, "device": 1}
+
+    def decode(two_backends: bool) -> np.ndarray:
+        b = build_llama_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), hybrid=pl)
+        kw = {"placement": b.placement, "backend_threads": [2, 1], "backend_memory": [0, 1]} if two_backends else {}
+        e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, **kw)
+        out = []
+        for i, t in enumerate(TOKENS):
+            e.run(1, np.array([t], np.int32), np.array([i], np.int32), np.array([0], np.int32))
+            out.append(np.array(e.logits())[0].copy())
+        return np.stack(out)
+
+    np.testing.assert_array_equal(decode(True), decode(False))

@@ -11,6 +11,7 @@
 # and .whl and runs `bash bench/gpu/relufy.sh $OUT`.
 #
 #   bash bench/gpu/relufy.sh OUTDIR [MINUTES]
+# Without a GPU it runs its CPU half (a short CPU run; MODEL=path and DATA=folder point at local files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PARTS=/tmp/pyinfer-model-parts
@@ -33,10 +34,15 @@ fi
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DPYINFER_CUDA=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
 "$PY" -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/pyinfer-site . || exit 1
 export PYTHONPATH=/tmp/pyinfer-site:$PYTHONPATH
-nvidia-smi --query-gpu=name --format=csv,noheader
-"$PY" -m pyinfer.cli relufy -m "$MODEL" -t 8 -o /tmp/ffn.gguf --ffn-only --device cuda --minutes "$MINUTES" \
-  --tokens 1000000000 --seq-len 512 --batch 32 --lr 1e-4 --l1 1e-3 --target-sparsity 0.9 \
-  --data shared-data/pride-and-prejudice.txt shared-data/tinyshakespeare.txt --self-text 20000 --json \
+# Without a GPU (the script's CPU half): a short run on the CPU with small batches.
+DEVICE=cuda; SHAPE="--seq-len 512 --batch 32"; SELF=20000; THREADS=8
+if ! nvidia-smi --query-gpu=name --format=csv,noheader; then
+  DEVICE=cpu; SHAPE="--seq-len 128 --batch 4"; SELF=0; THREADS=2
+fi
+DATA="${DATA:-shared-data}"
+"$PY" -m pyinfer.cli relufy -m "$MODEL" -t "$THREADS" -o /tmp/ffn.gguf --ffn-only --device "$DEVICE" \
+  --minutes "$MINUTES" --tokens 1000000000 $SHAPE --lr 1e-4 --l1 1e-3 --target-sparsity 0.9 \
+  --data "$DATA/pride-and-prejudice.txt" "$DATA/tinyshakespeare.txt" --self-text "$SELF" --json \
   > "$OUT/relufy.json" || exit 1
 cp /tmp/ffn.gguf.curve.json "$OUT/"
 split -b 15M /tmp/ffn.gguf "$OUT/ffn.gguf.part-"

@@ -19,6 +19,7 @@ import numpy as np
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile, GGUFTensor
 from ..sparsity.plan import LayerPlan, Predictor, SparsityPlan
+from .._core import RunIf
 from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, T
 
 
@@ -40,7 +41,8 @@ def side_weights(gguf: GGUFModelFile, il: int, blocks: list[int], block: int, n_
 
 
 def _side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int], block: int,
-          tag: str, backend: int) -> T:
+          tag: str, backend: int, run_if=RunIf.ALWAYS) -> T:
+    """The listed blocks' FFN, dense, on `backend`: F32 [T, d_model]."""
     p = f"blk.{il}."
     gate, up, down = side_weights(gguf, il, blocks, block, cfg.d_ff)
     n = len(blocks) * block
@@ -49,10 +51,10 @@ def _side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig,
     gate_w = b.weight(p + f"ffn_gate.{tag}", types[0], cfg.d_model, n, gate)
     up_w = b.weight(p + f"ffn_up.{tag}", types[1], cfg.d_model, n, up)
     down_w = b.weight(p + f"ffn_down.{tag}", types[2], n, cfg.d_model, down)
-    g = b.matmul(gate_w, h, f"gate.{tag}")                              # F32 [T, n]
-    u = b.matmul(up_w, h, f"up.{tag}")
-    b.gated_mul(g, u, out=g, act=cfg.activation)
-    out = b.matmul(down_w, g, f"ffn_out.{tag}")                         # F32 [T, d_model]
+    g = b.matmul(gate_w, h, f"gate.{tag}", run_if=run_if)               # F32 [T, n]
+    u = b.matmul(up_w, h, f"up.{tag}", run_if=run_if)
+    b.gated_mul(g, u, out=g, act=cfg.activation, run_if=run_if)
+    out = b.matmul(down_w, g, f"ffn_out.{tag}", run_if=run_if)          # F32 [T, d_model]
     for node in range(first, len(b.placement)):
         b.place(node, backend)
     return out
@@ -102,11 +104,44 @@ def restrict_plan(plan: SparsityPlan, il: int, neurons: np.ndarray, n_ff: int) -
     return dataclasses.replace(plan, layers=layers)
 
 
+def _device_decode(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
+                   block: int, backend: int, sparsity: SparsityPlan, out: T) -> None:
+    """Decode (one token) on the device over the neurons of its blocks that the predictor picks, into `out`:
+    PowerInfer's GPU side. The token's own list, without the batch's union: the union's dense/sparse choice
+    is read on the host, and one token is always sparse here."""
+    from .._core import DType
+    from .sparse_ffn import neuron_major_down, permuted_rows
+
+    neurons = (np.asarray(blocks, np.int64)[:, None] * block + np.arange(block)).ravel()
+    lp = restrict_plan(sparsity, il, neurons, cfg.d_ff).layers[il]
+    sub, n, p, one = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(neurons), f"blk.{il}.", RunIf.SINGLE_TOKEN
+    perm, pred = lp.perm.astype(np.int32), lp.predictor
+    first = len(b.placement)
+    gate_t, up_t = sub.tensor(p + "ffn_gate.weight"), sub.tensor(p + "ffn_up.weight")
+    gate_w = b.weight(p + "ffn_gate.gpu_perm", gate_t.dtype_id, cfg.d_model, n, permuted_rows(sub, gate_t.name, perm))
+    up_w = b.weight(p + "ffn_up.gpu_perm", up_t.dtype_id, cfg.d_model, n, permuted_rows(sub, up_t.name, perm))
+    down_type, down = neuron_major_down(sub, p + "ffn_down.weight", perm, "q8_0")  # [n, d], hot-first rows
+    down_w = b.weight(p + "ffn_down.gpu_neurons", int(down_type), cfg.d_model, n, down.reshape(n, -1))
+    w1 = b.weight(p + "pred.w1.gpu", int(DType.Q8_0), cfg.d_model, pred.rank, pred.w1_q8)
+    b1 = b.weight(p + "pred.b1.gpu", int(DType.F32), pred.rank, 1, pred.b1.astype(np.float32))
+    w2 = b.weight(p + "pred.w2.gpu", int(DType.Q8_0), pred.rank, n - lp.hot, pred.w2_q8)
+    cut = b.weight(p + "pred.cut.gpu", int(DType.F32), n - lp.hot, 1, pred.cut.astype(np.float32))
+    z = b.bias_relu(b.matmul(w1, h, "pred_hidden.gpu", run_if=one), b1, run_if=one)
+    lists = b.active_set(b.matmul(w2, z, "pred_logits.gpu", run_if=one), n, "active.gpu", cut=cut, hot=lp.hot,
+                         run_if=one)                                   # I32 [T, n + 1]
+    act = b.matmul(gate_w, h, "gate_s.gpu", active=lists, run_if=one)  # F32 [T, n], listed entries only
+    up_s = b.matmul(up_w, h, "up_s.gpu", active=lists, run_if=one)
+    b.gated_act(act, up_s, lists, 0.0 if sparsity.mode == "gate" else lp.threshold, act=cfg.activation, run_if=one)
+    b.down_axpy(down_w, act, lists, out=out, run_if=one)
+    for node in range(first, len(b.placement)):
+        b.place(node, backend)
+
+
 def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, gpu_blocks: list[int],
                block: int, device: int, sparsity: SparsityPlan | None = None, runs=None, down_type: str = "auto",
                w=None) -> T:
-    """The layer's FFN output, F32 [T, d_model]: blocks `gpu_blocks` on backend `device` (dense), the rest on
-    0 (sparse under `sparsity`, else dense)."""
+    """The layer's FFN output, F32 [T, d_model]: blocks `gpu_blocks` on backend `device`, the rest on 0. Under
+    `sparsity` the CPU side runs sparse, and the device side too in decode where the layer has a predictor."""
     from .sparse_ffn import sparse_ffn
 
     if gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id in INTEGER_DOT_WEIGHTS:
@@ -115,7 +150,7 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     gpu = sorted(set(int(k) for k in gpu_blocks))
     cpu = [k for k in range(n_blocks) if k not in set(gpu)]
     if not cpu:
-        return _side(b, gguf, h, il, cfg, gpu, block, "gpu", device)
+        return _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity)
     if sparsity is None:
         out = _side(b, gguf, h, il, cfg, cpu, block, "cpu", 0)
     elif not gpu:
@@ -132,5 +167,20 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
         out = sparse_ffn(b, w_sub, sub, h, il, dataclasses.replace(cfg, d_ff=len(neurons)),
                          restrict_plan(sparsity, il, neurons, cfg.d_ff), runs, down_type)
     if gpu:
-        b.add(out, _side(b, gguf, h, il, cfg, gpu, block, "gpu", device), out=out)
+        b.add(out, _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity), out=out)
+    return out
+
+
+def _gpu_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int], block: int,
+              device: int, sparsity: SparsityPlan | None) -> T:
+    """The device's share: dense, or with a predictor layer sparse in decode and dense for many tokens."""
+    n = len(blocks) * block
+    lp = sparsity.layers[il] if sparsity is not None else None
+    if lp is None or lp.predictor is None:
+        return _side(b, gguf, h, il, cfg, blocks, block, "gpu", device)
+    neurons = (np.asarray(blocks, np.int64)[:, None] * block + np.arange(block)).ravel()
+    if restrict_plan(sparsity, il, neurons, cfg.d_ff).layers[il].hot >= n:  # all hot: nothing to predict
+        return _side(b, gguf, h, il, cfg, blocks, block, "gpu", device)
+    out = _side(b, gguf, h, il, cfg, blocks, block, "gpu", device, run_if=RunIf.MULTI_TOKEN)
+    _device_decode(b, gguf, h, il, cfg, blocks, block, device, sparsity, out)
     return out

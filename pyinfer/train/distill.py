@@ -132,7 +132,10 @@ def distill(teacher: Llama, student: Llama, ids: np.ndarray, cfg: DistillConfig,
         batch = batch.to(device)
         x, y = batch[:, :-1], batch[:, 1:].reshape(-1)
         # ProSparse: the L1 factor rises stage by stage, and stops rising once the target sparsity is reached.
-        stage = min(cfg.l1_stages, 1 + step * cfg.l1_stages // steps)
+        done = step / steps  # the share of training behind us: by steps, or by time under a time limit
+        if cfg.max_seconds > 0:
+            done = max(done, (time.perf_counter() - t0) / cfg.max_seconds)
+        stage = min(cfg.l1_stages, 1 + int(done * cfg.l1_stages))
         if not curve.sparsity or curve.sparsity[-1] < cfg.target_sparsity:
             stage_l1 = cfg.l1 * stage / cfg.l1_stages
         with autocast:
