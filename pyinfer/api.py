@@ -141,7 +141,7 @@ class Model:
                 raise PyinferError("a device and a RAM budget together are not supported yet (the GPU split "
                                    "keeps the CPU's neurons in RAM)")
             self.placement = resolve_placement(kind, index, vram_budget, self.gguf, self.config, self.sparsity,
-                                               n_ctx)
+                                               n_ctx, cache_type)
         self._max_batch = min(MAX_BATCH, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).

@@ -182,3 +182,24 @@ def test_sparse_decode_on_both_sides_is_the_same_on_one_backend(tiny_model_path)
         return np.stack(out)
 
     np.testing.assert_array_equal(decode(True), decode(False))
+
+
+def test_a_placement_file_is_checked_against_the_load(model4, tmp_path, monkeypatch):
+    from pyinfer.cli import main
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    out = str(tmp_path / "p.json")
+    assert main(["place", "-m", model4, "-t", "1", "-c", "64", "--sparsity", "off", "--vram-budget", "200M",
+                 "--tokens", "2", "-o", out]) == 0
+    m = pyinfer.load(model4, n_threads=1, n_ctx=64, device="standin", vram_budget=out)
+    assert m.placement["gpu_blocks"] and m.generate("Hi", max_tokens=2, temperature=0) is not None
+    with pytest.raises(PyinferError, match="placed for n_ctx 64"):
+        pyinfer.load(model4, n_threads=1, n_ctx=32, device="standin", vram_budget=out)
+
+
+def test_a_q8_0_kv_cache_lowers_the_minimum(model4):
+    from pyinfer.place.gpu_placement import fixed_bytes
+
+    m = pyinfer.load(model4, n_threads=1, n_ctx=64)
+    f16, q8 = (fixed_bytes(m.gguf, m.config, None, 4096, t)["kv_cache"] for t in ("f16", "q8_0"))
+    assert q8 * 32 == f16 * 17

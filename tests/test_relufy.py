@@ -91,3 +91,17 @@ def test_ffn_only_file_merges_into_the_full_export(tiny, tmp_path):
     assert (tmp_path / "ffn.gguf").stat().st_size < (tmp_path / "full.gguf").stat().st_size
     with pytest.raises(pyinfer.errors.PyinferError, match="not an FFN-only file"):
         merge(tiny, str(tmp_path / "full.gguf"), tmp_path / "bad.gguf")
+
+
+def test_resume_continues_and_refuses_other_settings(tiny, tmp_path, capsys):
+    from pyinfer.cli import main
+
+    args = ["relufy", "-m", tiny, "-t", "1", "-c", "64", "-o", str(tmp_path / "r.gguf"), "--data", CALIB,
+            "--tokens", "1024", "--seq-len", "32", "--batch", "4", "--json"]
+    assert main(args) == 0
+    steps = len(json.loads((tmp_path / "r.gguf.curve.json").read_text())["steps"])
+    assert main(args + ["--resume"]) == 0  # nothing left to train: the same curve, exported again
+    assert len(json.loads((tmp_path / "r.gguf.curve.json").read_text())["steps"]) == steps
+    capsys.readouterr()
+    assert main(args[:-3] + ["--batch", "2", "--json", "--resume"]) == 2
+    assert "resume with those" in capsys.readouterr().err

@@ -42,7 +42,7 @@ def add_parser(sub, model_args, sparsity_args) -> None:
 def cmd_place(args, load) -> int:
     from ..offload import parse_size
     from ..sparsity.calibrate import bundled_calibration_text
-    from .gpu_placement import place, save_placement
+    from .gpu_placement import GpuCosts, fixed_bytes, place, save_placement
     from .measure import firing_frequencies, measure_costs
 
     if args.ram_budget is not None:
@@ -51,16 +51,22 @@ def cmd_place(args, load) -> int:
         raise PyinferError("--tokens must be at least 1")
     if args.sync_us is not None and args.sync_us < 0:
         raise PyinferError("--sync-us must not be negative")
+    if args.group < 1:
+        raise PyinferError(f"--group must be at least 1, got {args.group}")
     budget = parse_size(args.vram_budget)
-    dense = load(args, sparsity="off", device="cpu", vram_budget=None)  # --vram-budget is the placement's
+    model = load(args, device="cpu", vram_budget=None)  # --vram-budget is the placement's, not this load's
+    plan = model.sparsity
+    minimum = sum(fixed_bytes(model.gguf, model.config, plan, args.ctx, args.cache_type).values())
+    if budget < minimum:  # before the measurements, which take a while
+        place(model.gguf, model.config, plan, budget, args.ctx, GpuCosts(1.0, 0.0), cache_type=args.cache_type)
+    dense = load(args, sparsity="off", device="cpu", vram_budget=None)
     costs = measure_costs(dense, args.tokens, None if args.sync_us is None else args.sync_us * 1e-6)
     del dense
-    model = load(args, device="cpu", vram_budget=None)
-    plan = model.sparsity
     freq = None
     if plan is not None and not all(lp.freq is not None for lp in plan.layers):
         freq = firing_frequencies(model, bundled_calibration_text())  # the plan predates recorded frequencies
-    placement = place(model.gguf, model.config, plan, budget, args.ctx, costs, freq, args.group)
+    placement = place(model.gguf, model.config, plan, budget, args.ctx, costs, freq, args.group,
+                      cache_type=args.cache_type)
     save_placement(placement, args.output)
     if args.json:
         print(json.dumps(placement.summary()))

@@ -25,9 +25,10 @@ def _cudart():
     return cudart
 
 
-def cuda_devices() -> list[dict]:
+def cuda_devices(free_of: int | None = None) -> list[dict]:
     """[{index, name, total, free}] of the visible GPUs: through cuda-python when installed, else the
-    extension's own query (no free memory then). Empty without a driver or device; never raises."""
+    extension's own query (no free memory then). Free memory is read only for device `free_of` (None:
+    every device; each read makes a CUDA context there). Empty without a driver or device; never raises."""
     cudart = _cudart()
     if cudart is None:
         from .. import _core
@@ -43,8 +44,10 @@ def cuda_devices() -> list[dict]:
             err, props = cudart.cudaGetDeviceProperties(i)
             if int(err) != 0:
                 continue
-            cudart.cudaSetDevice(i)
-            err, free, total = cudart.cudaMemGetInfo()
+            err, free, total = 1, None, None
+            if free_of is None or free_of == i:
+                cudart.cudaSetDevice(i)
+                err, free, total = cudart.cudaMemGetInfo()
             name = props.name
             name = name.decode(errors="replace").rstrip("\0") if isinstance(name, bytes) else str(name)
             out.append({"index": i, "name": name, "total": int(total) if int(err) == 0 else int(props.totalGlobalMem),
@@ -69,7 +72,7 @@ def check_cuda(index: int) -> dict:
     if not _core.cuda_built():
         raise PyinferError("this pyinfer was built without CUDA (no nvcc when it was installed); run on the CPU "
                            "(drop --device cuda) or reinstall on a machine with the CUDA toolkit")
-    devices = cuda_devices()
+    devices = cuda_devices(free_of=index)
     if not devices:
         raise PyinferError("no CUDA device found (no GPU, or no driver); run on the CPU (drop --device cuda)")
     if index >= len(devices):
@@ -77,13 +80,17 @@ def check_cuda(index: int) -> dict:
     return devices[index]
 
 
-def resolve_placement(kind: str, index: int, vram_budget, gguf, cfg, plan, n_ctx: int) -> dict:
+def resolve_placement(kind: str, index: int, vram_budget, gguf, cfg, plan, n_ctx: int,
+                      cache_type: str = "f16") -> dict:
     """The placement (as `pyinfer place` writes it) for this load."""
-    from ..offload import parse_size
-    from .gpu_placement import GpuCosts, place, read_placement
+    import os
 
-    if isinstance(vram_budget, str) and vram_budget.endswith(".json"):
-        return read_placement(vram_budget, gguf.fingerprint())
+    from ..offload import parse_size
+    from .gpu_placement import GpuCosts, check_placement, place, read_placement
+
+    if isinstance(vram_budget, (str, os.PathLike)) and os.path.isfile(vram_budget):
+        return check_placement(read_placement(str(vram_budget), gguf.fingerprint()), cfg, plan, n_ctx, cache_type,
+                               str(vram_budget))
     if vram_budget is None:
         if kind != "cuda":
             raise PyinferError("device='standin' needs a vram_budget (a size, or a file from `pyinfer place`)")
@@ -93,10 +100,10 @@ def resolve_placement(kind: str, index: int, vram_budget, gguf, cfg, plan, n_ctx
         vram_budget = max(free - MARGIN_BYTES, 1)
     from .measure import sync_seconds
 
-    sync, how = sync_seconds() if kind == "cuda" else (0.0, "stand-in: no transfer cost")
+    sync, how = sync_seconds(index, 4 * cfg.d_model) if kind == "cuda" else (0.0, "stand-in: no transfer cost")
     costs = GpuCosts(DEFAULT_CPU_SECONDS_PER_BYTE, sync,
                      {"cpu_seconds_per_byte": "default (pyinfer place measures it)", "sync_seconds": how})
-    return place(gguf, cfg, plan, parse_size(vram_budget), n_ctx, costs).summary()
+    return place(gguf, cfg, plan, parse_size(vram_budget), n_ctx, costs, cache_type=cache_type).summary()
 
 
 def engine_backends(kind: str, index: int, n_threads: int, placement: list[int]) -> dict:

@@ -84,11 +84,13 @@ def ffn_tensors(gguf: GGUFModelFile, cfg: LlamaConfig) -> list[int]:
     return out
 
 
-def fixed_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, n_ctx: int) -> dict:
-    """What must be on the GPU before any neuron: attention and norms of every block, the fp16 KV cache of
-    n_ctx positions, the predictors, a scratch reserve."""
+def fixed_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, n_ctx: int,
+                cache_type: str = "f16") -> dict:
+    """What must be on the GPU before any neuron: attention and norms of every block, the KV cache of n_ctx
+    positions (f16, or q8_0: 34 bytes per 32 elements), the predictors, a scratch reserve."""
     attention = sum(int(t.data.nbytes) for n, t in gguf.tensors.items() if _BLOCK.match(n) and not _FFN.match(n))
-    kv = cfg.n_layers * n_ctx * 2 * cfg.n_kv_heads * cfg.head_dim * 2
+    per_elem = 34 / 32 if cache_type == "q8_0" else 2
+    kv = int(cfg.n_layers * n_ctx * 2 * cfg.n_kv_heads * cfg.head_dim * per_elem)
     return {"attention": attention, "kv_cache": kv, "predictors": plan.predictor_bytes() if plan else 0,
             "scratch": SCRATCH_BYTES}
 
@@ -120,20 +122,40 @@ def neuron_seconds(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | N
             f = np.empty(cfg.d_ff)
             perm = plan.layers[il].perm if plan is not None else np.arange(cfg.d_ff)
             f[perm] = np.clip(np.asarray(freq[il], np.float64), 0, 1)
-        selective = plan is not None and plan.layers[il].predictor is not None
-        out.append(row * (2 * f if selective else 2.0) + row * f)
+        lp = plan.layers[il] if plan is not None else None
+        gate_up = np.full(cfg.d_ff, 2.0)                          # computed every token...
+        if lp is not None and lp.predictor is not None:          # ...but for a predictor's cold neurons
+            gate_up = 2 * f
+            gate_up[lp.perm[:lp.hot]] = 2.0                      # (its hot prefix always runs)
+        out.append(row * gate_up + row * f)
+    return out
+
+
+def neuron_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, block: int) -> list[float]:
+    """Per layer: GPU bytes of one down block's neurons: their gate and up rows and down block, plus, in a
+    predictor layer, their down rows neuron-major in Q8_0 (F32 for float models) for the sparse decode
+    (runtime/hybrid_ffn.py)."""
+    out = []
+    down_t = gguf.tensors["blk.0.ffn_down.weight"]
+    nm_row = 4 * cfg.d_model if down_t.type_name in ("F32", "F16", "BF16") or cfg.d_model % 32 else \
+        34 * cfg.d_model // 32
+    for il, total in enumerate(ffn_tensors(gguf, cfg)):
+        b = total / cfg.d_ff * block
+        if plan is not None and plan.layers[il].predictor is not None:
+            b += nm_row * block
+        out.append(b)
     return out
 
 
 def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram_budget: int, n_ctx: int,
           costs: GpuCosts, freq: list[np.ndarray] | None = None, group: int = 32,
-          time_limit: float = 10.0) -> Placement:
+          time_limit: float = 10.0, cache_type: str = "f16") -> Placement:
     """The placement under `vram_budget` bytes; refused (PyinferError, naming the minimum) below the minimum.
     freq: per layer the firing frequency of each hot-first neuron (None: the plan's, or every neuron fires).
     group: neurons per placement group, rounded up to whole down blocks."""
     if group < 1:
         raise PyinferError(f"the neuron group size must be at least 1, got {group}")
-    fixed = fixed_bytes(gguf, cfg, plan, n_ctx)
+    fixed = fixed_bytes(gguf, cfg, plan, n_ctx, cache_type)
     minimum = sum(fixed.values())
     if vram_budget < minimum:
         raise PyinferError(f"a VRAM budget of {vram_budget / 2**20:.1f} MiB is below the minimum of "
@@ -151,7 +173,7 @@ def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram
     order = [np.argsort(-v, kind="stable") for v in block_s]   # each layer's blocks, most valuable first
     sizes = [group_sizes(cfg.d_ff // block, per_group) for _ in range(cfg.n_layers)]
     group_s = [group_sums(v[o], ss) for v, o, ss in zip(block_s, order, sizes)]
-    per_block = [b / cfg.d_ff * block for b in ffn_tensors(gguf, cfg)]
+    per_block = neuron_bytes(gguf, cfg, plan, block)
     head = head_bytes(gguf)
     head_s = head * costs.cpu_seconds_per_byte
     # The head is one more "layer" of one group, never split.
@@ -180,7 +202,7 @@ def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram
         solver=answer.solver, solve_seconds=answer.seconds, costs=asdict(costs),
         greedy={"gpu_neurons": [n * block for n in greedy_blocks], "head_on_gpu": bool(greedy.kept[-1]),
                 "value": greedy.value, "split_layers_losing_time": losing, "differs": greedy.kept != answer.kept},
-        info=answer.info)
+        info=dict(answer.info, n_ctx=n_ctx, cache_type=cache_type, plan=plan_key(plan)))
 
 
 def _mass(cfg: LlamaConfig, plan: SparsityPlan | None, freq) -> list[np.ndarray]:
@@ -193,6 +215,38 @@ def _mass(cfg: LlamaConfig, plan: SparsityPlan | None, freq) -> list[np.ndarray]
             m[perm] = np.asarray(freq[il], np.float64)
         out.append(m)
     return out
+
+
+def plan_key(plan: SparsityPlan | None) -> str | None:
+    """What a placement depends on in the sparsity plan (its neuron orders and predictors), as a short hash."""
+    if plan is None:
+        return None
+    import hashlib
+
+    h = hashlib.sha256(plan.mode.encode())
+    for lp in plan.layers:
+        h.update(np.ascontiguousarray(lp.perm, dtype=np.int32).tobytes())
+        h.update(b"p" if lp.predictor is not None else b"-")
+    return h.hexdigest()[:16]
+
+
+def check_placement(d: dict, cfg: LlamaConfig, plan: SparsityPlan | None, n_ctx: int, cache_type: str,
+                    path: str) -> dict:
+    """A placement file fits this load: same context, KV cache type and plan, block lists in range."""
+    info = d.get("info", {})
+    try:
+        want = {"n_ctx": n_ctx, "cache_type": cache_type, "plan": plan_key(plan)}
+        for k, v in want.items():
+            if info.get(k) != v:
+                raise PyinferError(f"{path} was placed for {k} {info.get(k)!r}, this load has {v!r}; run "
+                                   f"`pyinfer place` again")
+        block, blocks = int(d["block"]), d["gpu_blocks"]
+        if len(blocks) != cfg.n_layers or block <= 0 or cfg.d_ff % block or any(
+                not 0 <= int(k) < cfg.d_ff // block for bl in blocks for k in bl):
+            raise PyinferError(f"{path}: its block lists do not fit this model")
+    except (KeyError, TypeError, ValueError) as e:
+        raise PyinferError(f"{path} is not a valid placement ({e})") from None
+    return d
 
 
 def save_placement(p: Placement, path: str) -> None:

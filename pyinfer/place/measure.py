@@ -32,19 +32,21 @@ def cpu_seconds_per_byte(model, tokens: int = 16) -> float:
     return matmul_s / tokens / max(weights, 1)
 
 
-def sync_seconds() -> tuple[float, str]:
-    """One split layer's synchronization and hidden-vector transfer on the first GPU, or the default."""
+def sync_seconds(device: int = 0, vector_bytes: int = 4096) -> tuple[float, str]:
+    """One split layer's synchronization and transfer of the hidden vector (`vector_bytes`, F32 d_model) on
+    GPU `device`, or the default."""
     from .. import _core
 
-    if _core.cuda_built() and _core.cuda_devices() and hasattr(_core, "cuda_sync_seconds"):
-        return float(_core.cuda_sync_seconds(4096, 200)), "measured on " + _core.cuda_devices()[0]["name"]
+    devices = _core.cuda_devices() if _core.cuda_built() else []
+    if device < len(devices) and hasattr(_core, "cuda_sync_seconds"):
+        return float(_core.cuda_sync_seconds(vector_bytes, 200, device)), "measured on " + devices[device]["name"]
     return DEFAULT_SYNC_SECONDS, "default (no GPU to measure: an event wait and two small PCIe copies)"
 
 
 def measure_costs(model, tokens: int = 16, sync: float | None = None) -> GpuCosts:
     per_byte = cpu_seconds_per_byte(model, tokens)
     if sync is None:
-        sync, how = sync_seconds()
+        sync, how = sync_seconds(0, 4 * model.config.d_model)
     else:
         how = "given"
     return GpuCosts(per_byte, sync, {"cpu_seconds_per_byte": f"measured: dense decode of {tokens} tokens, "

@@ -41,7 +41,7 @@ def side_weights(gguf: GGUFModelFile, il: int, blocks: list[int], block: int, n_
 
 
 def _side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int], block: int,
-          tag: str, backend: int, run_if=RunIf.ALWAYS) -> T:
+          tag: str, backend: int) -> T:
     """The listed blocks' FFN, dense, on `backend`: F32 [T, d_model]."""
     p = f"blk.{il}."
     gate, up, down = side_weights(gguf, il, blocks, block, cfg.d_ff)
@@ -51,10 +51,10 @@ def _side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig,
     gate_w = b.weight(p + f"ffn_gate.{tag}", types[0], cfg.d_model, n, gate)
     up_w = b.weight(p + f"ffn_up.{tag}", types[1], cfg.d_model, n, up)
     down_w = b.weight(p + f"ffn_down.{tag}", types[2], n, cfg.d_model, down)
-    g = b.matmul(gate_w, h, f"gate.{tag}", run_if=run_if)               # F32 [T, n]
-    u = b.matmul(up_w, h, f"up.{tag}", run_if=run_if)
-    b.gated_mul(g, u, out=g, act=cfg.activation, run_if=run_if)
-    out = b.matmul(down_w, g, f"ffn_out.{tag}", run_if=run_if)          # F32 [T, d_model]
+    g = b.matmul(gate_w, h, f"gate.{tag}")                              # F32 [T, n]
+    u = b.matmul(up_w, h, f"up.{tag}")
+    b.gated_mul(g, u, out=g, act=cfg.activation)
+    out = b.matmul(down_w, g, f"ffn_out.{tag}")                         # F32 [T, d_model]
     for node in range(first, len(b.placement)):
         b.place(node, backend)
     return out
@@ -104,22 +104,34 @@ def restrict_plan(plan: SparsityPlan, il: int, neurons: np.ndarray, n_ff: int) -
     return dataclasses.replace(plan, layers=layers)
 
 
-def _device_decode(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
-                   block: int, backend: int, sparsity: SparsityPlan, out: T) -> None:
-    """Decode (one token) on the device over the neurons of its blocks that the predictor picks, into `out`:
-    PowerInfer's GPU side. The token's own list, without the batch's union: the union's dense/sparse choice
-    is read on the host, and one token is always sparse here."""
+def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
+                        block: int, backend: int, sparsity: SparsityPlan) -> T:
+    """A predictor layer's device share, F32 [T, d_model]: in decode, only the neurons of its blocks that the
+    predictor picks (PowerInfer's GPU side: the token's own list, without the batch's union, whose dense/sparse
+    choice is read on the host); with many tokens, all of them. One copy of gate and up (hot-first rows) serves
+    both; the down is held twice, as the model's blocks (many tokens) and neuron-major in Q8_0 (decode), which
+    the placement charges (gpu_placement.neuron_bytes)."""
     from .._core import DType
     from .sparse_ffn import neuron_major_down, permuted_rows
 
     neurons = (np.asarray(blocks, np.int64)[:, None] * block + np.arange(block)).ravel()
     lp = restrict_plan(sparsity, il, neurons, cfg.d_ff).layers[il]
-    sub, n, p, one = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(neurons), f"blk.{il}.", RunIf.SINGLE_TOKEN
+    sub, n, p = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(neurons), f"blk.{il}."
+    one, many = RunIf.SINGLE_TOKEN, RunIf.MULTI_TOKEN
     perm, pred = lp.perm.astype(np.int32), lp.predictor
     first = len(b.placement)
-    gate_t, up_t = sub.tensor(p + "ffn_gate.weight"), sub.tensor(p + "ffn_up.weight")
-    gate_w = b.weight(p + "ffn_gate.gpu_perm", gate_t.dtype_id, cfg.d_model, n, permuted_rows(sub, gate_t.name, perm))
-    up_w = b.weight(p + "ffn_up.gpu_perm", up_t.dtype_id, cfg.d_model, n, permuted_rows(sub, up_t.name, perm))
+    gate_t, up_t, down_t = (sub.tensor(p + f"ffn_{k}.weight") for k in ("gate", "up", "down"))
+    gate_w = b.weight(p + "ffn_gate.gpu", gate_t.dtype_id, cfg.d_model, n, permuted_rows(sub, gate_t.name, perm))
+    up_w = b.weight(p + "ffn_up.gpu", up_t.dtype_id, cfg.d_model, n, permuted_rows(sub, up_t.name, perm))
+    perm_w = b.weight(p + "ffn.perm.gpu", int(DType.I32), n, 1, perm)
+
+    # Many tokens: the dense FFN in hot-first order, scattered back to the blocks' order for their down.
+    g = b.matmul(gate_w, h, "gate.gpu", run_if=many)                   # F32 [T, n], hot-first
+    b.gated_mul(g, b.matmul(up_w, h, "up.gpu", run_if=many), out=g, act=cfg.activation, run_if=many)
+    down_blocks = b.weight(p + "ffn_down.gpu", down_t.dtype_id, n, cfg.d_model, down_t.data)
+    out = b.matmul(down_blocks, b.scatter_cols(g, perm_w, "act.gpu", run_if=many), "ffn_out.gpu", run_if=many)
+
+    # One token: predictor, the token's list, gathered gate and up, its down rows.
     down_type, down = neuron_major_down(sub, p + "ffn_down.weight", perm, "q8_0")  # [n, d], hot-first rows
     down_w = b.weight(p + "ffn_down.gpu_neurons", int(down_type), cfg.d_model, n, down.reshape(n, -1))
     w1 = b.weight(p + "pred.w1.gpu", int(DType.Q8_0), cfg.d_model, pred.rank, pred.w1_q8)
@@ -135,6 +147,7 @@ def _device_decode(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: Lla
     b.down_axpy(down_w, act, lists, out=out, run_if=one)
     for node in range(first, len(b.placement)):
         b.place(node, backend)
+    return out
 
 
 def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, gpu_blocks: list[int],
@@ -181,6 +194,4 @@ def _gpu_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCon
     neurons = (np.asarray(blocks, np.int64)[:, None] * block + np.arange(block)).ravel()
     if restrict_plan(sparsity, il, neurons, cfg.d_ff).layers[il].hot >= n:  # all hot: nothing to predict
         return _side(b, gguf, h, il, cfg, blocks, block, "gpu", device)
-    out = _side(b, gguf, h, il, cfg, blocks, block, "gpu", device, run_if=RunIf.MULTI_TOKEN)
-    _device_decode(b, gguf, h, il, cfg, blocks, block, device, sparsity, out)
-    return out
+    return _gpu_predictor_side(b, gguf, h, il, cfg, blocks, block, device, sparsity)

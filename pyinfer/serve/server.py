@@ -52,7 +52,7 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
         if kind == "cuda":
             check_cuda(index)
         placement = resolve_placement(kind, index, vram_budget, model.gguf, model.config, plan,
-                                      (kv_budget // BLOCK_SIZE) * BLOCK_SIZE)
+                                      (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, cache_type)
     batch = BatchEngine(model.gguf, model.config, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, model.n_threads,
                         sparsity=plan, cache_type=cache_type, offload=offload, device=device, placement=placement)
     batch.engine.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving

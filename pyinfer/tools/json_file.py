@@ -17,6 +17,9 @@ def write_json(path: str, obj: dict, indent: int | None = 1) -> None:
         os.replace(tmp, path)
     except OSError as e:
         raise PyinferError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def read_bound_json(path: str, fmt: str, fingerprint: str, what: str, command: str) -> dict:

@@ -38,7 +38,8 @@ def add_parser(sub, model_args) -> None:
     p.add_argument("--l1", type=float, default=1e-3,
                    help="the L1 factor's last stage, on each token's summed |activation| (default 1e-3)")
     p.add_argument("--target-sparsity", type=float, default=0.9, help="stop raising the L1 factor here (0.9)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast on cuda)")
+    # dest: the engine's own --device (cli._load) must not see PyTorch's.
+    p.add_argument("--device", dest="train_device", default="cpu", help="cpu or cuda (bf16 autocast on cuda)")
     p.add_argument("--ffn-only", action="store_true", help="write only the FFN tensors (merge with --merge)")
     p.add_argument("--merge", metavar="FFN_GGUF", help="write the model with this --ffn-only file's FFN instead")
     p.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint")
@@ -65,10 +66,13 @@ def training_ids(model, files: list[str], self_tokens: int, seed: int = 0):
             raise PyinferError(f"cannot read {f}: {e.strerror}") from None
     if self_tokens > 0:  # text the teacher writes itself: no hub, no network
         prompts = ["Once upon a time", "The history of", "In this chapter we", "Dear friend,", "How to"]
-        written, i = [], 0
-        while sum(len(model.tokenize(t)) for t in written) < self_tokens:
-            written.append(model.generate(prompts[i % len(prompts)], max_tokens=256, temperature=0.8, seed=seed + i))
-            i += 1
+        written, count = [], 0
+        for i in range(max(1, self_tokens // 8)):  # a bound: generations may stop early
+            if count >= self_tokens:
+                break
+            t = model.generate(prompts[i % len(prompts)], max_tokens=256, temperature=0.8, seed=seed + i)
+            written.append(t)
+            count += len(model.tokenize(t))
         texts += written
     if not texts:
         raise PyinferError("relufy needs training text: --data FILE ... and/or --self-text N")
@@ -79,27 +83,31 @@ def cmd_relufy(args, load) -> int:
     from .export import merge
 
     if args.merge:
-        model = load(args)
+        model = load(args, device="cpu", vram_budget=None)
         merge(model.path, args.merge, args.output)
         print(f"pyinfer: wrote {args.output}", file=sys.stderr)
         return 0
     torch = _torch()
     if args.tokens < 1 or args.seq_len < 2 or args.batch < 1:
         raise PyinferError("--tokens, --seq-len and --batch must be positive (--seq-len at least 2)")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    if args.train_device.startswith("cuda") and not torch.cuda.is_available():
         raise PyinferError("--device cuda: PyTorch sees no GPU")
     from .distill import DistillConfig, distill, write_curve
     from .export import export
     from .torch_llama import Llama
 
-    model = load(args)
+    model = load(args, device="cpu", vram_budget=None)
     ids = training_ids(model, args.data, args.self_text)
-    teacher = Llama(model.gguf, "silu").to(args.device)
-    student = Llama(model.gguf, "relu").to(args.device)
+    if model.config.activation.name != "SILU":
+        raise PyinferError(f"relufy starts from a SiLU-gated model; this one's FFN is already "
+                           f"{model.config.activation.name.lower()}")
+    teacher = Llama(model.gguf, "silu").to(args.train_device)
+    student = Llama(model.gguf, "relu").to(args.train_device)
     cfg = DistillConfig(tokens=args.tokens, seq_len=args.seq_len, batch=args.batch, lr=args.lr, l1=args.l1,
                         target_sparsity=args.target_sparsity, max_seconds=60 * args.minutes)
     out = Path(args.output)
-    curve = distill(teacher, student, ids, cfg, out.with_name(out.name + ".ckpt"), args.resume, device=args.device)
+    curve = distill(teacher, student, ids, cfg, out.with_name(out.name + ".ckpt"), args.resume,
+                    device=args.train_device)
     ffn = {f"blk.{il}.{n}.weight": getattr(b, n).detach().float().cpu().numpy()
            for il, b in enumerate(student.blocks) for n in ("ffn_gate", "ffn_up", "ffn_down")}
     notes = export(model.path, ffn, out, ffn_only=args.ffn_only)

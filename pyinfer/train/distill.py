@@ -48,6 +48,7 @@ class ChunkedDistillLoss(torch.autograd.Function):
                     nll -= ls[inside, (targets[inside] - lo)].sum()
         ctx.save_for_backward(hs, ht, head, targets, lse_s, lse_t)
         ctx.lm = lm
+        ctx.mark_non_differentiable(kl, nll)
         n = hs.shape[0]
         return (kl + lm * nll) / n, kl / n, nll / n
 
@@ -118,13 +119,21 @@ def distill(teacher: Llama, student: Llama, ids: np.ndarray, cfg: DistillConfig,
     opt = torch.optim.AdamW(student.ffn_parameters(), lr=cfg.lr, weight_decay=0.0)
     curve, start = Curve(), 0
     if resume and checkpoint is not None and checkpoint.exists():
-        state = torch.load(checkpoint, map_location=device, weights_only=False)
-        student.load_state_dict(state["student"], strict=False)
+        from ..errors import PyinferError
+
+        state = torch.load(checkpoint, map_location=device, weights_only=True)
+        same = ("tokens", "seq_len", "batch", "seed")  # what decides the data each step sees
+        if any(state.get("config", {}).get(k) != getattr(cfg, k) for k in same):
+            raise PyinferError(f"{checkpoint} was made with other {', '.join(same)} "
+                               f"({ {k: state.get('config', {}).get(k) for k in same} }); resume with those")
+        missing = student.load_state_dict(state["student"], strict=False).missing_keys
+        if any(".ffn_" in k for k in missing):
+            raise PyinferError(f"{checkpoint} does not hold this model's FFN")
         opt.load_state_dict(state["optimizer"])
         curve, start = Curve(**state["curve"]), state["step"]
     steps = math.ceil(cfg.tokens / (cfg.batch * cfg.seq_len))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else _null()
-    stage_l1, t0 = 0.0, time.perf_counter() - curve.seconds
+    stage_l1, t0 = (curve.l1[-1] if curve.l1 else 0.0), time.perf_counter() - curve.seconds
     bar = tqdm(total=steps, initial=start, desc="relufy", unit="step", disable=not progress, dynamic_ncols=True)
     for step, batch in enumerate(batches(ids, cfg)):
         if step < start:
@@ -143,10 +152,11 @@ def distill(teacher: Llama, student: Llama, ids: np.ndarray, cfg: DistillConfig,
                 ht = teacher(x).flatten(0, 1)
             acts: list = []
             hs = student(x, acts).flatten(0, 1)
-            loss, kl, _ = ChunkedDistillLoss.apply(hs, ht, student.head, y, cfg.lm)
             # ProSparse's penalty: each token's summed |activation| per layer, averaged over tokens and layers.
             l1 = sum(a.abs().sum(-1).mean() for a in acts) / len(acts)
-            total = loss + stage_l1 * l1
+        # The loss in fp32, outside autocast: its forward and its hand-written backward see the same numbers.
+        loss, kl, _ = ChunkedDistillLoss.apply(hs.float(), ht.float(), student.head.float(), y, cfg.lm)
+        total = loss + stage_l1 * l1.float()
         opt.zero_grad(set_to_none=True)
         total.backward()
         opt.step()
@@ -165,7 +175,7 @@ def distill(teacher: Llama, student: Llama, ids: np.ndarray, cfg: DistillConfig,
                         tok_s=f"{seen / max(curve.seconds, 1e-9):.0f}")
         out_of_time = cfg.max_seconds > 0 and curve.seconds >= cfg.max_seconds
         if checkpoint is not None and ((step + 1) % 50 == 0 or step + 1 == steps or out_of_time):
-            save_checkpoint(checkpoint, student, opt, curve, step + 1)
+            save_checkpoint(checkpoint, student, opt, curve, step + 1, cfg)
         if out_of_time:
             break
     bar.close()
@@ -180,12 +190,16 @@ class _null:
         return False
 
 
-def save_checkpoint(path: Path, student: Llama, opt, curve: Curve, step: int) -> None:
+def save_checkpoint(path: Path, student: Llama, opt, curve: Curve, step: int, cfg: DistillConfig) -> None:
     """Whole or not at all: written beside, then renamed."""
     tmp = path.with_name(path.name + ".tmp")
     ffn = {k: v for k, v in student.state_dict().items() if ".ffn_" in k}
-    torch.save({"student": ffn, "optimizer": opt.state_dict(), "curve": asdict(curve), "step": step}, tmp)
-    tmp.replace(path)
+    try:
+        torch.save({"student": ffn, "optimizer": opt.state_dict(), "curve": asdict(curve), "step": step,
+                    "config": asdict(cfg)}, tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_curve(curve: Curve, path: Path) -> None:
