@@ -5,37 +5,14 @@
 // atomics (PowerInfer's way).
 #include <cmath>
 
+#include "kernels/common.cuh"
 #include "kernels/dequant.cuh"
-#include "kernels/ops.cuh"
 
 namespace pyinfer::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kTokenTile = 8;
-
-template <typename T>
-__device__ __forceinline__ T* at(const Rows& r, int64_t row) {
-  return reinterpret_cast<T*>(r.data + row * r.stride);
-}
-
-__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
-
-__device__ __forceinline__ float gated(Activation a, float g, float u) {
-  switch (a) {
-    case Activation::SiLU: return silu(g) * u;
-    case Activation::ReLU: return (g > 0.f ? g : 0.f) * u;
-    case Activation::GeluTanh: {
-      if (g <= -10.f) return 0.f;
-      if (g >= 10.f) return g * u;
-      const float x = __half2float(__float2half_rn(g));
-      return 0.5f * x * (1.f + tanhf(0.7978845608028654f * x * (1.f + 0.044715f * x * x))) * u;
-    }
-    case Activation::ReLU2: return (g > 0.f ? g * g : 0.f) * u;
-    case Activation::DReLU: return (g > 0.f ? g : 0.f) * (u > 0.f ? u : 0.f);
-  }
-  return 0.f;
-}
 
 // One block per token: flags in chunks of the block size, an in-order compaction through a block scan.
 __global__ void active_set_kernel(Rows scores, const float* cut, Rows lists, ActiveSetParams p, SiluThreshold sc) {
@@ -89,7 +66,7 @@ __global__ void gather_matmul_kernel(Rows w, Rows x, Rows y, Rows lists, bool sh
   }
   for (int t = 0; t < nt; ++t) {
     float v = acc[t];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     if (lane == 0) at<float>(y, t0 + t)[row] = v;
   }
 }
