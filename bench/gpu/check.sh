@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 LOG="$OUT/check.log"
 cd "$(dirname "$0")/../.."
 exec > >(tee "$LOG") 2>&1
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-python3}"  # run with -P where it imports pyinfer: the built one, not ./pyinfer (no _core)
 export PYTHONUNBUFFERED=1
 step() { echo; echo "== $(date +%T) $*"; }
 
@@ -33,20 +33,20 @@ ARCH=""
 [ "$GPU" = 1 ] && ARCH="-DCMAKE_CUDA_ARCHITECTURES=90"
 export CMAKE_ARGS="${CMAKE_ARGS:-} $ARCH"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-"$PY" -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/pyinfer-site . || { echo "BUILD FAILED"; exit 1; }
+"$PY" -m pip install -q --no-build-isolation --no-deps --no-index --upgrade --target /tmp/pyinfer-site . || { echo "BUILD FAILED"; exit 1; }
 export PYTHONPATH=/tmp/pyinfer-site${PYTHONPATH:+:$PYTHONPATH}
-"$PY" -c "from pyinfer import _core; print('cuda built:', _core.cuda_built(), 'devices:', _core.cuda_devices())"
+"$PY" -P -c "from pyinfer import _core; print('cuda built:', _core.cuda_built(), 'devices:', _core.cuda_devices())"
 
 DEVICE=cuda
 if [ "$GPU" = 1 ]; then
-  "$PY" -c "from pyinfer import _core; print('split sync (2304 bytes up and back): %.1f us' % (1e6 * _core.cuda_sync_seconds(2304)))"
+  "$PY" -P -c "from pyinfer import _core; print('split sync (2304 bytes up and back): %.1f us' % (1e6 * _core.cuda_sync_seconds(2304)))"
 else
   DEVICE=standin
   export PYINFER_TEST_DEVICE=standin
 fi
 
 step "op tests against the CPU ($DEVICE), hybrid and placement tests"
-"$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_ops.py tests/test_hybrid.py tests/test_placement.py \
+"$PY" -P -m pytest -q -p no:cacheprovider tests/test_cuda_ops.py tests/test_hybrid.py tests/test_placement.py \
   --junitxml="$OUT/tests.xml"
 TESTS=$?
 

@@ -22,7 +22,7 @@ OUT="${1:?usage: bash bench/gpu/relufy.sh OUTDIR [MINUTES]}"
 MINUTES="${2:-9}"
 mkdir -p "$OUT"
 exec > >(tee "$OUT/relufy.log") 2>&1
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-python3}"  # run with -P where it imports pyinfer: the built one, not ./pyinfer (no _core)
 export PYTHONUNBUFFERED=1
 MODEL="${MODEL:-/tmp/smollm2.gguf}"
 [ -f "$MODEL" ] || cat "$PARTS"/part-* > "$MODEL"
@@ -32,7 +32,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DPYINFER_CUDA=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
-"$PY" -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/pyinfer-site . || exit 1
+"$PY" -m pip install -q --no-build-isolation --no-deps --no-index --upgrade --target /tmp/pyinfer-site . || exit 1
 export PYTHONPATH=/tmp/pyinfer-site:$PYTHONPATH
 # Without a GPU (the script's CPU half): a short run on the CPU with small batches.
 DEVICE=cuda; SHAPE="--seq-len 512 --batch 32"; SELF=20000; THREADS=8
@@ -40,7 +40,7 @@ if ! nvidia-smi --query-gpu=name --format=csv,noheader; then
   DEVICE=cpu; SHAPE="--seq-len 128 --batch 4"; SELF=0; THREADS=2
 fi
 DATA="${DATA:-shared-data}"
-"$PY" -m pyinfer.cli relufy -m "$MODEL" -t "$THREADS" -o /tmp/ffn.gguf --ffn-only --device "$DEVICE" \
+"$PY" -P -m pyinfer.cli relufy -m "$MODEL" -t "$THREADS" -o /tmp/ffn.gguf --ffn-only --device "$DEVICE" \
   --minutes "$MINUTES" --tokens 1000000000 $SHAPE --lr 1e-4 --l1 1e-3 --target-sparsity 0.9 \
   --data "$DATA/pride-and-prejudice.txt" "$DATA/tinyshakespeare.txt" --self-text "$SELF" --json \
   > "$OUT/relufy.json" || exit 1
