@@ -118,7 +118,7 @@ def cmd_relufy(args, load) -> int:
     figures = {"output": str(out), "bytes": out.stat().st_size, "sha256": _sha256(out), "tokens": curve.tokens[-1],
                "seconds": round(curve.seconds, 1), "tokens_per_s": rate,
                "loss_first": curve.loss[0], "loss_last": curve.loss[-1], "sparsity_first": curve.sparsity[0],
-               "sparsity_last": curve.sparsity[-1], "notes": notes, "command": " ".join(sys.argv)}
+               "sparsity_last": curve.sparsity[-1], "notes": notes, "command": "pyinfer " + " ".join(sys.argv[1:])}
     if args.json:
         print(json.dumps(figures))
     else:
