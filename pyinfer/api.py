@@ -132,6 +132,7 @@ class Model:
             self.offload.predicted = planned
         self.placement = None
         kind, index = parse_device(device)
+        self.device = str(device)
         if kind == "cpu" and vram_budget is not None:
             raise PyinferError("a VRAM budget needs device='cuda' (or 'standin')")
         if kind != "cpu":

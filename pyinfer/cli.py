@@ -314,6 +314,17 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
+def _device_summary(model) -> dict | None:
+    """Where a hybrid run put things (None on the CPU alone)."""
+    p = model.placement
+    if p is None:
+        return None
+    return {"device": model.device, "vram_budget": p["vram_budget"], "gpu_neurons": sum(p["gpu_neurons"]),
+            "ffn_share_on_gpu": p["ffn_bytes_on_gpu"] / max(p["ffn_bytes"], 1), "mass_on_gpu": p["mass_on_gpu"],
+            "split_layers": len(p.get("split_layers", [])), "head_on_gpu": p["head_on_gpu"],
+            "copies_per_run": model._engine.n_copies}
+
+
 def cmd_bench(args) -> int:
     from .tools.bench import run_bench
 
@@ -329,10 +340,16 @@ def cmd_bench(args) -> int:
     model = _load(args)
     r = run_bench(model, args.prompt_tokens, args.gen_tokens, args.repetitions, depth=args.depth)
     sparsity = _measure_sparsity(model) if model.sparsity is not None else None
+    device = _device_summary(model)
     if args.json:  # one object, whatever the options
-        print(json.dumps(dict(r.as_dict(), sparsity=sparsity)))
+        print(json.dumps(dict(r.as_dict(), sparsity=sparsity, device=device)))
         return 0
     print(f"model    {model.path}")
+    if device is not None:
+        print(f"device   {device['device']}: VRAM budget {device['vram_budget'] / 2**20:.1f} MiB, FFN "
+              f"{device['ffn_share_on_gpu']:.0%} of bytes and {device['mass_on_gpu']:.0%} of the activation mass "
+              f"there, {device['split_layers']} layers split, head on the "
+              f"{'device' if device['head_on_gpu'] else 'CPU'}")
     print(f"threads  {r.threads} ({r.isa})")
     at = f" at depth {r.depth}" if r.depth else ""
     print(f"cache    {r.cache_type}")

@@ -203,3 +203,15 @@ def test_a_q8_0_kv_cache_lowers_the_minimum(model4):
     m = pyinfer.load(model4, n_threads=1, n_ctx=64)
     f16, q8 = (fixed_bytes(m.gguf, m.config, None, 4096, t)["kv_cache"] for t in ("f16", "q8_0"))
     assert q8 * 32 == f16 * 17
+
+
+def test_bench_json_says_where_the_model_ran(model4, capsys):
+    import json
+
+    from pyinfer.cli import main
+
+    rc = main(["bench", "-m", model4, "-t", "1", "--device", "standin", "--vram-budget", "200M", "--prompt-tokens", "8",
+               "--gen-tokens", "4", "--repetitions", "1", "--json"])
+    d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and d["device"]["device"] == "standin" and d["device"]["copies_per_run"] > 0
+    assert 0 < d["device"]["ffn_share_on_gpu"] <= 1
