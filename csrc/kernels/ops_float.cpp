@@ -29,6 +29,21 @@ void dequantize_row(DType type, const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
+SiluCut::SiluCut(float t) {
+  auto solve = [t](float a, float b, bool rising) {  // SiLU magnitude crosses t once in [a, b]
+    for (int it = 0; it < 40; ++it) {
+      const float m = 0.5f * (a + b);
+      ((std::fabs(silu(m)) > t) == rising ? b : a) = m;
+    }
+    return 0.5f * (a + b);
+  };
+  hi = solve(0.f, 64.f + t, true);
+  if (t < 0.2784f) {
+    lo = solve(-80.f, -1.2785f, true);
+    mid = solve(-1.2785f, 0.f, false);
+  }
+}
+
 void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, float eps) {
   double ss = 0.0;
   for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];

@@ -1,19 +1,12 @@
 #include "kernels/quant_blocks.h"
 
 #include "kernels/fp16.h"
+#include "kernels/kquant_scales.h"
 
 namespace pyinfer {
 
 void kquant_scale_min(const uint8_t* scales, int j, int& scale, int& min) {
-  // Sub-blocks 0..3 keep 6 bits in bytes 0..7; 4..7 keep their low 4 bits in bytes 8..11 and borrow the
-  // top 2 bits of bytes 0..7.
-  if (j < 4) {
-    scale = scales[j] & 63;
-    min = scales[j + 4] & 63;
-  } else {
-    scale = (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4);
-    min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
-  }
+  unpack_kquant_scale_min(scales, j, scale, min);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "graph/dtype.h"
+#include "kernels/kquant_scales.h"
 
 namespace pyinfer::cuda {
 
@@ -13,16 +14,6 @@ namespace pyinfer::cuda {
 __device__ __forceinline__ float half_at(const uint8_t* p) {
   const uint16_t bits = uint16_t(p[0]) | uint16_t(uint16_t(p[1]) << 8);
   return __half2float(__ushort_as_half(bits));
-}
-
-__device__ __forceinline__ void kquant_scale_min(const uint8_t* s, int j, int& scale, int& min) {
-  if (j < 4) {
-    scale = s[j] & 63;
-    min = s[j + 4] & 63;
-  } else {
-    scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
 }
 
 // Low nibbles are elements 0..15 of a 32-element block, high nibbles 16..31.
@@ -68,7 +59,7 @@ __device__ inline float weight_elem(DType type, const uint8_t* row, int64_t i) {
       int v = (qs[32 * (sub / 2) + l] >> ((sub & 1) * 4)) & 0x0f;
       if (five) v |= ((b[16 + l] >> sub) & 1) << 4;
       int sc, mn;
-      kquant_scale_min(b + 4, sub, sc, mn);
+      unpack_kquant_scale_min(b + 4, sub, sc, mn);
       return half_at(b) * float(sc * v) - half_at(b + 2) * float(mn);
     }
     case DType::Q6_K: {

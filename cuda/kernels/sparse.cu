@@ -3,10 +3,9 @@
 // down projection as an axpy over active rows, in two variants: each thread owning output columns
 // (no atomics, every listed row read by every column block) or blocks of rows adding into the output with
 // atomics (PowerInfer's way).
-#include <cmath>
-
 #include "kernels/common.cuh"
 #include "kernels/dequant.cuh"
+#include "kernels/ops_float.h"
 
 namespace pyinfer::cuda {
 namespace {
@@ -133,20 +132,8 @@ unsigned col_blocks(int64_t cols) {
 }  // namespace
 
 SiluThreshold silu_threshold(float t) {
-  auto silu_h = [](float x) { return x / (1.f + std::exp(-x)); };
-  auto solve = [&](float a, float b, bool rising) {  // as the CPU's SiluCut: |SiLU| crosses t once in [a, b]
-    for (int it = 0; it < 40; ++it) {
-      const float m = 0.5f * (a + b);
-      ((std::fabs(silu_h(m)) > t) == rising ? b : a) = m;
-    }
-    return 0.5f * (a + b);
-  };
-  SiluThreshold s{solve(0.f, 64.f + t, true), 0.f, 0.f};
-  if (t < 0.2784f) {
-    s.lo = solve(-80.f, -1.2785f, true);
-    s.mid = solve(-1.2785f, 0.f, false);
-  }
-  return s;
+  const SiluCut cut(t);  // the CPU's cut-offs (kernels/ops_float.h)
+  return SiluThreshold{cut.hi, cut.lo, cut.mid};
 }
 
 void active_set(const Rows& scores, const float* cut, const Rows& lists, const ActiveSetParams& p, cudaStream_t s) {

@@ -117,11 +117,7 @@ def neuron_seconds(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | N
     out = []
     for il, total in enumerate(per_layer):
         row = total / 3 / cfg.d_ff * costs.cpu_seconds_per_byte   # one gate row, up row or down column
-        f = np.ones(cfg.d_ff)
-        if freq is not None and freq[il] is not None:
-            f = np.empty(cfg.d_ff)
-            perm = plan.layers[il].perm if plan is not None else np.arange(cfg.d_ff)
-            f[perm] = np.clip(np.asarray(freq[il], np.float64), 0, 1)
+        f = np.clip(model_order(cfg, plan, freq, il), 0, 1)
         lp = plan.layers[il] if plan is not None else None
         gate_up = np.full(cfg.d_ff, 2.0)                          # computed every token...
         if lp is not None and lp.predictor is not None:          # ...but for a predictor's cold neurons
@@ -185,7 +181,7 @@ def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram
     greedy = solve_greedy(PrefixKnapsack(program.group_bytes, program.group_value, program.capacity))
     blocks = [sorted(int(b) for b in o[:sum(ss[:k])]) for o, ss, k in zip(order, sizes, answer.kept)]
     greedy_blocks = [int(sum(ss[:k])) for ss, k in zip(sizes, greedy.kept)]
-    mass = _mass(cfg, plan, freq)
+    mass = [model_order(cfg, plan, freq, il) for il in range(cfg.n_layers)]
     total_mass = float(sum(m.sum() for m in mass)) or 1.0
     # What the greedy answer leaves split without saving its synchronization: PowerInfer's issue #253.
     losing = [il for il, (k, ss) in enumerate(zip(greedy.kept, sizes)) if 0 < k < len(ss)
@@ -205,16 +201,13 @@ def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram
         info=dict(answer.info, n_ctx=n_ctx, cache_type=cache_type, plan=plan_key(plan)))
 
 
-def _mass(cfg: LlamaConfig, plan: SparsityPlan | None, freq) -> list[np.ndarray]:
-    """Per layer, per neuron in the model's order: its firing frequency (1 where unknown)."""
-    out = []
-    for il in range(cfg.n_layers):
-        m = np.ones(cfg.d_ff)
-        if freq is not None and freq[il] is not None:
-            perm = plan.layers[il].perm if plan is not None else np.arange(cfg.d_ff)
-            m[perm] = np.asarray(freq[il], np.float64)
-        out.append(m)
-    return out
+def model_order(cfg: LlamaConfig, plan: SparsityPlan | None, freq, il: int) -> np.ndarray:
+    """F64 [n_ff]: layer il's firing frequencies (given per hot-first neuron) in the model's neuron order;
+    1 where unknown."""
+    m = np.ones(cfg.d_ff)
+    if freq is not None and freq[il] is not None:
+        m[plan.layers[il].perm if plan is not None else np.arange(cfg.d_ff)] = np.asarray(freq[il], np.float64)
+    return m
 
 
 def plan_key(plan: SparsityPlan | None) -> str | None:

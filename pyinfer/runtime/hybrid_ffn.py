@@ -29,10 +29,15 @@ def raw_rows(gguf: GGUFModelFile, name: str) -> np.ndarray:
     return np.asarray(t.data).view(np.uint8).reshape(t.rows, -1)
 
 
+def block_neurons(blocks: list[int], block: int) -> np.ndarray:
+    """I64: the neurons (original ids, ascending) of the listed down blocks."""
+    return (np.asarray(blocks, np.int64)[:, None] * block + np.arange(block)).ravel()
+
+
 def side_weights(gguf: GGUFModelFile, il: int, blocks: list[int], block: int, n_ff: int):
     """(gate rows, up rows, down blocks) of the listed down blocks, as U8 arrays in the stored types."""
     p = f"blk.{il}."
-    neurons = (np.asarray(blocks, np.int64)[:, None] * block + np.arange(block)).ravel()
+    neurons = block_neurons(blocks, block)
     gate, up = raw_rows(gguf, p + "ffn_gate.weight")[neurons], raw_rows(gguf, p + "ffn_up.weight")[neurons]
     down = raw_rows(gguf, p + "ffn_down.weight")                      # U8 [d, n_ff / block * block_bytes]
     per = down.shape[1] // (n_ff // block)
@@ -105,7 +110,7 @@ def restrict_plan(plan: SparsityPlan, il: int, neurons: np.ndarray, n_ff: int) -
 
 
 def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
-                        block: int, backend: int, sparsity: SparsityPlan) -> T:
+                        block: int, backend: int, sparsity: SparsityPlan, lp: LayerPlan) -> T:
     """A predictor layer's device share, F32 [T, d_model]: in decode, only the neurons of its blocks that the
     predictor picks (PowerInfer's GPU side: the token's own list, without the batch's union, whose dense/sparse
     choice is read on the host); with many tokens, all of them. One copy of gate and up (hot-first rows) serves
@@ -114,9 +119,7 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     from .._core import DType
     from .sparse_ffn import neuron_major_down, permuted_rows
 
-    neurons = (np.asarray(blocks, np.int64)[:, None] * block + np.arange(block)).ravel()
-    lp = restrict_plan(sparsity, il, neurons, cfg.d_ff).layers[il]
-    sub, n, p = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(neurons), f"blk.{il}."
+    sub, n, p = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(blocks) * block, f"blk.{il}."
     one, many = RunIf.SINGLE_TOKEN, RunIf.MULTI_TOKEN
     perm, pred = lp.perm.astype(np.int32), lp.predictor
     first = len(b.placement)
@@ -169,7 +172,7 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     elif not gpu:
         out = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type)
     else:
-        neurons = (np.asarray(cpu, np.int64)[:, None] * block + np.arange(block)).ravel()
+        neurons = block_neurons(cpu, block)
         sub = SubFfnModel(gguf, il, cpu, block, cfg.d_ff)
 
         def w_sub(name: str) -> T:  # the dense path's down: the CPU blocks of it
@@ -191,7 +194,7 @@ def _gpu_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCon
     lp = sparsity.layers[il] if sparsity is not None else None
     if lp is None or lp.predictor is None:
         return _side(b, gguf, h, il, cfg, blocks, block, "gpu", device)
-    neurons = (np.asarray(blocks, np.int64)[:, None] * block + np.arange(block)).ravel()
-    if restrict_plan(sparsity, il, neurons, cfg.d_ff).layers[il].hot >= n:  # all hot: nothing to predict
+    sub_plan = restrict_plan(sparsity, il, block_neurons(blocks, block), cfg.d_ff).layers[il]
+    if sub_plan.hot >= n:  # all hot: nothing to predict
         return _side(b, gguf, h, il, cfg, blocks, block, "gpu", device)
-    return _gpu_predictor_side(b, gguf, h, il, cfg, blocks, block, device, sparsity)
+    return _gpu_predictor_side(b, gguf, h, il, cfg, blocks, block, device, sparsity, sub_plan)

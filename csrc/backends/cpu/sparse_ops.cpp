@@ -9,29 +9,6 @@ namespace pyinfer {
 
 namespace {
 
-// |SiLU(g)| > t as plain comparisons on g: g > hi, or lo < g < mid on SiLU's negative lobe (its minimum
-// is -0.2785 at g = -1.2785), found by bisection once per call instead of an exp per neuron.
-struct SiluCut {
-  float hi, lo, mid;
-  explicit SiluCut(float t) {
-    auto solve = [t](float a, float b, bool rising) {  // SiLU magnitude crosses t once in [a, b]
-      for (int it = 0; it < 40; ++it) {
-        const float m = 0.5f * (a + b);
-        ((std::fabs(silu(m)) > t) == rising ? b : a) = m;
-      }
-      return 0.5f * (a + b);
-    };
-    hi = solve(0.f, 64.f + t, true);
-    if (t < 0.2784f) {
-      lo = solve(-80.f, -1.2785f, true);
-      mid = solve(-1.2785f, 0.f, false);
-    } else {
-      lo = mid = 0.f;
-    }
-  }
-  bool above(float g) const { return (g > hi) | ((g > lo) & (g < mid)); }
-};
-
 const Tensor& src(const Graph& g, const Node& n, int k) { return g.tensors[size_t(n.src[size_t(k)])]; }
 
 }  // namespace
