@@ -1,6 +1,7 @@
 // The CUDA backend (cuda_backend.h): device buffers, one stream, pinned staging for the copies the engine
 // inserts where tensors cross between host and device, and the kernels (kernels/): the dense ops and the
-// neuron-aware ones (active lists, gather-GEMV, gated activation, down axpy). Not here: the active union and
+// neuron-aware ones (active lists, gather-GEMV, gated activation, down axpy). A decode step's segments are
+// replayed as CUDA graphs (decode_graph.h says when). Not here: the active union and
 // nodes guarded by its decision (a guard reads host memory), Q4T downs and paged weights; supports() says
 // so, and the engine refuses a placement that puts them here.
 #include <cuda_runtime.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "cuda_backend.h"
+#include "decode_graph.h"
 #include "executor/guards.h"
 #include "kernels/ops.cuh"
 
@@ -111,12 +113,17 @@ class CudaBackend final : public Backend {
     check(cudaSetDevice(device_), "cudaSetDevice");
     staged_ = 0;
     pending_.clear();
+    uploads_.clear();
+    DecodeGraph* replay = graphs_.find(nodes, shape);
     try {
-      for (int id : nodes) {
-        const Node& n = g.nodes[size_t(id)];
-        if (!guard_passes(g, n.guard, shape.n_tokens)) continue;
-        compute_node(g, n, shape);
-        check(cudaGetLastError(), op_name(n.op));
+      if (replay != nullptr && replay->ready()) {
+        for (const Upload& u : replay->uploads) stage_rows(u);  // this run's inputs into the same staging bytes
+        check(replay->launch(stream_), "cudaGraphLaunch");
+        pending_ = replay->pending;
+      } else if (replay != nullptr && replay->should_capture()) {
+        capture(g, nodes, shape, *replay);
+      } else {
+        run_nodes(g, nodes, shape);
       }
       check(cudaEventRecord(done_, stream_), "cudaEventRecord");
       check(cudaEventSynchronize(done_), "the device's work");  // results visible to the other backends
@@ -133,16 +140,52 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  struct Pending {
-    uint8_t* host;
-    const uint8_t* staged;
-    int64_t rows, host_stride;
-    size_t row_bytes;
-  };
+  void run_nodes(const Graph& g, const std::vector<int>& nodes, const RunShape& shape) {
+    for (int id : nodes) {
+      const Node& n = g.nodes[size_t(id)];
+      if (!guard_passes(g, n.guard, shape.n_tokens)) continue;
+      compute_node(g, n, shape);
+      check(cudaGetLastError(), op_name(n.op));
+    }
+  }
+
+  // Records the segment's launches and copies into `slot` while running them once: the copies' host sides
+  // (staging in, landing out) are kept as lists a replay repeats around cudaGraphLaunch. Every kernel argument
+  // is a pointer or a size fixed by the segment and the run's shape (positions, lists and tables are read on
+  // the device), so the recorded graph is this segment's decode step for every later position.
+  void capture(const Graph& g, const std::vector<int>& nodes, const RunShape& shape, DecodeGraph& slot) {
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    capturing_ = true;
+    cudaGraph_t graph = nullptr;
+    bool recorded = true;
+    try {
+      run_nodes(g, nodes, shape);
+    } catch (const std::exception&) {
+      recorded = false;  // something the capture does not allow: run it node by node below
+    }
+    capturing_ = false;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (recorded && ended == cudaSuccess && graph != nullptr) {
+      slot.set(graph, uploads_, pending_);  // instantiates; a failure leaves the slot given up
+    } else {
+      if (graph) cudaGraphDestroy(graph);
+      slot.give_up();
+    }
+    if (slot.ready()) return check(slot.launch(stream_), "cudaGraphLaunch");
+    cudaGetLastError();  // captured work never ran: run it now, where a real error is thrown
+    uploads_.clear();
+    pending_.clear();
+    staged_ = 0;
+    run_nodes(g, nodes, shape);
+  }
 
   // Pinned bytes for one copy of this run; the buffer grows (once, on the first runs) to what a run needs.
   uint8_t* stage(size_t bytes) {
     if (staged_ + bytes > staging_bytes_) {
+      // Synchronizing is not allowed while capturing; a segment is captured only on a run after one that
+      // sized the staging buffer for it, so this is a bug guard rather than a path.
+      if (capturing_) throw std::runtime_error("the staging buffer grew while capturing a CUDA graph");
+      graphs_.clear();  // they copy from and to the old buffer
       check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // earlier copies of this run still read it
       for (Pending& p : pending_) {  // finish them from the old buffer before it goes
         for (int64_t r = 0; r < p.rows; ++r)
@@ -162,14 +205,19 @@ class CudaBackend final : public Backend {
     return out;
   }
 
+  static void stage_rows(const Upload& u) {
+    for (int64_t r = 0; r < u.rows; ++r) std::memcpy(u.staged + r * u.row_bytes, u.host + r * u.host_stride, u.row_bytes);
+  }
+
   void copy_node(const Tensor& src, const Tensor& dst, int64_t rows) {
     if (rows <= 0) return;
     const size_t rb = dst.row_bytes;
     if (src.memory == 0 && dst.memory != 0) {  // up: through pinned staging, so the copy is truly async
-      uint8_t* st = stage(rb * size_t(rows));
-      for (int64_t r = 0; r < rows; ++r)
-        std::memcpy(st + r * rb, static_cast<const uint8_t*>(src.data) + r * int64_t(src.row_stride), rb);
-      check(cudaMemcpy2DAsync(dst.data, dst.row_stride, st, rb, rb, size_t(rows), cudaMemcpyHostToDevice, stream_),
+      const Upload u{static_cast<const uint8_t*>(src.data), stage(rb * size_t(rows)), rows, int64_t(src.row_stride),
+                     rb};
+      stage_rows(u);
+      if (capturing_) uploads_.push_back(u);
+      check(cudaMemcpy2DAsync(dst.data, dst.row_stride, u.staged, rb, rb, size_t(rows), cudaMemcpyHostToDevice, stream_),
             "copy to the device");
     } else if (src.memory != 0 && dst.memory == 0) {  // down: staged, landed after the run's sync
       uint8_t* st = stage(rb * size_t(rows));
@@ -265,6 +313,9 @@ class CudaBackend final : public Backend {
   uint8_t* staging_ = nullptr;   // pinned host memory for copies in and out
   size_t staging_bytes_ = 0, staged_ = 0;
   std::vector<Pending> pending_;  // copies to host memory waiting for the run's sync
+  std::vector<Upload> uploads_;   // while capturing: the copies to the device, staged again by each replay
+  bool capturing_ = false;
+  DecodeGraphs graphs_{std::getenv("PYINFER_CUDA_GRAPHS") == nullptr || std::string(std::getenv("PYINFER_CUDA_GRAPHS")) != "0"};
   // PYINFER_CUDA_AXPY=atomics picks PowerInfer's atomic adds for the down axpy; columns (the default) gives
   // each thread its own output columns.
   cuda::AxpyVariant axpy_ = std::getenv("PYINFER_CUDA_AXPY") && std::string(std::getenv("PYINFER_CUDA_AXPY")) == "atomics"

@@ -213,3 +213,22 @@ def test_active_set_modes(mode):
         return b.active_set(f32(b, "s", n, n_ff), n_ff, "lists", threshold=0.2, silu=True)
     cpu, gpu = both(build, n)
     np.testing.assert_array_equal(gpu[0], cpu[0])
+
+
+# Decode steps replayed as CUDA graphs (captured on a segment's second one-token run) compute what the same
+# kernels launched one by one do: the logits of every step equal bit for bit.
+def test_decode_steps_replayed_as_graphs_equal_launches(tiny_model_path, monkeypatch):
+    import pyinfer
+
+    device = "standin" if DEVICE == "standin" else DEVICE
+    steps = {}
+    for graphs in ("1", "0"):
+        monkeypatch.setenv("PYINFER_CUDA_GRAPHS", graphs)
+        m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, device=device, vram_budget="4G")
+        ids = m.tokenize("Once upon a time")
+        out = [m.eval(ids)]
+        for k in range(6):  # one token at a time: the first sizes staging, the second captures, then replays
+            ids.append(int(np.argmax(out[-1])))
+            out.append(m._forward([ids[-1]], len(ids) - 1, np.array([0]))[0])
+        steps[graphs] = np.stack(out)
+    np.testing.assert_array_equal(steps["1"], steps["0"])

@@ -215,3 +215,37 @@ def test_bench_json_says_where_the_model_ran(model4, capsys):
     d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and d["device"]["device"] == "standin" and d["device"]["copies_per_run"] > 0
     assert 0 < d["device"]["ffn_share_on_gpu"] <= 1
+
+
+def _halves_wait_for_each_other(engine) -> list[int]:
+    """Layers whose CPU half waits for the device half (the executor's plan, no timing): for each FFN window
+    (an "ffn_in" node to the next "attn_in"), a CPU segment holding FFN work must not depend on a device
+    segment of the same window."""
+    names, segs = engine.node_names(), engine.segments()
+    ffn_in = [i for i, n in enumerate(names) if n == "ffn_in"]
+    ends = [i for i, n in enumerate(names) if n == "attn_in"][1:] + [len(names)]
+    serial = []
+    for il, (lo, hi) in enumerate(zip(ffn_in, ends)):
+        inside = [k for k, s in enumerate(segs) if s["nodes"] and lo <= s["nodes"][0] < hi]
+        device = {k for k in inside if segs[k]["backend"] == 1}
+        cpu_work = [k for k in inside if segs[k]["backend"] == 0 and len(segs[k]["nodes"]) > 3]
+        if device and cpu_work and all(device & set(segs[k]["deps"]) for k in cpu_work):
+            serial.append(il)
+    return serial
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_two_halves_of_a_split_layer_run_at_the_same_time(tiny_model_path, sparse):
+    # The device's nodes come first in a split layer, so the CPU's half is a segment that waits only for the
+    # layer's input, not for the device's half (it once did: the device read h's Q8A copy from the CPU's half).
+    from test_offload import varying_predictor_plan
+
+    from pyinfer.runtime.sparse_ffn import SparseRuns
+
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = varying_predictor_plan(m.gguf.fingerprint()) if sparse else None
+    pl = {"gpu_blocks": [[0], [1, 2]], "block": 32, "head_on_gpu": False, "device": 1}
+    b = build_llama_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), hybrid=pl)
+    e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, placement=b.placement,
+                     backend_threads=[2, 1], backend_memory=[0, 1])
+    assert _halves_wait_for_each_other(e) == []

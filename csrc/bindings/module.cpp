@@ -443,6 +443,12 @@ PYBIND11_MODULE(_core, m) {
              for (const Node& n : e.engine->graph().nodes) out.append(n.op);
              return out;
            }, "The op of every node the engine runs (its graph after the copies were inserted).")
+      .def("node_names", [](const PyEngine& e) {
+             py::list out;
+             const Graph& g = e.engine->graph();
+             for (const Node& n : g.nodes) out.append(g.tensors[size_t(n.dst)].name);
+             return out;
+           }, "The name of the tensor every node the engine runs writes (as node_ops).")
       .def_property_readonly("n_segments", [](const PyEngine& e) { return e.engine->executor().segments().size(); })
       .def("segments", [](const PyEngine& e) {
              py::list out;

@@ -19,7 +19,7 @@ import numpy as np
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile, GGUFTensor
 from ..sparsity.plan import LayerPlan, Predictor, SparsityPlan
-from .._core import RunIf
+from .._core import DType, RunIf
 from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, T
 
 
@@ -160,13 +160,17 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     `sparsity` the CPU side runs sparse, and the device side too in decode where the layer has a predictor."""
     from .sparse_ffn import sparse_ffn
 
-    if gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id in INTEGER_DOT_WEIGHTS:
+    if DType(gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id) in INTEGER_DOT_WEIGHTS:
         b.quantize(h)  # one Q8A copy of h on the CPU, shared by both sides (the device reads a copy of it)
     n_blocks = cfg.d_ff // block
     gpu = sorted(set(int(k) for k in gpu_blocks))
     cpu = [k for k in range(n_blocks) if k not in set(gpu)]
     if not cpu:
         return _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity)
+    # The device's nodes first: the executor cuts the CPU's nodes after them into a segment of their own that
+    # starts with the device's, so the two halves run at the same time and only the merge waits for both.
+    # (CPU half first, the device's would wait for it: it reads h from the CPU's segment.)
+    dev_out = _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity) if gpu else None
     if sparsity is None:
         out = _side(b, gguf, h, il, cfg, cpu, block, "cpu", 0)
     elif not gpu:
@@ -182,8 +186,8 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
             return b.weight(name + ".cpu", t.dtype_id, t.cols, t.rows, t.data)
         out = sparse_ffn(b, w_sub, sub, h, il, dataclasses.replace(cfg, d_ff=len(neurons)),
                          restrict_plan(sparsity, il, neurons, cfg.d_ff), runs, down_type)
-    if gpu:
-        b.add(out, _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity), out=out)
+    if dev_out is not None:
+        b.add(out, dev_out, out=out)
     return out
 
 
