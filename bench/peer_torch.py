@@ -16,13 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BLOCK_PARTS = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
                "ffn_down")
@@ -34,7 +31,7 @@ def dequant(t, device, dtype, rows_per_chunk: int = 4096) -> torch.Tensor:
     """`dtype` [rows, cols] (or [cols]) of GGUF tensor `t`, dequantized on `device`."""
     shape = (t.rows, t.cols) if t.rows > 1 else (t.cols,)
     if t.type_name in ("F32", "F16", "BF16"):
-        return torch.from_numpy(np.ascontiguousarray(t.data)).to(device, dtype).reshape(shape)
+        return torch.from_numpy(np.array(t.data)).to(device, dtype).reshape(shape)
     if t.type_name not in _TORCH_BLOCKS:
         from pyinfer.train.torch_llama import dequant as numpy_dequant
 
@@ -102,9 +99,9 @@ class Block(nn.Module):
 
 
 class Peer:
-    """A GGUF llama model in torch; place() splits its blocks between the GPU and the CPU."""
+    """A GGUF llama model in torch, the first `gpu_blocks` blocks on the GPU, the rest as `mode` says."""
 
-    def __init__(self, path: str, device: str, n_ctx: int):
+    def __init__(self, path: str, device: str, n_ctx: int, gpu_blocks: int, mode: str):
         from pyinfer.model.gguf_file import GGUFModelFile
 
         self.gguf = gguf = GGUFModelFile(path)
@@ -122,15 +119,7 @@ class Peer:
         self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.n_layers)]
         inv = cfg.rope_base ** (-2.0 * np.arange(cfg.head_dim // 2) / cfg.head_dim)
         self.inv_freq = torch.tensor(inv, dtype=torch.float64)
-        self.blocks: nn.ModuleList | None = None
-        self.gpu_blocks, self.mode = 0, "layers"
-
-    def place(self, gpu_blocks: int, mode: str) -> None:
-        """The first `gpu_blocks` blocks on the GPU, the rest as `mode` says (module docstring)."""
-        self.blocks = None
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        n = self.cfg.n_layers
+        n = cfg.n_layers
         self.gpu_blocks = min(gpu_blocks, n) if self.device.type == "cuda" else 0
         self.mode = mode
         blocks = []
@@ -197,8 +186,7 @@ def main() -> int:
 
     model = pyinfer.load(args.model, n_threads=2, n_ctx=256, progress=False)
     prompt = model.tokenize("Once upon a time")
-    peer = Peer(model.path, args.device, 256)
-    peer.place(round(args.gpu_share * model.config.n_layers), args.mode)
+    peer = Peer(model.path, args.device, 256, round(args.gpu_share * model.config.n_layers), args.mode)
     print(check(peer, model.eval(prompt), prompt))
     print(f"{args.tokens / timed(peer, prompt, args.tokens):.1f} tok/s ({args.mode}, {peer.gpu_blocks}/"
           f"{model.config.n_layers} blocks on {args.device})")

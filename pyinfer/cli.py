@@ -320,7 +320,9 @@ def _device_summary(model) -> dict | None:
     if p is None:
         return None
     return {"device": model.device, "vram_budget": p["vram_budget"], "gpu_neurons": sum(p["gpu_neurons"]),
-            "ffn_share_on_gpu": p["ffn_bytes_on_gpu"] / max(p["ffn_bytes"], 1), "mass_on_gpu": p["mass_on_gpu"],
+            # neurons, not bytes: a sparse layer's device side holds a Q8_0 copy of its down (more than the file's)
+            "ffn_share_on_gpu": sum(p["gpu_neurons"]) / max(sum(p["n_ff"]), 1), "mass_on_gpu": p["mass_on_gpu"],
+            "ffn_bytes_on_gpu": p["ffn_bytes_on_gpu"],
             "split_layers": len(p.get("split_layers", [])), "head_on_gpu": p["head_on_gpu"],
             "copies_per_run": model._engine.n_copies}
 
@@ -347,7 +349,7 @@ def cmd_bench(args) -> int:
     print(f"model    {model.path}")
     if device is not None:
         print(f"device   {device['device']}: VRAM budget {device['vram_budget'] / 2**20:.1f} MiB, FFN "
-              f"{device['ffn_share_on_gpu']:.0%} of bytes and {device['mass_on_gpu']:.0%} of the activation mass "
+              f"{device['ffn_share_on_gpu']:.0%} of neurons and {device['mass_on_gpu']:.0%} of the activation mass "
               f"there, {device['split_layers']} layers split, head on the "
               f"{'device' if device['head_on_gpu'] else 'CPU'}")
     print(f"threads  {r.threads} ({r.isa})")
