@@ -115,11 +115,12 @@ class CudaBackend final : public Backend {
     pending_.clear();
     uploads_.clear();
     DecodeGraph* replay = graphs_.find(nodes, shape);
+    const std::vector<Pending>* landing = &pending_;
     try {
       if (replay != nullptr && replay->ready()) {
         for (const Upload& u : replay->uploads) stage_rows(u);  // this run's inputs into the same staging bytes
         check(replay->launch(stream_), "cudaGraphLaunch");
-        pending_ = replay->pending;
+        landing = &replay->pending;
       } else if (replay != nullptr && replay->should_capture()) {
         capture(g, nodes, shape, *replay);
       } else {
@@ -134,7 +135,7 @@ class CudaBackend final : public Backend {
       pending_.clear();
       throw;
     }
-    for (const Pending& p : pending_)  // copies back to host memory land from the staging buffer
+    for (const Pending& p : *landing)  // copies back to host memory land from the staging buffer
       for (int64_t r = 0; r < p.rows; ++r)
         std::memcpy(p.host + r * p.host_stride, p.staged + r * p.row_bytes, p.row_bytes);
   }

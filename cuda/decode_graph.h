@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -69,9 +70,11 @@ class DecodeGraphs {
  public:
   explicit DecodeGraphs(bool enabled) : enabled_(enabled) {}
   // The slot for this segment and shape, seen once more; nullptr where runs go node by node.
+  // The executor's segments live as long as the engine, so a segment is known by its node list's address
+  // (no copy of the list per step).
   DecodeGraph* find(const std::vector<int>& nodes, const RunShape& shape) {
     if (!enabled_ || shape.n_tokens != 1 || shape.n_outputs > 1 || nodes.empty()) return nullptr;
-    DecodeGraph& g = slots_[{nodes, shape.n_outputs}];
+    DecodeGraph& g = slots_[Key{nodes.data(), nodes.size(), shape.n_outputs}];
     g.seen();
     return &g;
   }
@@ -79,8 +82,9 @@ class DecodeGraphs {
   void clear() { slots_.clear(); }
 
  private:
+  using Key = std::tuple<const int*, size_t, int64_t>;  // (segment's nodes, their count, outputs)
   bool enabled_;
-  std::map<std::pair<std::vector<int>, int64_t>, DecodeGraph> slots_;
+  std::map<Key, DecodeGraph> slots_;
 };
 
 }  // namespace pyinfer
