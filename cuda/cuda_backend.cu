@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cublas_gemm.h"
 #include "cuda_backend.h"
 #include "decode_graph.h"
 #include "executor/guards.h"
@@ -40,7 +41,8 @@ cuda::Rows rows_of(const Tensor& t, int64_t rows) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Graph&, int device, int memory_space) : device_(device), space_(memory_space) {
+  CudaBackend(const Graph&, int device, int memory_space)
+      : device_(device), space_(memory_space), gemm_(device, kCublasMinTokens) {
     if (memory_space <= 0) throw std::runtime_error("a CUDA backend needs a memory space of its own (> 0)");
     check(cudaSetDevice(device), "cudaSetDevice");
     cudaDeviceProp prop{};
@@ -246,8 +248,9 @@ class CudaBackend final : public Backend {
                                      rows_of(lists, rows_in_run(lists, shape)), lists.row_mode == RowMode::Fixed,
                                      stream_);
         }
-        return cuda::matmul(rows_of(src(MatMulSrc::weight), src(MatMulSrc::weight).rows), rows_of(x, rows_in_run(x, shape)),
-                            rows_of(dst, rows), stream_);
+        const cuda::Rows w = rows_of(src(MatMulSrc::weight), src(MatMulSrc::weight).rows);
+        if (gemm_.run(w, rows_of(x, rows_in_run(x, shape)), rows_of(dst, rows), stream_)) return;  // prefill
+        return cuda::matmul(w, rows_of(x, rows_in_run(x, shape)), rows_of(dst, rows), stream_);
       }
       case OpKind::GetRows:
         return cuda::get_rows(rows_of(src(GetRowsSrc::table), 0), i32(GetRowsSrc::ids), rows_of(dst, rows),
@@ -307,7 +310,11 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // Below this many tokens a matmul reads the weight fewer times than cuBLAS's fp16 conversion writes it.
+  static constexpr int kCublasMinTokens = 32;
+
   int device_, space_;
+  PrefillGemm gemm_;  // dense matmuls of prefill (PYINFER_CUBLAS_MIN_TOKENS=0: never)
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "executor/backend.h"
 
@@ -15,5 +16,8 @@ std::unique_ptr<Backend> make_cuda_backend(const Graph& graph, int device, int m
 // What one split FFN layer costs on `device` beyond its compute: `bytes` copied up, `bytes` copied back and a
 // stream synchronization (median seconds over `reps`). The GPU placement's communication constraint uses it.
 double cuda_sync_seconds(int device, size_t bytes, int reps);
+
+// Why prefill's matmuls cannot use cuBLAS in this process ("" when libcublas loads with what they need).
+std::string cublas_error();
 
 }  // namespace pyinfer

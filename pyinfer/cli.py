@@ -580,7 +580,11 @@ def cmd_info(args) -> int:
 
     devs = [f"{d['name']} ({d['free'] / 2**30:.1f} of {d['total'] / 2**30:.1f} GiB free)" if d["free"] is not None
             else d["name"] for d in cuda_devices()]
-    print(f"cuda       built={_core.cuda_built()} devices={devs or 'none'}")
+    cublas = ""
+    if _core.cuda_built():  # prefill's dense matmuls use cuBLAS where libcublas loads (opened at run time)
+        why = _core.cublas_error()
+        cublas = " cublas=" + ("yes" if not why else f"no ({why})")
+    print(f"cuda       built={_core.cuda_built()} devices={devs or 'none'}{cublas}")
     return 0
 
 

@@ -77,6 +77,19 @@ def test_matmul(qtype, n_tok):
           1e-4)
 
 
+# Prefill's matmuls (32 tokens or more) go through cuBLAS where libcublas loads: weight and activations in
+# fp16 (11-bit mantissas), fp32 accumulation: 2e-3 of the output's scale. Without libcublas the backend's
+# own kernel runs and meets it too.
+# (x is F32 for float weights and its Q8A copy for the others, as b.matmul makes it.)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+def test_matmul_prefill(qtype):
+    rows, k, n_tok = 70, 512, 40
+    w = weight_bytes(qtype, rows, k)
+    x = RNG.standard_normal((n_tok, k)).astype(np.float32)
+    close(*both(lambda b: b.matmul(b.weight("w", int(qtype), k, rows, w), f32(b, "x", n_tok, k, x), "y"), n_tok,
+                max_tokens=64), 2e-3)
+
+
 # Embedding rows: exact dequantization (1e-6).
 @pytest.mark.parametrize("qtype", [Q.F16, Q.Q4_0, Q.Q8_0, Q.Q6_K])
 def test_get_rows(qtype):

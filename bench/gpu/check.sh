@@ -32,8 +32,16 @@ step "op tests against the CPU ($DEVICE), hybrid and placement tests"
   --junitxml="$OUT/tests.xml"
 TESTS=$?
 
-step "hybrid decode benchmark ($DEVICE) on a SmolLM2-shaped model, against the torch peer"
 "$PY" bench/gpu/shaped_model.py /tmp/smollm2-shaped.gguf
+if [ "$GPU" = 1 ]; then
+  step "prefill of 512 tokens on the GPU alone: cuBLAS (fp16) against the backend's own matmul kernel"
+  for MIN in 32 0; do
+    PYINFER_CUBLAS_MIN_TOKENS=$MIN "$PY" -P -m pyinfer.cli bench -m /tmp/smollm2-shaped.gguf --device cuda \
+      --vram-budget 4G -p 512 -g 16 -r 3 --json | tee -a "$OUT/prefill_cublas.jsonl"
+  done
+fi
+
+step "hybrid decode benchmark ($DEVICE) on a SmolLM2-shaped model, against the torch peer"
 if [ "$GPU" = 1 ]; then
   ARGS="--threads 8 --rounds 3 --tokens 64 --variants --peer layers accelerate"
 else

@@ -24,3 +24,10 @@ if [ "$(cat /tmp/pyinfer-site/.built-from 2>/dev/null)" != "$SOURCES" ] || [ "${
   echo "$SOURCES" > /tmp/pyinfer-site/.built-from  # a later call on the same warm machine skips the build
 fi
 "$PY" -P -c "from pyinfer import _core; print('cuda built:', _core.cuda_built(), 'devices:', _core.cuda_devices())"
+# cuBLAS (prefill's matmuls) is opened at run time: point at one if the loader would not find it by name
+if [ -z "${PYINFER_CUBLAS:-}" ]; then
+  PYINFER_CUBLAS="$(ls /usr/local/cuda/lib64/libcublas.so.* /usr/local/cuda*/lib64/libcublas.so.* 2>/dev/null | head -1)"
+  [ -n "$PYINFER_CUBLAS" ] || PYINFER_CUBLAS="$("$PY" -c "import glob, site; print((sorted(glob.glob(site.getsitepackages()[0] + '/nvidia/**/libcublas.so*', recursive=True)) or [''])[0])" 2>/dev/null)"
+  [ -n "$PYINFER_CUBLAS" ] && export PYINFER_CUBLAS
+fi
+[ "$GPU" = 1 ] && "$PY" -P -c "from pyinfer import _core; print('cuBLAS:', _core.cublas_error() or 'loads (' + '${PYINFER_CUBLAS:-by name}' + ')')"

@@ -126,6 +126,8 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("bytes"), py::arg("reps") = 200, py::arg("device") = 0,
      "Median seconds of `bytes` copied up and back and a stream synchronization on a GPU (the cost a layer split "
      "between CPU and GPU pays each token). Only in CUDA builds.");
+  m.def("cublas_error", &cublas_error,
+        "Why prefill's matmuls cannot use cuBLAS here ('' when libcublas loads). Only in CUDA builds.");
 #endif
   m.def("cuda_built", []() {
 #ifdef PYINFER_WITH_CUDA

@@ -128,6 +128,13 @@ __global__ void scatter_cols_kernel(Rows x, const int32_t* perm, Rows y) {
     at<float>(y, r)[perm[c]] = at<float>(x, r)[c];
 }
 
+__global__ void to_half_kernel(Rows src, bool activation, __half* dst) {
+  const int64_t r = blockIdx.x;
+  const uint8_t* row = src.data + r * src.stride;
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < src.cols; c += int64_t(gridDim.y) * blockDim.x)
+    dst[r * src.cols + c] = __float2half_rn(activation ? act_elem(src.type, row, c) : weight_elem(src.type, row, c));
+}
+
 // Rows on grid.x (up to 2^31 - 1; grid.y stops at 65535), column blocks on grid.y.
 dim3 row_grid(int64_t cols, int64_t rows) {
   const int64_t y = (cols + kThreads - 1) / kThreads;
@@ -185,6 +192,10 @@ void select_rows(const Rows& x, const int32_t* rows, const Rows& y, cudaStream_t
 
 void scatter_cols(const Rows& x, const int32_t* perm, const Rows& y, cudaStream_t s) {
   if (y.rows > 0) scatter_cols_kernel<<<row_grid(x.cols, y.rows), kThreads, 0, s>>>(x, perm, y);
+}
+
+void to_half(const Rows& src, bool activation, __half* dst, cudaStream_t s) {
+  if (src.rows > 0) to_half_kernel<<<row_grid(src.cols, src.rows), kThreads, 0, s>>>(src, activation, dst);
 }
 
 }  // namespace pyinfer::cuda

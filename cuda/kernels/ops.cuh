@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "graph/dtype.h"
@@ -34,6 +35,9 @@ void gated_mul(const Rows& gate, const Rows& up, const Rows& y, Activation act, 
 void select_rows(const Rows& x, const int32_t* rows, const Rows& y, cudaStream_t s);
 void bias_relu(const Rows& x, const float* bias, const Rows& y, cudaStream_t s);
 void scatter_cols(const Rows& x, const int32_t* perm, const Rows& y, cudaStream_t s);
+// dst [rows, cols] packed fp16 = src's rows dequantized (a weight's type, or an activation's: F32 or Q8A);
+// the inputs of the cuBLAS path (cublas_gemm.h).
+void to_half(const Rows& src, bool activation, __half* dst, cudaStream_t s);
 
 struct AttentionRows {
   Rows q, k, v, out;           // q/out F32 [T, heads * head_dim]; k/v F16 caches

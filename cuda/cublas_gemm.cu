@@ -1,0 +1,117 @@
+// PrefillGemm (cublas_gemm.h): libcublas opened with dlopen, the four entry points it needs declared here with
+// the ABI of cublas_api.h (values of its enums as that header defines them), so no cuBLAS header or library
+// is needed to build.
+#include "cublas_gemm.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "cuda_backend.h"
+
+namespace pyinfer {
+namespace {
+
+constexpr int kOpN = 0, kOpT = 1;         // cublasOperation_t
+constexpr int kCompute32F = 68;           // cublasComputeType_t CUBLAS_COMPUTE_32F
+constexpr int kGemmDefault = -1;          // cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
+
+struct CublasApi {
+  int (*create)(void** handle) = nullptr;
+  int (*destroy)(void* handle) = nullptr;
+  int (*set_stream)(void* handle, cudaStream_t s) = nullptr;
+  int (*gemm_ex)(void* handle, int transa, int transb, int m, int n, int k, const void* alpha, const void* a,
+                 cudaDataType a_type, int lda, const void* b, cudaDataType b_type, int ldb, const void* beta,
+                 void* c, cudaDataType c_type, int ldc, int compute, int algo) = nullptr;
+  std::string error;
+};
+
+// Loaded once per process: the newest library name that opens (PYINFER_CUBLAS names a file to try first).
+const CublasApi& api() {
+  static const CublasApi loaded = [] {
+    CublasApi a;
+    void* lib = nullptr;
+    const char* own = std::getenv("PYINFER_CUBLAS");
+    for (const char* name : {own, "libcublas.so.13", "libcublas.so.12", "libcublas.so"})
+      if (name && (lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!lib) {
+      a.error = "libcublas could not be opened";
+      return a;
+    }
+    a.create = reinterpret_cast<decltype(a.create)>(dlsym(lib, "cublasCreate_v2"));
+    a.destroy = reinterpret_cast<decltype(a.destroy)>(dlsym(lib, "cublasDestroy_v2"));
+    a.set_stream = reinterpret_cast<decltype(a.set_stream)>(dlsym(lib, "cublasSetStream_v2"));
+    a.gemm_ex = reinterpret_cast<decltype(a.gemm_ex)>(dlsym(lib, "cublasGemmEx"));
+    if (!a.create || !a.destroy || !a.set_stream || !a.gemm_ex) a.error = "libcublas lacks cublasGemmEx";
+    return a;
+  }();
+  return loaded;
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+std::string cublas_error() { return api().error; }
+
+PrefillGemm::PrefillGemm(int device, int min_tokens) : device_(device), min_tokens_(min_tokens) {
+  if (const char* v = std::getenv("PYINFER_CUBLAS_MIN_TOKENS")) min_tokens_ = std::atoi(v);
+  if (min_tokens_ <= 0) why_ = "turned off";
+}
+
+PrefillGemm::~PrefillGemm() {
+  cudaSetDevice(device_);
+  if (handle_) api().destroy(handle_);
+  if (w16_) cudaFree(w16_);
+  if (x16_) cudaFree(x16_);
+}
+
+void* PrefillGemm::grow(void*& buf, size_t& have, size_t need) {
+  if (need > have) {  // prefill only: never inside a captured decode graph
+    if (buf) check(cudaFree(buf), "cudaFree");
+    buf = nullptr;
+    have = 0;
+    check(cudaMalloc(&buf, need), "cudaMalloc (cuBLAS scratch)");
+    have = need;
+  }
+  return buf;
+}
+
+bool PrefillGemm::run(const cuda::Rows& w, const cuda::Rows& x, const cuda::Rows& y, cudaStream_t s) {
+  if (min_tokens_ <= 0 || x.rows < min_tokens_ || y.type != DType::F32 || y.stride % 4) return false;
+  if (w.rows > (1 << 30) || w.cols > (1 << 30) || x.rows > (1 << 30)) return false;
+  if (!handle_) {
+    if (!why_.empty()) return false;
+    const CublasApi& a = api();
+    if (!a.error.empty()) {
+      why_ = a.error;
+      return false;
+    }
+    if (a.create(&handle_) != 0) {
+      handle_ = nullptr;
+      why_ = "cublasCreate failed";
+      return false;
+    }
+  }
+  const CublasApi& a = api();
+  auto* w16 = static_cast<__half*>(grow(w16_, w16_bytes_, size_t(w.rows) * size_t(w.cols) * 2));
+  auto* x16 = static_cast<__half*>(grow(x16_, x16_bytes_, size_t(x.rows) * size_t(x.cols) * 2));
+  cuda::to_half(w, /*activation=*/false, w16, s);  // [w.rows, cols] fp16, rows packed
+  cuda::to_half(x, /*activation=*/true, x16, s);   // [x.rows, cols]
+  check(cudaGetLastError(), "the fp16 conversion for cuBLAS");
+  if (a.set_stream(handle_, s) != 0) throw std::runtime_error("cublasSetStream failed");
+  // cuBLAS is column-major: the packed weight (row-major [w.rows, cols]) is A = [cols, w.rows] with lda = cols,
+  // taken transposed; the packed activations are B = [cols, x.rows]; C = op(A) B is [w.rows, x.rows] with ldc
+  // = y's row stride in floats, which is y = x @ w.T in y's row-major layout.
+  const float one = 1.f, zero = 0.f;
+  const int st = a.gemm_ex(handle_, kOpT, kOpN, int(w.rows), int(x.rows), int(w.cols), &one, w16, CUDA_R_16F,
+                           int(w.cols), x16, CUDA_R_16F, int(x.cols), &zero, y.data, CUDA_R_32F,
+                           int(y.stride / 4), kCompute32F, kGemmDefault);
+  if (st != 0) throw std::runtime_error("cuBLAS error " + std::to_string(st) + " in cublasGemmEx");
+  return true;
+}
+
+}  // namespace pyinfer
