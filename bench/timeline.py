@@ -36,17 +36,21 @@ def step_timeline(model) -> list[tuple[int, int, float, float]]:
 
 
 def layer_overlap(model, spans) -> list[dict]:
-    """Per layer: CPU and device busy ms in its FFN and the share of the shorter side overlapped."""
+    """Per layer: CPU and device busy ms in its FFN and the share of the shorter side overlapped. The FFN's
+    nodes run from its "ffn_in" to the next layer's "attn_in" (the last one's to "x_out"); the CPU's segments starting there, and the
+    device's lying wholly there (its segments that also merge and go on to the next attention are not the
+    FFN's half), are the two halves."""
     names = model._engine.node_names()
-    starts = [i for i, n in enumerate(names) if n == "attn_in"] + [len(names)]
+    starts = [i for i, n in enumerate(names) if n == "attn_in"] + [names.index("x_out")]  # x_out: after the last
     ffn_in = [i for i, n in enumerate(names) if n == "ffn_in"]
     segs = model._engine.segments()
     rows = []
     for il, lo in enumerate(ffn_in):
-        hi = starts[il + 1] if il + 1 < len(starts) else len(names)
+        hi = starts[il + 1]
         side = {0: [], 1: []}
         for seg, backend, a, b in spans:
-            if segs[seg]["nodes"] and lo <= segs[seg]["nodes"][0] < hi:
+            nodes = segs[seg]["nodes"]
+            if nodes and lo <= nodes[0] < hi and (backend == 0 or nodes[-1] < hi):
                 side[min(backend, 1)].append((a, b))
         cpu, dev = _measure(side[0]), _measure(side[1])
         both = _intersection(side[0], side[1])

@@ -33,7 +33,10 @@ const CublasApi& api() {
     CublasApi a;
     void* lib = nullptr;
     const char* own = std::getenv("PYINFER_CUBLAS");
-    for (const char* name : {own, "libcublas.so.13", "libcublas.so.12", "libcublas.so"})
+    // The major version this build's runtime speaks first (a newer library can fail cublasCreate on an
+    // older driver).
+    const char* same = CUDART_VERSION >= 13000 ? "libcublas.so.13" : "libcublas.so.12";
+    for (const char* name : {own, same, "libcublas.so.13", "libcublas.so.12", "libcublas.so"})
       if (name && (lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
     if (!lib) {
       a.error = "libcublas could not be opened";
@@ -60,6 +63,9 @@ std::string cublas_error() { return api().error; }
 PrefillGemm::PrefillGemm(int device, int min_tokens) : device_(device), min_tokens_(min_tokens) {
   if (const char* v = std::getenv("PYINFER_CUBLAS_MIN_TOKENS")) min_tokens_ = std::atoi(v);
   if (min_tokens_ <= 0) why_ = "turned off";
+  // Never one token: those runs are captured into decode graphs, which must not allocate or hold this
+  // scratch (it moves when a longer prompt grows it).
+  min_tokens_ = min_tokens_ > 0 && min_tokens_ < 2 ? 2 : min_tokens_;
 }
 
 PrefillGemm::~PrefillGemm() {
@@ -74,7 +80,11 @@ void* PrefillGemm::grow(void*& buf, size_t& have, size_t need) {
     if (buf) check(cudaFree(buf), "cudaFree");
     buf = nullptr;
     have = 0;
-    check(cudaMalloc(&buf, need), "cudaMalloc (cuBLAS scratch)");
+    if (cudaMalloc(&buf, need) != cudaSuccess) {  // not in the placement's budget: the own kernel instead
+      cudaGetLastError();
+      buf = nullptr;
+      return nullptr;
+    }
     have = need;
   }
   return buf;
@@ -99,6 +109,7 @@ bool PrefillGemm::run(const cuda::Rows& w, const cuda::Rows& x, const cuda::Rows
   const CublasApi& a = api();
   auto* w16 = static_cast<__half*>(grow(w16_, w16_bytes_, size_t(w.rows) * size_t(w.cols) * 2));
   auto* x16 = static_cast<__half*>(grow(x16_, x16_bytes_, size_t(x.rows) * size_t(x.cols) * 2));
+  if (!w16 || !x16) return false;
   cuda::to_half(w, /*activation=*/false, w16, s);  // [w.rows, cols] fp16, rows packed
   cuda::to_half(x, /*activation=*/true, x16, s);   // [x.rows, cols]
   check(cudaGetLastError(), "the fp16 conversion for cuBLAS");
@@ -110,7 +121,12 @@ bool PrefillGemm::run(const cuda::Rows& w, const cuda::Rows& x, const cuda::Rows
   const int st = a.gemm_ex(handle_, kOpT, kOpN, int(w.rows), int(x.rows), int(w.cols), &one, w16, CUDA_R_16F,
                            int(w.cols), x16, CUDA_R_16F, int(x.cols), &zero, y.data, CUDA_R_32F,
                            int(y.stride / 4), kCompute32F, kGemmDefault);
-  if (st != 0) throw std::runtime_error("cuBLAS error " + std::to_string(st) + " in cublasGemmEx");
+  if (st != 0) {  // e.g. not supported on this device: nothing was written to y, the own kernel runs
+    why_ = "cublasGemmEx returned " + std::to_string(st);
+    api().destroy(handle_);
+    handle_ = nullptr;
+    return false;
+  }
   return true;
 }
 

@@ -20,8 +20,8 @@ class PrefillGemm {
   PrefillGemm(const PrefillGemm&) = delete;
   PrefillGemm& operator=(const PrefillGemm&) = delete;
 
-  // Computes y = x @ w.T through cuBLAS when x has enough rows and the library is there; false otherwise
-  // (nothing queued). Throws on a cuBLAS or CUDA error.
+  // Computes y = x @ w.T through cuBLAS when x has enough rows (never one), the library is there and its
+  // scratch fits; false otherwise, y untouched (a failing cublasGemmEx turns cuBLAS off for good).
   bool run(const cuda::Rows& w, const cuda::Rows& x, const cuda::Rows& y, cudaStream_t s);
   // Why cuBLAS is not used ("" when it is): for `pyinfer info`-style reports and tests.
   const std::string& unavailable() const { return why_; }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -42,7 +43,7 @@ cuda::Rows rows_of(const Tensor& t, int64_t rows) {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const Graph&, int device, int memory_space)
-      : device_(device), space_(memory_space), gemm_(device, kCublasMinTokens) {
+      : device_(device), space_(memory_space), gemm_(std::make_unique<PrefillGemm>(device, kCublasMinTokens)) {
     if (memory_space <= 0) throw std::runtime_error("a CUDA backend needs a memory space of its own (> 0)");
     check(cudaSetDevice(device), "cudaSetDevice");
     cudaDeviceProp prop{};
@@ -51,11 +52,14 @@ class CudaBackend final : public Backend {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     // Blocking sync: the driver thread sleeps while the GPU works instead of spinning on a core the CPU
     // backend needs for its half of the layer.
-    check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming | cudaEventBlockingSync), "cudaEventCreate");
+    const cudaError_t e = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming | cudaEventBlockingSync);
+    if (e != cudaSuccess) cudaStreamDestroy(stream_);  // the destructor does not run for a throwing constructor
+    check(e, "cudaEventCreate");
   }
   ~CudaBackend() override {
     cudaSetDevice(device_);
     if (stream_) cudaStreamSynchronize(stream_);
+    gemm_.reset();  // its cuBLAS handle knows the stream: gone before the stream is
     if (staging_) cudaFreeHost(staging_);
     if (done_) cudaEventDestroy(done_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -157,13 +161,17 @@ class CudaBackend final : public Backend {
   // is a pointer or a size fixed by the segment and the run's shape (positions, lists and tables are read on
   // the device), so the recorded graph is this segment's decode step for every later position.
   void capture(const Graph& g, const std::vector<int>& nodes, const RunShape& shape, DecodeGraph& slot) {
-    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      cudaGetLastError();
+      slot.give_up();
+      return run_nodes(g, nodes, shape);
+    }
     capturing_ = true;
     cudaGraph_t graph = nullptr;
     bool recorded = true;
     try {
       run_nodes(g, nodes, shape);
-    } catch (const std::exception&) {
+    } catch (...) {
       recorded = false;  // something the capture does not allow: run it node by node below
     }
     capturing_ = false;
@@ -249,7 +257,7 @@ class CudaBackend final : public Backend {
                                      stream_);
         }
         const cuda::Rows w = rows_of(src(MatMulSrc::weight), src(MatMulSrc::weight).rows);
-        if (gemm_.run(w, rows_of(x, rows_in_run(x, shape)), rows_of(dst, rows), stream_)) return;  // prefill
+        if (gemm_->run(w, rows_of(x, rows_in_run(x, shape)), rows_of(dst, rows), stream_)) return;  // prefill
         return cuda::matmul(w, rows_of(x, rows_in_run(x, shape)), rows_of(dst, rows), stream_);
       }
       case OpKind::GetRows:
@@ -314,7 +322,7 @@ class CudaBackend final : public Backend {
   static constexpr int kCublasMinTokens = 32;
 
   int device_, space_;
-  PrefillGemm gemm_;  // dense matmuls of prefill (PYINFER_CUBLAS_MIN_TOKENS=0: never)
+  std::unique_ptr<PrefillGemm> gemm_;  // dense matmuls of prefill (PYINFER_CUBLAS_MIN_TOKENS=0: never)
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t done_ = nullptr;

@@ -42,7 +42,7 @@ class DecodeGraph {
   bool ready() const { return exec_ != nullptr; }
   // The first run sizes the staging buffer; the second is captured.
   bool should_capture() const { return !given_up_ && exec_ == nullptr && seen_ >= 2; }
-  void seen() { ++seen_; }
+  void seen() { seen_ = seen_ < 2 ? seen_ + 1 : 2; }
   void give_up() { given_up_ = true; }
   // Takes the captured graph (and destroys it once instantiated); on failure the slot gives up.
   void set(cudaGraph_t graph, std::vector<Upload> ups, std::vector<Pending> downs) {

@@ -218,26 +218,27 @@ def test_bench_json_says_where_the_model_ran(model4, capsys):
 
 
 def _halves_wait_for_each_other(engine) -> list[int]:
-    """Layers whose CPU half waits for the device half (the executor's plan, no timing): for each FFN window
-    (an "ffn_in" node to the next "attn_in"), a CPU segment holding FFN work must not depend on a device
-    segment of the same window."""
-    names, segs = engine.node_names(), engine.segments()
+    """Layers where one half of a split FFN waits for the other (the executor's plan, no timing). A layer's
+    FFN nodes run from its "ffn_in" to the next "attn_in" (the last one's to "x_out"); a backend's half is
+    its segments holding matmuls of that range, and none may depend on the other backend's half."""
+    names, ops, segs = engine.node_names(), engine.node_ops(), engine.segments()
     ffn_in = [i for i, n in enumerate(names) if n == "ffn_in"]
-    ends = [i for i, n in enumerate(names) if n == "attn_in"][1:] + [len(names)]
+    ends = [i for i, n in enumerate(names) if n == "attn_in"][1:] + [names.index("x_out")]
     serial = []
     for il, (lo, hi) in enumerate(zip(ffn_in, ends)):
-        inside = [k for k, s in enumerate(segs) if s["nodes"] and lo <= s["nodes"][0] < hi]
-        device = {k for k in inside if segs[k]["backend"] == 1}
-        cpu_work = [k for k in inside if segs[k]["backend"] == 0 and len(segs[k]["nodes"]) > 3]
-        if device and cpu_work and all(device & set(segs[k]["deps"]) for k in cpu_work):
+        half = {0: set(), 1: set()}
+        for k, s in enumerate(segs):
+            if any(lo <= i < hi and ops[i] == _core.Op.MAT_MUL for i in s["nodes"]):
+                half[s["backend"]].add(k)
+        if any(half[1 - be] & set(segs[k]["deps"]) for be in (0, 1) for k in half[be]):
             serial.append(il)
     return serial
 
 
 @pytest.mark.parametrize("sparse", [False, True])
 def test_the_two_halves_of_a_split_layer_run_at_the_same_time(tiny_model_path, sparse):
-    # The device's nodes come first in a split layer, so the CPU's half is a segment that waits only for the
-    # layer's input, not for the device's half (it once did: the device read h's Q8A copy from the CPU's half).
+    # Neither half of a split layer waits for the other, only for the layer's input (the device's half once
+    # waited for the CPU's: it read h's Q8A copy from the CPU's segment).
     from test_offload import varying_predictor_plan
 
     from pyinfer.runtime.sparse_ffn import SparseRuns

@@ -161,16 +161,20 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     from .sparse_ffn import sparse_ffn
 
     if DType(gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id) in INTEGER_DOT_WEIGHTS:
-        b.quantize(h)  # one Q8A copy of h on the CPU, shared by both sides (the device reads a copy of it)
+        # One Q8A copy of h, made on the device (h is written there) and shared by both sides: the CPU reads
+        # a copy of it, 40 bytes per 32 values instead of h's 128.
+        n = len(b.placement)
+        b.quantize(h)
+        for node in range(n, len(b.placement)):
+            b.place(node, device)
     n_blocks = cfg.d_ff // block
     gpu = sorted(set(int(k) for k in gpu_blocks))
     cpu = [k for k in range(n_blocks) if k not in set(gpu)]
     if not cpu:
         return _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity)
-    # The device's nodes first: the executor cuts the CPU's nodes after them into a segment of their own that
-    # starts with the device's, so the two halves run at the same time and only the merge waits for both.
-    # (CPU half first, the device's would wait for it: it reads h from the CPU's segment.)
-    dev_out = _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity) if gpu else None
+    # The CPU's nodes first: the copy of the shared input they read closes the device's segment right after
+    # that input, so the device's half is a segment of its own, after the CPU's in node order, that waits only
+    # for the input; the two halves run at the same time and only the merge waits for both.
     if sparsity is None:
         out = _side(b, gguf, h, il, cfg, cpu, block, "cpu", 0)
     elif not gpu:
@@ -186,9 +190,12 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
             return b.weight(name + ".cpu", t.dtype_id, t.cols, t.rows, t.data)
         out = sparse_ffn(b, w_sub, sub, h, il, dataclasses.replace(cfg, d_ff=len(neurons)),
                          restrict_plan(sparsity, il, neurons, cfg.d_ff), runs, down_type)
-    if dev_out is not None:
-        b.add(out, dev_out, out=out)
-    return out
+    if not gpu:
+        return out  # F32 [T, d_model] in host memory
+    dev_out = _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity)
+    b.add(dev_out, out, out=dev_out)  # the merge, on the device: the CPU's sum comes up
+    b.place(len(b.placement) - 1, device)
+    return dev_out
 
 
 def _gpu_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int], block: int,

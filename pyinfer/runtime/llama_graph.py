@@ -28,8 +28,9 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     `cache_type`: "f16" or "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token).
     `offload`: an offload.OffloadedFfn (with `sparsity`): the FFN rows come from its neuron store.
     `hybrid`: a GPU placement (place/gpu_placement.py, as its summary) and "device", the engine backend that
-    stands for the GPU: attention, each layer's placed FFN blocks and, if placed, the output head run there;
-    the residual stream stays in host memory."""
+    stands for the GPU: the residual stream, norms and attention, each layer's placed FFN blocks and, if
+    placed, the output head run there. Only the embedding lookup and the CPU's FFN blocks run on the CPU, so
+    a layer wholly on the GPU costs no copy and a split one two (its FFN input down, the CPU's sum up)."""
     if cache_type not in CACHE_TYPES:
         raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
     kv_dtype = CACHE_TYPES[cache_type]
@@ -54,6 +55,13 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
 
     embed = w("token_embd.weight")                      # [vocab, d_model]
     x = b.get_rows(embed, tokens, "x", scale=cfg.embed_scale)  # F32 [T, d_model], the residual stream
+    device = hybrid["device"] if hybrid is not None else None
+
+    def on_device(first: int) -> None:  # the nodes added since `first` run on the device
+        if device is not None:
+            for node in range(first, len(b.placement)):
+                b.place(node, device)
+
     for il in range(cfg.n_layers):
         p = f"blk.{il}."
         first = len(b.placement)
@@ -76,11 +84,12 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         o = b.matmul(w(p + "attn_output.weight"), o, "attn_out")  # F32 [T, d_model]
         if cfg.post_norms:
             o = b.rms_norm(o, w(p + "post_attention_norm.weight"), cfg.norm_eps, "attn_out_normed", out=o)
-        if hybrid is not None:  # attention on the GPU (its weights and KV cache are in the placement's minimum)
-            for node in range(first, len(b.placement)):
-                b.place(node, hybrid["device"])
-        b.add(x, o, out=x)
+        if device is not None and il == 0:  # from here the residual stream is written on the device
+            x = b.add(x, o, name="x_device")
+        else:
+            b.add(x, o, out=x)
         h = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps, "ffn_in")  # F32 [T, d_model]
+        on_device(first)  # attention's weights and KV cache are in the placement's minimum
         if record:
             f = _recorded_ffn(b, w, h, il, cfg)
         elif hybrid is not None:
@@ -90,19 +99,24 @@ def build_llama_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
             f = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type, offload)
         else:
             f = dense_ffn(b, w, h, il, cfg)
+        first = len(b.placement)
         if cfg.post_norms:
             f = b.rms_norm(f, w(p + "post_ffw_norm.weight"), cfg.norm_eps, "ffn_out_normed", out=f)
+            if device is not None and not hybrid["gpu_blocks"][il]:
+                first = len(b.placement)  # in place on the CPU's FFN output, written there
         b.add(x, f, out=x)
+        on_device(first)
 
     # Only rows that need logits go through the final norm and the (large) output head.
+    first = len(b.placement)
     xo = b.select_rows(x, out_ids, "x_out")             # F32 [O, d_model]
     h = b.rms_norm(xo, w("output_norm.weight"), cfg.norm_eps, "out_in")
+    on_device(first)
     head = embed if cfg.tied_output else w("output.weight")
     first = len(b.placement)
     logits = b.matmul(head, h, "logits")                # F32 [O, vocab]
     if hybrid is not None and hybrid.get("head_on_gpu"):
-        for node in range(first, len(b.placement)):
-            b.place(node, hybrid["device"])
+        on_device(first)
     b.graph.output_logits = logits.id
     return b
 
