@@ -250,3 +250,38 @@ def test_the_two_halves_of_a_split_layer_run_at_the_same_time(tiny_model_path, s
     e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, placement=b.placement,
                      backend_threads=[2, 1], backend_memory=[0, 1])
     assert _halves_wait_for_each_other(e) == []
+
+
+def test_the_device_side_of_a_batch_step_is_sparse_per_token(tiny_model_path):
+    # A run of up to runs.max_tokens tokens (a batch's decode step) is sparse on the device too, each token
+    # with its own list: four tokens in one run give what four one-token runs give (float order aside), and
+    # differ from the same run taken dense (random predictors drop about half the cold neurons).
+    from test_offload import varying_predictor_plan
+    from test_sparsity import TOKENS
+
+    from pyinfer.runtime.sparse_ffn import SparseRuns
+
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = varying_predictor_plan(m.gguf.fingerprint())
+    pl = {"gpu_blocks": [[0, 1], [0, 1, 2]], "block": 32, "head_on_gpu": True, "device": 1}
+    ids = np.array(TOKENS[:4], np.int32)
+
+    def logits(runs: SparseRuns, one_by_one: bool) -> np.ndarray:
+        b = build_llama_graph(m.gguf, m.config, 64, plan, runs, hybrid=pl)
+        e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, placement=b.placement,
+                         backend_threads=[2, 1], backend_memory=[0, 1])
+        if not one_by_one:
+            e.run(4, ids, np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int32))
+            return np.array(e.logits())[:4].copy()
+        out = []
+        for i in range(4):
+            e.run(1, ids[i:i + 1], np.array([i], np.int32), np.array([0], np.int32))
+            out.append(np.array(e.logits())[0].copy())
+        return np.stack(out)
+
+    every = SparseRuns.every_token(16)
+    single, batch = logits(every, True), logits(every, False)
+    dense_batch = logits(SparseRuns(max_tokens=1), False)  # four tokens: dense on both sides
+    scale = np.abs(single).max()
+    assert np.abs(batch - single).max() <= 1e-3 * scale
+    assert np.abs(dense_batch - single).max() > 1e-2 * scale

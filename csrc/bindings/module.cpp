@@ -302,11 +302,11 @@ PYBIND11_MODULE(_core, m) {
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("row_mode"), py::arg("storage"),
            py::arg("rows") = 0)
       .def("add_node", [](PyGraph& g, OpKind op, int dst, const py::dict& src, const py::dict& params, RunIf run_if,
-                          int32_t max_tokens, int when_list, bool when_sparse) {
+                          int32_t max_tokens, int when_list, bool when_sparse, int32_t min_tokens) {
              Node n;
              n.op = op;
              n.dst = dst;
-             n.guard = NodeGuard{run_if, max_tokens, when_list, when_sparse};
+             n.guard = NodeGuard{run_if, max_tokens, when_list, when_sparse, min_tokens};
              const OpSignature& sig = op_signature(op);
              auto names = [](const char* const* list, int count, auto get) {
                std::string out;
@@ -340,9 +340,9 @@ PYBIND11_MODULE(_core, m) {
              return g.graph.add_node(n);
            }, py::arg("op"), py::arg("dst"), py::arg("src"), py::arg("params") = py::dict(),
            py::arg("run_if") = RunIf::Always, py::arg("max_tokens") = 0, py::arg("when_list") = -1,
-           py::arg("when_sparse") = true,
+           py::arg("when_sparse") = true, py::arg("min_tokens") = 0,
            "src: {slot name: tensor id}; params: {name: value} (op_signature(op) lists both). max_tokens: skip "
-           "runs with more tokens (0: no cap); when_list: an ActiveUnion result, the node runs only when it chose "
+           "runs with more tokens (0: no cap); min_tokens: skip runs with fewer (0: no floor); when_list: an ActiveUnion result, the node runs only when it chose "
            "the sparse path (when_sparse) or the dense one")
       .def("validate", [](const PyGraph& g) { g.graph.validate(); })
       .def("pin", [](PyGraph& g, int id) { g.graph.pinned.push_back(id); },

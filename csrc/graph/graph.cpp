@@ -222,6 +222,7 @@ void Graph::validate() const {
         c.fail("when_list must be the result of an earlier ActiveUnion node");
     }
     if (n.guard.max_tokens < 0) c.fail("max_tokens must be >= 0");
+    if (n.guard.min_tokens < 0) c.fail("min_tokens must be >= 0");
     const auto& src = n.src;
     switch (n.op) {
       case OpKind::GetRows: {

@@ -93,6 +93,7 @@ struct NodeGuard {
   int32_t max_tokens = 0;  // runs only with at most this many tokens (0: any number)
   int when_list = -1;      // an ActiveUnion result: runs only when its count is >= 0 (when_sparse) or -1
   bool when_sparse = true;
+  int32_t min_tokens = 0;  // runs only with at least this many tokens (0: any number)
 };
 
 struct Node {

@@ -23,12 +23,13 @@ class T:
 
 @dataclass(frozen=True)
 class Guard:
-    """When a node runs: its RunIf, at most `max_tokens` tokens (0: any), and, with `when`, only on the
-    path (sparse or dense) that an ActiveUnion result chose for this run."""
+    """When a node runs: its RunIf, at most `max_tokens` and at least `min_tokens` tokens (0: any), and, with
+    `when`, only on the path (sparse or dense) that an ActiveUnion result chose for this run."""
     run_if: RunIf | Guard = RunIf.ALWAYS
     max_tokens: int = 0
     when: T | None = None
     sparse: bool = True
+    min_tokens: int = 0
 
 
 def _guard(g: RunIf | Guard) -> Guard:
@@ -99,7 +100,7 @@ class GraphBuilder:
         """Adds a node; `src` and `params` by the names `_core.op_signature(op)` lists."""
         g = _guard(run_if)
         self.graph.add_node(op, dst.id, {k: s.id for k, s in src.items() if s is not None}, params or {},
-                            g.run_if, g.max_tokens, g.when.id if g.when is not None else -1, g.sparse)
+                            g.run_if, g.max_tokens, g.when.id if g.when is not None else -1, g.sparse, g.min_tokens)
         self.node_ops.append((op, self._names.get(dst.id, "")))
         self.placement.append(0)
         for key in [k for k in self._quantized if k[0] == dst.id]:

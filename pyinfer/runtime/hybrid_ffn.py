@@ -19,8 +19,8 @@ import numpy as np
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile, GGUFTensor
 from ..sparsity.plan import LayerPlan, Predictor, SparsityPlan
-from .._core import DType, RunIf
-from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, T
+from .._core import DType
+from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, Guard, T
 
 
 def raw_rows(gguf: GGUFModelFile, name: str) -> np.ndarray:
@@ -110,17 +110,18 @@ def restrict_plan(plan: SparsityPlan, il: int, neurons: np.ndarray, n_ff: int) -
 
 
 def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
-                        block: int, backend: int, sparsity: SparsityPlan, lp: LayerPlan) -> T:
-    """A predictor layer's device share, F32 [T, d_model]: in decode, only the neurons of its blocks that the
-    predictor picks (PowerInfer's GPU side: the token's own list, without the batch's union, whose dense/sparse
-    choice is read on the host); with many tokens, all of them. One copy of gate and up (hot-first rows) serves
-    both; the down is held twice, as the model's blocks (many tokens) and neuron-major in Q8_0 (decode), which
-    the placement charges (gpu_placement.neuron_bytes)."""
+                        block: int, backend: int, sparsity: SparsityPlan, lp: LayerPlan, few_tokens: int) -> T:
+    """A predictor layer's device share, F32 [T, d_model]: in runs of up to `few_tokens` tokens (decode, a
+    batch's decode step), only the neurons of its blocks that the predictor picks, each token's own list
+    (PowerInfer's GPU side; no batch union, whose dense/sparse choice would be read on the host: a GPU reads
+    a row again per token from its cache instead); in longer runs, all of them. One copy of gate and up
+    (hot-first rows) serves both; the down is held twice, as the model's blocks (long runs) and neuron-major
+    in Q8_0 (few tokens), which the placement charges (gpu_placement.neuron_bytes)."""
     from .._core import DType
     from .sparse_ffn import neuron_major_down, permuted_rows
 
     sub, n, p = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(blocks) * block, f"blk.{il}."
-    one, many = RunIf.SINGLE_TOKEN, RunIf.MULTI_TOKEN
+    one, many = Guard(max_tokens=few_tokens), Guard(min_tokens=few_tokens + 1)
     perm, pred = lp.perm.astype(np.int32), lp.predictor
     first = len(b.placement)
     gate_t, up_t, down_t = (sub.tensor(p + f"ffn_{k}.weight") for k in ("gate", "up", "down"))
@@ -128,13 +129,13 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     up_w = b.weight(p + "ffn_up.gpu", up_t.dtype_id, cfg.d_model, n, permuted_rows(sub, up_t.name, perm))
     perm_w = b.weight(p + "ffn.perm.gpu", int(DType.I32), n, 1, perm)
 
-    # Many tokens: the dense FFN in hot-first order, scattered back to the blocks' order for their down.
+    # Longer runs: the dense FFN in hot-first order, scattered back to the blocks' order for their down.
     g = b.matmul(gate_w, h, "gate.gpu", run_if=many)                   # F32 [T, n], hot-first
     b.gated_mul(g, b.matmul(up_w, h, "up.gpu", run_if=many), out=g, act=cfg.activation, run_if=many)
     down_blocks = b.weight(p + "ffn_down.gpu", down_t.dtype_id, n, cfg.d_model, down_t.data)
     out = b.matmul(down_blocks, b.scatter_cols(g, perm_w, "act.gpu", run_if=many), "ffn_out.gpu", run_if=many)
 
-    # One token: predictor, the token's list, gathered gate and up, its down rows.
+    # Few tokens: predictor, each token's list, gathered gate and up, its down rows.
     down_type, down = neuron_major_down(sub, p + "ffn_down.weight", perm, "q8_0")  # [n, d], hot-first rows
     down_w = b.weight(p + "ffn_down.gpu_neurons", int(down_type), cfg.d_model, n, down.reshape(n, -1))
     w1 = b.weight(p + "pred.w1.gpu", int(DType.Q8_0), cfg.d_model, pred.rank, pred.w1_q8)
@@ -157,7 +158,8 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
                block: int, device: int, sparsity: SparsityPlan | None = None, runs=None, down_type: str = "auto",
                w=None) -> T:
     """The layer's FFN output, F32 [T, d_model]: blocks `gpu_blocks` on backend `device`, the rest on 0. Under
-    `sparsity` the CPU side runs sparse, and the device side too in decode where the layer has a predictor."""
+    `sparsity` the CPU side runs sparse, and the device side too, in runs of up to `runs.max_tokens` tokens,
+    where the layer has a predictor."""
     from .sparse_ffn import sparse_ffn
 
     if DType(gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id) in INTEGER_DOT_WEIGHTS:
@@ -171,7 +173,7 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     gpu = sorted(set(int(k) for k in gpu_blocks))
     cpu = [k for k in range(n_blocks) if k not in set(gpu)]
     if not cpu:
-        return _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity)
+        return _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity, runs)
     # The CPU's nodes first: the copy of the shared input they read closes the device's segment right after
     # that input, so the device's half is a segment of its own, after the CPU's in node order, that waits only
     # for the input; the two halves run at the same time and only the merge waits for both.
@@ -192,15 +194,16 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
                          restrict_plan(sparsity, il, neurons, cfg.d_ff), runs, down_type)
     if not gpu:
         return out  # F32 [T, d_model] in host memory
-    dev_out = _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity)
+    dev_out = _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity, runs)
     b.add(dev_out, out, out=dev_out)  # the merge, on the device: the CPU's sum comes up
     b.place(len(b.placement) - 1, device)
     return dev_out
 
 
 def _gpu_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int], block: int,
-              device: int, sparsity: SparsityPlan | None) -> T:
-    """The device's share: dense, or with a predictor layer sparse in decode and dense for many tokens."""
+              device: int, sparsity: SparsityPlan | None, runs=None) -> T:
+    """The device's share: dense, or with a predictor layer sparse in runs of up to `runs.max_tokens` tokens
+    (one without `runs`) and dense in longer ones."""
     n = len(blocks) * block
     lp = sparsity.layers[il] if sparsity is not None else None
     if lp is None or lp.predictor is None:
@@ -208,4 +211,5 @@ def _gpu_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCon
     sub_plan = restrict_plan(sparsity, il, block_neurons(blocks, block), cfg.d_ff).layers[il]
     if sub_plan.hot >= n:  # all hot: nothing to predict
         return _side(b, gguf, h, il, cfg, blocks, block, "gpu", device)
-    return _gpu_predictor_side(b, gguf, h, il, cfg, blocks, block, device, sparsity, sub_plan)
+    few = runs.max_tokens if runs is not None else 1
+    return _gpu_predictor_side(b, gguf, h, il, cfg, blocks, block, device, sparsity, sub_plan, few)
