@@ -253,3 +253,30 @@ def test_when_list_must_come_from_an_earlier_union():
 
     with pytest.raises(ValueError, match="ActiveUnion"):
         single_op_engine(self_guarded)
+
+
+# Load-time repacking of a down matrix (kernels/repack.cpp) against gguf's numpy decode, transpose and Q8_0
+# quantization: the same bytes for every weight type, and one-line errors for bad input.
+@pytest.mark.parametrize("qtype", ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_neuron_major_repack_equals_numpy(qtype):
+    from test_quant_types import random_blocks
+
+    rng = np.random.default_rng(3)
+    rows, cols, qt = 64, 512, Q[qtype]
+    if qtype in ("F32", "F16"):
+        raw = rng.standard_normal((rows, cols)).astype(np.float32 if qtype == "F32" else np.float16)
+    elif qtype in ("Q4_0", "Q4_1", "Q8_0"):
+        raw = quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qt)
+    else:
+        raw = random_blocks(qt, rows, cols, rng)
+    raw = np.asarray(raw).view(np.uint8).reshape(rows, -1)
+    perm = rng.permutation(cols)[:300].astype(np.int32)
+    want = np.ascontiguousarray(quants.dequantize(raw, qt).reshape(rows, cols).T[perm], dtype=np.float32)
+    got = _core.neuron_major(raw, getattr(DType, qtype), cols, perm, DType.F32, 3).view(np.float32)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_core.neuron_major(raw, getattr(DType, qtype), cols, perm, DType.Q8_0, 2),
+                                  quants.quantize(want, Q.Q8_0))
+    with pytest.raises(_core.GraphError, match="out of range"):
+        _core.neuron_major(raw, getattr(DType, qtype), cols, np.array([cols], np.int32), DType.F32)
+    with pytest.raises(_core.GraphError, match="bytes, not"):
+        _core.neuron_major(raw[:, :-2], getattr(DType, qtype), cols, perm, DType.F32)

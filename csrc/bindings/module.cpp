@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "kernels/repack.h"
 #ifdef PYINFER_WITH_CUDA
 #include "cuda_backend.h"
 #include "cuda_info.h"
@@ -119,6 +120,29 @@ PYBIND11_MODULE(_core, m) {
   m.attr("N_OP_KINDS") = kOpKinds;
   m.def("available_isas", &available_isas, "Kernel ISAs usable on this CPU, best first (comma-separated).");
   m.def("row_bytes", [](DType t, int64_t n) { return dtype_row_bytes(t, n); });
+  m.def("neuron_major", [](py::array_t<uint8_t, py::array::c_style> src, DType type, int64_t cols,
+                           py::array_t<int32_t, py::array::c_style> perm, DType out, int threads) {
+          if (src.ndim() != 2) throw GraphError("neuron_major: src must be U8 [rows, row bytes]");
+          const int64_t rows = src.shape(0), n = perm.size();
+          if (size_t(src.shape(1)) != dtype_row_bytes(type, cols))
+            throw GraphError("neuron_major: a row of " + std::to_string(cols) + " elements of this type is " +
+                             std::to_string(dtype_row_bytes(type, cols)) + " bytes, not " +
+                             std::to_string(src.shape(1)));
+          if (!dtype_is_integer_dot(type) && type != DType::F32 && type != DType::F16 && type != DType::BF16)
+            throw GraphError("neuron_major: no decoder for this weight type");
+          const int64_t row_out = out == DType::F32 ? rows * 4 : rows / 32 * 34;
+          py::array_t<uint8_t> dst({n, row_out});
+          try {
+            py::gil_scoped_release release;
+            neuron_major(type, src.data(), src.shape(1), rows, cols, perm.data(), n, out, dst.mutable_data(),
+                         threads);
+          } catch (const std::invalid_argument& e) {
+            throw GraphError(std::string("neuron_major: ") + e.what());
+          }
+          return dst;
+        }, py::arg("src"), py::arg("dtype"), py::arg("cols"), py::arg("perm"), py::arg("out"), py::arg("threads") = 1,
+        "Rows k = column perm[k] of a [rows, cols] weight, as F32 [n, rows] or Q8_0 bytes [n, rows / 32 * 34] "
+        "(load-time repacking of a down matrix for the sparse FFN).");
 #ifdef PYINFER_WITH_CUDA
   m.def("cuda_sync_seconds", [](size_t bytes, int reps, int device) {
     py::gil_scoped_release release;

@@ -266,7 +266,14 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
     for (int j = 0; j < kQuantBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
     const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
     y[b].d = fp32_to_fp16(d);
-    for (int j = 0; j < kQuantBlock; ++j) y[b].qs[j] = int8_t(std::lround(xb[j] * id));
+    for (int j = 0; j < kQuantBlock; ++j) {
+      // lround (half away from zero, as ggml) without its libm call: |v| <= 127, so v - trunc(v) is exact.
+      const float v = xb[j] * id;
+      int q = int(v);
+      const float frac = v - float(q);
+      q += (frac >= 0.5f) - (frac <= -0.5f);
+      y[b].qs[j] = int8_t(q);
+    }
   }
 }
 

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType, quants
 
+from .. import _core
 from .._core import DType
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import LayerPlan, SparsityPlan
 from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, Guard, T
+from .threads import physical_cores
 
 _FLOAT_TYPES = {"F32", "F16", "BF16"}
 
@@ -86,11 +88,15 @@ def neuron_major_down(gguf: GGUFModelFile, name: str, perm: np.ndarray, down_typ
     along the other axis: Q4_1 (as many bytes as the source, a second rounding) or Q8_0 (1.7x the bytes,
     nearly lossless). Float models stay exact in F32."""
     t = gguf.tensor(name)
-    w = quants.dequantize(np.asarray(t.data), GGMLQuantizationType[t.type_name]).reshape(t.rows, t.cols)
-    wt = np.ascontiguousarray(w.T[perm], dtype=np.float32)
-    if t.type_name in _FLOAT_TYPES or wt.shape[1] % 32:
-        return DType.F32, wt
+    raw = np.asarray(t.data).view(np.uint8).reshape(t.rows, -1)
+    perm = np.ascontiguousarray(perm, dtype=np.int32)
     dt = NEURON_DOWN_TYPES[down_type]
+    exact = t.type_name in _FLOAT_TYPES or t.rows % 32
+    if not exact and dt == DType.Q8_0:  # decode, transpose and quantize in C++ on every core
+        return dt, _core.neuron_major(raw, DType(t.dtype_id), t.cols, perm, DType.Q8_0, physical_cores())
+    wt = _core.neuron_major(raw, DType(t.dtype_id), t.cols, perm, DType.F32, physical_cores()).view(np.float32)
+    if exact:
+        return DType.F32, wt                                            # F32 [n, d_model]
     return dt, quants.quantize(wt, GGMLQuantizationType[dt.name])
 
 
