@@ -129,6 +129,7 @@ def main() -> int:
     ap.add_argument("-m", "--model", default=None, help="GGUF file or named model (default: SmolLM2-135M Q4_1)")
     ap.add_argument("--synthetic-7b", metavar="DIR", help="the LLaMA-7B-shaped synthetic model (written into DIR)")
     ap.add_argument("--synthetic-layers", type=int, default=None, help="fewer layers for it (a small machine)")
+    ap.add_argument("--sparsity", default="off", help="a sparsity plan every pyinfer configuration runs (default off)")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or standin (default cuda)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     ap.add_argument("--ctx", type=int, default=512)
@@ -147,7 +148,7 @@ def main() -> int:
     import timeline
     from pyinfer.offload.planner import timed_decode
 
-    sparsity = "off"
+    sparsity = args.sparsity
     if args.synthetic_7b:
         args.model, sparsity = synthetic_model(args.synthetic_7b, args.synthetic_layers)
     load = dict(n_threads=args.threads, n_ctx=args.ctx, progress=False, sparsity=sparsity)
@@ -204,7 +205,7 @@ def main() -> int:
         row["x_cpu"] = statistics.median(a / c for a, c in zip(r, rates["cpu"]))
         if "perplexity" in row:
             row["ppl_vs_cpu"] = row["perplexity"] / rows[0]["perplexity"]
-    meta = {"model": Path(base.path).name, "sparsity": "oracle predictors" if args.synthetic_7b else "off",
+    meta = {"model": Path(base.path).name, "sparsity": "oracle predictors" if args.synthetic_7b else args.sparsity,
             "device": args.device, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
             "machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d"), **extra}
     if args.device.startswith("cuda"):

@@ -225,6 +225,10 @@ class Model:
             if a != b:
                 break
             common += 1
+        if self.sparsity is not None and not self.emulate_prefill:
+            # Prompts run dense, one token sparse: rerunning only the last prompt token would take it sparse,
+            # and the same prompt twice would not give the same tokens. Two tokens run dense, as prefill did.
+            common = min(common, max(len(ids) - 2, 0))
         return self._forward(ids[common:], common, np.array([len(ids) - common - 1]))[0]
 
     def _token_stream(self, prompt_ids: list[int], max_tokens: int, sampler: Sampler) -> Iterator[int]:

@@ -310,3 +310,16 @@ def test_powerinfer_file_runs_its_own_predictors(tmp_path):
     scale = np.abs(want).max()
     assert np.abs(got - want).max() < 2e-3 * scale  # a near-tie score could flip one neuron: none here
     assert np.abs(got - decode_logits(dense, TOKENS)).max() > 1e-3 * scale  # and the predictor did skip some
+
+
+def test_the_same_prompt_twice_gives_the_same_tokens_on_a_sparse_model(tiny_model_path):
+    # The second call reuses the cached prompt; its last token must not be rerun alone (one token runs
+    # sparse, the prompt ran dense), or greedy decoding would change between two identical calls.
+    from test_offload import varying_predictor_plan
+
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=varying_predictor_plan(m.gguf.fingerprint()))
+    ids = m.tokenize("Once upon a time there was")
+    first = m._prefill(ids)  # the logits generate() samples the first token from
+    np.testing.assert_array_equal(m._prefill(ids), first)
+    assert m.generate(ids, max_tokens=10, temperature=0) == m.generate(ids, max_tokens=10, temperature=0)
