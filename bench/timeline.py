@@ -37,9 +37,9 @@ def step_timeline(model) -> list[tuple[int, int, float, float]]:
 
 def layer_overlap(model, spans) -> list[dict]:
     """Per layer: CPU and device busy ms in its FFN and the share of the shorter side overlapped. The FFN's
-    nodes run from its "ffn_in" to the next layer's "attn_in" (the last one's to "x_out"); the CPU's segments starting there, and the
-    device's lying wholly there (its segments that also merge and go on to the next attention are not the
-    FFN's half), are the two halves."""
+    nodes run from its "ffn_in" to the next layer's "attn_in" (the last one's to "x_out"); the CPU's segments
+    starting there, and the device's lying wholly there (its segments that also merge and go on to the next
+    attention are not the FFN's half), are the two halves."""
     names = model._engine.node_names()
     starts = [i for i, n in enumerate(names) if n == "attn_in"] + [names.index("x_out")]  # x_out: after the last
     ffn_in = [i for i, n in enumerate(names) if n == "ffn_in"]

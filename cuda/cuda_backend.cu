@@ -1,9 +1,9 @@
 // The CUDA backend (cuda_backend.h): device buffers, one stream, pinned staging for the copies the engine
 // inserts where tensors cross between host and device, and the kernels (kernels/): the dense ops and the
-// neuron-aware ones (active lists, gather-GEMV, gated activation, down axpy). A decode step's segments are
-// replayed as CUDA graphs (decode_graph.h says when). Not here: the active union and
-// nodes guarded by its decision (a guard reads host memory), Q4T downs and paged weights; supports() says
-// so, and the engine refuses a placement that puts them here.
+// neuron-aware ones (active lists, gather-GEMV, gated activation, down axpy, Q4T downs included). A decode
+// step's segments are replayed as CUDA graphs (decode_graph.h says when); prefill's dense matmuls may go to
+// cuBLAS (cublas_gemm.h). Not here: the active union and nodes guarded by its decision (a guard reads host
+// memory) and paged weights; supports() says so, and the engine refuses a placement that puts them here.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -75,8 +75,10 @@ class CudaBackend final : public Backend {
       case OpKind::MatMul:  // dense, or a gather over an active list
         return !src(MatMulSrc::weight).paged && weight_type_ok(src(MatMulSrc::weight).type) &&
                (src(MatMulSrc::x).type == DType::F32 || src(MatMulSrc::x).type == DType::Q8A);
-      case OpKind::DownAxpy:  // neuron-major down rows; Q4T's shared group scales are not done here
-        return !src(DownAxpySrc::down).paged && weight_type_ok(src(DownAxpySrc::down).type);
+      case OpKind::DownAxpy:  // neuron-major down rows, or Q4T with its groups' scales
+        return !src(DownAxpySrc::down).paged &&
+               (weight_type_ok(src(DownAxpySrc::down).type) ||
+                (src(DownAxpySrc::down).type == DType::Q4T && n.src[DownAxpySrc::scales] >= 0));
       case OpKind::ActiveSet: case OpKind::GatedAct: return true;
       case OpKind::GetRows: return !src(GetRowsSrc::table).paged && weight_type_ok(src(GetRowsSrc::table).type);
       case OpKind::Attention:
@@ -310,9 +312,11 @@ class CudaBackend final : public Backend {
                                n.p.gated_act.threshold, stream_);
       case OpKind::DownAxpy: {
         const int map = n.src[DownAxpySrc::row_map];
-        return cuda::down_axpy(rows_of(src(DownAxpySrc::down), src(DownAxpySrc::down).rows),
-                               rows_of(src(DownAxpySrc::act), rows), rows_of(src(DownAxpySrc::active), rows),
-                               map >= 0 ? i32(DownAxpySrc::row_map) : nullptr, rows_of(dst, rows), axpy_, stream_);
+        const Tensor& down = src(DownAxpySrc::down);
+        const __half* q4t = down.type == DType::Q4T ? static_cast<const __half*>(src(DownAxpySrc::scales).data) : nullptr;
+        return cuda::down_axpy(rows_of(down, down.rows), rows_of(src(DownAxpySrc::act), rows),
+                               rows_of(src(DownAxpySrc::active), rows), map >= 0 ? i32(DownAxpySrc::row_map) : nullptr,
+                               rows_of(dst, rows), axpy_, stream_, q4t);
       }
       default: throw std::runtime_error(std::string("the CUDA backend has no kernel for ") + op_name(n.op));
     }

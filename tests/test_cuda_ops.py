@@ -214,6 +214,29 @@ def test_neuron_aware_ops(variant, shared, monkeypatch):
     close(cpu[1:], gpu[1:], 1e-4)
 
 
+# The down axpy over a Q4T down (the lossless neuron-major form of a Q4_0/Q4_1 down: nibbles, each 32-neuron
+# group's scales and offsets per column, rows in the original order reached through row_map): 1e-4.
+@pytest.mark.parametrize("variant", ["columns", "atomics"])
+@pytest.mark.parametrize("src_type", ["Q4_0", "Q4_1"])
+def test_down_axpy_q4t(variant, src_type, monkeypatch):
+    from pyinfer.runtime.sparse_ffn import q4t_from_blocks
+
+    monkeypatch.setenv("PYINFER_CUDA_AXPY", variant)
+    n_ff, d, n = 96, 64, 3
+    blocks = quants.quantize(RNG.standard_normal((d, n_ff)).astype(np.float32), Q[src_type])  # [d, n_ff]
+    nibbles, scales = q4t_from_blocks(blocks, src_type, d, n_ff)
+    row_map = RNG.permutation(n_ff).astype(np.int32)
+
+    def build(b):
+        lists = b.active_set(f32(b, "s", n, n_ff), n_ff, "lists", threshold=0.6)
+        act = f32(b, "act", n, n_ff)
+        down = b.weight("down", int(DType.Q4T), d, n_ff, nibbles)
+        sc = b.weight("scales", int(DType.F16), 2 * d, n_ff // 32, scales)
+        rm = b.weight("row_map", int(DType.I32), n_ff, 1, row_map)
+        return b.down_axpy(down, act, lists, "y", scales=sc, row_map=rm)
+    close(*both(build, n), 1e-4)
+
+
 @pytest.mark.parametrize("mode", ["predictor", "silu"])
 def test_active_set_modes(mode):
     n_ff, hot, n = 300, 20, 4  # more neurons than one block of threads

@@ -285,3 +285,24 @@ def test_the_device_side_of_a_batch_step_is_sparse_per_token(tiny_model_path):
     scale = np.abs(single).max()
     assert np.abs(batch - single).max() <= 1e-3 * scale
     assert np.abs(dense_batch - single).max() > 1e-2 * scale
+
+
+def test_a_q4_model_on_the_device_alone_decodes_as_the_cpu_with_q4t_downs(tiny_model_path):
+    # The device's sparse side holds a Q4_1 model's downs as Q4T, the lossless form the CPU's auto choice
+    # also takes: with every neuron on the device, decode equals the CPU's bit for bit.
+    from test_offload import varying_predictor_plan
+    from test_sparsity import TOKENS
+
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = varying_predictor_plan(m.gguf.fingerprint())
+
+    def decode(model) -> np.ndarray:
+        out = []
+        for i, t in enumerate(TOKENS):
+            out.append(model._forward([t], i, np.array([0]))[0])
+        return np.stack(out)
+
+    cpu = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down="q4t")
+    dev = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, device="standin", vram_budget="1G")
+    assert sum(dev.placement["gpu_neurons"]) == sum(dev.placement["n_ff"])
+    np.testing.assert_array_equal(decode(dev), decode(cpu))

@@ -59,9 +59,11 @@ void gather_matmul(const Rows& w, const Rows& x, const Rows& y, const Rows& list
 // y[t][j] = act(gate[t][j]) * up[t][j] for the listed j, 0 where its magnitude is at most `threshold`.
 void gated_act(const Rows& gate, const Rows& up, const Rows& lists, const Rows& y, Activation act, float threshold,
                cudaStream_t s);
-// y[t] = sum over token t's listed j of act[t][j] * down[row_map ? row_map[j] : j] (down neuron-major).
+// y[t] = sum over token t's listed j of act[t][j] * down[row_map ? row_map[j] : j] (down neuron-major). A Q4T
+// down (nibbles [n_ff, d/2], rows in the original neuron order) takes `q4t_scales`: F16 [n_ff / 32, 2d], each
+// 32-neuron group's scale then offset per output column (element = scale * q + offset).
 enum class AxpyVariant { Columns, Atomics };
 void down_axpy(const Rows& down, const Rows& act, const Rows& lists, const int32_t* row_map, const Rows& y,
-               AxpyVariant variant, cudaStream_t s);
+               AxpyVariant variant, cudaStream_t s, const __half* q4t_scales = nullptr);
 
 }  // namespace pyinfer::cuda

@@ -80,8 +80,20 @@ __global__ void gated_act_kernel(Rows gate, Rows up, Rows lists, Rows y, Activat
   }
 }
 
+// Element c of down row `row`: any weight type, or Q4T with its group's scale and offset for column c.
+__device__ __forceinline__ float down_elem(const Rows& down, const __half* q4t, int64_t row, int64_t c) {
+  const uint8_t* r = down.data + row * down.stride;
+  if (q4t == nullptr) return weight_elem(down.type, r, c);
+  const int j = int(c % 32);
+  const uint8_t byte = r[(c / 32) * 16 + (j & 15)];
+  const float q = float(j < 16 ? byte & 0x0f : byte >> 4);
+  const __half* g = q4t + (row / 32) * 2 * down.cols;
+  return __half2float(g[c]) * q + __half2float(g[down.cols + c]);
+}
+
 // Columns variant: each thread owns one output column of one token and walks the token's list.
-__global__ void axpy_columns_kernel(Rows down, Rows act, Rows lists, const int32_t* row_map, Rows y) {
+__global__ void axpy_columns_kernel(Rows down, Rows act, Rows lists, const int32_t* row_map, Rows y,
+                                    const __half* q4t) {
   const int64_t t = blockIdx.x;
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= down.cols) return;
@@ -93,7 +105,7 @@ __global__ void axpy_columns_kernel(Rows down, Rows act, Rows lists, const int32
     const float coef = a[j];
     if (coef == 0.f) continue;  // neurons the threshold zeroed after the gather
     const int64_t row = row_map ? row_map[j] : j;
-    acc += coef * weight_elem(down.type, down.data + row * down.stride, c);
+    acc += coef * down_elem(down, q4t, row, c);
   }
   at<float>(y, t)[c] = acc;
 }
@@ -101,7 +113,8 @@ __global__ void axpy_columns_kernel(Rows down, Rows act, Rows lists, const int32
 // Atomics variant: each block takes kRowsPerBlock listed rows of one token and adds their share into the
 // (zeroed) output.
 constexpr int kRowsPerBlock = 16;
-__global__ void axpy_atomic_kernel(Rows down, Rows act, Rows lists, const int32_t* row_map, Rows y) {
+__global__ void axpy_atomic_kernel(Rows down, Rows act, Rows lists, const int32_t* row_map, Rows y,
+                                   const __half* q4t) {
   const int64_t t = blockIdx.y;
   const int32_t* list = at<const int32_t>(lists, t);
   const int32_t k0 = int32_t(blockIdx.x) * kRowsPerBlock;
@@ -113,7 +126,7 @@ __global__ void axpy_atomic_kernel(Rows down, Rows act, Rows lists, const int32_
     for (int32_t k = k0; k < k1; ++k) {
       const int32_t j = list[1 + k];
       const int64_t row = row_map ? row_map[j] : j;
-      acc += a[j] * weight_elem(down.type, down.data + row * down.stride, c);
+      acc += a[j] * down_elem(down, q4t, row, c);
     }
     atomicAdd(at<float>(y, t) + c, acc);
   }
@@ -155,16 +168,16 @@ void gated_act(const Rows& gate, const Rows& up, const Rows& lists, const Rows& 
 }
 
 void down_axpy(const Rows& down, const Rows& act, const Rows& lists, const int32_t* row_map, const Rows& y,
-               AxpyVariant variant, cudaStream_t s) {
+               AxpyVariant variant, cudaStream_t s, const __half* q4t_scales) {
   if (y.rows <= 0) return;
   if (variant == AxpyVariant::Columns) {
     axpy_columns_kernel<<<dim3(unsigned(y.rows), unsigned((down.cols + kThreads - 1) / kThreads)), kThreads, 0, s>>>(
-        down, act, lists, row_map, y);
+        down, act, lists, row_map, y, q4t_scales);
     return;
   }
   zero_rows_kernel<<<dim3(unsigned(y.rows), col_blocks(y.cols)), kThreads, 0, s>>>(y);
   axpy_atomic_kernel<<<dim3(unsigned((down.rows + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(y.rows)), kThreads, 0,
-                       s>>>(down, act, lists, row_map, y);
+                       s>>>(down, act, lists, row_map, y, q4t_scales);
 }
 
 }  // namespace pyinfer::cuda

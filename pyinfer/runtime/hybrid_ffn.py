@@ -116,9 +116,10 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     (PowerInfer's GPU side; no batch union, whose dense/sparse choice would be read on the host: a GPU reads
     a row again per token from its cache instead); in longer runs, all of them. One copy of gate and up
     (hot-first rows) serves both; the down is held twice, as the model's blocks (long runs) and neuron-major
-    in Q8_0 (few tokens), which the placement charges (gpu_placement.neuron_bytes)."""
-    from .._core import DType
-    from .sparse_ffn import neuron_major_down, permuted_rows
+    (few tokens: Q4T for Q4_0/Q4_1 models, lossless, else Q8_0; gpu_placement.device_down), which the placement
+    charges (gpu_placement.neuron_bytes)."""
+    from ..place.gpu_placement import device_down
+    from .sparse_ffn import neuron_major_down, permuted_rows, q4t_down
 
     sub, n, p = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(blocks) * block, f"blk.{il}."
     one, many = Guard(max_tokens=few_tokens), Guard(min_tokens=few_tokens + 1)
@@ -136,8 +137,15 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     out = b.matmul(down_blocks, b.scatter_cols(g, perm_w, "act.gpu", run_if=many), "ffn_out.gpu", run_if=many)
 
     # Few tokens: predictor, each token's list, gathered gate and up, its down rows.
-    down_type, down = neuron_major_down(sub, p + "ffn_down.weight", perm, "q8_0")  # [n, d], hot-first rows
-    down_w = b.weight(p + "ffn_down.gpu_neurons", int(down_type), cfg.d_model, n, down.reshape(n, -1))
+    scales = row_map = None
+    q4t = q4t_down(sub, p + "ffn_down.weight") if device_down(gguf, cfg) == "q4t" else None
+    if q4t is not None:  # lossless; rows stay in the blocks' order, so list ids go through perm
+        down_w = b.weight(p + "ffn_down.gpu_q4t", int(DType.Q4T), cfg.d_model, n, q4t[0])
+        scales = b.weight(p + "ffn_down.gpu_q4t_scales", int(DType.F16), 2 * cfg.d_model, n // 32, q4t[1])
+        row_map = perm_w
+    else:
+        down_type, down = neuron_major_down(sub, p + "ffn_down.weight", perm, "q8_0")  # [n, d], hot-first rows
+        down_w = b.weight(p + "ffn_down.gpu_neurons", int(down_type), cfg.d_model, n, down.reshape(n, -1))
     w1 = b.weight(p + "pred.w1.gpu", int(DType.Q8_0), cfg.d_model, pred.rank, pred.w1_q8)
     b1 = b.weight(p + "pred.b1.gpu", int(DType.F32), pred.rank, 1, pred.b1.astype(np.float32))
     w2 = b.weight(p + "pred.w2.gpu", int(DType.Q8_0), pred.rank, n - lp.hot, pred.w2_q8)
@@ -148,7 +156,7 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     act = b.matmul(gate_w, h, "gate_s.gpu", active=lists, run_if=one)  # F32 [T, n], listed entries only
     up_s = b.matmul(up_w, h, "up_s.gpu", active=lists, run_if=one)
     b.gated_act(act, up_s, lists, 0.0 if sparsity.mode == "gate" else lp.threshold, act=cfg.activation, run_if=one)
-    b.down_axpy(down_w, act, lists, out=out, run_if=one)
+    b.down_axpy(down_w, act, lists, out=out, scales=scales, row_map=row_map, run_if=one)
     for node in range(first, len(b.placement)):
         b.place(node, backend)
     return out
