@@ -188,9 +188,9 @@ def main() -> int:
 
             row["perplexity"] = perplexity(m, text, 512, args.ppl_windows, progress=False).perplexity
         models[name], _ = m, rows.append(row)
-    from peer_torch import timed as peer_timed
-
     peer_list = peers(args, base, prompt, base.eval(prompt))
+    if peer_list:  # torch only when a peer runs: the stand-in check works without it
+        from peer_torch import timed as peer_timed
     rows += [row for _, _, row in peer_list]
     rates: dict[str, list[float]] = {name: [] for name in list(models) + [n for n, _, _ in peer_list]}
     for _ in range(args.rounds):  # alternating: every configuration once per round

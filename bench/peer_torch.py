@@ -114,14 +114,18 @@ class Peer:
         self.embed = dequant(gguf.tensor("token_embd.weight"), self.device, self.dtype)      # [vocab, d]
         self.head = self.embed if cfg.tied_output else dequant(gguf.tensor("output.weight"), self.device, self.dtype)
         self.out_norm = dequant(gguf.tensor("output_norm.weight"), self.device, self.dtype)
-        shape = (n_ctx, cfg.n_kv_heads, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.n_layers)]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(cfg.n_layers)]
         inv = cfg.rope_base ** (-2.0 * np.arange(cfg.head_dim // 2) / cfg.head_dim)
         self.inv_freq = torch.tensor(inv, dtype=torch.float64)
         n = cfg.n_layers
         self.gpu_blocks = min(gpu_blocks, n) if self.device.type == "cuda" else 0
         self.mode = mode
+        # Each block's KV cache where it computes: a CPU block of the layers mode keeps its own on the CPU
+        # (as llama.cpp's -ngl), the others on the GPU.
+        shape = (n_ctx, cfg.n_kv_heads, cfg.head_dim)
+        on_cpu = [il >= self.gpu_blocks and mode == "layers" for il in range(n)]
+        self.k = [torch.zeros(shape, dtype=torch.float32 if c else self.dtype, device="cpu" if c else self.device)
+                  for c in on_cpu]
+        self.v = [torch.zeros_like(k) for k in self.k]
         blocks = []
         for il in range(n):
             on_gpu = il < self.gpu_blocks

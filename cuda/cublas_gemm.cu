@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -16,6 +17,7 @@ namespace {
 constexpr int kOpN = 0, kOpT = 1;         // cublasOperation_t
 constexpr int kCompute32F = 68;           // cublasComputeType_t CUBLAS_COMPUTE_32F
 constexpr int kGemmDefault = -1;          // cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
+constexpr int64_t kScratchBytes = 16 << 20;  // the fp16 weight tile: 2048 rows of 4096
 
 struct CublasApi {
   int (*create)(void** handle) = nullptr;
@@ -107,25 +109,33 @@ bool PrefillGemm::run(const cuda::Rows& w, const cuda::Rows& x, const cuda::Rows
     }
   }
   const CublasApi& a = api();
-  auto* w16 = static_cast<__half*>(grow(w16_, w16_bytes_, size_t(w.rows) * size_t(w.cols) * 2));
+  // The weight goes to fp16 a tile of rows at a time: 16 MiB of scratch beside the placement's reserve, where
+  // a whole head would take over a GiB the VRAM budget never counted.
+  const int64_t tile = std::max<int64_t>(1, std::min<int64_t>(w.rows, kScratchBytes / 2 / std::max<int64_t>(w.cols, 1)));
+  auto* w16 = static_cast<__half*>(grow(w16_, w16_bytes_, size_t(tile) * size_t(w.cols) * 2));
   auto* x16 = static_cast<__half*>(grow(x16_, x16_bytes_, size_t(x.rows) * size_t(x.cols) * 2));
   if (!w16 || !x16) return false;
-  cuda::to_half(w, /*activation=*/false, w16, s);  // [w.rows, cols] fp16, rows packed
   cuda::to_half(x, /*activation=*/true, x16, s);   // [x.rows, cols]
-  check(cudaGetLastError(), "the fp16 conversion for cuBLAS");
   if (a.set_stream(handle_, s) != 0) throw std::runtime_error("cublasSetStream failed");
-  // cuBLAS is column-major: the packed weight (row-major [w.rows, cols]) is A = [cols, w.rows] with lda = cols,
-  // taken transposed; the packed activations are B = [cols, x.rows]; C = op(A) B is [w.rows, x.rows] with ldc
-  // = y's row stride in floats, which is y = x @ w.T in y's row-major layout.
   const float one = 1.f, zero = 0.f;
-  const int st = a.gemm_ex(handle_, kOpT, kOpN, int(w.rows), int(x.rows), int(w.cols), &one, w16, CUDA_R_16F,
-                           int(w.cols), x16, CUDA_R_16F, int(x.cols), &zero, y.data, CUDA_R_32F,
-                           int(y.stride / 4), kCompute32F, kGemmDefault);
-  if (st != 0) {  // e.g. not supported on this device: nothing was written to y, the own kernel runs
-    why_ = "cublasGemmEx returned " + std::to_string(st);
-    api().destroy(handle_);
-    handle_ = nullptr;
-    return false;
+  for (int64_t r0 = 0; r0 < w.rows; r0 += tile) {
+    const int64_t rows = std::min(tile, w.rows - r0);
+    const cuda::Rows part{w.data + r0 * w.stride, rows, w.cols, w.stride, w.type};
+    cuda::to_half(part, /*activation=*/false, w16, s);  // [rows, cols] fp16, packed; the stream orders reuse
+    check(cudaGetLastError(), "the fp16 conversion for cuBLAS");
+    // cuBLAS is column-major: the packed rows (row-major [rows, cols]) are A = [cols, rows] with lda = cols,
+    // taken transposed; the packed activations are B = [cols, x.rows]; C = op(A) B is [rows, x.rows] with ldc
+    // = y's row stride in floats, starting at column r0 of y: y[:, r0:r0+rows] = x @ part.T.
+    const int st = a.gemm_ex(handle_, kOpT, kOpN, int(rows), int(x.rows), int(w.cols), &one, w16, CUDA_R_16F,
+                             int(w.cols), x16, CUDA_R_16F, int(x.cols), &zero,
+                             reinterpret_cast<float*>(y.data) + r0, CUDA_R_32F, int(y.stride / 4), kCompute32F,
+                             kGemmDefault);
+    if (st != 0) {  // e.g. not supported on this device: the own kernel rewrites all of y
+      why_ = "cublasGemmEx returned " + std::to_string(st);
+      api().destroy(handle_);
+      handle_ = nullptr;
+      return false;
+    }
   }
   return true;
 }

@@ -1,6 +1,6 @@
 // cuBLAS for the dense matmuls of prefill (issue 12: "cuBLAS for dense F16 GEMM in prefill where it wins"):
-// the weight and the activations are converted to fp16 on the device, then one cublasGemmEx with fp32
-// accumulation writes the F32 output. libcublas is opened at run time, so a CUDA build neither links nor
+// the activations and, a tile of rows at a time, the weight are converted to fp16 on the device, then
+// cublasGemmEx with fp32 accumulation writes the F32 output. libcublas is opened at run time, so a CUDA build neither links nor
 // needs it: where it cannot be loaded every matmul stays on the backend's own kernels.
 #pragma once
 #include <cuda_runtime.h>

@@ -203,8 +203,12 @@ class Model:
         self._runs += 1
         self._cached = self._cached[:start]
         done = 0
-        for c0 in range(0, len(ids), self._max_batch):
-            chunk = ids[c0:c0 + self._max_batch]
+        bounds = list(range(0, len(ids), self._max_batch)) + [len(ids)]
+        if (self.sparsity is not None and not self.emulate_prefill and self._max_batch > 1 and len(bounds) > 2
+                and bounds[-1] - bounds[-2] == 1):
+            bounds[-2] -= 1  # a prompt's last token alone would run sparse; prompts run dense (see _prefill)
+        for c0, c1 in zip(bounds, bounds[1:]):
+            chunk = ids[c0:c1]
             sel = (out_rows >= c0) & (out_rows < c0 + len(chunk))
             rows = (out_rows[sel] - c0).astype(np.int32)
             positions = np.arange(start + c0, start + c0 + len(chunk), dtype=np.int32)

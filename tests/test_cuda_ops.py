@@ -90,6 +90,15 @@ def test_matmul_prefill(qtype):
                 max_tokens=64), 2e-3)
 
 
+# A weight wider than cuBLAS's fp16 tile (2048 rows of 4096) is converted and multiplied in two tiles.
+def test_matmul_prefill_in_tiles():
+    rows, k, n_tok = 2500, 4096, 33
+    w = weight_bytes(Q.Q4_0, rows, k)
+    x = RNG.standard_normal((n_tok, k)).astype(np.float32)
+    close(*both(lambda b: b.matmul(b.weight("w", int(Q.Q4_0), k, rows, w), f32(b, "x", n_tok, k, x), "y"), n_tok,
+                max_tokens=64), 2e-3)
+
+
 # Embedding rows: exact dequantization (1e-6).
 @pytest.mark.parametrize("qtype", [Q.F16, Q.Q4_0, Q.Q8_0, Q.Q6_K])
 def test_get_rows(qtype):

@@ -235,14 +235,18 @@ def _halves_wait_for_each_other(engine) -> list[int]:
     return serial
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_the_two_halves_of_a_split_layer_run_at_the_same_time(tiny_model_path, sparse):
+@pytest.mark.parametrize("sparse,weights", [(False, "Q4_1"), (True, "Q4_1"), (True, "F16")])
+def test_the_two_halves_of_a_split_layer_run_at_the_same_time(tiny_model_path, tmp_path, sparse, weights):
     # Neither half of a split layer waits for the other, only for the layer's input (the device's half once
     # waited for the CPU's: it read h's Q8A copy from the CPU's segment).
     from test_offload import varying_predictor_plan
 
     from pyinfer.runtime.sparse_ffn import SparseRuns
 
+    # (F16 weights: no Q8A copy for the matmuls, but a predictor's w1 is Q8_0: the device makes that copy too)
+    if weights == "F16":
+        from gguf import GGMLQuantizationType as Q
+        tiny_model_path = str(write_tiny_llama(tmp_path / "f16.gguf", matrix_type=Q.F16, embed_type=Q.F16))
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     plan = varying_predictor_plan(m.gguf.fingerprint()) if sparse else None
     pl = {"gpu_blocks": [[0], [1, 2]], "block": 32, "head_on_gpu": False, "device": 1}

@@ -323,3 +323,8 @@ def test_the_same_prompt_twice_gives_the_same_tokens_on_a_sparse_model(tiny_mode
     first = m._prefill(ids)  # the logits generate() samples the first token from
     np.testing.assert_array_equal(m._prefill(ids), first)
     assert m.generate(ids, max_tokens=10, temperature=0) == m.generate(ids, max_tokens=10, temperature=0)
+    # A prompt one token longer than a micro-batch: its last token does not run alone the first time either.
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=600, sparsity=m.sparsity)
+    ids = [int(t) for t in np.random.default_rng(0).integers(1, m.config.vocab_size, 513)]
+    first = m._prefill(ids)
+    np.testing.assert_array_equal(m._prefill(ids), first)

@@ -223,6 +223,8 @@ void Graph::validate() const {
     }
     if (n.guard.max_tokens < 0) c.fail("max_tokens must be >= 0");
     if (n.guard.min_tokens < 0) c.fail("min_tokens must be >= 0");
+    if (n.guard.min_tokens > 0 && n.guard.max_tokens > 0 && n.guard.min_tokens > n.guard.max_tokens)
+      c.fail("min_tokens above max_tokens: the node could never run");
     const auto& src = n.src;
     switch (n.op) {
       case OpKind::GetRows: {

@@ -268,7 +268,9 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
     y[b].d = fp32_to_fp16(d);
     for (int j = 0; j < kQuantBlock; ++j) {
       // lround (half away from zero, as ggml) without its libm call: |v| <= 127, so v - trunc(v) is exact.
-      const float v = xb[j] * id;
+      // Clamped first: a subnormal amax makes id infinite, and NaN input stays NaN (0 here, as lround gave).
+      float v = xb[j] * id;
+      v = v != v ? 0.f : std::fmin(std::fmax(v, -127.f), 127.f);
       int q = int(v);
       const float frac = v - float(q);
       q += (frac >= 0.5f) - (frac <= -0.5f);

@@ -132,7 +132,9 @@ __global__ void to_half_kernel(Rows src, bool activation, __half* dst) {
   const int64_t r = blockIdx.x;
   const uint8_t* row = src.data + r * src.stride;
   for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < src.cols; c += int64_t(gridDim.y) * blockDim.x)
-    dst[r * src.cols + c] = __float2half_rn(activation ? act_elem(src.type, row, c) : weight_elem(src.type, row, c));
+    // saturated, not inf: an activation beyond fp16's range (rare; Gemma's can be large) stays finite
+    dst[r * src.cols + c] = __float2half_rn(fminf(fmaxf(activation ? act_elem(src.type, row, c)
+                                                                   : weight_elem(src.type, row, c), -65504.f), 65504.f));
 }
 
 // Rows on grid.x (up to 2^31 - 1; grid.y stops at 65535), column blocks on grid.y.

@@ -127,10 +127,11 @@ def neuron_seconds(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | N
     return out
 
 
-def device_down(gguf: GGUFModelFile, cfg: LlamaConfig) -> str:
-    """The neuron-major down a predictor layer's device side decodes with (runtime/hybrid_ffn.py): "q4t" for
-    Q4_0/Q4_1 downs (lossless, 5/8 byte per weight), "q8_0" for other quantized ones, "f32" for float ones."""
-    down_t = gguf.tensors["blk.0.ffn_down.weight"]
+def device_down(gguf: GGUFModelFile, cfg: LlamaConfig, il: int) -> str:
+    """The neuron-major down layer il's device side decodes with when it has a predictor (runtime/hybrid_ffn.py):
+    "q4t" for a Q4_0/Q4_1 down (lossless, 5/8 byte per weight), "q8_0" for other quantized ones, "f32" for
+    float ones."""
+    down_t = gguf.tensors[f"blk.{il}.ffn_down.weight"]
     if down_t.type_name in ("F32", "F16", "BF16") or cfg.d_model % 32:
         return "f32"
     return "q4t" if down_t.type_name in ("Q4_0", "Q4_1") else "q8_0"
@@ -140,12 +141,11 @@ def neuron_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | Non
     """Per layer: GPU bytes of one down block's neurons: their gate and up rows and down block, plus, in a
     predictor layer, their down rows neuron-major (device_down) for the sparse decode."""
     out = []
-    nm_row = {"f32": 4 * cfg.d_model, "q8_0": 34 * cfg.d_model // 32,
-              "q4t": cfg.d_model // 2 + cfg.d_model // 8}[device_down(gguf, cfg)]
+    nm_row = {"f32": 4 * cfg.d_model, "q8_0": 34 * cfg.d_model // 32, "q4t": cfg.d_model // 2 + cfg.d_model // 8}
     for il, total in enumerate(ffn_tensors(gguf, cfg)):
         b = total / cfg.d_ff * block
         if plan is not None and plan.layers[il].predictor is not None:
-            b += nm_row * block
+            b += nm_row[device_down(gguf, cfg, il)] * block
         out.append(b)
     return out
 

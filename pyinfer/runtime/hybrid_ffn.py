@@ -1,6 +1,6 @@
 """An FFN layer split between two backends (PowerInfer's hybrid layer): the neurons a GPU placement
 (place/gpu_placement.py) gives the device run there, the rest on the CPU, both at the same time, and the two
-partial sums meet in one add on the CPU.
+partial sums meet in one add on the device (where the residual stream lives: runtime/llama_graph.py).
 
 The split is by whole quantization blocks of the original down matrix [d, n_ff]: each side's down is those
 blocks of every row and its gate and up the matching rows, byte for byte, so neither side re-quantizes
@@ -138,7 +138,7 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
 
     # Few tokens: predictor, each token's list, gathered gate and up, its down rows.
     scales = row_map = None
-    q4t = q4t_down(sub, p + "ffn_down.weight") if device_down(gguf, cfg) == "q4t" else None
+    q4t = q4t_down(sub, p + "ffn_down.weight") if device_down(gguf, cfg, il) == "q4t" else None
     if q4t is not None:  # lossless; rows stay in the blocks' order, so list ids go through perm
         down_w = b.weight(p + "ffn_down.gpu_q4t", int(DType.Q4T), cfg.d_model, n, q4t[0])
         scales = b.weight(p + "ffn_down.gpu_q4t_scales", int(DType.F16), 2 * cfg.d_model, n // 32, q4t[1])
@@ -170,9 +170,11 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     where the layer has a predictor."""
     from .sparse_ffn import sparse_ffn
 
-    if DType(gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id) in INTEGER_DOT_WEIGHTS:
+    predictor = sparsity is not None and sparsity.layers[il].predictor is not None  # its w1 is Q8_0, even in
+    if predictor or DType(gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id) in INTEGER_DOT_WEIGHTS:  # F16 models
         # One Q8A copy of h, made on the device (h is written there) and shared by both sides: the CPU reads
-        # a copy of it, 40 bytes per 32 values instead of h's 128.
+        # a copy of it, 40 bytes per 32 values instead of h's 128. (Left to a side, the CPU's guarded copy
+        # would serve the device too, which would then wait for the CPU's half.)
         n = len(b.placement)
         b.quantize(h)
         for node in range(n, len(b.placement)):
@@ -220,4 +222,6 @@ def _gpu_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCon
     if sub_plan.hot >= n:  # all hot: nothing to predict
         return _side(b, gguf, h, il, cfg, blocks, block, "gpu", device)
     few = runs.max_tokens if runs is not None else 1
+    if few < 1 or (runs is not None and runs.single < 0):  # SparseRuns.never(): dense on the device too
+        return _side(b, gguf, h, il, cfg, blocks, block, "gpu", device)
     return _gpu_predictor_side(b, gguf, h, il, cfg, blocks, block, device, sparsity, sub_plan, few)
