@@ -32,10 +32,11 @@ def dequant(t, device, dtype, rows_per_chunk: int = 4096) -> torch.Tensor:
     shape = (t.rows, t.cols) if t.rows > 1 else (t.cols,)
     if t.type_name in ("F32", "F16", "BF16"):
         return torch.from_numpy(np.array(t.data)).to(device, dtype).reshape(shape)
-    if t.type_name not in _TORCH_BLOCKS:
-        from pyinfer.train.torch_llama import dequant as numpy_dequant
+    if t.type_name not in _TORCH_BLOCKS:  # K-quants and the rest: gguf's numpy decoder
+        from gguf import GGMLQuantizationType, quants
 
-        return torch.from_numpy(numpy_dequant(_File(t), t.name)).to(device, dtype).reshape(shape)
+        w = quants.dequantize(np.asarray(t.data), GGMLQuantizationType[t.type_name])
+        return torch.from_numpy(w.astype(np.float32)).to(device, dtype).reshape(shape)
     nb = _TORCH_BLOCKS[t.type_name]
     raw = np.asarray(t.data).reshape(t.rows, -1)
     out = torch.empty((t.rows, t.cols), dtype=dtype, device=device)
@@ -50,14 +51,6 @@ def dequant(t, device, dtype, rows_per_chunk: int = 4096) -> torch.Tensor:
             v = (v - 8) * d if t.type_name == "Q4_0" else v * d + b[:, 2:4].contiguous().view(torch.float16).float()
         out[r0:r0 + rows_per_chunk] = v.reshape(-1, t.cols).to(dtype)
     return out.reshape(shape)
-
-
-class _File:  # what pyinfer.train.torch_llama.dequant asks of a file: one tensor by name
-    def __init__(self, t):
-        self.t = t
-
-    def tensor(self, name):
-        return self.t
 
 
 def rms(x, w, eps):

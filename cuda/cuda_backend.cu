@@ -143,9 +143,7 @@ class CudaBackend final : public Backend {
       pending_.clear();
       throw;
     }
-    for (const Pending& p : *landing)  // copies back to host memory land from the staging buffer
-      for (int64_t r = 0; r < p.rows; ++r)
-        std::memcpy(p.host + r * p.host_stride, p.staged + r * p.row_bytes, p.row_bytes);
+    for (const Pending& p : *landing) land_rows(p);  // copies back to host memory, from the staging buffer
   }
 
  private:
@@ -200,10 +198,7 @@ class CudaBackend final : public Backend {
       if (capturing_) throw std::runtime_error("the staging buffer grew while capturing a CUDA graph");
       graphs_.clear();  // they copy from and to the old buffer
       check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // earlier copies of this run still read it
-      for (Pending& p : pending_) {  // finish them from the old buffer before it goes
-        for (int64_t r = 0; r < p.rows; ++r)
-          std::memcpy(p.host + r * p.host_stride, p.staged + r * p.row_bytes, p.row_bytes);
-      }
+      for (const Pending& p : pending_) land_rows(p);  // finish them from the old buffer before it goes
       pending_.clear();
       const size_t grown = std::max(staging_bytes_ * 2, staged_ + bytes + (1 << 20));
       void* p = nullptr;  // the new buffer first: a failed allocation leaves the old one valid
@@ -219,7 +214,12 @@ class CudaBackend final : public Backend {
   }
 
   static void stage_rows(const Upload& u) {
-    for (int64_t r = 0; r < u.rows; ++r) std::memcpy(u.staged + r * u.row_bytes, u.host + r * u.host_stride, u.row_bytes);
+    for (int64_t r = 0; r < u.rows; ++r)
+      std::memcpy(u.staged + r * u.row_bytes, u.host + r * u.host_stride, u.row_bytes);
+  }
+  static void land_rows(const Pending& p) {
+    for (int64_t r = 0; r < p.rows; ++r)
+      std::memcpy(p.host + r * p.host_stride, p.staged + r * p.row_bytes, p.row_bytes);
   }
 
   void copy_node(const Tensor& src, const Tensor& dst, int64_t rows) {

@@ -366,8 +366,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("run_if") = RunIf::Always, py::arg("max_tokens") = 0, py::arg("when_list") = -1,
            py::arg("when_sparse") = true, py::arg("min_tokens") = 0,
            "src: {slot name: tensor id}; params: {name: value} (op_signature(op) lists both). max_tokens: skip "
-           "runs with more tokens (0: no cap); min_tokens: skip runs with fewer (0: no floor); when_list: an ActiveUnion result, the node runs only when it chose "
-           "the sparse path (when_sparse) or the dense one")
+           "runs with more tokens (0: no cap); min_tokens: skip runs with fewer (0: no floor); when_list: an "
+           "ActiveUnion result, the node runs only when it chose the sparse path (when_sparse) or the dense one")
       .def("validate", [](const PyGraph& g) { g.graph.validate(); })
       .def("pin", [](PyGraph& g, int id) { g.graph.pinned.push_back(id); },
            "Keep a scratch tensor's memory private so it can be read after a run.")

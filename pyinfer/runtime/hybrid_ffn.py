@@ -21,12 +21,7 @@ from ..model.gguf_file import GGUFModelFile, GGUFTensor
 from ..sparsity.plan import LayerPlan, Predictor, SparsityPlan
 from .._core import DType
 from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, Guard, T
-
-
-def raw_rows(gguf: GGUFModelFile, name: str) -> np.ndarray:
-    """The tensor's bytes as U8 [rows, row_bytes] (a view of the mapped file)."""
-    t = gguf.tensor(name)
-    return np.asarray(t.data).view(np.uint8).reshape(t.rows, -1)
+from .sparse_ffn import neuron_major_down, permuted_rows, q4t_down, raw_rows, sparse_ffn
 
 
 def block_neurons(blocks: list[int], block: int) -> np.ndarray:
@@ -119,7 +114,6 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     (few tokens: Q4T for Q4_0/Q4_1 models, lossless, else Q8_0; gpu_placement.device_down), which the placement
     charges (gpu_placement.neuron_bytes)."""
     from ..place.gpu_placement import device_down
-    from .sparse_ffn import neuron_major_down, permuted_rows, q4t_down
 
     sub, n, p = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(blocks) * block, f"blk.{il}."
     one, many = Guard(max_tokens=few_tokens), Guard(min_tokens=few_tokens + 1)
@@ -168,10 +162,8 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     """The layer's FFN output, F32 [T, d_model]: blocks `gpu_blocks` on backend `device`, the rest on 0. Under
     `sparsity` the CPU side runs sparse, and the device side too, in runs of up to `runs.max_tokens` tokens,
     where the layer has a predictor."""
-    from .sparse_ffn import sparse_ffn
-
-    predictor = sparsity is not None and sparsity.layers[il].predictor is not None  # its w1 is Q8_0, even in
-    if predictor or DType(gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id) in INTEGER_DOT_WEIGHTS:  # F16 models
+    predictor = sparsity is not None and sparsity.layers[il].predictor is not None  # its w1 is Q8_0, any model
+    if predictor or DType(gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id) in INTEGER_DOT_WEIGHTS:
         # One Q8A copy of h, made on the device (h is written there) and shared by both sides: the CPU reads
         # a copy of it, 40 bytes per 32 values instead of h's 128. (Left to a side, the CPU's guarded copy
         # would serve the device too, which would then wait for the CPU's half.)

@@ -82,13 +82,18 @@ def q4t_from_blocks(data: np.ndarray, type_name: str, d: int, n_ff: int) -> tupl
     return nibbles, scales
 
 
+def raw_rows(gguf: GGUFModelFile, name: str) -> np.ndarray:
+    """The tensor's bytes as U8 [rows, row_bytes] (a view of the mapped file)."""
+    t = gguf.tensor(name)
+    return np.asarray(t.data).view(np.uint8).reshape(t.rows, -1)
+
+
 def neuron_major_down(gguf: GGUFModelFile, name: str, perm: np.ndarray, down_type: str = "q4_1"
                       ) -> tuple[DType, np.ndarray]:
     """down [d_model, d_ff] -> [d_ff, d_model] in permuted neuron order. Quantized models re-quantize it
     along the other axis: Q4_1 (as many bytes as the source, a second rounding) or Q8_0 (1.7x the bytes,
     nearly lossless). Float models stay exact in F32."""
-    t = gguf.tensor(name)
-    raw = np.asarray(t.data).view(np.uint8).reshape(t.rows, -1)
+    t, raw = gguf.tensor(name), raw_rows(gguf, name)
     perm = np.ascontiguousarray(perm, dtype=np.int32)
     dt = NEURON_DOWN_TYPES[down_type]
     exact = t.type_name in _FLOAT_TYPES or t.rows % 32
