@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _core
 from .errors import ContextOverflowError, PyinferError
-from .model.chat_template import render_chat
+from .model.chat_template import chat_spans, render_chat
 from .model.gguf_file import GGUFModelFile
 from .model.pull import resolve_model
 from .model.tokenizer import IncrementalDecoder, Tokenizer
@@ -35,35 +35,11 @@ def load(path_or_name: str | os.PathLike | None = None, n_threads: int | None = 
                  target=target, **kwargs)
 
 
-class _ModelLock:
-    """Serializes the users of one Model (its KV cache holds one sequence). Re-entrant for the thread that
-    holds it, and released by whichever thread resumes a stream last (a generator may move threads)."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._owner: int | None = None
-        self._depth = 0
-
-    def __enter__(self) -> None:
-        me = threading.get_ident()
-        with self._cv:
-            while self._owner not in (None, me):
-                self._cv.wait()
-            self._owner = me
-            self._depth += 1
-
-    def __exit__(self, *exc) -> None:
-        with self._cv:
-            self._depth -= 1
-            if self._depth == 0:
-                self._owner = None
-                self._cv.notify()
-
-
 class Model:
-    """One model and its single-sequence KV cache. Calls from several threads are safe and serialized: a
-    `generate`/`eval` runs whole, a `stream` holds the model from its first token until it is exhausted or
-    closed, so concurrent callers get exactly what they would have got one after another."""
+    """One model and its single-sequence KV cache. Calls from several threads are safe: each prefill and each
+    decode step holds the model's lock, never a `yield`, so streams on any threads interleave, and a stream that
+    finds its sequence displaced from the cache by another caller prefills it again. A dense model's callers get
+    exactly what they would have got alone; a sparse one's re-prefilled tokens run dense (as prompts do)."""
 
     def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto",
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
@@ -105,31 +81,10 @@ class Model:
                                          self.n_threads, progress)
         if neuron_down not in NEURON_DOWN_CHOICES:
             raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
-        self.offload = None
-        if ram_budget is not None:
-            from .model.pull import cache_dir
-            from .offload import OffloadedFfn, parse_size
+        from .offload.setup import make_offload
 
-            if self.sparsity is None:
-                raise PyinferError("a RAM budget streams FFN neurons and needs a sparsity plan (sparsity='auto' "
-                                   "or a file)")
-            planned = None
-            if isinstance(ram_budget, (str, os.PathLike)) and str(ram_budget).endswith(".json"):
-                from .offload.planner import read_plan
-
-                planned = read_plan(str(ram_budget), self.gguf.fingerprint())  # from `pyinfer plan`
-                ram_budget = planned["budget"]
-            self.offload = OffloadedFfn(self.gguf, self.config, self.sparsity, neuron_down, parse_size(ram_budget),
-                                        cache_dir(), progress=progress,
-                                        ring_slots=planned["ring_slots"] if planned else None,
-                                        io_threads=planned["io_threads"] if planned else 4,
-                                        cache_share=neuron_cache if neuron_cache is not None
-                                        else (planned or {}).get("cache_share"),
-                                        window_share=neuron_window if neuron_window is not None
-                                        else (planned or {}).get("window_share"),
-                                        max_range=(planned or {}).get("max_range"),
-                                        merge_gap=(planned or {}).get("merge_gap"))
-            self.offload.predicted = planned
+        self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
+                                    neuron_window, progress)
         self.placement = None
         kind, index = parse_device(device)
         self.device = str(device)
@@ -161,7 +116,7 @@ class Model:
             raise PyinferError(f"{Path(self.path).name}: {e}") from None
         self._cached: list[int] = []  # tokens whose K/V are in the cache at positions 0..len-1
         self._runs = 0                # forward calls so far: a stream sees whether someone else ran between steps
-        self._lock = _ModelLock()
+        self._lock = threading.RLock()  # per forward call (see the class docstring)
 
     @property
     def isa(self) -> str:
@@ -239,22 +194,24 @@ class Model:
         if len(prompt_ids) >= self.n_ctx:
             raise ContextOverflowError(
                 f"prompt is {len(prompt_ids)} tokens; the context holds {self.n_ctx} (raise n_ctx / --ctx)")
+        history = list(prompt_ids)
         with self._lock:
-            history = list(prompt_ids)
             logits = self._prefill(history)
-            for i in range(max_tokens):
-                tok = sampler(logits)
-                if tok in self.tokenizer.end_of_generation:
-                    return
-                seen = self._runs
-                yield tok
-                history.append(tok)
-                if i + 1 == max_tokens or len(history) > self.n_ctx:
-                    return
-                if self._runs != seen:  # this thread ran the model in between: its cache holds another sequence
+            seen = self._runs
+        for i in range(max_tokens):
+            tok = sampler(logits)
+            if tok in self.tokenizer.end_of_generation:
+                return
+            yield tok  # the lock is free here: a stream left open blocks nobody
+            history.append(tok)
+            if i + 1 == max_tokens or len(history) > self.n_ctx:
+                return
+            with self._lock:
+                if self._runs != seen:  # someone ran the model in between: its cache holds another sequence
                     logits = self._prefill(history)
                 else:
                     logits = self._forward([tok], len(self._cached), np.array([0]))[0]
+                seen = self._runs
 
     # ---- generation -----------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
@@ -275,16 +232,25 @@ class Model:
         return "".join(self.stream(prompt, max_tokens, temperature, top_p, top_k, seed, stop, special))
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        tk = self.tokenizer
-        bos = tk.token_text(tk.bos_id) if tk.bos_id is not None else ""
-        eos = tk.token_text(tk.eos_id) if tk.eos_id is not None else ""
+        bos, eos = self._bos_eos_text()
         return render_chat(self.chat_template, messages, bos, eos, add_generation_prompt)
+
+    def _bos_eos_text(self) -> tuple[str, str]:
+        tk = self.tokenizer
+        return (tk.token_text(tk.bos_id) if tk.bos_id is not None else "",
+                tk.token_text(tk.eos_id) if tk.eos_id is not None else "")
+
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The prompt ids of a chat: the model's template rendered, its own text tokenized with control tokens and
+        the messages' content as plain text (see Tokenizer.encode_chat), BOS first where the model wants one.
+        Roles must be ones the template knows (chat_template.template_roles)."""
+        bos, eos = self._bos_eos_text()
+        text, spans = chat_spans(self.chat_template, messages, bos, eos, add_generation_prompt)
+        ids = self.tokenizer.encode_chat(text, spans, [m["content"] for m in messages])
+        tk = self.tokenizer
+        return [tk.bos_id] + ids if tk.add_bos and tk.bos_id is not None and ids[:1] != [tk.bos_id] else ids
 
     def chat(self, messages: list[dict], stream: bool = False, **kwargs):
         """Renders the model's chat template and generates the assistant's reply."""
-        prompt = self.render_chat(messages)
-        ids = self.tokenize(prompt, add_bos=False, special=True)
-        if self.tokenizer.add_bos and self.tokenizer.bos_id is not None and ids[:1] != [self.tokenizer.bos_id]:
-            ids = [self.tokenizer.bos_id] + ids
-        it = self.stream(ids, **kwargs)
+        it = self.stream(self.chat_ids(messages), **kwargs)
         return it if stream else "".join(it)

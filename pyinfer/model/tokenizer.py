@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..errors import ModelFormatError, UnsupportedModelError
+import numpy as np
+
+from ..errors import ModelFormatError, PyinferError, UnsupportedModelError
 from .tokenizer_spm import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, build_spm_tokenizers
 
 # llama.cpp's pre-tokenizer regexes, per `tokenizer.ggml.pre`. Each entry: splits applied in
@@ -42,9 +44,11 @@ class Tokenizer:
             unk_id = _opt_id(metadata.get("tokenizer.ggml.unknown_token_id"), len(tokens), "unknown")
             spm = build_spm_tokenizers(tokens, types, metadata, unk_id)
             self._plain, self._special, self.special_ids = spm.plain, spm.special, set(spm.special_ids)
+            self.control_ids = set(spm.control_ids)
             self._max_token_bytes = spm.max_token_bytes
         else:
             self._plain, self._special, self.special_ids = _byte_level_bpe(tokens, merges, types, regexes)
+            self.control_ids = {i for i in self.special_ids if types[i] == TOKEN_TYPE_CONTROL}
             self._max_token_bytes = max(len(t) for t in tokens)  # one character per byte
         self.tokens = tokens
         self.vocab_size = len(tokens)
@@ -64,6 +68,38 @@ class Tokenizer:
             ids = [self.bos_id] + ids
         return ids
 
+    def has_control_text(self, text: str) -> bool:
+        return any(t in self.control_ids for t in self._special.encode(text, add_special_tokens=False).ids)
+
+    def encode_chat(self, text: str, content_spans: list[tuple[int, int]] | None,
+                    contents: list[str] | None = None) -> list[int]:
+        """A rendered chat prompt's ids (no BOS added) where only the template's own text may become control
+        tokens: the characters in `content_spans` (from chat_spans) are the messages' text, and a control token
+        found there is text typed by a user. Benign prompts get exactly `encode(text, special=True)`; a prompt
+        whose content holds control-token text is tokenized piece by piece, template text with special tokens and
+        content without (user-defined tokens match in both, as in llama.cpp). `content_spans` None (a template
+        that rewrites content): refused if one of `contents` holds control-token text, since nothing says where
+        it landed."""
+        enc = self._special.encode(text, add_special_tokens=False)
+        ids, offsets = enc.ids, enc.offsets
+        controls = [(s, e) for t, (s, e) in zip(ids, offsets) if t in self.control_ids]
+        if content_spans is None:
+            if contents is not None and any(self.has_control_text(c) for c in contents):
+                raise PyinferError("this chat template rewrites message content, so control tokens in it cannot be "
+                                   "told from the template's own: remove special-token text from the messages")
+            return list(ids)
+        if not any(s < ce and cs < e for s, e in controls for cs, ce in content_spans):
+            return list(ids)
+        out, pos = [], 0
+        for cs, ce in content_spans:
+            if cs > pos:
+                out += self._special.encode(text[pos:cs], add_special_tokens=False).ids
+            out += self._plain.encode(text[cs:ce], add_special_tokens=False).ids
+            pos = ce
+        if pos < len(text):
+            out += self._special.encode(text[pos:], add_special_tokens=False).ids
+        return out
+
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         return self._special.decode(list(ids), skip_special_tokens=skip_special)
 
@@ -78,7 +114,11 @@ class Tokenizer:
 
 class IncrementalDecoder:
     """Turns a growing list of ids into text pieces without splitting multi-byte characters
-    (the prefix/read offset method used by vLLM and TGI)."""
+    (the prefix/read offset method used by vLLM and TGI). A character takes at most 4 byte tokens, so a tail that
+    still does not decode after MAX_PENDING tokens is invalid UTF-8: it is emitted as is (with U+FFFD), which keeps
+    each push's work bounded however long a run of invalid bytes the model writes."""
+
+    MAX_PENDING = 6
 
     def __init__(self, tokenizer: Tokenizer):
         self.tok = tokenizer
@@ -90,9 +130,12 @@ class IncrementalDecoder:
         self.ids.append(token_id)
         before = self.tok.decode(self.ids[self.prefix:self.read])
         after = self.tok.decode(self.ids[self.prefix:])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
+        stuck = len(self.ids) - self.read > self.MAX_PENDING
+        if len(after) > len(before) and (stuck or not after.endswith("\ufffd")):
             self.prefix, self.read = self.read, len(self.ids)
             return after[len(before):]
+        if stuck:  # nothing new to show (a token of no text): drop the window rather than let it grow
+            self.prefix = self.read = len(self.ids)
         return ""
 
 
@@ -151,6 +194,8 @@ def _checked_vocab(metadata: dict) -> tuple[list[str], list[tuple[str, str]], li
     types = metadata.get("tokenizer.ggml.token_type")
     if types is None:
         types = [1] * len(tokens)
+    if isinstance(types, np.ndarray) and types.dtype.kind in "iu":  # as the GGUF reader gives numeric arrays
+        types = types.tolist()
     if (not isinstance(types, list) or len(types) != len(tokens)
             or not all(isinstance(t, int) and not isinstance(t, bool) for t in types)):
         raise ModelFormatError("tokenizer.ggml.token_type does not give one integer type per token")

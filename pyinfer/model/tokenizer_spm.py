@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
+
 from ..errors import ModelFormatError
 
 # Token types in GGUF (llama.cpp's llama_token_type).
@@ -36,6 +38,7 @@ class SpmTokenizers(NamedTuple):
     plain: object               # tokenizers.Tokenizer: user-defined tokens are matched, control-token text is text
     special: object             # the same, and control tokens in the text become their ids
     special_ids: frozenset      # control, unknown and user-defined ids (as llama.cpp types them)
+    control_ids: frozenset      # control and unknown ids only: what the plain tokenizer never produces from text
     max_token_bytes: int        # bytes of input text the longest token stands for
 
 
@@ -71,7 +74,8 @@ def build_spm_tokenizers(tokens: list[str], types: list[int], metadata: dict, un
 
     special_ids = frozenset(i for i, t in enumerate(types)
                             if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_USER_DEFINED))
-    return SpmTokenizers(make(False), make(True), special_ids, _max_token_bytes(tokens, types))
+    control_ids = frozenset(i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN))
+    return SpmTokenizers(make(False), make(True), special_ids, control_ids, _max_token_bytes(tokens, types))
 
 
 def _merges_by_score(tokens: list[str], scores: list[float], vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -128,6 +132,8 @@ def _max_token_bytes(tokens: list[str], types: list[int]) -> int:
 
 
 def _checked_scores(scores, n_tokens: int) -> list[float]:
+    if isinstance(scores, np.ndarray) and scores.dtype.kind in "iuf":  # as the GGUF reader gives numeric arrays
+        scores = scores.tolist()
     if not isinstance(scores, list) or len(scores) != n_tokens:
         got = f"{len(scores)} scores" if isinstance(scores, list) else "none"
         raise ModelFormatError(f"tokenizer.ggml.scores must give one score per token ({n_tokens} tokens, {got})")

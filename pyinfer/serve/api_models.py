@@ -1,7 +1,9 @@
 """Request bodies of the OpenAI-compatible API as pydantic models, and the OpenAI-shaped error.
 
-Types are strict (a string "16" is not a max_tokens); unknown fields are accepted and ignored, as OpenAI
-clients send fields this server does not use (user, logprobs, ...)."""
+Types are strict (a string "16" is not a max_tokens) and every number is bounded, so a bad value is a 400 that
+names its field before anything runs. Unknown fields are accepted and ignored, as OpenAI clients send fields
+this server has no use for (user, metadata, ...); the known ones it cannot honour (logprobs, echo, best_of,
+suffix, logit_bias) are refused unless they ask for nothing."""
 from __future__ import annotations
 
 from typing import List, Literal, Optional, Union
@@ -9,6 +11,9 @@ from typing import List, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 MAX_TOKENS_LIMIT = 1 << 20
+MAX_MESSAGES = 1024        # a conversation longer than this is a client bug or an attack
+MAX_STOP_CHARS = 256
+SEED_MAX = (1 << 64) - 1
 Number = Union[StrictInt, StrictFloat]
 
 
@@ -30,22 +35,43 @@ class _Sampling(BaseModel):
     temperature: Optional[Number] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[Number] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOKENS_LIMIT)
-    seed: Optional[StrictInt] = None
+    seed: Optional[StrictInt] = Field(None, ge=0, le=SEED_MAX)
+    presence_penalty: Optional[Number] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[Number] = Field(None, ge=-2.0, le=2.0)
     stop: Optional[Union[StrictStr, List[StrictStr]]] = None
     stream: Optional[StrictBool] = False
     n: Optional[StrictInt] = Field(None, ge=1, le=1)
+    # Accepted only when they ask for nothing (see refuse_unsupported).
+    logprobs: Optional[Union[StrictBool, StrictInt]] = None
+    logit_bias: Optional[dict] = None
     # Our extension: the client's lower bound on the output length (the l of A_min's interval [l, u]).
     pyinfer_min_output_tokens: Optional[StrictInt] = Field(None, ge=1)
 
     def stops(self) -> list[str]:
         s = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(s) > 4 or not all(s):
-            raise APIError(400, "'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
+        if len(s) > 4 or not all(s) or any(len(x) > MAX_STOP_CHARS for x in s):
+            raise APIError(400, f"'stop' must be a string or a list of up to 4 non-empty strings of at most "
+                                f"{MAX_STOP_CHARS} characters", param="stop")
         return s
+
+    def refuse_unsupported(self) -> None:
+        """A 400 for a field this server would otherwise silently ignore."""
+        for name, nothing in self._unsupported():
+            if getattr(self, name, None) not in nothing:
+                raise APIError(400, f"'{name}' is not supported by this server", param=name)
+
+    def _unsupported(self):
+        return (("logprobs", (None, False, 0)), ("logit_bias", (None, {})))
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[StrictStr, List[StrictStr]]
+    echo: Optional[StrictBool] = None
+    best_of: Optional[StrictInt] = None
+    suffix: Optional[StrictStr] = None
+
+    def _unsupported(self):
+        return super()._unsupported() + (("echo", (None, False)), ("best_of", (None, 1)), ("suffix", (None, "")))
 
     def text(self) -> str:
         if isinstance(self.prompt, str):
@@ -61,7 +87,7 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: StrictStr
+    role: StrictStr = Field(max_length=32)      # checked against the template's roles when rendered
     content: Union[StrictStr, List[TextPart]]
 
     def as_dict(self) -> dict:
@@ -70,19 +96,28 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Sampling):
-    messages: List[ChatMessage] = Field(min_length=1)
+    messages: List[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    top_logprobs: Optional[StrictInt] = None
+
+    def _unsupported(self):
+        return super()._unsupported() + (("top_logprobs", (None, 0)),)
 
 
 def parse(model: type[BaseModel], body) -> BaseModel:
     """A validated request, or a 400 APIError naming the first bad field."""
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
+    msgs = body.get("messages")
+    if isinstance(msgs, list) and len(msgs) > MAX_MESSAGES:  # before validating each of them
+        raise APIError(400, f"'messages': at most {MAX_MESSAGES} messages", param="messages")
     try:
-        return model.model_validate(body)
+        req = model.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
         loc = [str(x) for x in err.get("loc", ())]
         param = loc[0] if loc else None
         where = ".".join(loc) or "body"
         raise APIError(400, f"'{where}': {err.get('msg', 'invalid value')}", param=param) from None
+    req.refuse_unsupported()
+    return req

@@ -6,16 +6,22 @@ through each request's `emit` callback.
 
 Eviction (A_min's cancel): the request's KV is freed and it restarts from scratch later, as the
 scheduler models. Tokens already streamed are never taken back: on restart the request replays them
-(one per step, like generation) instead of sampling, so its output stays consistent."""
+(one per step, like generation) instead of sampling, so its output stays consistent.
+
+A failure fails only what it touched: a request whose sampling raises is removed from the scheduler and told
+so, a run of the batch that raises fails the requests of that step, and the loop goes on. Should the thread
+itself ever end, `alive` says so and submit() refuses at once (the server answers 503)."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..runtime.sampling import Sampler, SamplingParams
+from ..errors import PyinferError
+from ..runtime.sampling import Sampler
 from .batch_engine import BatchEngine, SeqWork
 from .length_predictor import LengthPredictor
 from .policies import make_policy
@@ -27,12 +33,19 @@ from .scheduler import Scheduler
 class ServeRequest:
     prompt_ids: list[int]
     max_tokens: int
-    sampling: SamplingParams
+    sampler: Sampler                          # built (and its values checked) by the front end
     emit: Callable[[str, object], None]       # ("token", id) / ("done", reason) / ("error", message)
     lower: int | None = None                  # client's lower bound on the output length, if any
     id: int = -1
     emitted: list[int] = field(default_factory=list)
     arrived: float = field(default_factory=time.monotonic)
+
+
+log = logging.getLogger("pyinfer.serve")
+
+
+class EngineStopped(PyinferError):
+    """The engine thread is not running: requests cannot be served."""
 
 
 class EngineLoop:
@@ -45,11 +58,11 @@ class EngineLoop:
         self._incoming: deque[ServeRequest] = deque()
         self._cancels: set[int] = set()
         self._live: dict[int, ServeRequest] = {}
-        self._samplers: dict[int, Sampler] = {}
         self._next_id = 0
         self._stop = False
+        self.failure: str | None = None  # why the engine thread ended, if it did
         self.stats = dict(requests_total=0, finished_total=0, cancelled_total=0, evictions_total=0,
-                          tokens_generated_total=0, steps_total=0, kv_peak_tokens=0)
+                          tokens_generated_total=0, steps_total=0, kv_peak_tokens=0, failed_total=0)
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tok/s
         self.thread = threading.Thread(target=self._run, name="pyinfer-engine", daemon=True)
 
@@ -65,8 +78,19 @@ class EngineLoop:
                     f"this server's limit of {self.max_request_tokens} tokens per request")
         return None
 
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and self.failure is None and not self._stop
+
+    def in_flight(self) -> int:
+        """Requests submitted and not yet ended (waiting or running)."""
+        with self._lock:
+            return len(self._incoming) + len(self._live)
+
     def submit(self, req: ServeRequest) -> int:
         with self._lock:
+            if not self.alive:
+                raise EngineStopped(f"the engine is not running ({self.failure or 'stopped'})")
             req.id = self._next_id
             self._next_id += 1
             self._incoming.append(req)
@@ -98,34 +122,54 @@ class EngineLoop:
 
     # ---- engine thread ----------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
+        try:
+            while True:
+                with self._lock:
+                    while not (self._stop or self._incoming or self._cancels or self.sched.has_unfinished()):
+                        self._lock.wait()
+                    if self._stop:
+                        break
+                    self._admit_new()
+                try:
+                    self.step()
+                except Exception as e:  # noqa: BLE001 - a step's own guards missed it: fail the live requests
+                    log.error("pyinfer: an engine step failed", exc_info=True)
+                    for rid in list(self._live):
+                        self._fail(rid, f"engine failure: {type(e).__name__}: {e}")
+        except BaseException as e:  # a bug in the loop itself: say so on /health rather than hang every request
+            self.failure = f"engine thread failed: {type(e).__name__}: {e}"
+            log.error("pyinfer: %s", self.failure, exc_info=True)
+        finally:
             with self._lock:
-                while not (self._stop or self._incoming or self._cancels or self.sched.has_unfinished()):
-                    self._lock.wait()
-                if self._stop:
-                    break
-                self._admit_new()
-            try:
-                self.step()
-            except Exception as e:  # never lose a request silently: fail the live ones loudly
-                for rid in list(self._live):
-                    self._finish(rid, "error", f"engine failure: {type(e).__name__}: {e}")
-        for rid in list(self._live):
-            self._finish(rid, "error", "server shutting down")
+                pending = list(self._incoming)
+                self._incoming.clear()
+            for req in pending:
+                req.emit("error", self.failure or "server shutting down")
+            for rid in list(self._live):
+                self._finish(rid, "error", self.failure or "server shutting down")
 
     def _admit_new(self) -> None:
         while self._incoming:
             req = self._incoming.popleft()
-            lower = self.lengths.lower_bound(len(req.prompt_ids), req.max_tokens, req.lower)
-            r = Request(req.id, len(req.prompt_ids), lower, req.max_tokens, arrival=self.sched.step)
-            self.sched.add_request(r)
+            try:
+                lower = self.lengths.lower_bound(len(req.prompt_ids), req.max_tokens, req.lower)
+                r = Request(req.id, len(req.prompt_ids), lower, req.max_tokens, arrival=self.sched.step)
+                self.sched.add_request(r)
+            except ValueError as e:  # the front end checks sizes first; this is the last line of defence
+                req.emit("error", f"request refused: {e}")
+                continue
             self._live[req.id] = req
-            self._samplers[req.id] = Sampler(req.sampling)
         for rid in self._cancels:
             if rid in self._live and self.sched.abort(rid):
                 self.stats["cancelled_total"] += 1
                 self._finish(rid, "cancelled", None)
         self._cancels.clear()
+
+    def _fail(self, rid: int, message: str) -> None:
+        """Ends one request with an error: out of the scheduler (its KV freed), its client told."""
+        self.sched.abort(rid)
+        self.stats["failed_total"] += 1
+        self._finish(rid, "error", message)
 
     def step(self) -> None:
         out = self.sched.schedule()                                            # schedule()
@@ -144,14 +188,24 @@ class EngineLoop:
             else:
                 fed = req.emitted[r.generated - 1]
                 work.append(SeqWork(rid, [fed], r.prompt_len + r.generated - 1, blocks))
-        logits = self.batch.step(work)                                         # run()
+        try:
+            logits = self.batch.step(work)                                     # run()
+        except Exception as e:  # noqa: BLE001 - the requests of this step fail; the loop and the others go on
+            log.error("pyinfer: a batch step failed", exc_info=True)
+            for rid in out.running:
+                self._fail(rid, f"engine failure: {type(e).__name__}: {e}")
+            return
         finished = []                                                          # postprocess()
         for rid in out.running:
             req, r = self._live[rid], self.sched.request(rid)
             if r.generated < len(req.emitted):
                 tok = req.emitted[r.generated]  # replay after an eviction
             else:
-                tok = self._samplers[rid](logits[rid])
+                try:
+                    tok = req.sampler(logits[rid])
+                except Exception as e:  # noqa: BLE001 - only this request fails
+                    self._fail(rid, f"sampling failed: {type(e).__name__}: {e}")
+                    continue
                 if tok in self.eos_ids:
                     finished.append((rid, "stop"))
                     continue
@@ -172,7 +226,6 @@ class EngineLoop:
 
     def _finish(self, rid: int, kind: str, payload) -> None:
         req = self._live.pop(rid, None)
-        self._samplers.pop(rid, None)
         if req is not None and kind != "cancelled":
             req.emit(kind, payload)
 

@@ -1,8 +1,10 @@
 """OpenAI-compatible HTTP API (FastAPI on uvicorn) over the EngineLoop.
 
 /v1/completions and /v1/chat/completions (streamed as server-sent events, or whole), /v1/models,
-/health, and /metrics in Prometheus text. Errors are OpenAI-shaped JSON with the matching status.
-A client that disconnects cancels its request, which frees its KV blocks at once."""
+/health, and /metrics in Prometheus text. Errors are OpenAI-shaped JSON with the matching status, 404 and 405
+included. Every request field is checked here (api_models, then the sampler is built), so a bad value is a 400
+naming it and never reaches the engine thread. Past `max_concurrent` requests in flight a new one gets a 429. A
+client that hangs up, streaming or not, cancels its request at once, which frees its KV blocks."""
 # No `from __future__ import annotations` here: FastAPI reads the handlers' Request annotations at runtime.
 
 import asyncio
@@ -13,33 +15,41 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
+from ..errors import PyinferError
 from ..model.tokenizer import IncrementalDecoder
-from ..runtime.sampling import SamplingParams
+from ..runtime.sampling import Sampler, SamplingParams
 from ..runtime.stops import StopMatcher
 from .api_models import APIError, ChatRequest, CompletionRequest, parse
-from .engine_loop import EngineLoop, ServeRequest
+from .engine_loop import EngineLoop, EngineStopped, ServeRequest
+from .http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from .metrics import make_registry
 
+DEFAULT_MAX_CONCURRENT = 128  # TGI's default for --max-concurrent-requests
 
-def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] = None):
+
+def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] = None,
+               max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from starlette.exceptions import HTTPException
 
-    app = FastAPI(title="pyinfer", docs_url=None, redoc_url=None)
+    app = FastAPI(title="pyinfer", docs_url=None, redoc_url=None, openapi_url=None)
     tk = model.tokenizer
 
     @app.exception_handler(APIError)
     async def _api_error(_, e: APIError):
         return JSONResponse(e.body(), status_code=e.status)
 
+    @app.exception_handler(HTTPException)
+    async def _http_error(request, e: HTTPException):  # 404 for an unknown path, 405 for a wrong method
+        why = {404: f"no such endpoint: {request.url.path}", 405: f"method {request.method} is not allowed here"}
+        return JSONResponse(APIError(e.status_code, why.get(e.status_code, str(e.detail))).body(),
+                            status_code=e.status_code, headers=getattr(e, "headers", None))
+
     @app.exception_handler(Exception)
     async def _internal(_, e: Exception):  # never a bare 500 page: an OpenAI-shaped body
         return JSONResponse(APIError(500, f"internal error: {type(e).__name__}", "server_error").body(), status_code=500)
-
-    @app.exception_handler(json.JSONDecodeError)
-    async def _bad_json(_, e):
-        return JSONResponse(APIError(400, "request body is not valid JSON").body(), status_code=400)
 
     registry = make_registry(loop)
     # Tokenizing runs off the event loop, on one thread: its allocator arena is reused request after request
@@ -48,10 +58,10 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
     # No token is longer than this many bytes, so a prompt of B bytes has at least B / longest tokens: a
     # prompt that cannot fit is refused before it is tokenized.
     longest_token = tk.max_token_bytes()
+    preparing = 0  # requests between arrival and submit (tokenizing); the engine counts the rest
 
-    def refuse_oversized(text: str, req) -> None:
-        at_least = len(text.encode("utf-8", "replace")) // max(1, longest_token)
-        _, max_tokens = sampling(req)
+    def refuse_oversized(n_bytes: int, max_tokens: int) -> None:
+        at_least = n_bytes // max(1, longest_token)
         why = loop.check(at_least, max_tokens, at_least=True)
         if why:
             raise APIError(400, why, param="max_tokens", code="context_length_exceeded")
@@ -67,6 +77,14 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         if not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected_auth):
             raise APIError(401, "invalid or missing API key", "authentication_error", code="invalid_api_key")
 
+    def refuse_if_unavailable() -> None:
+        if not loop.alive:
+            raise APIError(503, f"the engine is not running ({loop.failure or 'stopped'})", "server_error",
+                           code="engine_stopped")
+        if loop.in_flight() + preparing >= max_concurrent:
+            raise APIError(429, f"this server is serving its limit of {max_concurrent} requests; retry later "
+                                "(--max-concurrent-requests)", "rate_limit_error", code="rate_limit_exceeded")
+
     async def read_body(request: Request, kind):
         authorize(request)
         try:
@@ -79,16 +97,39 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
                            param="model", code="model_not_found")
         return req
 
-    def sampling(req) -> tuple[SamplingParams, int]:
+    def sampler_of(req) -> tuple[Sampler, int]:
+        """The request's sampler (its values checked once more by the sampler itself) and max_tokens."""
         params = SamplingParams(1.0 if req.temperature is None else float(req.temperature),
                                 40 if req.top_k is None else req.top_k,
-                                1.0 if req.top_p is None else float(req.top_p), req.seed)
-        max_tokens = req.max_tokens or getattr(req, "max_completion_tokens", None) or 16
-        return params, max_tokens
+                                1.0 if req.top_p is None else float(req.top_p), req.seed,
+                                float(req.presence_penalty or 0.0), float(req.frequency_penalty or 0.0))
+        try:
+            sampler = Sampler(params)
+        except PyinferError as e:
+            raise APIError(400, str(e)) from None
+        return sampler, req.max_tokens or getattr(req, "max_completion_tokens", None) or 16
 
-    async def generate(request: Request, body, prompt_ids: list[int], chat: bool):
-        params, max_tokens = sampling(body)
-        lower = body.pyinfer_min_output_tokens
+    async def disconnected(request: Request) -> None:
+        """Returns when the client hangs up (its body is read, so the next message is the disconnect)."""
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    async def prepared(request: Request, body, n_bytes: int, tokenize):
+        """(sampler, max_tokens, prompt ids) once the request passed every check, tokenized off the loop."""
+        nonlocal preparing
+        refuse_if_unavailable()
+        sampler, max_tokens = sampler_of(body)
+        refuse_oversized(n_bytes, max_tokens)
+        preparing += 1
+        try:
+            ids = await off_loop(tokenize)
+        finally:
+            preparing -= 1
+        return sampler, max_tokens, ids
+
+    async def generate(request: Request, body, sampler: Sampler, max_tokens: int, prompt_ids: list[int], chat: bool):
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="messages" if chat else "prompt")
         why = loop.check(len(prompt_ids), max_tokens)
@@ -97,43 +138,33 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         stops = body.stops()
         aio = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
+
         def emit(kind, payload):  # called from the engine thread
             try:
                 aio.call_soon_threadsafe(events.put_nowait, (kind, payload))
             except RuntimeError:  # event loop gone (shutdown): nobody is listening
                 pass
 
-        req = ServeRequest(prompt_ids, max_tokens, params, emit, lower)
-        rid = loop.submit(req)
+        req = ServeRequest(prompt_ids, max_tokens, sampler, emit, body.pyinfer_min_output_tokens)
+        try:
+            rid = loop.submit(req)
+        except EngineStopped as e:
+            raise APIError(503, str(e), "server_error", code="engine_stopped") from None
         decoder, matcher = IncrementalDecoder(tk), StopMatcher(stops)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
 
-        async def pieces():
-            """(text, finish_reason or None); cancels the request if abandoned."""
-            done = False
-            try:
-                while True:
-                    kind, payload = await events.get()
-                    if kind == "token":
-                        text, stopped = matcher.push(decoder.push(payload))
-                        if stopped:
-                            loop.stop_request(rid)
-                            done = True
-                            yield text, "stop"
-                            return
-                        if text:
-                            yield text, None
-                    elif kind == "done":
-                        done = True
-                        yield matcher.flush(), payload
-                        return
-                    else:
-                        done = True
-                        raise APIError(500, str(payload), "server_error")
-            finally:
-                if not done:
-                    loop.cancel(rid)
+        def on_event(kind, payload):
+            """(text, finish reason or None, whether the request is over) for one engine event."""
+            if kind == "token":
+                text, stopped = matcher.push(decoder.push(payload))
+                if stopped:
+                    loop.stop_request(rid)
+                    return text, "stop", True
+                return text, None, False
+            if kind == "done":
+                return matcher.flush(), payload, True
+            raise APIError(500, str(payload), "server_error")
 
         def chunk(text, finish):
             if chat:
@@ -145,38 +176,46 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
 
         if body.stream:
             async def sse():
-                if chat:
-                    first = chunk("", None)
-                    first["choices"][0]["delta"] = {"role": "assistant"}
-                    yield f"data: {json.dumps(first)}\n\n"
-                try:
-                    async for text, finish in pieces():
-                        yield f"data: {json.dumps(chunk(text, finish))}\n\n"
-                except APIError as e:
-                    yield f"data: {json.dumps(e.body())}\n\n"
-                yield "data: [DONE]\n\n"
+                over = False
+                try:  # Starlette cancels this generator when the client hangs up: the finally cancels the request
+                    if chat:
+                        first = chunk("", None)
+                        first["choices"][0]["delta"] = {"role": "assistant"}
+                        yield f"data: {json.dumps(first)}\n\n"
+                    while not over:
+                        try:
+                            text, finish, over = on_event(*await events.get())
+                        except APIError as e:
+                            over = True
+                            yield f"data: {json.dumps(e.body())}\n\n"
+                            break
+                        if text or finish:
+                            yield f"data: {json.dumps(chunk(text, finish))}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:
+                    if not over:
+                        loop.cancel(rid)
 
             return StreamingResponse(sse(), media_type="text/event-stream")
 
-        parts, finish = [], None
-        gen = pieces()
+        parts, finish, over = [], None, False
+        hangup = asyncio.ensure_future(disconnected(request))
         try:
-            while True:
-                nxt = asyncio.ensure_future(gen.__anext__())
-                while not nxt.done():  # a client that hangs up cancels its request
-                    await asyncio.wait([nxt], timeout=0.5)
-                    if not nxt.done() and await request.is_disconnected():
-                        nxt.cancel()
-                        loop.cancel(rid)
-                        return JSONResponse({}, status_code=499)
-                try:
-                    text, f = nxt.result()
-                except StopAsyncIteration:
-                    break
+            while not over:
+                nxt = asyncio.ensure_future(events.get())
+                await asyncio.wait({nxt, hangup}, return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():  # the client hung up: stop generating now, nobody reads the answer
+                    nxt.cancel()
+                    loop.cancel(rid)
+                    over = True
+                    return Response(status_code=499)
+                text, f, over = on_event(*nxt.result())
                 parts.append(text)
                 finish = f or finish
         finally:
-            await gen.aclose()
+            hangup.cancel()
+            if not over:
+                loop.cancel(rid)
         text = "".join(parts)
         n_out = len(req.emitted)
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": n_out, "total_tokens": len(prompt_ids) + n_out}
@@ -191,26 +230,25 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
     async def completions(request: Request):
         body = await read_body(request, CompletionRequest)
         text = body.text()
-        refuse_oversized(text, body)
-        ids = await off_loop(model.tokenize, text)  # a long prompt must not stall the event loop
-        return await generate(request, body, ids, chat=False)
+        sampler, max_tokens, ids = await prepared(request, body, len(text.encode("utf-8", "replace")),
+                                                  lambda: model.tokenize(text))
+        return await generate(request, body, sampler, max_tokens, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await read_body(request, ChatRequest)
+        messages = [m.as_dict() for m in body.messages]
 
-        def render() -> list[int]:
-            from jinja2 import TemplateError
-
+        def chat_ids() -> list[int]:
             try:
-                text = model.render_chat([m.as_dict() for m in body.messages])
-            except TemplateError as e:  # the model's own template refused these messages (roles, order)
-                raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages") from None
-            ids = model.tokenize(text, add_bos=False, special=True)
-            return [tk.bos_id] + ids if tk.add_bos and tk.bos_id is not None and ids[:1] != [tk.bos_id] else ids
+                return model.chat_ids(messages)
+            except PyinferError as e:  # the template refused these messages (roles, order) or went past its bounds
+                raise APIError(400, str(e), param="messages") from None
 
-        refuse_oversized("".join(m.as_dict()["content"] for m in body.messages), body)
-        return await generate(request, body, await off_loop(render), chat=True)
+        n_bytes = sum(len(m["role"].encode("utf-8", "replace")) + len(m["content"].encode("utf-8", "replace"))
+                      for m in messages)
+        sampler, max_tokens, ids = await prepared(request, body, n_bytes, chat_ids)
+        return await generate(request, body, sampler, max_tokens, ids, chat=True)
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -219,10 +257,13 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
 
     @app.get("/health")
     async def health():
-        return {"status": "ok" if loop.thread.is_alive() else "engine stopped"}
+        if loop.alive:
+            return {"status": "ok"}
+        return JSONResponse({"status": "engine stopped", "reason": loop.failure or "stopped"}, status_code=503)
 
     @app.get("/metrics")
     async def metrics():
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     return app

@@ -39,6 +39,9 @@ class Policy:
     def on_finish(self, r: Request) -> None:
         """Called once per finished request, with r.generated its true output length."""
 
+    def forget(self, r: Request) -> None:
+        """Called once when a request leaves the scheduler (finished or aborted): drop what is kept per request."""
+
 
 class AMax(Policy):
     name = "amax"
@@ -70,6 +73,9 @@ class AMin(Policy):
 
     def on_evict(self, r: Request) -> None:
         r.pseudo_lower = max(r.pseudo_lower, r.generated)
+        self._tiebreak.pop(r.id, None)
+
+    def forget(self, r: Request) -> None:
         self._tiebreak.pop(r.id, None)
 
 

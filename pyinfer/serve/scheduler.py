@@ -58,6 +58,7 @@ class Scheduler:
         elif r in self.waiting:
             self.waiting.remove(r)
         r.status = Status.FINISHED
+        self.policy.forget(r)
         return True
 
     @property
@@ -146,3 +147,4 @@ class Scheduler:
                 self.finished.append(r)
                 self.finished_count += 1
                 self.policy.on_finish(r)
+                self.policy.forget(r)

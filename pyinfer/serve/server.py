@@ -1,10 +1,13 @@
 """`pyinfer serve`: wires model, batch engine, scheduler loop and the HTTP API together."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from ..errors import PyinferError
+from .http_limits import DEFAULT_MAX_BODY_BYTES
+from .openai_api import DEFAULT_MAX_CONCURRENT
 from .policies import POLICIES
 
 DEFAULT_POLICY = "hedge"
@@ -13,10 +16,13 @@ BLOCK_SIZE = 16
 
 def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_POLICY, n_threads: int | None = None,
                  api_key: str | None = None, max_seq_len: int | None = None, sparsity="off", target=None,
-                 cache_type: str = "f16", ram_budget=None, device: str = "cpu", vram_budget=None):
-    """Returns (app, loop, model); call loop.start() before serving. `ram_budget`, `device`, `vram_budget`: as
-    load()'s."""
+                 cache_type: str = "f16", ram_budget=None, device: str = "cpu", vram_budget=None,
+                 neuron_cache: float | None = None, neuron_window: float | None = None,
+                 max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    """Returns (app, loop, model); call loop.start() before serving. `ram_budget` (a size or a plan file),
+    `neuron_cache`, `neuron_window`, `device`, `vram_budget`: as load()'s."""
     from ..api import load
+    from ..offload.setup import make_offload
     from ..sparsity.resolve import resolve_sparsity
     from .batch_engine import BatchEngine
     from .engine_loop import EngineLoop
@@ -27,19 +33,16 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
                            "(hsf needs true lengths: simulation only)")
     if kv_budget < BLOCK_SIZE * 2:
         raise PyinferError(f"--kv-budget must be at least {BLOCK_SIZE * 2} tokens")
+    if max_concurrent < 1:
+        raise PyinferError("--max-concurrent-requests must be at least 1")
+    if max_body_bytes < 1024:
+        raise PyinferError("--max-body-bytes must be at least 1024")
     # The Model serves tokenizer and chat template; the batch engine is the one that runs, so only it gets
     # the sparse copies of the weights.
     model = load(model_path, n_threads=n_threads, n_ctx=16)
     plan = resolve_sparsity(sparsity, model.gguf, model.config, model.tokenizer.encode, target, model.n_threads)
     cap = min(model.config.train_ctx, max_seq_len or model.config.train_ctx, kv_budget)
-    offload = None
-    if ram_budget is not None:
-        from ..model.pull import cache_dir
-        from ..offload import OffloadedFfn, parse_size
-
-        if plan is None:
-            raise PyinferError("--ram-budget streams FFN neurons and needs --sparsity (auto or a file)")
-        offload = OffloadedFfn(model.gguf, model.config, plan, "auto", parse_size(ram_budget), cache_dir())
+    offload = make_offload(model.gguf, model.config, plan, "auto", ram_budget, neuron_cache, neuron_window)
     placement = None
     if device != "cpu" or vram_budget is not None:
         from ..place.device import check_cuda, parse_device, resolve_placement
@@ -58,22 +61,49 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
     batch.engine.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
     loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(model.tokenizer.end_of_generation))
     name = Path(model.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
-    return create_app(model, loop, str(name), api_key), loop, model
+    return create_app(model, loop, str(name), api_key, max_concurrent, max_body_bytes), loop, model
+
+
+def api_key_of(args) -> str | None:
+    """--api-key-file, then $PYINFER_API_KEY, then --api-key (which `ps` shows to every user of the machine)."""
+    if getattr(args, "api_key_file", None):
+        try:
+            with open(args.api_key_file) as f:
+                key = f.read().strip()
+        except OSError as e:
+            raise PyinferError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}") from None
+        if not key:
+            raise PyinferError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    if os.environ.get("PYINFER_API_KEY"):
+        return os.environ["PYINFER_API_KEY"]
+    if args.api_key:
+        print("pyinfer: warning: --api-key is visible to every user in `ps`; prefer PYINFER_API_KEY or "
+              "--api-key-file", file=sys.stderr)
+    return args.api_key
 
 
 def serve(args) -> int:
     import uvicorn
 
-    app, loop, model = build_server(args.model, args.kv_budget, args.scheduler, args.threads, args.api_key,
+    from .http_limits import uvicorn_config
+
+    api_key = api_key_of(args)
+    app, loop, model = build_server(args.model, args.kv_budget, args.scheduler, args.threads, api_key,
                                     sparsity=args.sparsity, target=args.target, cache_type=args.cache_type,
-                                    ram_budget=args.ram_budget, device=args.device, vram_budget=args.vram_budget)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
-        print(f"pyinfer: warning: serving on {args.host} without --api-key", file=sys.stderr)
+                                    ram_budget=args.ram_budget, device=args.device, vram_budget=args.vram_budget,
+                                    neuron_cache=args.neuron_cache, neuron_window=args.neuron_window,
+                                    max_concurrent=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(f"pyinfer: warning: serving on {args.host} without an API key", file=sys.stderr)
     loop.start()
     print(f"pyinfer: serving {model.path} on http://{args.host}:{args.port}/v1 "
-          f"(scheduler {args.scheduler}, KV budget {loop.kv_budget} tokens)", file=sys.stderr)
+          f"(scheduler {args.scheduler}, KV budget {loop.kv_budget} tokens, at most {args.max_concurrent_requests} "
+          "requests at once)", file=sys.stderr)
+    # Connections: every request in flight, plus as many again for health checks, metrics and refusals.
+    server = uvicorn.Server(uvicorn_config(app, args.host, args.port, 2 * args.max_concurrent_requests + 32))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        server.run()
     finally:
         loop.stop()
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PyinferError
+from ..tools.atomic_file import atomic_write
 
 FORMAT = "pyinfer-sparsity"
 FORMAT_VERSION = 1
@@ -109,11 +110,7 @@ class SparsityPlan:
                 p = lp.predictor
                 arrays.update({f"w1.{il}": p.w1_q8, f"b1.{il}": p.b1.astype(np.float32),
                                f"w2.{il}": p.w2_q8, f"cut.{il}": p.cut.astype(np.float32)})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp.npz")  # written whole, then renamed: never a half file
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
-        return path
+        return atomic_write(path, lambda f: np.savez(f, **arrays))  # never a half file, whoever else writes it
 
     @classmethod
     def load(cls, path: str | Path, fingerprint: str | None = None, n_layers: int | None = None,

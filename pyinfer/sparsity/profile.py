@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PyinferError
+from ..tools.atomic_file import atomic_write
 from .plan import MODES, SparsityFileError, read_npz
 
 LOG_LO, LOG_HI = -8.0, 3.0
@@ -126,12 +127,9 @@ class Profile:
         path = Path(path)
         header = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "mode": self.mode, "tokens": self.tokens,
                   "fingerprint": self.fingerprint, "info": self.info}
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez_compressed(tmp, header=np.frombuffer(json.dumps(header).encode(), np.uint8), hist=self.hist,
-                            gate_hist=self.gate_hist, neuron_hist=self.neuron_hist.astype(np.uint32),
-                            joint_hist=self.joint_hist)
-        tmp.replace(path)
-        return path
+        return atomic_write(path, lambda f: np.savez_compressed(
+            f, header=np.frombuffer(json.dumps(header).encode(), np.uint8), hist=self.hist, gate_hist=self.gate_hist,
+            neuron_hist=self.neuron_hist.astype(np.uint32), joint_hist=self.joint_hist))
 
     @classmethod
     def load(cls, path: str | Path, fingerprint: str | None = None) -> "Profile":

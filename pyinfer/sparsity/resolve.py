@@ -19,7 +19,8 @@ from ..errors import PyinferError
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..model.pull import cache_dir
-from .plan import SparsityPlan
+from ..tools.atomic_file import file_lock
+from .plan import SparsityFileError, SparsityPlan
 
 AUTO_TARGET = 0.4           # SwiGLU: FFN sparsity; ReLU models are exact at any target
 AUTO_PROFILE_TOKENS = 4096
@@ -46,17 +47,34 @@ def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, targ
             return predictor_plan(gguf, cfg)
         target = AUTO_TARGET if target is None else target
         path = auto_plan_path(fp, target)
-        if path.is_file():
-            return SparsityPlan.load(path, fp, cfg.n_layers, cfg.d_ff)
-        plan = calibrate_auto(gguf, cfg, tokenize, target, n_threads, progress)
-        try:
-            plan.save(path)
-        except OSError as e:  # a read-only cache only costs a recalibration next time
-            print(f"pyinfer: warning: could not cache the sparsity plan at {path}: {e}", file=sys.stderr)
+        plan = _cached_plan(path, fp, cfg)
+        if plan is not None:
+            return plan
+        with file_lock(path):  # two processes starting at once calibrate once
+            plan = _cached_plan(path, fp, cfg)
+            if plan is not None:
+                return plan
+            plan = calibrate_auto(gguf, cfg, tokenize, target, n_threads, progress)
+            try:
+                plan.save(path)
+            except OSError as e:  # a read-only cache only costs a recalibration next time
+                print(f"pyinfer: warning: could not cache the sparsity plan at {path}: {e}", file=sys.stderr)
         return plan
     if isinstance(spec, (str, os.PathLike)):
         return SparsityPlan.load(spec, fp, cfg.n_layers, cfg.d_ff)
     raise PyinferError(f"sparsity must be 'off', 'auto' or a path to a sparsity file, got {spec!r}")
+
+
+def _cached_plan(path: Path, fingerprint: str, cfg: LlamaConfig) -> SparsityPlan | None:
+    """The cached `auto` plan, or None when there is none or it is unreadable (then it is calibrated again and
+    replaced: a cache file is never a reason a model cannot load)."""
+    if not path.is_file():
+        return None
+    try:
+        return SparsityPlan.load(path, fingerprint, cfg.n_layers, cfg.d_ff)
+    except SparsityFileError as e:
+        print(f"pyinfer: warning: the cached sparsity plan is unusable ({e}); calibrating it again", file=sys.stderr)
+        return None
 
 
 def calibrate_auto(gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, target: float, n_threads: int,

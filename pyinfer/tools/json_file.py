@@ -3,23 +3,18 @@ not at all."""
 from __future__ import annotations
 
 import json
-import os
 
 from ..errors import PyinferError
+from .atomic_file import atomic_write
 
 
 def write_json(path: str, obj: dict, indent: int | None = 1) -> None:
-    """Writes beside, then renames: a failure leaves the old file (or none), never half a file."""
-    tmp = path + ".tmp"
+    """Written whole or not at all (atomic_write): a failure leaves the old file (or none), never half a file."""
+    data = json.dumps(obj, indent=indent).encode()
     try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=indent)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: f.write(data))
     except OSError as e:
-        raise PyinferError(f"cannot write {path}: {e.strerror}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        raise PyinferError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def read_bound_json(path: str, fmt: str, fingerprint: str, what: str, command: str) -> dict:

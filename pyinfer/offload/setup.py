@@ -1,0 +1,36 @@
+"""`ram_budget=SIZE|PLAN`: the one place a streamed FFN is set up, for the Python API and the server alike."""
+from __future__ import annotations
+
+import os
+
+from ..errors import PyinferError
+
+
+def make_offload(gguf, cfg, plan, neuron_down: str, ram_budget, neuron_cache: float | None = None,
+                 neuron_window: float | None = None, progress: bool = True):
+    """An OffloadedFfn for `ram_budget` (bytes, a size such as "80M", or a plan file from `pyinfer plan`), or
+    None without one. A plan file's splits apply unless `neuron_cache` / `neuron_window` say otherwise; its
+    prediction is kept as `.predicted` for `bench`."""
+    if ram_budget is None:
+        if neuron_cache is not None or neuron_window is not None:
+            raise PyinferError("a neuron cache or read-ahead window share needs a RAM budget")
+        return None
+    from ..model.pull import cache_dir
+    from .offloaded_ffn import OffloadedFfn, parse_size
+
+    if plan is None:
+        raise PyinferError("a RAM budget streams FFN neurons and needs a sparsity plan (--sparsity auto or a file)")
+    planned = None
+    if isinstance(ram_budget, (str, os.PathLike)) and str(ram_budget).endswith(".json"):
+        from .planner import read_plan
+
+        planned = read_plan(str(ram_budget), gguf.fingerprint())  # from `pyinfer plan`
+        ram_budget = planned["budget"]
+    got = planned or {}
+    offload = OffloadedFfn(gguf, cfg, plan, neuron_down, parse_size(ram_budget), cache_dir(), progress=progress,
+                           ring_slots=got.get("ring_slots"), io_threads=got.get("io_threads", 4),
+                           cache_share=neuron_cache if neuron_cache is not None else got.get("cache_share"),
+                           window_share=neuron_window if neuron_window is not None else got.get("window_share"),
+                           max_range=got.get("max_range"), merge_gap=got.get("merge_gap"))
+    offload.predicted = planned
+    return offload

@@ -1,0 +1,112 @@
+"""What the HTTP server refuses before the API sees a request: bodies over a size (413, read no further),
+request heads that never finish (the connection closed), and more connections than it serves (uvicorn's 503).
+
+`uvicorn_config` is the one place `pyinfer serve`, the tests and the benchmarks get their uvicorn settings."""
+from __future__ import annotations
+
+import json
+
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+HEADER_TIMEOUT_S = 10.0        # a client has this long to send a request's head (slow-header connections)
+KEEP_ALIVE_S = 5.0             # an idle keep-alive connection is closed after this
+MAX_HEADER_BYTES = 64 << 10    # h11's cap on an incomplete request head
+
+
+def error_body(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is answered 413 (OpenAI-shaped) as soon as its
+    Content-Length says so, or once that many bytes have come in, and never buffered past the limit. The body is
+    read here and replayed to the app; later receive() calls (the hang-up watch) pass through."""
+
+    def __init__(self, app, max_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None:
+            try:
+                too_big = int(declared) > self.max_bytes
+            except ValueError:
+                return await self._refuse(send, 400, "invalid Content-Length header")
+            if too_big:
+                return await self._refuse(send, 413, self._why())
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return  # nobody to answer
+            body = msg.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
+                return await self._refuse(send, 413, self._why())
+            chunks.append(body)
+            if not msg.get("more_body", False):
+                break
+        whole = b"".join(chunks)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": whole, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _why(self) -> str:
+        return f"request body is larger than this server's limit of {self.max_bytes} bytes (--max-body-bytes)"
+
+    @staticmethod
+    async def _refuse(send, status: int, message: str) -> None:
+        body = error_body(status, message)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _guarded_h11_protocol():
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11Protocol(H11Protocol):
+        """uvicorn's h11 protocol, and a connection whose request head has not come in whole HEADER_TIMEOUT_S after
+        it opened (or after its last response) is closed: uvicorn alone keeps slow-header connections forever."""
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def _arm_header_timer(self) -> None:
+            self._header_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._header_timeout)
+
+        def _header_timeout(self) -> None:
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._header_timer.cancel()
+            self._arm_header_timer()
+
+        def connection_lost(self, exc) -> None:
+            self._header_timer.cancel()
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
+
+
+def uvicorn_config(app, host: str, port: int, max_connections: int):
+    """uvicorn's Config with the limits set: at most `max_connections` connections or tasks (past them uvicorn
+    answers 503), idle keep-alive and slow request heads closed, request heads capped."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", http=_guarded_h11_protocol(),
+                          limit_concurrency=max_connections, timeout_keep_alive=KEEP_ALIVE_S,
+                          h11_max_incomplete_event_size=MAX_HEADER_BYTES, backlog=max(64, max_connections))
