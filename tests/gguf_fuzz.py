@@ -16,6 +16,11 @@ SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "
 STRING, ARRAY = 8, 9
 KINDS = ("bitflip", "truncate", "huge_count", "huge_length", "bad_offset", "unknown_type", "overlap", "shape",
          "metadata_value", "nan_norm", "bad_utf8")
+# Structural mutations: a metadata entry re-encoded (another type, another shape of value) or added, the header
+# rewritten around it and the tensor data moved to its new aligned start.
+STRUCTURAL_KINDS = ("template_type", "template_bomb", "duplicate_vocab", "all_control", "huge_array", "vocab_types",
+                    "special_ids")
+ALL_KINDS = KINDS + STRUCTURAL_KINDS
 HUGE = (2 ** 63 - 1, 2 ** 64 - 1, 2 ** 40, 2 ** 32 + 1, 2 ** 31)
 
 
@@ -52,6 +57,7 @@ class Layout:
     info_end: int              # end of the tensor directory
     data_start: int
     boundaries: list[int]      # ends of sections: magic, version, counts, each KV, each tensor info, padding
+    alignment: int = 32
 
 
 def parse_layout(data: bytes) -> Layout:
@@ -121,7 +127,7 @@ def parse_layout(data: bytes) -> Layout:
     info_end = pos
     data_start = (pos + alignment - 1) // alignment * alignment
     bounds.append(data_start)
-    return Layout(len(data), fields, tensors, info_end, data_start, bounds)
+    return Layout(len(data), fields, tensors, info_end, data_start, bounds, alignment)
 
 
 @dataclass
@@ -131,6 +137,7 @@ class Mutation:
     what: str
     writes: list[tuple[int, bytes]] = field(default_factory=list)
     truncate: int | None = None
+    rewrite: tuple[list[bytes], int] | None = None   # structural: the new metadata entries and their count
 
 
 def _u64(v: int) -> bytes:
@@ -145,6 +152,9 @@ def mutate(layout: Layout, data_at, rng: random.Random, kind: str, tensor_data: 
     """A mutation of `kind`. data_at(off, n) reads the original bytes. `tensor_data`: mutations may reach
     into tensor data (small files); otherwise they stay in the header (the real model)."""
     L = layout
+    if kind in STRUCTURAL_KINDS:
+        what, entries, n_kv = structural(L, data_at, rng, kind)
+        return Mutation(kind, what, rewrite=(entries, n_kv))
     if kind == "bitflip":
         end = L.size if tensor_data else L.data_start
         writes = []
@@ -214,6 +224,128 @@ def mutate(layout: Layout, data_at, rng: random.Random, kind: str, tensor_data: 
     raise ValueError(kind)
 
 
+def _kv(key: str, vtype: int, value, item_type: int = -1) -> bytes:
+    """One metadata entry as GGUF v3 writes it."""
+    def scalar(t, v):
+        return struct.pack("<" + SCALARS[t], v)
+
+    def string(v: str | bytes) -> bytes:
+        b = v.encode() if isinstance(v, str) else v
+        return _u64(len(b)) + b
+
+    out = string(key) + _u32(vtype)
+    if vtype == STRING:
+        return out + string(value)
+    if vtype == ARRAY:
+        body = b"".join(string(v) if item_type == STRING else scalar(item_type, v) for v in value)
+        return out + _u32(item_type) + _u64(len(value)) + body
+    return out + scalar(vtype, value)
+
+
+# Templates a hostile file might carry: each must end in a one-line error or a bounded render, never a hang or
+# an exhausted machine.
+HOSTILE_TEMPLATES = (
+    "{{ 'a' * 10**9 }}", "{{ ['x'] * 10**9 }}", "{{ 9 ** 99999999 }}",
+    "{% for i in range(10**5) %}{% for j in range(10**5) %}{{ j.real }}{% endfor %}{% endfor %}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(99) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
+    "{{ raise_exception('no') }}", "{{ messages[99]['content'] }}", "{{ undefined_thing.attr.more }}",
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}<|im_start|>assistant\n",
+    "{{ ''.__class__.__mro__ }}", "{{ cycler.__init__.__globals__ }}", "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+    "{{", "{% for %}", "\x00\xff",
+)
+
+
+def structural(layout: Layout, data_at, rng: random.Random, kind: str) -> tuple[str, list[bytes], int]:
+    """(what, the new metadata entries in order, the new n_kv) for a structural mutation of `kind`."""
+    L = layout
+    by_key = {f.key: i for i, f in enumerate(L.fields)}
+    entries = [data_at(L.boundaries[2 + i], L.boundaries[3 + i] - L.boundaries[2 + i]) for i in range(len(L.fields))]
+
+    def put(key: str, blob: bytes) -> None:
+        if key in by_key:
+            entries[by_key[key]] = blob
+        else:
+            entries.append(blob)
+
+    def array_items(key: str) -> list:
+        f = L.fields[by_key[key]]
+        count = struct.unpack("<Q", data_at(f.count_off, 8))[0]
+        if f.item_type == STRING:
+            out, pos = [], f.items_off
+            for _ in range(count):
+                n = struct.unpack("<Q", data_at(pos, 8))[0]
+                out.append(data_at(pos + 8, n))
+                pos += 8 + n
+            return out
+        size = struct.calcsize("<" + SCALARS[f.item_type])
+        raw = data_at(f.items_off, size * count)
+        return list(struct.unpack("<%d%s" % (count, SCALARS[f.item_type]), raw))
+
+    tmpl = "tokenizer.chat_template"
+    if kind == "template_type":
+        choice = rng.randrange(4)
+        blob = [_kv(tmpl, 4, 7), _kv(tmpl, ARRAY, ["{{ 1 }}", "x"], STRING), _kv(tmpl, ARRAY, [1, 2, 3], 5),
+                _kv(tmpl, 7, True)][choice]
+        put(tmpl, blob)
+        return f"chat template as type #{choice}", entries, len(entries)
+    if kind == "template_bomb":
+        t = rng.choice(HOSTILE_TEMPLATES)
+        put(tmpl, _kv(tmpl, STRING, t))
+        return f"template {t[:40]!r}", entries, len(entries)
+    tokens_key, types_key = "tokenizer.ggml.tokens", "tokenizer.ggml.token_type"
+    if kind == "duplicate_vocab":
+        toks = array_items(tokens_key)
+        n = rng.choice([1, 2, len(toks) // 3])
+        for _ in range(n):
+            i, j = rng.randrange(len(toks)), rng.randrange(len(toks))
+            toks[i] = toks[j]
+        put(tokens_key, _kv(tokens_key, ARRAY, toks, STRING))
+        return f"{n} duplicated tokens", entries, len(entries)
+    if kind == "all_control":
+        n = len(array_items(tokens_key))
+        put(types_key, _kv(types_key, ARRAY, [rng.choice([3, 3, 4, 6])] * n, 5))
+        return "every token of one special type", entries, len(entries)
+    if kind == "huge_array":
+        n = rng.choice([1 << 18, 1 << 21, 3 << 20])
+        put("junk.unused_array", _kv("junk.unused_array", ARRAY, [0.5] * n, 6))
+        return f"an unused array of {n} floats", entries, len(entries)
+    if kind == "vocab_types":
+        n = len(array_items(tokens_key))
+        choice = rng.randrange(4)
+        if choice == 0:
+            put(tokens_key, _kv(tokens_key, ARRAY, list(range(n)), 4))
+        elif choice == 1:
+            put(types_key, _kv(types_key, ARRAY, ["1"] * n, STRING))
+        elif choice == 2:
+            put(types_key, _kv(types_key, ARRAY, [1] * (n // 2), 5))
+        else:
+            put("tokenizer.ggml.merges", _kv("tokenizer.ggml.merges", ARRAY, [b"a", b"zz zz zz", b""], STRING))
+        return f"vocabulary arrays of the wrong type or length #{choice}", entries, len(entries)
+    if kind == "special_ids":
+        key = rng.choice(["tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"])
+        blob = rng.choice([_kv(key, 4, 2 ** 31), _kv(key, STRING, "1"), _kv(key, 5, -1), _kv(key, 6, 1.5)])
+        put(key, blob)
+        return f"{key} of another type or out of range", entries, len(entries)
+    raise ValueError(kind)
+
+
+def rewrite_header(layout: Layout, data_at, entries: list[bytes], n_kv: int, out: Path, size: int) -> None:
+    """The file (of `size` bytes) with these metadata entries: same tensor directory, tensor data at the new
+    aligned start."""
+    L = layout
+    head = data_at(0, 16) + _u64(n_kv)
+    infos = data_at(L.boundaries[2 + len(L.fields)], L.info_end - L.boundaries[2 + len(L.fields)])
+    header = head + b"".join(entries) + infos
+    pad = (-len(header)) % L.alignment
+    with open(out, "wb") as f:
+        f.write(header + b"\0" * pad)
+        pos, end = L.data_start, size
+        while pos < end:
+            chunk = data_at(pos, min(8 << 20, end - pos))
+            f.write(chunk)
+            pos += len(chunk)
+
+
 class MutantFile:
     """One working copy of a GGUF file, mutated in place and restored after each case (a 100 MB model is
     copied once, not per case). Truncations write a new, short file."""
@@ -236,6 +368,9 @@ class MutantFile:
         return self._orig.read(n)
 
     def apply(self, m: Mutation) -> Path:
+        if m.rewrite is not None:
+            rewrite_header(self.layout, self.data_at, *m.rewrite, self.short, os.path.getsize(self.source))
+            return self.short
         if m.truncate is not None:
             self._orig.seek(0)
             self.short.write_bytes(self._orig.read(m.truncate))
@@ -247,7 +382,7 @@ class MutantFile:
         return self.work
 
     def restore(self, m: Mutation) -> None:
-        if m.truncate is not None:
+        if m.truncate is not None or m.rewrite is not None:
             self.short.unlink(missing_ok=True)
             return
         with open(self.work, "r+b") as f:
@@ -257,21 +392,83 @@ class MutantFile:
 
 
 def run_case(path: Path) -> tuple[str, str]:
-    """(outcome, detail): "ok" when the file loads and runs one token, "error" for a one-line PyinferError,
-    "multiline" / "exception" / "memory" otherwise."""
+    """(outcome, detail): "ok" when the file loads, runs one token, renders and runs a chat (typed control tokens
+    in it), tokenizes with special tokens and answers the server's chat and completion requests; "error" for a
+    one-line PyinferError (or, from the server, an OpenAI-shaped 4xx, or a 500 that names its cause);
+    "multiline" / "exception" / "memory" otherwise. A file that loads goes through the server whatever its chat
+    did locally, so a template that fails there fails on the server's path too."""
     import pyinfer
 
-    try:
+    def guarded(fn) -> tuple[str, str]:
+        try:
+            fn()
+            return "ok", ""
+        except pyinfer.PyinferError as e:
+            msg = str(e)
+            return ("error" if msg and "\n" not in msg else "multiline"), msg[:300]
+        except MemoryError as e:
+            return "memory", repr(e)[:300]
+        except Exception as e:  # noqa: BLE001 - a finding: report it
+            return "exception", f"{type(e).__name__}: {str(e)[:300]}"
+
+    def load_and_run():
         m = pyinfer.load(str(path), n_threads=1, n_ctx=32, progress=False)
         m.generate("Hi", max_tokens=1, temperature=0)
-        return "ok", ""
+
+    def chat():
+        m = pyinfer.load(str(path), n_threads=1, n_ctx=256, progress=False)  # room for a chat prompt
+        m.tokenize("<|im_start|>user\n<s>hi</s><start_of_turn>", special=True)
+        m.chat([{"role": "user", "content": "Hi <|im_end|><end_of_turn></s>"}], max_tokens=1, temperature=0)
+
+    loaded = guarded(load_and_run)
+    if loaded[0] != "ok":
+        return loaded
+    results = [guarded(chat), serve_case(path)]
+    rank = {"ok": 0, "error": 1}
+    return max(results, key=lambda r: rank.get(r[0], 2))
+
+
+def serve_case(path: Path) -> tuple[str, str]:
+    """The server's request path on this file: a chat and a completion through the ASGI app, in process."""
+    import asyncio
+
+    import httpx
+
+    import pyinfer
+    from pyinfer.serve.server import build_server
+
+    try:
+        app, loop, _ = build_server(str(path), kv_budget=256, n_threads=1)
     except pyinfer.PyinferError as e:
-        msg = str(e)
-        return ("error" if msg and "\n" not in msg else "multiline"), msg[:300]
-    except MemoryError as e:
-        return "memory", repr(e)[:300]
+        return "error", str(e)[:300]
+    loop.start()
+    bodies = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi <|im_end|>"}], "max_tokens": 2}),
+              ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "temperature": 0.7, "seed": 1})]
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fuzz") as c:
+            return [await c.post(url, json=b, timeout=60) for url, b in bodies]
+
+    try:
+        replies = asyncio.run(go())
     except Exception as e:  # noqa: BLE001 - a finding: report it
-        return "exception", f"{type(e).__name__}: {str(e)[:300]}"
+        return "exception", f"server: {type(e).__name__}: {str(e)[:300]}"
+    finally:
+        loop.stop()
+    outcome, detail = "ok", ""
+    for r in replies:
+        try:
+            err = r.json().get("error") if r.status_code != 200 else None
+        except ValueError:
+            return "exception", f"server: HTTP {r.status_code} without a JSON body"
+        if r.status_code == 200:
+            continue
+        if not isinstance(err, dict) or not isinstance(err.get("message"), str):
+            return "exception", f"server: HTTP {r.status_code} without an OpenAI-shaped error"
+        if err["message"].startswith("internal error"):  # the catch-all handler: an exception nothing named
+            return "exception", f"server: {err['message']}"
+        outcome, detail = "error", f"server: HTTP {r.status_code}: {err['message'][:200]}"
+    return outcome, detail
 
 
 # ---- driving the cases: worker processes, so a crash or a hang costs one case, not the run -----------------
@@ -289,7 +486,7 @@ def make_cases(n: int, seed: int, real_share: float, have_real: bool) -> list[Ca
     out = []
     for i in range(n):
         target = "real" if have_real and rng.random() < real_share else "tiny"
-        out.append(Case(i, target, KINDS[i % len(KINDS)], rng.randrange(2 ** 31)))
+        out.append(Case(i, target, ALL_KINDS[i % len(ALL_KINDS)], rng.randrange(2 ** 31)))
     return out
 
 

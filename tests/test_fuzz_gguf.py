@@ -39,3 +39,27 @@ def test_findings_of_the_first_run_are_one_line_errors(tmp_path, kind):
     outcome, detail = run_case(mf.apply(m))
     mf.restore(m)
     assert outcome == "error", (kind, outcome, detail)
+
+
+@pytest.mark.parametrize("target", ["tiny", "real"])
+def test_structural_mutants_reach_chat_and_the_server(tmp_path, real_model_path, target):
+    """Metadata re-encoded (a chat template of another type or a hostile one, duplicated or all-control
+    vocabularies, a huge unused array, vocabulary arrays of the wrong type, special ids out of range): each
+    loads and serves or ends in a one-line error, through chat, special-token tokenization and the server."""
+    import random
+
+    from gguf_fuzz import HOSTILE_TEMPLATES, STRUCTURAL_KINDS, mutate
+
+    src = write_tiny_llama(tmp_path / "tiny.gguf") if target == "tiny" else real_model_path
+    mf = MutantFile(src, tmp_path)
+    seen = {}
+    for kind in STRUCTURAL_KINDS:
+        for seed in range(2 if target == "real" else 3):
+            m = mutate(mf.layout, mf.data_at, random.Random(seed), kind, tensor_data=False)
+            outcome, detail = run_case(mf.apply(m))
+            mf.restore(m)
+            assert outcome in ("ok", "error"), (kind, m.what, outcome, detail)
+            seen.setdefault(kind, set()).add(outcome)
+    assert set(seen) == set(STRUCTURAL_KINDS)
+    assert seen["huge_array"] == {"ok"} and seen["template_type"] == {"error"}
+    assert len(HOSTILE_TEMPLATES) > 10

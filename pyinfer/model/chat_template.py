@@ -105,6 +105,8 @@ def render_chat(template: str | None, messages: list[dict], bos_token: str = "",
 def _render(template, messages, bos_token, eos_token, add_generation_prompt) -> str:
     import jinja2
 
+    if template is not None and not isinstance(template, str):
+        raise ChatTemplateError(f"this model's tokenizer.chat_template is {type(template).__name__}, not a string")
     env = _environment()
     try:
         compiled = env.from_string(template or DEFAULT_TEMPLATE)
@@ -125,6 +127,8 @@ def _render(template, messages, bos_token, eos_token, add_generation_prompt) -> 
 def template_roles(template: str | None) -> frozenset[str]:
     """The roles a request may use with this template: the standard ones and any the template compares a role
     with (`message['role'] == 'model'`)."""
+    if not isinstance(template, str):
+        template = None
     named = re.findall(r"""role['"]?\]?\s*(?:==|!=)\s*['"]([A-Za-z0-9_-]{1,32})['"]""", template or "")
     return STANDARD_ROLES | frozenset(named)
 

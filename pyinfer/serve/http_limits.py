@@ -16,10 +16,16 @@ def error_body(status: int, message: str, type_: str = "invalid_request_error", 
     return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
 
 
+DRAIN_BYTES = 64 << 20         # an over-limit body up to this size is read and dropped before the 413 ...
+DRAIN_SECONDS = 10.0          # ... for at most this long: a client still sending when the server closes gets a
+                              # reset instead of the answer (nginx's lingering close, bounded)
+
+
 class BodyLimit:
-    """ASGI middleware: a request body over `max_bytes` is answered 413 (OpenAI-shaped) as soon as its
-    Content-Length says so, or once that many bytes have come in, and never buffered past the limit. The body is
-    read here and replayed to the app; later receive() calls (the hang-up watch) pass through."""
+    """ASGI middleware: a request body over `max_bytes` is answered 413 (OpenAI-shaped) and never buffered past
+    the limit; what the client still sends (up to DRAIN_BYTES, for DRAIN_SECONDS) is read and dropped first, so
+    it reads the 413 rather than a reset. A Content-Length over DRAIN_BYTES is answered at once. The body is read
+    here and replayed to the app; later receive() calls (the hang-up watch) pass through."""
 
     def __init__(self, app, max_bytes: int = DEFAULT_MAX_BODY_BYTES):
         self.app, self.max_bytes = app, max_bytes
@@ -34,6 +40,8 @@ class BodyLimit:
             except ValueError:
                 return await self._refuse(send, 400, "invalid Content-Length header")
             if too_big:
+                if int(declared) <= DRAIN_BYTES:
+                    await self._drain(receive, 0)
                 return await self._refuse(send, 413, self._why())
         chunks, size = [], 0
         while True:
@@ -43,6 +51,8 @@ class BodyLimit:
             body = msg.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
+                if msg.get("more_body", False):
+                    await self._drain(receive, size)
                 return await self._refuse(send, 413, self._why())
             chunks.append(body)
             if not msg.get("more_body", False):
@@ -58,6 +68,23 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _drain(receive, size: int) -> None:
+        import asyncio
+
+        async def rest():
+            nonlocal size
+            while size <= DRAIN_BYTES:
+                msg = await receive()
+                size += len(msg.get("body", b""))
+                if msg["type"] == "http.disconnect" or not msg.get("more_body", False):
+                    return
+
+        try:
+            await asyncio.wait_for(rest(), DRAIN_SECONDS)
+        except asyncio.TimeoutError:
+            pass
 
     def _why(self) -> str:
         return f"request body is larger than this server's limit of {self.max_bytes} bytes (--max-body-bytes)"
