@@ -229,7 +229,8 @@ class Model:
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, temperature: float = 0.8,
                  top_p: float = 0.95, top_k: int = 40, seed: int | None = None, stop: Sequence[str] = (),
                  special: bool = False) -> str:
-        return "".join(self.stream(prompt, max_tokens, temperature, top_p, top_k, seed, stop, special))
+        with self._lock:  # whole: callers of generate take turns rather than re-prefill each other (see stream)
+            return "".join(self.stream(prompt, max_tokens, temperature, top_p, top_k, seed, stop, special))
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         bos, eos = self._bos_eos_text()
@@ -253,4 +254,7 @@ class Model:
     def chat(self, messages: list[dict], stream: bool = False, **kwargs):
         """Renders the model's chat template and generates the assistant's reply."""
         it = self.stream(self.chat_ids(messages), **kwargs)
-        return it if stream else "".join(it)
+        if stream:
+            return it
+        with self._lock:
+            return "".join(it)

@@ -9,6 +9,7 @@ import json
 import sys
 
 from .errors import PyinferError
+from .serve.http_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
 
 EPILOG = """examples:
   pyinfer generate "Once upon a time"                 # default model (SmolLM2-135M-Instruct Q4_1)
@@ -182,10 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="require 'Authorization: Bearer KEY' (visible in `ps`: prefer $PYINFER_API_KEY or "
                          "--api-key-file)")
     sv.add_argument("--api-key-file", default=None, metavar="PATH", help="read the API key from this file")
-    sv.add_argument("--max-concurrent-requests", type=int, default=128, metavar="N",
-                    help="requests in flight at once; past them a request gets 429 (default 128)")
-    sv.add_argument("--max-body-bytes", type=int, default=8 << 20, metavar="BYTES",
-                    help="largest request body; a larger one gets 413 (default 8 MiB)")
+    sv.add_argument("--max-concurrent-requests", type=int, default=DEFAULT_MAX_CONCURRENT, metavar="N",
+                    help=f"requests in flight at once; past them a request gets 429 (default {DEFAULT_MAX_CONCURRENT})")
+    sv.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES",
+                    help=f"largest request body; a larger one gets 413 (default {DEFAULT_MAX_BODY_BYTES >> 20} MiB)")
     _sparsity_args(sv)
     _device_args(sv)
 

@@ -152,6 +152,33 @@ def test_a_non_streaming_hang_up_stops_the_request(server, caplog):
     still_serves(base, loop)
 
 
+def test_a_stream_whose_client_left_before_its_first_chunk_is_cancelled(server, monkeypatch):
+    """The client hangs up while its prompt waits for the tokenizer thread: the stream never starts (Starlette
+    cancels it unstarted), and the request must not run on for nobody."""
+    base, loop, model = server
+    real = model.tokenize
+
+    def slow_tokenize(*a, **k):
+        time.sleep(0.8)
+        return real(*a, **k)
+
+    monkeypatch.setattr(model, "tokenize", slow_tokenize)
+    before = loop.metrics()
+    host, port = base.rsplit("/", 1)[1].split(":")
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 900, "stream": True}).encode()
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+        time.sleep(0.2)
+    time.sleep(1.0)
+    monkeypatch.undo()
+    m = drained(loop)
+    assert m["running"] == 0 and m["kv_used_tokens"] == 0
+    assert m["cancelled_total"] == before["cancelled_total"] + 1
+    assert m["tokens_generated_total"] - before["tokens_generated_total"] < 200
+    still_serves(base, loop)
+
+
 # ---- 4: body limits ----------------------------------------------------------------------------------------------
 def test_a_body_over_the_limit_is_a_413_before_it_is_read(server):
     base, loop, _ = server
@@ -167,6 +194,26 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read(server):
 
     r = httpx.post(base + "/v1/completions", content=chunked(), headers=AUTH, timeout=60)
     assert r.status_code == 413
+    still_serves(base, loop)
+
+
+def test_a_body_that_never_arrives_is_a_408_and_a_bad_key_is_refused_before_any_body(server, monkeypatch):
+    from pyinfer.serve import http_limits
+
+    base, loop, _ = server
+    monkeypatch.setattr(http_limits, "BODY_TIMEOUT_S", 0.5)
+    host, port = base.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                  "Content-Length: 1000\r\n\r\n{".encode())  # one byte of a thousand
+        s.settimeout(10)
+        assert s.recv(4096).split(b"\r\n", 1)[0].endswith(b"408 Request Timeout")
+    t0 = time.monotonic()
+    r = httpx.post(base + "/v1/completions", content=b"x" * (6 << 20), headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert time.monotonic() - t0 < 5
+    r = httpx.post(base + "/v1/completions", headers=AUTH, content=b'{"prompt": "hi", "max_tokens": ' + b"1" * 5000 + b"}")
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]  # not a 500
     still_serves(base, loop)
 
 

@@ -152,7 +152,7 @@ def test_streams_on_many_threads_get_what_they_would_alone(real_model):
     # Each stream is advanced by a different thread every time (as a thread pool or Starlette would).
     for step in range(40):
         i = step % len(prompts)
-        t = threading.Thread(target=lambda i=i: got[i].append(next(streams[i], None)))
+        t = threading.Thread(target=lambda i=i: got[i].append(next(streams[i], None)), daemon=True)
         t.start()
         t.join(60)
     assert ["".join(p for p in g if p) for g in got] == alone
@@ -163,7 +163,7 @@ def test_a_stream_left_open_blocks_nobody(real_model):
     next(s)
     out = {}
     t = threading.Thread(target=lambda: out.setdefault("r", real_model.generate("Water boils at", max_tokens=4,
-                                                                                temperature=0)))
+                                                                                temperature=0)), daemon=True)
     t.start()
     t.join(30)
     assert not t.is_alive() and out["r"]
@@ -209,6 +209,17 @@ def test_a_corrupt_cached_auto_plan_is_rebuilt(tiny_model_path, tmp_path, monkey
     from pyinfer.sparsity.plan import SparsityPlan
 
     SparsityPlan.load(path)  # replaced by a good one
+
+
+def test_atomic_files_get_the_mode_open_would_give(tmp_path):
+    from pyinfer.tools.atomic_file import atomic_write
+
+    old = os.umask(0o022)
+    try:
+        p = atomic_write(tmp_path / "f.bin", lambda f: f.write(b"x"))
+    finally:
+        os.umask(old)
+    assert (p.stat().st_mode & 0o777) == 0o644 and p.read_bytes() == b"x"
 
 
 def test_write_json_leaves_no_temporary_file_when_it_fails(tmp_path):

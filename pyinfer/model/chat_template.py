@@ -2,14 +2,18 @@
 Hugging Face transformers does: sandboxed, trim_blocks/lstrip_blocks, raise_exception().
 
 Two things more than transformers:
-- The sandbox is bounded: strings and lists a template makes are capped in size, `**` in magnitude, and a render
-  that runs past its deadline stops (a template is data from a downloaded file; rendering it must not take the
-  process's memory or a server's thread).
+- The sandbox is bounded: strings, lists and integers a template makes are capped in size, and so are the
+  arguments of calls and filters that run as one C call (`center`, format widths), and a render whose own code
+  runs past its deadline stops, however its loops nest (a template is data from a downloaded file; rendering it
+  must not take the process's memory or a server's thread).
 - `chat_spans` says which characters of the rendered prompt came from the messages' content, so that only the
   template's own text may become control tokens (a user who types `<|im_end|>` writes text, not a turn)."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
+import sys
 import time
 
 from ..errors import PyinferError
@@ -33,59 +37,117 @@ class ChatTemplateError(PyinferError):
     """The template refused these messages, failed, or went past its bounds."""
 
 
+MAX_INT_BITS = 1 << 16          # integers a template computes (a 20,000-digit number is plenty)
+_BIG_WIDTH = re.compile(r"\d{7,}")  # a format width or precision of a million characters or more
+
+
+@functools.lru_cache(maxsize=None)
 def _environment():
+
     import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    def refuse(why: str):
+        raise SecurityError(why)
+
+    def bounded(v):
+        if isinstance(v, (str, list, tuple, dict)) and len(v) > MAX_RENDER_CHARS:
+            refuse(f"a value of over {MAX_RENDER_CHARS} items")
+        if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > MAX_INT_BITS:
+            refuse(f"an integer of over {MAX_INT_BITS} bits")
+        return v
+
+    def check_args(args, kwargs) -> None:
+        """A single C call (str.center, ljust, zfill, a filter) cannot be stopped once it runs: its sizes first."""
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_RENDER_CHARS:
+                refuse(f"an argument of {a}")
+
+    def check_format(fmt) -> None:
+        if isinstance(fmt, str) and _BIG_WIDTH.search(fmt):
+            refuse("a format width of a million characters or more")
 
     class BoundedSandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**", "+"})
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.deadline = float("inf")
-
-        def _tick(self) -> None:
-            if time.monotonic() > self.deadline:
-                raise jinja2.sandbox.SecurityError(f"rendering took over {MAX_RENDER_SECONDS:g} s")
-
-        @staticmethod
-        def _bounded(v):
-            if isinstance(v, (str, list, tuple, dict)) and len(v) > MAX_RENDER_CHARS:
-                raise jinja2.sandbox.SecurityError(f"a value of over {MAX_RENDER_CHARS} items")
-            return v
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
 
         def call_binop(self, context, operator, left, right):
-            self._tick()
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
                     if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_RENDER_CHARS:
-                        raise jinja2.sandbox.SecurityError(f"a value of over {MAX_RENDER_CHARS} items")
-            if operator == "**" and isinstance(right, int) and abs(right) > 64 and not (
-                    isinstance(left, (int, float)) and abs(left) <= 1):
-                raise jinja2.sandbox.SecurityError("an exponent over 64")
+                        refuse(f"a value of over {MAX_RENDER_CHARS} items")
+                if isinstance(left, int) and isinstance(right, int) and \
+                        left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                    refuse(f"an integer of over {MAX_INT_BITS} bits")
+            if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and \
+                    (right > MAX_INT_BITS or left.bit_length() * right > MAX_INT_BITS):
+                refuse(f"an integer of over {MAX_INT_BITS} bits")
             if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)) \
                     and len(left) + len(right) > MAX_RENDER_CHARS:
-                raise jinja2.sandbox.SecurityError(f"a value of over {MAX_RENDER_CHARS} items")
-            return super().call_binop(context, operator, left, right)
+                refuse(f"a value of over {MAX_RENDER_CHARS} items")
+            if operator == "%":
+                check_format(left)
+            return bounded(super().call_binop(context, operator, left, right))
 
         def call(self, context, obj, *args, **kwargs):
-            self._tick()
-            return self._bounded(super().call(context, obj, *args, **kwargs))
+            check_args(args, kwargs)
+            return bounded(super().call(context, obj, *args, **kwargs))
+
+        def wrap_str_format(self, value):  # str.format and format_map, however they are reached
+            if getattr(value, "__name__", "") in ("format", "format_map"):
+                check_format(getattr(value, "__self__", None))
+            return super().wrap_str_format(value)
 
         def getattr(self, obj, attribute):
-            self._tick()
-            return self._bounded(super().getattr(obj, attribute))
+            return bounded(super().getattr(obj, attribute))
 
         def getitem(self, obj, argument):
-            self._tick()
-            return self._bounded(super().getitem(obj, argument))
+            return bounded(super().getitem(obj, argument))
+
+    def bounded_filter(f):
+        @functools.wraps(f)  # keeps jinja's pass_context / pass_environment marks
+        def run(*args, **kwargs):
+            check_args(args, kwargs)
+            if f.__name__ == "do_format":
+                for a in args:
+                    check_format(a)
+            return bounded(f(*args, **kwargs))
+        return run
 
     def raise_exception(msg):
         raise ChatTemplateError(f"chat template: {msg}")
 
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
+    env.filters = {name: bounded_filter(f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = raise_exception
     return env
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str):
+    """A template compiled once (a server renders the same one for every request)."""
+    return _environment().from_string(template)
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Stops a template's own code (its loops, however nested) once `seconds` have passed: a line-level trace on
+    this thread's compiled template frames only (jinja compiles a template string to code named <template>)."""
+    deadline = time.monotonic() + seconds
+
+    def in_template(frame, event, arg):
+        if event == "line" and time.monotonic() > deadline:
+            raise ChatTemplateError(f"chat template: rendering took over {seconds:g} s")
+        return in_template
+
+    def on_call(frame, event, arg):
+        return in_template if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
 
 
 def _check_messages(messages: list[dict]) -> None:
@@ -107,21 +169,23 @@ def _render(template, messages, bos_token, eos_token, add_generation_prompt) -> 
 
     if template is not None and not isinstance(template, str):
         raise ChatTemplateError(f"this model's tokenizer.chat_template is {type(template).__name__}, not a string")
-    env = _environment()
+    out, size = [], 0
     try:
-        compiled = env.from_string(template or DEFAULT_TEMPLATE)
-        env.deadline = time.monotonic() + MAX_RENDER_SECONDS
-        out = compiled.render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                              add_generation_prompt=add_generation_prompt)
+        compiled = _compiled(template or DEFAULT_TEMPLATE)
+        with _deadline(MAX_RENDER_SECONDS):
+            for piece in compiled.generate(messages=messages, bos_token=bos_token, eos_token=eos_token,
+                                           add_generation_prompt=add_generation_prompt):
+                size += len(piece)
+                if size > MAX_RENDER_CHARS:
+                    raise ChatTemplateError(f"the chat template made a prompt of over {MAX_RENDER_CHARS} characters")
+                out.append(piece)
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as e:  # SecurityError included
         raise ChatTemplateError(f"chat template failed to render: {e}") from None
     except (ArithmeticError, MemoryError, RecursionError, TypeError, ValueError, LookupError, AttributeError) as e:
         raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None
-    if len(out) > MAX_RENDER_CHARS:
-        raise ChatTemplateError(f"the chat template made a prompt of over {MAX_RENDER_CHARS} characters")
-    return out
+    return "".join(out)
 
 
 def template_roles(template: str | None) -> frozenset[str]:

@@ -5,6 +5,7 @@ Token ids must equal llama.cpp's, so the pre-tokenizer follows llama.cpp's table
 SentencePiece vocabularies ("llama") are built in tokenizer_spm.py."""
 from __future__ import annotations
 
+import bisect
 from typing import Sequence
 
 import numpy as np
@@ -88,7 +89,7 @@ class Tokenizer:
                 raise PyinferError("this chat template rewrites message content, so control tokens in it cannot be "
                                    "told from the template's own: remove special-token text from the messages")
             return list(ids)
-        if not any(s < ce and cs < e for s, e in controls for cs, ce in content_spans):
+        if not any(_overlaps(content_spans, s, e) for s, e in controls):
             return list(ids)
         out, pos = [], 0
         for cs, ce in content_spans:
@@ -137,6 +138,12 @@ class IncrementalDecoder:
         if stuck:  # nothing new to show (a token of no text): drop the window rather than let it grow
             self.prefix = self.read = len(self.ids)
         return ""
+
+
+def _overlaps(spans: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether [start, end) meets one of `spans` (sorted, disjoint [s, e) pairs): a bisection, not a scan."""
+    i = bisect.bisect_right(spans, (start, float("inf"))) - 1  # the last span starting at or before `start`
+    return any(s < end and start < e for s, e in spans[max(i, 0):i + 2])
 
 
 def _pre_tokenizer_regexes(metadata: dict) -> list[str]:

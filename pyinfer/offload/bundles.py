@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from ..errors import PyinferError
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import SparsityPlan
+from ..tools.atomic_file import atomic_write
 
 MAGIC = b"PYINFBND"
 FORMAT_VERSION = 2
@@ -78,63 +78,58 @@ def read_layout(path: Path, fingerprint: str, pid: str) -> BundleLayout | None:
 
 def write_bundles(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str,
                   progress: bool = True) -> BundleLayout:
-    """Writes the file whole under a temporary name, then renames it: a failure (disk full) leaves
-    nothing behind and raises a one-line PyinferError."""
+    """Writes the file whole (atomic_write): a failure (disk full) leaves nothing behind and raises a one-line
+    PyinferError."""
     from ..runtime.sparse_ffn import ffn_arrays
 
     fp, pid = gguf.fingerprint(), plan_id(plan, down_type)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     layers: list[dict] = []
+    offset = HEADER_BYTES
+
+    def write(f) -> None:
+        nonlocal offset
+        f.write(b"\0" * HEADER_BYTES)
+        for il in tqdm(range(cfg.n_layers), desc="pyinfer: writing neuron bundles", unit="layer",
+                       disable=not progress, file=sys.stderr, leave=False):
+            fa = ffn_arrays(gguf, cfg, plan, il, down_type)
+            # Bundle k holds hot-first neuron k whole: a Q4T down keeps the original order, so its row perm[k].
+            down = fa.down if fa.down_rows is None else np.asarray(fa.down)[fa.down_rows]
+            parts = [np.ascontiguousarray(a).reshape(cfg.d_ff, -1).view(np.uint8) for a in (fa.gate, fa.up, down)]
+            widths = [p.shape[1] for p in parts]
+            bundles = np.concatenate(parts, axis=1)          # U8 [n_ff, bundle_bytes]
+            f.write(bundles.tobytes())
+            pad = align(bundles.nbytes) - bundles.nbytes
+            f.write(b"\0" * pad)
+            entry = {"n_ff": cfg.d_ff, "bundle_bytes": int(sum(widths)),
+                     "part_offsets": [0, widths[0], widths[0] + widths[1]], "file_offset": offset,
+                     "types": [int(fa.gate_type), int(fa.up_type), int(fa.down_type)],
+                     "down_rows": fa.down_rows is not None}
+            offset += bundles.nbytes + pad
+            if fa.scales is not None:
+                sc = np.ascontiguousarray(fa.scales)
+                f.write(sc.tobytes())
+                f.write(b"\0" * (align(sc.nbytes) - sc.nbytes))
+                entry.update(scales_offset=offset, scales_shape=list(sc.shape))
+                offset += align(sc.nbytes)
+            src = gguf.tensor(f"blk.{il}.ffn_down.weight")  # [d, n_ff], bytes as stored
+            raw = np.asarray(src.data).view(np.uint8).reshape(src.rows, -1)
+            f.write(raw.tobytes())
+            f.write(b"\0" * (align(raw.nbytes) - raw.nbytes))
+            entry.update(dense_offset=offset, dense_rows=int(src.rows), dense_row_bytes=int(raw.shape[1]),
+                         dense_type=int(src.dtype_id))
+            offset += align(raw.nbytes)
+            layers.append(entry)
+        meta = json.dumps({"format": "pyinfer-bundles", "version": FORMAT_VERSION, "fingerprint": fp,
+                           "plan_id": pid, "down": down_type, "layers": layers, "file_bytes": offset}).encode()
+        if 12 + len(meta) > HEADER_BYTES:
+            raise PyinferError("too many layers for the bundle file header")
+        f.seek(0)
+        f.write(MAGIC + len(meta).to_bytes(4, "little") + meta)
+
     try:
-        with open(tmp, "wb") as f:
-            f.write(b"\0" * HEADER_BYTES)
-            offset = HEADER_BYTES
-            for il in tqdm(range(cfg.n_layers), desc="pyinfer: writing neuron bundles", unit="layer",
-                           disable=not progress, file=sys.stderr, leave=False):
-                fa = ffn_arrays(gguf, cfg, plan, il, down_type)
-                # Bundle k holds hot-first neuron k whole: a Q4T down keeps the original order, so its row perm[k].
-                down = fa.down if fa.down_rows is None else np.asarray(fa.down)[fa.down_rows]
-                parts = [np.ascontiguousarray(a).reshape(cfg.d_ff, -1).view(np.uint8) for a in (fa.gate, fa.up, down)]
-                widths = [p.shape[1] for p in parts]
-                bundles = np.concatenate(parts, axis=1)          # U8 [n_ff, bundle_bytes]
-                f.write(bundles.tobytes())
-                pad = align(bundles.nbytes) - bundles.nbytes
-                f.write(b"\0" * pad)
-                entry = {"n_ff": cfg.d_ff, "bundle_bytes": int(sum(widths)),
-                         "part_offsets": [0, widths[0], widths[0] + widths[1]], "file_offset": offset,
-                         "types": [int(fa.gate_type), int(fa.up_type), int(fa.down_type)],
-                         "down_rows": fa.down_rows is not None}
-                offset += bundles.nbytes + pad
-                if fa.scales is not None:
-                    sc = np.ascontiguousarray(fa.scales)
-                    f.write(sc.tobytes())
-                    f.write(b"\0" * (align(sc.nbytes) - sc.nbytes))
-                    entry.update(scales_offset=offset, scales_shape=list(sc.shape))
-                    offset += align(sc.nbytes)
-                src = gguf.tensor(f"blk.{il}.ffn_down.weight")  # [d, n_ff], bytes as stored
-                raw = np.asarray(src.data).view(np.uint8).reshape(src.rows, -1)
-                f.write(raw.tobytes())
-                f.write(b"\0" * (align(raw.nbytes) - raw.nbytes))
-                entry.update(dense_offset=offset, dense_rows=int(src.rows), dense_row_bytes=int(raw.shape[1]),
-                             dense_type=int(src.dtype_id))
-                offset += align(raw.nbytes)
-                layers.append(entry)
-            meta = json.dumps({"format": "pyinfer-bundles", "version": FORMAT_VERSION, "fingerprint": fp,
-                               "plan_id": pid, "down": down_type, "layers": layers, "file_bytes": offset}).encode()
-            if 12 + len(meta) > HEADER_BYTES:
-                raise PyinferError("too many layers for the bundle file header")
-            f.seek(0)
-            f.write(MAGIC + len(meta).to_bytes(4, "little") + meta)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        atomic_write(path, write)  # a failure (disk full) leaves nothing behind
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise PyinferError(f"cannot write the neuron bundle file {path}: {e.strerror or e}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return BundleLayout(path, layers, offset)
 
 

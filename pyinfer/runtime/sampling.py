@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import PyinferError
 
-SEED_MAX = (1 << 64) - 1      # numpy's generators take any non-negative integer; OpenAI's seed is an int64
+SEED_MAX = (1 << 64) - 1      # seeds are 0..2^64-1 (numpy's generators take any non-negative integer)
 MIN_TEMPERATURE = 1e-6        # below this, temperature sampling is greedy in all but name: run greedy
 PENALTY_LIMIT = 2.0           # OpenAI's range for presence_penalty and frequency_penalty
 

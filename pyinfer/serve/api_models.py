@@ -10,10 +10,11 @@ from typing import List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from ..runtime.sampling import PENALTY_LIMIT, SEED_MAX
+
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_MESSAGES = 1024        # a conversation longer than this is a client bug or an attack
 MAX_STOP_CHARS = 256
-SEED_MAX = (1 << 64) - 1
 Number = Union[StrictInt, StrictFloat]
 
 
@@ -36,8 +37,8 @@ class _Sampling(BaseModel):
     top_p: Optional[Number] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOKENS_LIMIT)
     seed: Optional[StrictInt] = Field(None, ge=0, le=SEED_MAX)
-    presence_penalty: Optional[Number] = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Optional[Number] = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: Optional[Number] = Field(None, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
+    frequency_penalty: Optional[Number] = Field(None, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT)
     stop: Optional[Union[StrictStr, List[StrictStr]]] = None
     stream: Optional[StrictBool] = False
     n: Optional[StrictInt] = Field(None, ge=1, le=1)

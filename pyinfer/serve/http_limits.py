@@ -4,16 +4,25 @@ request heads that never finish (the connection closed), and more connections th
 `uvicorn_config` is the one place `pyinfer serve`, the tests and the benchmarks get their uvicorn settings."""
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
+DEFAULT_MAX_CONCURRENT = 128   # TGI's default for --max-concurrent-requests
 HEADER_TIMEOUT_S = 10.0        # a client has this long to send a request's head (slow-header connections)
 KEEP_ALIVE_S = 5.0             # an idle keep-alive connection is closed after this
 MAX_HEADER_BYTES = 64 << 10    # h11's cap on an incomplete request head
 
 
-def error_body(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+BODY_TIMEOUT_S = 30.0         # a body still not in whole after this is a 408: slow bodies do not hold connections
+UNAUTHORIZED = "invalid or missing API key"
+
+
+def authorized(api_key: str | None, header: bytes) -> bool:
+    """Whether an Authorization header carries the key (always, without one). Constant time: how long the
+    comparison takes says nothing about how much of the key matched."""
+    return api_key is None or hmac.compare_digest(header, f"Bearer {api_key}".encode())
 
 
 DRAIN_BYTES = 64 << 20         # an over-limit body up to this size is read and dropped before the 413 ...
@@ -27,13 +36,16 @@ class BodyLimit:
     it reads the 413 rather than a reset. A Content-Length over DRAIN_BYTES is answered at once. The body is read
     here and replayed to the app; later receive() calls (the hang-up watch) pass through."""
 
-    def __init__(self, app, max_bytes: int = DEFAULT_MAX_BODY_BYTES):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int = DEFAULT_MAX_BODY_BYTES, api_key: str | None = None):
+        self.app, self.max_bytes, self.api_key = app, max_bytes, api_key
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        headers = dict(scope.get("headers") or ())
+        if not authorized(self.api_key, headers.get(b"authorization", b"")):  # before any body is read
+            return await self._refuse(send, 401, UNAUTHORIZED, "authentication_error", "invalid_api_key")
+        declared = headers.get(b"content-length")
         if declared is not None:
             try:
                 too_big = int(declared) > self.max_bytes
@@ -43,21 +55,14 @@ class BodyLimit:
                 if int(declared) <= DRAIN_BYTES:
                     await self._drain(receive, 0)
                 return await self._refuse(send, 413, self._why())
-        chunks, size = [], 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return  # nobody to answer
-            body = msg.get("body", b"")
-            size += len(body)
-            if size > self.max_bytes:
-                if msg.get("more_body", False):
-                    await self._drain(receive, size)
-                return await self._refuse(send, 413, self._why())
-            chunks.append(body)
-            if not msg.get("more_body", False):
-                break
-        whole = b"".join(chunks)
+        try:
+            whole = await asyncio.wait_for(self._read(receive), BODY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return await self._refuse(send, 408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s")
+        if whole is None:  # the client left
+            return
+        if isinstance(whole, int):
+            return await self._refuse(send, 413, self._why())
         replayed = False
 
         async def replay():
@@ -69,10 +74,25 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
+    async def _read(self, receive):
+        """The body; None if the client left; its size so far (an int) once over the limit, the rest drained."""
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return None
+            body = msg.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
+                if msg.get("more_body", False):
+                    await self._drain(receive, size)
+                return size
+            chunks.append(body)
+            if not msg.get("more_body", False):
+                return b"".join(chunks)
+
     @staticmethod
     async def _drain(receive, size: int) -> None:
-        import asyncio
-
         async def rest():
             nonlocal size
             while size <= DRAIN_BYTES:
@@ -90,8 +110,11 @@ class BodyLimit:
         return f"request body is larger than this server's limit of {self.max_bytes} bytes (--max-body-bytes)"
 
     @staticmethod
-    async def _refuse(send, status: int, message: str) -> None:
-        body = error_body(status, message)
+    async def _refuse(send, status: int, message: str, type_: str = "invalid_request_error",
+                      code: str | None = None) -> None:
+        from .api_models import APIError
+
+        body = json.dumps(APIError(status, message, type_, code=code).body()).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})

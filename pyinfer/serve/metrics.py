@@ -15,6 +15,7 @@ METRICS = (
     ("requests_total", "requests", "counter", "requests accepted"),
     ("finished_total", "finished", "counter", "requests completed"),
     ("cancelled_total", "cancelled", "counter", "requests cancelled (client gone or stop string)"),
+    ("failed_total", "failed", "counter", "requests that ended in an engine error (the others went on)"),
     ("evictions_total", "evictions", "counter", "running requests evicted by the scheduler"),
     ("tokens_generated_total", "tokens_generated", "counter", "tokens sent to clients"),
     ("steps_total", "steps", "counter", "engine steps"),

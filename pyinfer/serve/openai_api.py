@@ -8,7 +8,6 @@ client that hangs up, streaming or not, cancels its request at once, which frees
 # No `from __future__ import annotations` here: FastAPI reads the handlers' Request annotations at runtime.
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
@@ -21,10 +20,8 @@ from ..runtime.sampling import Sampler, SamplingParams
 from ..runtime.stops import StopMatcher
 from .api_models import APIError, ChatRequest, CompletionRequest, parse
 from .engine_loop import EngineLoop, EngineStopped, ServeRequest
-from .http_limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from .http_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT, UNAUTHORIZED, BodyLimit, authorized
 from .metrics import make_registry
-
-DEFAULT_MAX_CONCURRENT = 128  # TGI's default for --max-concurrent-requests
 
 
 def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] = None,
@@ -33,6 +30,21 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.exceptions import HTTPException
+
+    class CancellingStream(StreamingResponse):
+        """A streamed response that calls `on_end` when it ends, however it ends: Starlette cancels a stream whose
+        client left before its first chunk without ever starting the generator, so the generator's own cleanup
+        cannot be the only one."""
+
+        def __init__(self, content, on_end, **kwargs):
+            super().__init__(content, **kwargs)
+            self.on_end = on_end
+
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                self.on_end()
 
     app = FastAPI(title="pyinfer", docs_url=None, redoc_url=None, openapi_url=None)
     tk = model.tokenizer
@@ -68,14 +80,9 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
 
     async def off_loop(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(tokenize_pool, fn, *args)
-    expected_auth = f"Bearer {api_key}".encode() if api_key is not None else None
-
     def authorize(request: Request) -> None:
-        if expected_auth is None:
-            return
-        # Constant time: how long the comparison takes says nothing about how much of the key matched.
-        if not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected_auth):
-            raise APIError(401, "invalid or missing API key", "authentication_error", code="invalid_api_key")
+        if not authorized(api_key, request.headers.get("authorization", "").encode()):
+            raise APIError(401, UNAUTHORIZED, "authentication_error", code="invalid_api_key")
 
     def refuse_if_unavailable() -> None:
         if not loop.alive:
@@ -89,7 +96,7 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         authorize(request)
         try:
             body = json.loads(await request.body() or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, an integer of 4,300+ digits
             raise APIError(400, "request body is not valid JSON") from None
         req = parse(kind, body)
         if req.model not in (None, model_name):
@@ -175,30 +182,35 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
 
         if body.stream:
+            state = {"over": False}
+
             async def sse():
-                over = False
-                try:  # Starlette cancels this generator when the client hangs up: the finally cancels the request
+                try:
                     if chat:
                         first = chunk("", None)
                         first["choices"][0]["delta"] = {"role": "assistant"}
                         yield f"data: {json.dumps(first)}\n\n"
-                    while not over:
+                    while not state["over"]:
                         try:
-                            text, finish, over = on_event(*await events.get())
+                            text, finish, state["over"] = on_event(*await events.get())
                         except APIError as e:
-                            over = True
+                            state["over"] = True
                             yield f"data: {json.dumps(e.body())}\n\n"
                             break
                         if text or finish:
                             yield f"data: {json.dumps(chunk(text, finish))}\n\n"
                     yield "data: [DONE]\n\n"
                 finally:
-                    if not over:
+                    if not state["over"]:
                         loop.cancel(rid)
 
-            return StreamingResponse(sse(), media_type="text/event-stream")
+            def abandoned() -> None:  # the response ended, however: a client gone before the first chunk too
+                if not state["over"]:
+                    loop.cancel(rid)
 
-        parts, finish, over = [], None, False
+            return CancellingStream(sse(), abandoned, media_type="text/event-stream")
+
+        parts, finish, over, nxt = [], None, False, None
         hangup = asyncio.ensure_future(disconnected(request))
         try:
             while not over:
@@ -214,6 +226,8 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
                 finish = f or finish
         finally:
             hangup.cancel()
+            if nxt is not None:
+                nxt.cancel()
             if not over:
                 loop.cancel(rid)
         text = "".join(parts)
@@ -265,5 +279,5 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
     async def metrics():
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, api_key=api_key)
     return app

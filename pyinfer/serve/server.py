@@ -6,8 +6,7 @@ import sys
 from pathlib import Path
 
 from ..errors import PyinferError
-from .http_limits import DEFAULT_MAX_BODY_BYTES
-from .openai_api import DEFAULT_MAX_CONCURRENT
+from .http_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
 from .policies import POLICIES
 
 DEFAULT_POLICY = "hedge"

@@ -10,7 +10,7 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
@@ -20,6 +20,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets what open() would have given it
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -36,6 +37,18 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         finally:
             os.close(dfd)
     return path
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it, racing other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 @contextlib.contextmanager
