@@ -66,9 +66,10 @@ def main() -> int:
               "still_serving": sum(r["next_request"] == "HTTP 200" and r["health"].startswith("200") for r in rows)}
     (out / "serve_hostile.json").write_text(json.dumps(result, indent=1))
     lines = ["# pyinfer serve: each hostile request alone, then a well-formed one", "",
-             "| request | outcome | s | running 1 s later | next request | /health |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['kind']} | {r['outcome']} | {r['seconds']} | {r['running_after_1s']:.0f} | {r['next_request']} | "
-              f"{r['health']} |" for r in rows]
+             "| request | outcome | detail | s | running 1 s later | next request | /health |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['kind']} | {r['outcome']} | {r['detail'][:60]} | {r['seconds']} | {r['running_after_1s']:.0f} | "
+              f"{r['next_request']} | {r['health']} |" for r in rows]
     (out / "serve_hostile.md").write_text("\n".join(lines) + "\n")
     print(json.dumps(result) if args.json else "\n".join(lines))
     return 0 if result["still_serving"] == len(rows) else 1

@@ -114,8 +114,8 @@ async def hostile(http: httpx.AsyncClient, base: str, model: str, req: dict) -> 
         return ("refused", "") if closed else ("failed", "a slow request head kept its connection")
     if bad == "hang_up_whole":
         try:
-            await http.post(base + "/v1/completions", headers=auth, timeout=0.3,
-                            json=dict(done, max_tokens=400))
+            await http.post(base + "/v1/completions", headers=auth, timeout=0.3,  # greedy: a long story
+                            json=dict(done, prompt="Once upon a time", max_tokens=400, temperature=0))
         except httpx.TimeoutException:
             return "left", ""
         return "left", "answered before the hang-up"
@@ -152,7 +152,8 @@ async def hostile(http: httpx.AsyncClient, base: str, model: str, req: dict) -> 
         body = None
     if bad in HOSTILE_COMPLETES:
         ok = r.status_code == 200 and body["choices"][0]["finish_reason"] in ("length", "stop")
-        return ("completed", "") if ok else ("failed", f"HTTP {r.status_code}: {r.text[:200]}")
+        return ("completed", f"{body['usage']['prompt_tokens']} prompt tokens") if ok else \
+            ("failed", f"HTTP {r.status_code}: {r.text[:200]}")
     if 400 <= r.status_code < 500 and openai_shaped(body):
         return "refused", ""
     return "failed", f"HTTP {r.status_code}: {r.text[:200]}"

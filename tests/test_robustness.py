@@ -178,7 +178,8 @@ def _hammer_saves(args):
     rng = np.random.default_rng(seed)
     failures = 0
     for _ in range(n):
-        plan = SparsityPlan("contrib", 0.5, [LayerPlan(rng.permutation(256).astype(np.int32), 0.1)], "fp")
+        plan = SparsityPlan("contrib", 0.5, [LayerPlan(rng.permutation(8192).astype(np.int32), 0.1)
+                                             for _ in range(8)], "fp")
         try:
             plan.save(path)
             SparsityPlan.load(path, "fp")
@@ -190,9 +191,9 @@ def _hammer_saves(args):
 def test_two_processes_saving_one_cache_file_never_break_it(tmp_path):
     path = str(tmp_path / "plan.npz")
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(3) as pool:
-        failures = pool.map(_hammer_saves, [(path, s, 60) for s in range(3)])
-    assert failures == [0, 0, 0]
+    with ctx.Pool(4) as pool:
+        failures = pool.map(_hammer_saves, [(path, s, 40) for s in range(4)])
+    assert failures == [0, 0, 0, 0]
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
