@@ -1,6 +1,10 @@
 """GGUF mutation fuzzing of the loader and engine: the tiny test model (whole file) and the real model's
-header and tensor directory. Every mutant must load and run one token, or fail with a one-line
-PyinferError; crashes, hangs, tracebacks and memory blow-ups are findings.
+header and tensor directory, bytes mutated in place and, structurally, metadata entries re-encoded (chat
+templates of other types and hostile ones, duplicated or all-control vocabularies, huge unused arrays,
+vocabulary arrays of the wrong type, special ids out of range). Every mutant must load and run one token,
+render and run a chat, tokenize with special tokens and answer the server's requests, or fail with a one-line
+PyinferError (an OpenAI-shaped error from the server); crashes, hangs, tracebacks and memory blow-ups are
+findings.
 
   python bench/fuzz_gguf.py --cases 10000            # -> bench/results/fuzz_gguf.{json,md}
   python bench/fuzz_gguf.py --cases 300 --seed 1     # what CI runs (tests/test_fuzz_gguf.py)
@@ -15,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from gguf_fuzz import KINDS, Fuzzer, make_cases, summarize  # noqa: E402
+from gguf_fuzz import ALL_KINDS, Fuzzer, make_cases, summarize  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -56,7 +60,7 @@ def main() -> int:
                  f"targets: {s['targets']}; outcomes: {s['outcomes']}", "",
                  "| kind | " + " | ".join(["ok", "error", "exception", "multiline", "memory", "crash", "hang"]) + " |",
                  "|---" * 8 + "|"]
-        for k in KINDS:
+        for k in ALL_KINDS:
             d = s["by_kind"].get(k, {})
             lines.append(f"| {k} | " + " | ".join(str(d.get(o, 0)) for o in
                                                  ["ok", "error", "exception", "multiline", "memory", "crash", "hang"]) + " |")

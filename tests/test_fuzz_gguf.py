@@ -63,3 +63,14 @@ def test_structural_mutants_reach_chat_and_the_server(tmp_path, real_model_path,
     assert set(seen) == set(STRUCTURAL_KINDS)
     assert seen["huge_array"] == {"ok"} and seen["template_type"] == {"error"}
     assert len(HOSTILE_TEMPLATES) > 10
+
+
+def test_a_head_count_past_32_bits_is_a_one_line_error(tmp_path):
+    """A finding of the structural run: head_count 2^31 reached the graph and pybind11 refused the int."""
+    mf = MutantFile(write_tiny_llama(tmp_path / "tiny.gguf"), tmp_path)
+    f = {x.key: x for x in mf.layout.fields}
+    m = Mutation("metadata_value", "head_count 2^31", [(f["llama.attention.head_count"].value_off,
+                                                         (1 << 31).to_bytes(4, "little"))])
+    outcome, detail = run_case(mf.apply(m))
+    mf.restore(m)
+    assert outcome == "error" and "head_count" in detail, (outcome, detail)

@@ -212,6 +212,8 @@ class GGUFModelFile:
 
         if not 1 <= c.n_layers <= 4096 or sum(1 for n in self.tensors if n.endswith(".attn_norm.weight")) < c.n_layers:
             bad(f"block_count {c.n_layers} does not match the file's layers")
+        if not 1 <= c.n_heads <= 1 << 16 or not 1 <= c.head_dim <= 1 << 16:  # the graph's ints are 32-bit
+            bad(f"head_count {c.n_heads} and head size {c.head_dim} must be in 1..65536")
         if not (1 <= c.n_kv_heads <= c.n_heads and c.n_heads % c.n_kv_heads == 0):
             bad(f"head_count {c.n_heads} is not a multiple of head_count_kv {c.n_kv_heads}")
         if c.head_dim % 2:

@@ -78,9 +78,10 @@ class Tokenizer:
         tokens: the characters in `content_spans` (from chat_spans) are the messages' text, and a control token
         found there is text typed by a user. Benign prompts get exactly `encode(text, special=True)`; a prompt
         whose content holds control-token text is tokenized piece by piece, template text with special tokens and
-        content without (user-defined tokens match in both, as in llama.cpp). `content_spans` None (a template
-        that rewrites content): refused if one of `contents` holds control-token text, since nothing says where
-        it landed."""
+        content without (user-defined tokens match in both, as in llama.cpp; with a SentencePiece vocabulary that
+        adds a space prefix, each piece then gets its own, which only such prompts see). `content_spans` None (a
+        template that rewrites content): refused if one of `contents` holds control-token text, since nothing
+        says where it landed."""
         enc = self._special.encode(text, add_special_tokens=False)
         ids, offsets = enc.ids, enc.offsets
         controls = [(s, e) for t, (s, e) in zip(ids, offsets) if t in self.control_ids]

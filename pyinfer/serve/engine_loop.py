@@ -61,6 +61,7 @@ class EngineLoop:
         self._next_id = 0
         self._stop = False
         self.failure: str | None = None  # why the engine thread ended, if it did
+        self._on_stop: list[Callable[[], None]] = []
         self.stats = dict(requests_total=0, finished_total=0, cancelled_total=0, evictions_total=0,
                           tokens_generated_total=0, steps_total=0, kv_peak_tokens=0, failed_total=0)
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tok/s
@@ -106,11 +107,18 @@ class EngineLoop:
     def start(self) -> None:
         self.thread.start()
 
+    def on_stop(self, fn: Callable[[], None]) -> None:
+        """Calls fn when the loop stops: what a front end keeps for serving (its tokenizer thread) ends with it."""
+        self._on_stop.append(fn)
+
     def stop(self) -> None:
         with self._lock:
             self._stop = True
             self._lock.notify()
-        self.thread.join(timeout=10)
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+        while self._on_stop:
+            self._on_stop.pop()()
 
     def metrics(self) -> dict:
         with self._lock:

@@ -67,6 +67,7 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
     # Tokenizing runs off the event loop, on one thread: its allocator arena is reused request after request
     # (a pool of threads would each keep the high-water mark of the largest prompt it saw).
     tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyinfer-tokenize")
+    loop.on_stop(lambda: tokenize_pool.shutdown(wait=False, cancel_futures=True))
     # No token is longer than this many bytes, so a prompt of B bytes has at least B / longest tokens: a
     # prompt that cannot fit is refused before it is tokenized.
     longest_token = tk.max_token_bytes()
@@ -240,7 +241,6 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         return {"id": ident, "object": "text_completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], "usage": usage}
 
-    @app.post("/v1/completions")
     async def completions(request: Request):
         body = await read_body(request, CompletionRequest)
         text = body.text()
@@ -248,7 +248,6 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
                                                   lambda: model.tokenize(text))
         return await generate(request, body, sampler, max_tokens, ids, chat=False)
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await read_body(request, ChatRequest)
         messages = [m.as_dict() for m in body.messages]
@@ -264,20 +263,35 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         sampler, max_tokens, ids = await prepared(request, body, n_bytes, chat_ids)
         return await generate(request, body, sampler, max_tokens, ids, chat=True)
 
-    @app.get("/v1/models")
     async def models(request: Request):
         authorize(request)
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "pyinfer"}]}
 
-    @app.get("/health")
-    async def health():
+    async def health(request: Request):
         if loop.alive:
             return {"status": "ok"}
         return JSONResponse({"status": "engine stopped", "reason": loop.failure or "stopped"}, status_code=503)
 
-    @app.get("/metrics")
-    async def metrics():
+    async def metrics(request: Request):
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    # FastAPI keeps every endpoint function it has seen in a module-level cache (4,096 entries): endpoints that
+    # closed over the model would keep each app's model alive long after the app (tests and the fuzzer build
+    # hundreds). So the routes are thin and find this app's handlers on app.state.
+    app.state.pyinfer_handlers = {"completions": completions, "chat": chat_completions, "models": models,
+                                  "health": health, "metrics": metrics}
+    for method, path, name in (("POST", "/v1/completions", "completions"), ("POST", "/v1/chat/completions", "chat"),
+                               ("GET", "/v1/models", "models"), ("GET", "/health", "health"),
+                               ("GET", "/metrics", "metrics")):
+        app.add_api_route(path, _route(name, Request), methods=[method])
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, api_key=api_key)
     return app
+
+
+def _route(name: str, request_type):
+    """An endpoint that holds nothing but the handler's name (see the end of create_app)."""
+    async def endpoint(request: request_type):
+        return await request.app.state.pyinfer_handlers[name](request)
+
+    endpoint.__name__ = name
+    return endpoint
