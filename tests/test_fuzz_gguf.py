@@ -74,3 +74,16 @@ def test_a_head_count_past_32_bits_is_a_one_line_error(tmp_path):
     outcome, detail = run_case(mf.apply(m))
     mf.restore(m)
     assert outcome == "error" and "head_count" in detail, (outcome, detail)
+
+
+def test_a_key_name_with_a_newline_is_shown_on_one_line(tmp_path):
+    """A finding of the 10,000-case run: bit flips made a key's length swallow the bytes after it (a count of
+    0x010A holds a newline) and the error about its value printed the name raw, on two lines."""
+    mf = MutantFile(write_tiny_llama(tmp_path / "tiny.gguf"), tmp_path)
+    first = mf.layout.fields[0]
+    start = first.type_off - len(first.key.encode())
+    m = Mutation("bitflip", "newline in a key, unknown value type",
+                 [(start + 2, b"\n"), (first.type_off, struct.pack("<I", 99))])
+    outcome, detail = run_case(mf.apply(m))
+    mf.restore(m)
+    assert outcome == "error" and "\\n" in detail, (outcome, detail)

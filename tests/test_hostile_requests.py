@@ -14,46 +14,21 @@ import pytest
 pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
+import serve_helpers  # noqa: E402
+
 KEY = "hostile-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model_path, **kwargs):
-    import uvicorn
-
-    from pyinfer.serve.http_limits import uvicorn_config
-    from pyinfer.serve.server import build_server
-
-    app, loop, model = build_server(model_path, kv_budget=1024, n_threads=2, api_key=KEY, **kwargs)
-    loop.start()
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, 64))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{port}", loop, model, srv, t
-
-
-def stop_server(srv, t, loop):
-    srv.should_exit = True
-    t.join(timeout=10)
-    loop.stop()
+    return serve_helpers.start_server(model_path, KEY, **kwargs)
 
 
 @pytest.fixture(scope="module")
 def server(real_model_path):
     base, loop, model, srv, t = start_server(real_model_path)
     yield base, loop, model
-    stop_server(srv, t, loop)
+    serve_helpers.stop_server(srv, t, loop)
 
 
 def post(base, body, path="/v1/completions", **kw):
@@ -276,7 +251,7 @@ def test_past_max_concurrent_requests_a_request_gets_429(real_model_path):
         assert all(r.status_code == 200 for r in slow)
         still_serves(base, loop)  # the slots came back
     finally:
-        stop_server(srv, t, loop)
+        serve_helpers.stop_server(srv, t, loop)
 
 
 def test_slow_headers_and_idle_connections_are_closed(server, monkeypatch):
@@ -360,4 +335,4 @@ def test_a_dead_engine_thread_is_a_503_not_a_hang(real_model_path):
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stopped"
         assert time.monotonic() - t0 < 2
     finally:
-        stop_server(srv, t, loop)
+        serve_helpers.stop_server(srv, t, loop)

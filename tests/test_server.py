@@ -1,5 +1,4 @@
 """The OpenAI-compatible server, in process, with the real model, through the official `openai` client."""
-import socket
 import threading
 import time
 
@@ -7,38 +6,20 @@ import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
 from pyinfer.serve.metrics import parse_metrics  # noqa: E402
 
 KEY = "test-key"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(real_model_path):
-    from pyinfer.serve.server import build_server
+    from serve_helpers import start_server, stop_server
 
-    app, loop, model = build_server(real_model_path, kv_budget=1024, policy="hedge", n_threads=2, api_key=KEY)
-    loop.start()
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    base = f"http://127.0.0.1:{port}"
+    base, loop, model, srv, t = start_server(real_model_path, KEY, policy="hedge")
     yield base, loop, model
-    srv.should_exit = True
-    t.join(timeout=10)
-    loop.stop()
+    stop_server(srv, t, loop)
 
 
 @pytest.fixture(scope="module")

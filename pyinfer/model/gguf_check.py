@@ -146,6 +146,13 @@ class _Cursor:
         return n
 
 
+def _shown(name: str) -> str:
+    """A key or tensor name as an error message shows it: quoted, escaped, cut (a corrupt length can make a name
+    of megabytes of anything, newlines included)."""
+    text = repr(name[:80])
+    return text + ("…" if len(name) > 80 else "")
+
+
 def check_gguf_header(path: Path) -> None:
     """Raises ModelFormatError unless every count, length and tensor shape of the header fits the file."""
     read_gguf_header(path, decode=False)
@@ -185,27 +192,27 @@ def _walk(c: _Cursor, decode: bool) -> GGUFHeader:
             name = key.decode("utf-8")
         except UnicodeDecodeError:
             c.fail(f"metadata key {i} is not UTF-8")
-        vtype = c.u32(f"type of '{name}'")
+        vtype = c.u32(f"type of {_shown(name)}")
         if decode:
-            metadata[name] = c.value(vtype, f"'{name}'")
+            metadata[name] = c.value(vtype, f"{_shown(name)}")
         else:
-            c.skip_value(vtype, f"'{name}'")
+            c.skip_value(vtype, f"{_shown(name)}")
     tensors = []
     for i in range(n_tensors):
         name = c.string(f"tensor name {i}").decode("utf-8", "replace")
-        nd = c.u32(f"dimensions of tensor '{name}'")
+        nd = c.u32(f"dimensions of tensor {_shown(name)}")
         if not 1 <= nd <= _MAX_DIMS:
-            c.fail(f"tensor '{name}' has {nd} dimensions (1..{_MAX_DIMS})")
+            c.fail(f"tensor {_shown(name)} has {nd} dimensions (1..{_MAX_DIMS})")
         elements = 1
         shape = []
         for d in range(nd):
-            n = c.u64(f"shape of tensor '{name}'")
+            n = c.u64(f"shape of tensor {_shown(name)}")
             elements *= n
             if n < 1 or elements > 1 << 48:
-                c.fail(f"tensor '{name}' has shape dimension {d} = {n}")
+                c.fail(f"tensor {_shown(name)} has shape dimension {d} = {n}")
             shape.append(n)
-        type_id = c.u32(f"type of tensor '{name}'")
-        offset = c.u64(f"offset of tensor '{name}'")
+        type_id = c.u32(f"type of tensor {_shown(name)}")
+        offset = c.u64(f"offset of tensor {_shown(name)}")
         tensors.append(TensorInfo(name, shape, type_id, offset))
     alignment = metadata.get("general.alignment", 32)
     if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1 or alignment & (alignment - 1):
