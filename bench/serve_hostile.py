@@ -36,17 +36,23 @@ async def probe(base: str, kind: str) -> dict:
             outcome, detail = "failed", f"{type(e).__name__}: {str(e)[:120]}"
         took = time.monotonic() - t0
         await asyncio.sleep(1.0)
-        running = parse_metrics((await http.get(base + "/metrics")).text).get("pyinfer_running")  # 0: nothing ran on
+        try:  # an older server that a hostile request stopped may answer nothing: that is the finding
+            running = parse_metrics((await http.get(base + "/metrics", timeout=10)).text).get("pyinfer_running")
+        except httpx.HTTPError:
+            running = None
         try:
             r = await http.post(base + "/v1/completions", headers=auth, timeout=20,
                                 json={"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})
             after = f"HTTP {r.status_code}"
         except httpx.HTTPError as e:
             after = type(e).__name__
-        h = await http.get(base + "/health", timeout=10)
+        try:
+            h = await http.get(base + "/health", timeout=10)
+            health = f"{h.status_code} {h.json().get('status')}"
+        except (httpx.HTTPError, ValueError) as e:
+            health = type(e).__name__
         return dict(kind=kind, outcome=outcome, detail=detail[:160], seconds=round(took, 2), running_after_1s=running,
-                    next_request=after,
-                    health=f"{h.status_code} {h.json().get('status')}")
+                    next_request=after, health=health)
 
 
 def main() -> int:
@@ -68,7 +74,8 @@ def main() -> int:
     lines = ["# pyinfer serve: each hostile request alone, then a well-formed one", "",
              "| request | outcome | detail | s | running 1 s later | next request | /health |",
              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['kind']} | {r['outcome']} | {r['detail'][:60]} | {r['seconds']} | {r['running_after_1s']:.0f} | "
+    lines += [f"| {r['kind']} | {r['outcome']} | {r['detail'][:60]} | {r['seconds']} | "
+              f"{'-' if r['running_after_1s'] is None else format(r['running_after_1s'], '.0f')} | "
               f"{r['next_request']} | {r['health']} |" for r in rows]
     (out / "serve_hostile.md").write_text("\n".join(lines) + "\n")
     print(json.dumps(result) if args.json else "\n".join(lines))

@@ -30,6 +30,9 @@ def start_server(model_path, api_key: str, **kwargs):
         if srv.started:
             break
         time.sleep(0.05)
+    else:
+        stop_server(srv, t, loop)
+        raise RuntimeError("uvicorn did not start within 10 s")
     return f"http://127.0.0.1:{port}", loop, model, srv, t
 
 

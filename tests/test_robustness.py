@@ -92,15 +92,27 @@ def test_a_failing_batch_step_fails_its_requests_and_the_loop_goes_on(tiny_model
 def test_a_hostile_template_is_stopped_in_bounded_time_and_memory():
     from pyinfer.model.chat_template import ChatTemplateError, render_chat
 
-    msgs = [{"role": "user", "content": "hi"}]
-    for bomb in ("{{ 'a' * 10**8 }}", "{{ ['a'] * 10**8 }}", "{{ 10 ** 100000000 }}",
+    msgs = [{"role": "user", "content": "hi, call me at 5551234567"}]
+    for bomb in ("{{ 'a' * 10**8 }}", "{{ ['a'] * 10**8 }}", "{{ 10 ** 100000000 }}", "{{ ((10**64)**64)**64 }}",
                  "{% set ns = namespace(x='ab') %}{% for i in range(64) %}{% set ns.x = ns.x + ns.x %}{% endfor %}",
-                 "{% for i in range(100000) %}{% for j in range(100000) %}{{ j.real }}{% endfor %}{% endfor %}"):
+                 "{% for i in range(100000) %}{% for j in range(100000) %}{{ j.real }}{% endfor %}{% endfor %}",
+                 "{% set r = range(1000) %}{% for i in r %}{% for j in r %}{% for k in r %}{% endfor %}{% endfor %}"
+                 "{% endfor %}",
+                 "{{ ('a' * 300000)|list|map('upper')|map('lower')|list|length }}",  # loops inside jinja's filters
+                 "{{ 'a'.center(2**34) }}", "{{ ('a' * 1000)|replace('a', 'b' * 20)|center(30000000) }}",
+                 "{{ '%0999999999d' % 1 }}", "{{ '%*s' % (100000000, 'a') }}", "{{ '{:>999999999}'.format(1) }}",
+                 "{{ '{:{}}'.format('a', '100000000') }}", "{% set s = 'a' * 100000 %}{{ s.replace('a', s) }}",
+                 "{% set s = 'ab' * 5000 %}{{ s.join(s) }}", "{% set s = 'a\n' * 100000 %}{{ s|indent('a' * 10000) }}",
+                 "{{ ('\t' * 10000).expandtabs(100000) }}", "{{ ('a' * 16777216)|list|length }}"):
         t0 = time.monotonic()
         with pytest.raises(ChatTemplateError):
             render_chat(bomb, msgs)
         assert time.monotonic() - t0 < 5, bomb
-    assert render_chat("{% for m in messages %}{{ m['content'] * 3 }}{% endfor %}", msgs) == "hihihi"
+    assert render_chat("{% for m in messages %}{{ m['content'][:2] * 3 }}{% endfor %}", msgs) == "hihihi"
+    # What real templates do stays allowed: numbers in content, format, filters, a few thousand iterations.
+    assert render_chat("{{ '%s'|format(messages[0].content) }}", msgs) == msgs[0]["content"]
+    assert render_chat("{{ 20000000|string }}{{ '%5d' % 3 }}{{ '{:>4}'.format('ab') }}", msgs) == "20000000    3  ab"
+    assert len(render_chat("{% for i in range(5000) %}{{ i }}{% endfor %}", msgs)) == 18890
 
 
 # Gemma 3's turn format (its GGUF here carries no template), with the trim its own template applies to content.

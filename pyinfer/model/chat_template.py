@@ -38,34 +38,62 @@ class ChatTemplateError(PyinferError):
 
 
 MAX_INT_BITS = 1 << 16          # integers a template computes (a 20,000-digit number is plenty)
-_BIG_WIDTH = re.compile(r"\d{7,}")  # a format width or precision of a million characters or more
+MAX_RENDER_ITEMS = 1 << 20      # lists, tuples and dicts a template makes
+# Format specs that could make a million characters in one C call: a width of 7+ digits, a `*` width (%-format)
+# or a nested field (str.format). A real chat template has none of them.
+_BIG_PERCENT_SPEC = re.compile(r"%[-#0 +]*(\d{7,}|\*)|%[-#0 +]*\d*\.(\d{7,}|\*)")
+_BIG_BRACE_SPEC = re.compile(r"\{[^{}]*:[^{}]*(\d{7,}|\{)")
+_JINJA_DIR = None                # set on first use: frames of jinja2's own files run under the deadline too
+
+
+def _estimated_size(name: str, value, args) -> int:
+    """What a str method or filter that multiplies its input would make, before it runs (0: not one of them)."""
+    if not isinstance(value, str):
+        return 0
+    if name in ("replace", "do_replace") and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
+        old, new = args[0], args[1]
+        return len(value) + (value.count(old) if old else len(value) + 1) * len(new)
+    if name == "expandtabs":
+        width = args[0] if args and isinstance(args[0], int) else 8
+        return len(value) + value.count("\t") * max(width, 0)
+    if name == "do_indent":
+        width = args[0] if args else 4
+        return len(value) + (value.count("\n") + 1) * (len(width) if isinstance(width, str) else max(int(width), 0))
+    if name in ("join", "do_join") and args and hasattr(args[0], "__len__"):
+        items = args[0]
+        return len(value) * len(items) + sum(len(x) for x in items if isinstance(x, str))
+    return 0
 
 
 @functools.lru_cache(maxsize=None)
 def _environment():
+    import os
 
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    global _JINJA_DIR
+    _JINJA_DIR = os.path.dirname(jinja2.__file__)
 
     def refuse(why: str):
         raise SecurityError(why)
 
     def bounded(v):
-        if isinstance(v, (str, list, tuple, dict)) and len(v) > MAX_RENDER_CHARS:
-            refuse(f"a value of over {MAX_RENDER_CHARS} items")
+        if isinstance(v, str) and len(v) > MAX_RENDER_CHARS:
+            refuse(f"a string of over {MAX_RENDER_CHARS} characters")
+        if isinstance(v, (list, tuple, dict)) and len(v) > MAX_RENDER_ITEMS:
+            refuse(f"a collection of over {MAX_RENDER_ITEMS} items")
         if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > MAX_INT_BITS:
             refuse(f"an integer of over {MAX_INT_BITS} bits")
         return v
 
-    def check_args(args, kwargs) -> None:
-        """A single C call (str.center, ljust, zfill, a filter) cannot be stopped once it runs: its sizes first."""
+    def check_call(name: str, value, args, kwargs) -> None:
+        """A single C call (str.center, replace, a filter) cannot be stopped once it runs: its sizes first."""
         for a in (*args, *kwargs.values()):
             if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_RENDER_CHARS:
                 refuse(f"an argument of {a}")
-
-    def check_format(fmt) -> None:
-        if isinstance(fmt, str) and _BIG_WIDTH.search(fmt):
-            refuse("a format width of a million characters or more")
+        if _estimated_size(name, value, args) > MAX_RENDER_CHARS:
+            refuse(f"{name.removeprefix('do_')} would make over {MAX_RENDER_CHARS} characters")
 
     class BoundedSandbox(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset({"*", "**", "+", "%"})
@@ -84,17 +112,18 @@ def _environment():
             if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)) \
                     and len(left) + len(right) > MAX_RENDER_CHARS:
                 refuse(f"a value of over {MAX_RENDER_CHARS} items")
-            if operator == "%":
-                check_format(left)
+            if operator == "%" and isinstance(left, str) and _BIG_PERCENT_SPEC.search(left):
+                refuse("a %-format width or precision of a million characters or more")
             return bounded(super().call_binop(context, operator, left, right))
 
         def call(self, context, obj, *args, **kwargs):
-            check_args(args, kwargs)
+            check_call(getattr(obj, "__name__", ""), getattr(obj, "__self__", None), args, kwargs)
             return bounded(super().call(context, obj, *args, **kwargs))
 
-        def wrap_str_format(self, value):  # str.format and format_map, however they are reached
-            if getattr(value, "__name__", "") in ("format", "format_map"):
-                check_format(getattr(value, "__self__", None))
+        def wrap_str_format(self, value):  # str.format and format_map, however they are reached (jinja2 >= 3.1.5)
+            if getattr(value, "__name__", "") in ("format", "format_map") and \
+                    isinstance(getattr(value, "__self__", None), str) and _BIG_BRACE_SPEC.search(value.__self__):
+                refuse("a format width of a million characters or more, or a nested one")
             return super().wrap_str_format(value)
 
         def getattr(self, obj, attribute):
@@ -104,12 +133,14 @@ def _environment():
             return bounded(super().getitem(obj, argument))
 
     def bounded_filter(f):
+        skip = 1 if hasattr(f, "jinja_pass_arg") else 0  # the context or environment comes first
+
         @functools.wraps(f)  # keeps jinja's pass_context / pass_environment marks
         def run(*args, **kwargs):
-            check_args(args, kwargs)
-            if f.__name__ == "do_format":
-                for a in args:
-                    check_format(a)
+            value, rest = (args[skip], args[skip + 1:]) if len(args) > skip else (None, ())
+            check_call(f.__name__, value, rest, kwargs)
+            if f.__name__ == "do_format" and isinstance(value, str) and _BIG_PERCENT_SPEC.search(value):
+                refuse("a %-format width or precision of a million characters or more")
             return bounded(f(*args, **kwargs))
         return run
 
@@ -130,17 +161,24 @@ def _compiled(template: str):
 
 @contextlib.contextmanager
 def _deadline(seconds: float):
-    """Stops a template's own code (its loops, however nested) once `seconds` have passed: a line-level trace on
-    this thread's compiled template frames only (jinja compiles a template string to code named <template>)."""
+    """Stops a render once `seconds` have passed, however its loops nest: a trace on this thread that looks at the
+    clock on every Python call and on every line of the template's compiled code (named <template>) and of
+    jinja2's own files (its filters' loops). A loop inside one C call is bounded by sizes instead (_environment)."""
     deadline = time.monotonic() + seconds
 
-    def in_template(frame, event, arg):
+    def over():
+        raise ChatTemplateError(f"chat template: rendering took over {seconds:g} s")
+
+    def on_line(frame, event, arg):
         if event == "line" and time.monotonic() > deadline:
-            raise ChatTemplateError(f"chat template: rendering took over {seconds:g} s")
-        return in_template
+            over()
+        return on_line
 
     def on_call(frame, event, arg):
-        return in_template if frame.f_code.co_filename == "<template>" else None
+        if time.monotonic() > deadline:
+            over()
+        name = frame.f_code.co_filename
+        return on_line if name == "<template>" or name.startswith(_JINJA_DIR) else None
 
     previous = sys.gettrace()
     sys.settrace(on_call)

@@ -20,8 +20,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets what open() would have given it
         with os.fdopen(fd, "wb") as f:
+            if hasattr(os, "fchmod"):  # mkstemp makes 0600; the file gets what open() would have given it
+                with contextlib.suppress(OSError):  # best effort (some network file systems refuse)
+                    os.fchmod(f.fileno(), 0o666 & ~_umask())
             write(f)
             f.flush()
             os.fsync(f.fileno())
