@@ -163,7 +163,10 @@ def _compiled(template: str):
 def _deadline(seconds: float):
     """Stops a render once `seconds` have passed, however its loops nest: a trace on this thread that looks at the
     clock on every Python call and on every line of the template's compiled code (named <template>) and of
-    jinja2's own files (its filters' loops). A loop inside one C call is bounded by sizes instead (_environment)."""
+    jinja2's own files (its filters' loops). A loop inside one C call is bounded by sizes instead (_environment).
+    Its cost, measured: a 1,024-message chat renders and splits in about 80 ms instead of 18 ms; on Python 3.12
+    and 3.13, where settrace rides on sys.monitoring, other threads' Python runs about 1.6x slower while a
+    render is under way (3.11: unaffected)."""
     deadline = time.monotonic() + seconds
 
     def over():
