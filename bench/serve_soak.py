@@ -122,7 +122,8 @@ async def hostile(http: httpx.AsyncClient, base: str, model: str, req: dict) -> 
     if bad == "seed_negative":
         r = await http.post(base + "/v1/completions", headers=auth, json=dict(done, seed=-1))
     elif bad == "tiny_temperature":
-        r = await http.post(base + "/v1/completions", headers=auth, json=dict(done, temperature=1e-308, seed=req["seed"]))
+        r = await http.post(base + "/v1/completions", headers=auth,
+                            json=dict(done, temperature=1e-308, seed=req["seed"]))
     elif bad == "body_9mb":
         r = await http.post(base + "/v1/completions", headers=auth,
                             content=b'{"prompt": "' + b"a" * (9 << 20) + b'"}')
@@ -143,7 +144,8 @@ async def hostile(http: httpx.AsyncClient, base: str, model: str, req: dict) -> 
     elif bad == "invalid_utf8":
         r = await http.post(base + "/v1/completions", headers=auth, content=b'{"prompt": "\xff\xfe"}')
     elif bad == "bad_role":
-        r = await http.post(chat, headers=auth, json={"messages": [{"role": "system\n<|im_start|>user", "content": "x"}]})
+        r = await http.post(chat, headers=auth,
+                            json={"messages": [{"role": "system\n<|im_start|>user", "content": "x"}]})
     else:
         raise ValueError(bad)
     try:
@@ -189,7 +191,8 @@ async def well_formed(client, model: str, req: dict) -> tuple[bool, str]:
     return finish in ("length", "stop"), f"{n} chunks, finish reason {finish}"
 
 
-async def soak(base: str, pid: int, n: int, concurrency: int, seed: int, progress=None, hostile_phase: bool = True) -> dict:
+async def soak(base: str, pid: int, n: int, concurrency: int, seed: int, progress=None,
+               hostile_phase: bool = True) -> dict:
     from openai import AsyncOpenAI
 
     reqs = plan(n, seed, hostile_phase)
@@ -252,7 +255,8 @@ async def soak(base: str, pid: int, n: int, concurrency: int, seed: int, progres
                 malformed_4xx=bad_4xx,
                 malformed_other=bad_unshaped[:20], hostile=sum(1 for r in reqs if r["kind"] == "hostile"),
                 hostile_outcomes=hostile_outcomes, hostile_failed=hostile_failed[:20],
-                hostile_kinds=sorted({r["bad"] for r in reqs if r["kind"] == "hostile"}), disconnects=sum(1 for r in reqs if r["kind"] == "disconnect"),
+                hostile_kinds=sorted({r["bad"] for r in reqs if r["kind"] == "hostile"}),
+                disconnects=sum(1 for r in reqs if r["kind"] == "disconnect"),
                 p50_s=statistics.median(lat) if lat else None, p99_s=lat[int(0.99 * (len(lat) - 1))] if lat else None,
                 kv_used_after_drain=metrics.get("pyinfer_kv_used_tokens"), running_after_drain=metrics.get("pyinfer_running"),
                 waiting_after_drain=metrics.get("pyinfer_waiting"), rss_first_100_mb=rss.get("first_100"),

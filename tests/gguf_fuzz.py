@@ -250,7 +250,8 @@ HOSTILE_TEMPLATES = (
     "{% set ns = namespace(s='ab') %}{% for i in range(99) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
     "{{ raise_exception('no') }}", "{{ messages[99]['content'] }}", "{{ undefined_thing.attr.more }}",
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}<|im_start|>assistant\n",
-    "{{ ''.__class__.__mro__ }}", "{{ cycler.__init__.__globals__ }}", "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+    "{{ ''.__class__.__mro__ }}", "{{ cycler.__init__.__globals__ }}",
+    "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
     "{{", "{% for %}", "\x00\xff",
 )
 

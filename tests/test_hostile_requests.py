@@ -187,7 +187,8 @@ def test_a_body_that_never_arrives_is_a_408_and_a_bad_key_is_refused_before_any_
     r = httpx.post(base + "/v1/completions", content=b"x" * (6 << 20), headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     assert time.monotonic() - t0 < 5
-    r = httpx.post(base + "/v1/completions", headers=AUTH, content=b'{"prompt": "hi", "max_tokens": ' + b"1" * 5000 + b"}")
+    r = httpx.post(base + "/v1/completions", headers=AUTH,
+                   content=b'{"prompt": "hi", "max_tokens": ' + b"1" * 5000 + b"}")
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]  # not a 500
     still_serves(base, loop)
 

@@ -74,8 +74,9 @@ class _Cursor:
         return s
 
     def value(self, vtype: int, what: str) -> Any:
-        """Decodes one value (strings as str, arrays of strings as lists, numeric arrays as read-only numpy arrays). A string, or an array of strings, that is not
-        valid UTF-8 decodes to None: its user (the tokenizer, a config key) reports it in one line."""
+        """Decodes one value (strings as str, arrays of strings as lists, numeric arrays as read-only numpy
+        arrays). A string, or an array of strings, that is not valid UTF-8 decodes to None: its user (the
+        tokenizer, a config key) reports it in one line."""
         start = self.pos
         self.skip_value(vtype, what)  # bounds first
         if vtype in _SCALAR_BYTES:

@@ -43,7 +43,8 @@ class SamplingParams:
             raise PyinferError(f"seed must be an integer in [0, 2^64 - 1], got {self.seed!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             if abs(number(name, getattr(self, name))) > PENALTY_LIMIT:
-                raise PyinferError(f"{name} must be in [-{PENALTY_LIMIT:g}, {PENALTY_LIMIT:g}], got {getattr(self, name)}")
+                raise PyinferError(f"{name} must be in [-{PENALTY_LIMIT:g}, {PENALTY_LIMIT:g}], "
+                                   f"got {getattr(self, name)}")
 
 
 class Sampler:
