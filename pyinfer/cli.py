@@ -187,6 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"requests in flight at once; past them a request gets 429 (default {DEFAULT_MAX_CONCURRENT})")
     sv.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="BYTES",
                     help=f"largest request body; a larger one gets 413 (default {DEFAULT_MAX_BODY_BYTES >> 20} MiB)")
+    sv.add_argument("--no-webui", action="store_true", help="do not serve the chat page at / (API only)")
+    sv.add_argument("--replicas", type=int, default=None, metavar="N",
+                    help="run N engine replicas (each its own process, --threads threads and --kv-budget) on Ray "
+                         "Serve behind this one endpoint; requests go to the replica with the most free KV "
+                         "(needs pip install 'pyinfer[ray]')")
+    sv.add_argument("--ray-address", default=None, metavar="ADDR",
+                    help="with --replicas: join this Ray cluster (e.g. auto, or HEAD_IP:6379 after `ray start "
+                         "--head` there) instead of starting a local one")
     _sparsity_args(sv)
     _device_args(sv)
 
@@ -463,6 +471,16 @@ def cmd_serve(args) -> int:
         raise PyinferError("serving needs FastAPI, uvicorn and prometheus_client: pip install 'pyinfer[serve]'") from None
     if not 0 < args.port < 65536:
         raise PyinferError("--port must be in 1..65535")
+    if args.ray_address is not None and args.replicas is None:
+        raise PyinferError("--ray-address goes with --replicas N")
+    if args.replicas is not None:
+        if args.replicas < 1:
+            raise PyinferError("--replicas must be at least 1")
+        try:
+            import ray.serve  # noqa: F401
+        except ImportError:
+            raise PyinferError("--replicas runs on Ray Serve, which is not installed: pip install 'pyinfer[ray]'") \
+                from None
     return serve(args)
 
 

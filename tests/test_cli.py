@@ -1,5 +1,6 @@
 """The `pyinfer` command line, end to end in subprocesses."""
 import json
+import os
 import subprocess
 import tempfile
 import sys
@@ -166,6 +167,20 @@ def test_bad_sparsity_file_is_one_line_error(tiny_model_path, tmp_path):
 def test_serve_rejects_bad_arguments(tiny_model_path):
     rc, _, err = cli("serve", "-m", tiny_model_path, "--kv-budget", "8")
     assert rc == 2 and "--kv-budget" in err
+    rc, _, err = cli("serve", "-m", tiny_model_path, "--replicas", "0")
+    assert rc == 2 and "--replicas must be at least 1" in err and err.count("\n") == 1
+    rc, _, err = cli("serve", "-m", tiny_model_path, "--ray-address", "auto")
+    assert rc == 2 and "--ray-address goes with --replicas" in err
+
+
+def test_serve_replicas_without_ray_says_how_to_install_it(tiny_model_path, tmp_path):
+    # A `ray` package that fails to import stands in for a machine without Ray.
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('no ray here')\n")
+    r = subprocess.run([sys.executable, "-m", "pyinfer.cli", "serve", "-m", tiny_model_path, "--replicas", "2"],
+                       capture_output=True, text=True, timeout=120, cwd=tempfile.gettempdir(),
+                       env=dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert r.returncode == 2 and "pip install 'pyinfer[ray]'" in r.stderr and r.stderr.count("\n") == 1
 
 
 def test_bench_at_depth_with_q8_0_cache(tiny_model_path, tmp_path):

@@ -124,9 +124,13 @@ class EngineLoop:
         with self._lock:
             now = time.monotonic()
             window = [n for t, n in self._recent if now - t <= 10.0]
+            # What every request in flight may still need at most: the router's measure of a replica's load.
+            committed = (sum(r.prompt_len + r.upper for r in self.sched.waiting + self.sched.running)
+                         + sum(len(r.prompt_ids) + r.max_tokens for r in self._incoming))
             return dict(self.stats, waiting=len(self.sched.waiting) + len(self._incoming),
                         running=len(self.sched.running), kv_used_tokens=self.sched.kv_tokens_reserved,
-                        kv_budget_tokens=self.kv_budget, tokens_per_second=sum(window) / 10.0)
+                        kv_budget_tokens=self.kv_budget, kv_committed_tokens=committed,
+                        tokens_per_second=sum(window) / 10.0)
 
     # ---- engine thread ----------------------------------------------------------------------
     def _run(self) -> None:

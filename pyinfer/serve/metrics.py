@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.samples import Sample
 
 # (key in EngineLoop.metrics(), Prometheus name without the pyinfer_ prefix and _total suffix, kind, help)
 METRICS = (
@@ -11,6 +12,8 @@ METRICS = (
     ("kv_used_tokens", "kv_used_tokens", "gauge", "KV cache tokens reserved"),
     ("kv_budget_tokens", "kv_budget_tokens", "gauge", "KV cache budget in tokens"),
     ("kv_peak_tokens", "kv_peak_tokens", "gauge", "highest KV reservation seen"),
+    ("kv_committed_tokens", "kv_committed_tokens", "gauge",
+     "KV tokens the requests in flight may need at most (prompt + max_tokens each)"),
     ("tokens_per_second", "tokens_per_second", "gauge", "generated tokens per second over the last 10 s"),
     ("requests_total", "requests", "counter", "requests accepted"),
     ("finished_total", "finished", "counter", "requests completed"),
@@ -32,6 +35,34 @@ class LoopCollector:
             family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
             yield family(f"pyinfer_{name}", help_, value=m[key])
         yield InfoMetricFamily("pyinfer_scheduler", "scheduling policy", value={"policy": self.loop.policy_name})
+
+
+class ReplicasCollector:
+    """The same metrics summed over the replicas of a Ray Serve deployment (unlabelled, so a dashboard or the chat
+    page reads them as from one server), and each replica's own under a `replica` label."""
+
+    def __init__(self, snapshots: dict[str, dict]):
+        self.snapshots = snapshots  # {replica id: its EngineLoop.metrics()}
+
+    def collect(self):
+        yield GaugeMetricFamily("pyinfer_replicas", "replicas reporting", value=len(self.snapshots))
+        for key, name, kind, help_ in METRICS:
+            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+                f"pyinfer_{name}", help_ + " (unlabelled: the sum over replicas)", labels=["replica"])
+            for replica, m in sorted(self.snapshots.items()):
+                family.add_metric([replica], m.get(key, 0))
+            total = sum(m.get(key, 0) for m in self.snapshots.values())
+            family.samples.append(Sample(family.name + ("_total" if kind == "counter" else ""), {}, total))
+            yield family
+
+
+def replicas_text(snapshots: dict[str, dict]) -> bytes:
+    """Prometheus text of the replicas' metrics (see ReplicasCollector)."""
+    from prometheus_client import generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReplicasCollector(snapshots))
+    return generate_latest(registry)
 
 
 def make_registry(loop) -> CollectorRegistry:

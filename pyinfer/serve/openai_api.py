@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP API (FastAPI on uvicorn) over the EngineLoop.
 
-/v1/completions and /v1/chat/completions (streamed as server-sent events, or whole), /v1/models,
-/health, and /metrics in Prometheus text. Errors are OpenAI-shaped JSON with the matching status, 404 and 405
+/v1/completions and /v1/chat/completions (streamed as server-sent events, or whole), /v1/models, /health,
+/metrics in Prometheus text, and the chat page at / (`webui`). Errors are OpenAI-shaped JSON with the matching status, 404 and 405
 included. Every request field is checked here (api_models, then the sampler is built), so a bad value is a 400
 naming it and never reaches the engine thread. Past `max_concurrent` requests in flight a new one gets a 429. A
 client that hangs up, streaming or not, cancels its request at once, which frees its KV blocks."""
@@ -22,10 +22,14 @@ from .api_models import APIError, ChatRequest, CompletionRequest, parse
 from .engine_loop import EngineLoop, EngineStopped, ServeRequest
 from .http_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT, UNAUTHORIZED, BodyLimit, authorized
 from .metrics import make_registry
+from .webui import HEADERS as WEBUI_HEADERS
+from .webui import load_files as webui_files
 
 
 def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] = None,
-               max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+               max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               webui: bool = True):
+    """The app; `webui`: serve the chat page at / (and its files under /webui/)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -275,14 +279,24 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
     async def metrics(request: Request):
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    page_files = webui_files() if webui else {}
+
+    async def page(request: Request):
+        name = request.path_params.get("name", "index.html")
+        if name not in page_files:
+            raise HTTPException(404)
+        content, media_type = page_files[name]
+        return Response(content, media_type=media_type, headers=WEBUI_HEADERS)
+
     # FastAPI keeps every endpoint function it has seen in a module-level cache (4,096 entries): endpoints that
     # closed over the model would keep each app's model alive long after the app (tests and the fuzzer build
     # hundreds). So the routes are thin and find this app's handlers on app.state.
     app.state.pyinfer_handlers = {"completions": completions, "chat": chat_completions, "models": models,
-                                  "health": health, "metrics": metrics}
-    for method, path, name in (("POST", "/v1/completions", "completions"), ("POST", "/v1/chat/completions", "chat"),
-                               ("GET", "/v1/models", "models"), ("GET", "/health", "health"),
-                               ("GET", "/metrics", "metrics")):
+                                  "health": health, "metrics": metrics, "page": page}
+    routes = [("GET", "/", "page"), ("GET", "/webui/{name}", "page")] if webui else []
+    for method, path, name in routes + [("POST", "/v1/completions", "completions"),
+                                        ("POST", "/v1/chat/completions", "chat"), ("GET", "/v1/models", "models"),
+                                        ("GET", "/health", "health"), ("GET", "/metrics", "metrics")]:
         app.add_api_route(path, _route(name, Request), methods=[method])
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, api_key=api_key)
     return app

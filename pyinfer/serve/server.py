@@ -17,9 +17,10 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
                  api_key: str | None = None, max_seq_len: int | None = None, sparsity="off", target=None,
                  cache_type: str = "f16", ram_budget=None, device: str = "cpu", vram_budget=None,
                  neuron_cache: float | None = None, neuron_window: float | None = None,
-                 max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 webui: bool = True):
     """Returns (app, loop, model); call loop.start() before serving. `ram_budget` (a size or a plan file),
-    `neuron_cache`, `neuron_window`, `device`, `vram_budget`: as load()'s."""
+    `neuron_cache`, `neuron_window`, `device`, `vram_budget`: as load()'s. `webui`: the chat page at /."""
     from ..api import load
     from ..offload.setup import make_offload
     from ..sparsity.resolve import resolve_sparsity
@@ -60,7 +61,7 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
     batch.engine.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
     loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(model.tokenizer.end_of_generation))
     name = Path(model.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
-    return create_app(model, loop, str(name), api_key, max_concurrent, max_body_bytes), loop, model
+    return create_app(model, loop, str(name), api_key, max_concurrent, max_body_bytes, webui), loop, model
 
 
 def api_key_of(args) -> str | None:
@@ -82,22 +83,37 @@ def api_key_of(args) -> str | None:
     return args.api_key
 
 
+def server_options(args, api_key: str | None) -> dict:
+    """build_server's keyword arguments from `pyinfer serve`'s (one place for the plain and the Ray server)."""
+    return dict(model_path=args.model, kv_budget=args.kv_budget, policy=args.scheduler, n_threads=args.threads,
+                api_key=api_key, sparsity=args.sparsity, target=args.target, cache_type=args.cache_type,
+                ram_budget=args.ram_budget, device=args.device, vram_budget=args.vram_budget,
+                neuron_cache=args.neuron_cache, neuron_window=args.neuron_window,
+                max_concurrent=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,
+                webui=not args.no_webui)
+
+
 def serve(args) -> int:
     import uvicorn
 
     from .http_limits import uvicorn_config
 
     api_key = api_key_of(args)
-    app, loop, model = build_server(args.model, args.kv_budget, args.scheduler, args.threads, api_key,
-                                    sparsity=args.sparsity, target=args.target, cache_type=args.cache_type,
-                                    ram_budget=args.ram_budget, device=args.device, vram_budget=args.vram_budget,
-                                    neuron_cache=args.neuron_cache, neuron_window=args.neuron_window,
-                                    max_concurrent=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         print(f"pyinfer: warning: serving on {args.host} without an API key", file=sys.stderr)
+    options = server_options(args, api_key)
+    if args.replicas is not None:
+        from ..model.pull import resolve_model
+        from .ray_serve import serve_replicas
+
+        # Replicas load the model themselves: they get a path (the same one on every machine of a cluster).
+        options["model_path"] = str(resolve_model(args.model).resolve())
+        return serve_replicas(args, options)
+    app, loop, model = build_server(**options)
     loop.start()
-    print(f"pyinfer: serving {model.path} on http://{args.host}:{args.port}/v1 "
-          f"(scheduler {args.scheduler}, KV budget {loop.kv_budget} tokens, at most {args.max_concurrent_requests} "
+    page = "" if args.no_webui else f"chat page http://{args.host}:{args.port}/, "
+    print(f"pyinfer: serving {model.path} on http://{args.host}:{args.port}/v1 ({page}"
+          f"scheduler {args.scheduler}, KV budget {loop.kv_budget} tokens, at most {args.max_concurrent_requests} "
           "requests at once)", file=sys.stderr)
     # Connections: every request in flight, plus as many again for health checks, metrics and refusals.
     server = uvicorn.Server(uvicorn_config(app, args.host, args.port, 2 * args.max_concurrent_requests + 32))

@@ -1,0 +1,267 @@
+"""`pyinfer serve --replicas N`: N engine replicas on Ray Serve behind one OpenAI-compatible endpoint.
+
+    client ──HTTP──▶ Ray Serve proxy ──▶ OpenAIFront ──handle(stream)──▶ KvRequestRouter ──▶ EngineReplica × N
+                                           │  /metrics, /health                               │ every 0.5 s
+                                           └───────────── MetricsBoard (an actor) ◀──────────┘
+
+- EngineReplica: one process with its own engine, threads and KV budget, running the very app `pyinfer serve`
+  runs (asgi_bridge), so every check, limit and error is the plain server's. Ray restarts one that dies or whose
+  engine stopped (check_health).
+- KvRequestRouter: Ray Serve's custom request router, sending each request to the replica with the most free KV
+  budget (kv_router, from each replica's record_routing_stats) among those whose queue is not full.
+- OpenAIFront: forwards each request and retries it elsewhere on a 429, a 503 or a lost replica (replica_front);
+  aggregates /metrics and /health from the MetricsBoard every replica reports to.
+
+Ray is optional (`pip install 'pyinfer[ray]'`); nothing else in pyinfer imports this module."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # Ray's usage report would reach for the network
+
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+from ray.serve.config import RequestRouterConfig  # noqa: E402
+from ray.serve.request_router import FIFOMixin, RequestRouter  # noqa: E402
+
+from .asgi_bridge import Forwarded, call_asgi  # noqa: E402
+from .kv_router import STATS_PERIOD_S, KvLedger, request_cost  # noqa: E402
+from .replica_front import JSON, error_body, forward  # noqa: E402
+
+NAMESPACE = "pyinfer"
+APP_NAME = "pyinfer"
+STALE_S = 3.0           # a replica silent for this long is gone from /metrics and /health
+HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+log = logging.getLogger("pyinfer.serve")
+
+
+class KvRequestRouter(FIFOMixin, RequestRouter):
+    """Ranks replicas by free KV budget (best first, one per rank, so Ray tries them in that order and skips
+    those whose queue is full); a replica the front names in `avoid` is ranked last."""
+
+    def initialize_state(self, **kwargs):
+        self.ledger = KvLedger()
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        for rid, r in by_id.items():
+            self.ledger.observe(rid, r.routing_stats)
+        self.ledger.forget(set(by_id))  # Ray passes every running replica: the others are gone
+        avoid = frozenset(pending_request.kwargs.get("avoid", ())) if pending_request is not None else frozenset()
+        return [[by_id[rid]] for rid in self.ledger.rank(list(by_id), avoid)]
+
+    def on_request_routed(self, pending_request, replica_id, result):
+        self.ledger.sent(replica_id.unique_id, pending_request.kwargs.get("cost", 0))
+
+
+@ray.remote(num_cpus=0)
+class MetricsBoard:
+    """The replicas' latest metrics, as each last reported them."""
+
+    def __init__(self):
+        self.snapshots: dict[str, tuple[float, dict]] = {}
+
+    def report(self, replica: str, metrics: dict) -> None:
+        self.snapshots[replica] = (time.time(), metrics)
+
+    def leave(self, replica: str) -> None:
+        self.snapshots.pop(replica, None)
+
+    def read(self, max_age_s: float = STALE_S) -> dict[str, dict]:
+        now = time.time()
+        self.snapshots = {r: (t, m) for r, (t, m) in self.snapshots.items() if now - t <= max_age_s}
+        return {r: m for r, (_, m) in self.snapshots.items()}
+
+
+def metrics_board(app_name: str):
+    """The app's board, made by whoever asks first (front or replica), kept until the app is deleted."""
+    return MetricsBoard.options(name=f"{app_name}-metrics", namespace=NAMESPACE, lifetime="detached",
+                                get_if_exists=True).remote()
+
+
+class EngineReplica:
+    def __init__(self, server_options: dict, app_name: str):
+        from .server import build_server
+
+        self.app, self.loop, self.model = build_server(**server_options)
+        self.loop.start()
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.reports = 0
+        self.inside: dict[int, int] = {}  # cost (the router's estimate) of each request now in handle()
+        self.board = metrics_board(app_name)
+        self._stop = threading.Event()
+        threading.Thread(target=self._report, name="pyinfer-metrics-report", daemon=True).start()
+
+    def _report(self) -> None:
+        while not self._stop.wait(STATS_PERIOD_S):
+            try:
+                self.board.report.remote(self.replica, dict(self.loop.metrics(), pid=os.getpid()))
+            except Exception:  # noqa: BLE001 - the board is being replaced or Ray is shutting down: try again later
+                pass
+
+    async def handle(self, req: Forwarded, avoid=(), cost: int = 0):
+        """The replica's id, then the Head and body chunks of the app's answer (`avoid`, `cost`: for the
+        router, which reads them from the call)."""
+        key = id(req)
+        self.inside[key] = cost
+        try:
+            yield self.replica
+            async for part in call_asgi(self.app, req, self.replica):
+                yield part
+        finally:
+            self.inside.pop(key, None)
+
+    def record_routing_stats(self) -> dict:
+        """What the router ranks by. Requests that arrived but are not in the engine yet (being tokenized) count
+        at the router's own estimate: a report must not make a replica that just took a burst look empty."""
+        self.reports += 1
+        m = self.loop.metrics()
+        costs = list(self.inside.values())
+        unseen = max(0, len(costs) - self.loop.in_flight())
+        committed = m["kv_committed_tokens"] + (unseen * sum(costs) // len(costs) if costs else 0)
+        return {"report": self.reports, "kv_budget_tokens": m["kv_budget_tokens"], "kv_committed_tokens": committed,
+                "alive": self.loop.alive}
+
+    def check_health(self) -> None:
+        if not self.loop.alive:  # Ray replaces a replica whose engine thread ended
+            raise RuntimeError(f"the engine is not running ({self.loop.failure or 'stopped'})")
+
+    def __del__(self):
+        self._stop.set()
+        try:
+            self.board.leave.remote(self.replica)
+        except Exception:  # noqa: BLE001
+            pass
+        self.loop.stop()
+
+
+def _is_lost(error: BaseException) -> bool:
+    return isinstance(error, ray.exceptions.RayError)
+
+
+class OpenAIFront:
+    def __init__(self, engine, app_name: str, max_body_bytes: int, attempts: int):
+        self.engine, self.max_body_bytes, self.attempts = engine, max_body_bytes, attempts
+        self.board = metrics_board(app_name)
+
+    def _opener(self, cost: int):
+        engine = self.engine.options(stream=True)
+
+        async def open_stream(req: Forwarded, avoid: frozenset):
+            gen = engine.handle.remote(req, avoid=sorted(avoid), cost=cost)
+            try:
+                async for part in gen:
+                    yield part
+            finally:
+                gen.cancel()  # the client left or the front moved on: the replica sees its client hang up
+
+        return open_stream
+
+    async def __call__(self, request):
+        from prometheus_client import CONTENT_TYPE_LATEST
+        from starlette.responses import Response, StreamingResponse
+
+        from .metrics import replicas_text
+
+        path = request.url.path
+        if request.method == "GET" and path == "/metrics":
+            return Response(replicas_text(await self.board.read.remote()), media_type=CONTENT_TYPE_LATEST)
+        if request.method == "GET" and path == "/health":
+            snapshots = await self.board.read.remote()
+            if snapshots:
+                return Response(f'{{"status":"ok","replicas":{len(snapshots)}}}', media_type="application/json")
+            return Response('{"status":"no replica is serving"}', status_code=503, media_type="application/json")
+        body = await request.body()
+        if len(body) > self.max_body_bytes:
+            return Response(error_body(413, f"request body over {self.max_body_bytes} bytes", "body_too_large"),
+                            status_code=413, media_type="application/json")
+        req = Forwarded(request.method, path, request.url.query, list(request.headers.items()), body)
+        head, chunks = await forward(self._opener(_cost_of(body)), req, self.attempts, _is_lost)
+        headers = {k: v for k, v in head.headers if k.lower() not in HOP_BY_HOP} or dict(JSON)
+        if head.replica:
+            headers["x-pyinfer-replica"] = head.replica  # which replica answered (load tests, debugging)
+        return StreamingResponse(chunks, status_code=head.status, headers=headers)
+
+
+def _cost_of(body: bytes) -> int:
+    import json
+
+    try:
+        max_tokens = json.loads(body).get("max_tokens") if body else None
+    except (ValueError, AttributeError, RecursionError):
+        max_tokens = None
+    return request_cost(len(body), max_tokens if isinstance(max_tokens, int) else None)
+
+
+def build_app(server_options: dict, replicas: int, threads: int, max_concurrent: int, max_body_bytes: int,
+              app_name: str = APP_NAME):
+    """The Serve application: the front and `replicas` engine replicas of `threads` threads each. With a CUDA
+    device each replica asks Ray for a GPU of its own (Ray sets its CUDA_VISIBLE_DEVICES, so it sees it as
+    device 0): one replica per GPU."""
+    actor_options = {"num_cpus": threads}
+    if str(server_options.get("device", "cpu")).startswith("cuda"):
+        actor_options["num_gpus"] = 1
+        server_options = dict(server_options, device="cuda")
+    engine = serve.deployment(
+        EngineReplica, name="EngineReplica", num_replicas=replicas,
+        ray_actor_options=actor_options,
+        max_ongoing_requests=max_concurrent,  # past it Ray queues at the router: never a 429 from a full replica
+        health_check_period_s=2.0, health_check_timeout_s=30.0, graceful_shutdown_timeout_s=5.0,
+        request_router_config=RequestRouterConfig(request_router_class=KvRequestRouter,
+                                                  request_routing_stats_period_s=STATS_PERIOD_S,
+                                                  request_routing_stats_timeout_s=5.0),
+    ).bind(server_options, app_name)
+    front = serve.deployment(OpenAIFront, name="OpenAIFront", num_replicas=1, ray_actor_options={"num_cpus": 0},
+                             max_ongoing_requests=replicas * max_concurrent + 64)
+    return front.bind(engine, app_name, max_body_bytes, replicas + 1)
+
+
+def start(server_options: dict, replicas: int, threads: int, host: str, port: int, max_concurrent: int,
+          max_body_bytes: int, address: str | None = None, app_name: str = APP_NAME) -> None:
+    """Connects to Ray (a new local instance without `address`), starts Serve's proxy on host:port and deploys
+    the app; returns once every replica is up."""
+    ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING, ignore_reinit_error=True)
+    serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
+    serve.run(build_app(server_options, replicas, threads, max_concurrent, max_body_bytes, app_name),
+              name=app_name, route_prefix="/", blocking=False)
+
+
+def stop(app_name: str = APP_NAME, shutdown: bool = True) -> None:
+    """Deletes the app and its board; `shutdown`: Serve and the local Ray too (not on a shared cluster)."""
+    try:
+        serve.delete(app_name)
+        ray.kill(ray.get_actor(f"{app_name}-metrics", namespace=NAMESPACE))
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+    if shutdown:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def serve_replicas(args, server_options: dict) -> int:
+    """The `pyinfer serve --replicas N` command: blocks until Ctrl-C."""
+    threads = server_options.get("n_threads") or 1
+    t0 = time.monotonic()
+    start(server_options, args.replicas, threads, args.host, args.port, args.max_concurrent_requests,
+          args.max_body_bytes, args.ray_address)
+    print(f"pyinfer: serving {server_options['model_path']} on http://{args.host}:{args.port}/v1 with "
+          f"{args.replicas} replica(s) of {threads} thread(s) on Ray Serve (KV budget {args.kv_budget} tokens "
+          f"each; up in {time.monotonic() - t0:.1f} s); Ctrl-C stops", file=sys.stderr)
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # a service manager's stop cleans up as Ctrl-C does
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(shutdown=args.ray_address is None)
+    return 0
