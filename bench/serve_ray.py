@@ -90,7 +90,7 @@ def shares(base: str) -> dict[str, float]:
 
     text = httpx.get(base + "/metrics", timeout=10).text
     return {s.labels["replica"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-            if s.name == "pyinfer_requests_total" and "replica" in s.labels}
+            if s.name == "pyinfer_replica_requests_total"}
 
 
 def run_one(name: str, n: int, concurrency: int, seed: int, kv_budget: int) -> dict:

@@ -45,11 +45,13 @@ def per_replica(m: dict, name: str) -> dict:
     return {rep: v for (n, rep), v in m.items() if n == name and rep is not None}
 
 
-def wait_for_replicas(base, n, timeout=120.0):
+def wait_for_replicas(base, n, timeout=120.0, gone=None):
+    """Until n replicas report (and `gone`, if given, is not among them)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if metrics(base)[("pyinfer_replicas", None)] >= n:
+            m = metrics(base)
+            if m[("pyinfer_replicas", None)] >= n and gone not in per_replica(m, "pyinfer_replica_running"):
                 return
         except (httpx.HTTPError, KeyError, AssertionError):
             pass
@@ -85,7 +87,7 @@ async def one(c, i: int, max_tokens: int = 16):
 
 
 def test_64_concurrent_requests_complete_and_both_replicas_serve(endpoint):
-    before = per_replica(metrics(endpoint), "pyinfer_requests_total")
+    before = per_replica(metrics(endpoint), "pyinfer_replica_requests_total")
 
     async def main():
         c = client(endpoint)
@@ -94,13 +96,18 @@ def test_64_concurrent_requests_complete_and_both_replicas_serve(endpoint):
     results = asyncio.run(main())
     assert [kind for kind, _ in results] == ["ok"] * 64, [r for r in results if r[0] != "ok"][:3]
     assert all(text for _, text in results)
-    m = metrics(endpoint)
-    served = {rep: v - before.get(rep, 0) for rep, v in per_replica(m, "pyinfer_requests_total").items()}
+    deadline = time.monotonic() + 10  # the replicas report every 0.5 s
+    while True:
+        m = metrics(endpoint)
+        served = {rep: v - before.get(rep, 0) for rep, v in per_replica(m, "pyinfer_replica_requests_total").items()}
+        if sum(served.values()) == 64 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sum(served.values()) == 64, served
     assert len(served) == 2 and all(v >= 8 for v in served.values()), served  # each a real share of the 64
-    assert sum(served.values()) == 64
-    # The unlabelled samples are the sums of the labelled ones.
-    for name in ("pyinfer_requests_total", "pyinfer_kv_budget_tokens", "pyinfer_tokens_generated_total"):
-        assert m[(name, None)] == sum(per_replica(m, name).values()), name
+    # The plain server's names carry the sums of the per-replica series.
+    for name in ("requests_total", "kv_budget_tokens", "tokens_generated_total"):
+        assert m[("pyinfer_" + name, None)] == sum(per_replica(m, "pyinfer_replica_" + name).values()), name
     assert m[("pyinfer_kv_budget_tokens", None)] == 2 * 1024
 
 
@@ -116,6 +123,8 @@ def test_the_front_serves_the_page_health_and_refusals(endpoint):
     r = httpx.post(endpoint + "/v1/completions", content=b"x" * (2 << 20), headers={"Authorization": f"Bearer {KEY}"},
                    timeout=30)
     assert r.status_code == 413
+    r = httpx.post(endpoint + "/v1/completions", content=b"x" * (2 << 20), timeout=30)
+    assert r.status_code == 401  # the key before the body, as the plain server
 
 
 def test_a_client_that_hangs_up_frees_its_request_on_its_replica(endpoint):
@@ -145,7 +154,7 @@ def test_a_killed_replica_costs_time_or_a_clear_error_and_nothing_hangs(endpoint
         victim = None
         for _ in range(100):  # kill a replica that is busy with some of them
             await asyncio.sleep(0.1)
-            running = per_replica(await asyncio.to_thread(metrics, endpoint), "pyinfer_running")
+            running = per_replica(await asyncio.to_thread(metrics, endpoint), "pyinfer_replica_running")
             busy = [rep for rep, v in running.items() if v >= 2]
             if busy:
                 victim = busy[0]
@@ -165,4 +174,6 @@ def test_a_killed_replica_costs_time_or_a_clear_error_and_nothing_hangs(endpoint
     assert all("was lost mid-reply" in text for text in lost), lost
     print(f"\nkilled replica {victim}: {len(whole)} whole requests all answered, {len(streamed) - len(lost)} streams "
           f"complete, {len(lost)} ended with replica_lost")
-    wait_for_replicas(endpoint, 2)  # Ray started a new one
+    requests = metrics(endpoint)[("pyinfer_requests_total", None)]
+    wait_for_replicas(endpoint, 2, gone=victim)  # Ray started a new one
+    assert metrics(endpoint)[("pyinfer_requests_total", None)] >= requests  # the victim's count is kept

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
-from prometheus_client.samples import Sample
 
 # (key in EngineLoop.metrics(), Prometheus name without the pyinfer_ prefix and _total suffix, kind, help)
 METRICS = (
@@ -37,31 +36,36 @@ class LoopCollector:
         yield InfoMetricFamily("pyinfer_scheduler", "scheduling policy", value={"policy": self.loop.policy_name})
 
 
-class ReplicasCollector:
-    """The same metrics summed over the replicas of a Ray Serve deployment (unlabelled, so a dashboard or the chat
-    page reads them as from one server), and each replica's own under a `replica` label."""
+COUNTER_KEYS = tuple(key for key, _, kind, _ in METRICS if kind == "counter")
 
-    def __init__(self, snapshots: dict[str, dict]):
-        self.snapshots = snapshots  # {replica id: its EngineLoop.metrics()}
+
+class ReplicasCollector:
+    """The metrics of a Ray Serve deployment's replicas: under the plain server's names their sum (so the chat
+    page and dashboards read it as one server; counters include the replicas gone, so they never go back), and
+    each replica's own as `pyinfer_replica_*{replica="..."}` (separate names, so a sum() counts nothing twice)."""
+
+    def __init__(self, snapshots: dict[str, dict], departed: dict[str, float] | None = None):
+        self.snapshots = snapshots          # {replica id: its EngineLoop.metrics()}
+        self.departed = departed or {}      # {counter key: its total over replicas no longer reporting}
 
     def collect(self):
         yield GaugeMetricFamily("pyinfer_replicas", "replicas reporting", value=len(self.snapshots))
         for key, name, kind, help_ in METRICS:
-            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
-                f"pyinfer_{name}", help_ + " (unlabelled: the sum over replicas)", labels=["replica"])
+            family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            total = sum(m.get(key, 0) for m in self.snapshots.values()) + self.departed.get(key, 0)
+            yield family(f"pyinfer_{name}", help_ + " (sum over replicas)", value=total)
+            each = family(f"pyinfer_replica_{name}", help_ + " (one replica)", labels=["replica"])
             for replica, m in sorted(self.snapshots.items()):
-                family.add_metric([replica], m.get(key, 0))
-            total = sum(m.get(key, 0) for m in self.snapshots.values())
-            family.samples.append(Sample(family.name + ("_total" if kind == "counter" else ""), {}, total))
-            yield family
+                each.add_metric([replica], m.get(key, 0))
+            yield each
 
 
-def replicas_text(snapshots: dict[str, dict]) -> bytes:
+def replicas_text(snapshots: dict[str, dict], departed: dict[str, float] | None = None) -> bytes:
     """Prometheus text of the replicas' metrics (see ReplicasCollector)."""
     from prometheus_client import generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ReplicasCollector(snapshots))
+    registry.register(ReplicasCollector(snapshots, departed))
     return generate_latest(registry)
 
 

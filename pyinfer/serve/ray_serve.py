@@ -15,8 +15,11 @@
 Ray is optional (`pip install 'pyinfer[ray]'`); nothing else in pyinfer imports this module."""
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import tempfile
 import signal
 import sys
 import threading
@@ -27,9 +30,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # Ray's usage report woul
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from ray.serve.config import RequestRouterConfig  # noqa: E402
-from ray.serve.request_router import FIFOMixin, RequestRouter  # noqa: E402
+from ray.serve.request_router import RequestRouter  # noqa: E402
+
+from ..errors import PyinferError  # noqa: E402
 
 from .asgi_bridge import Forwarded, call_asgi  # noqa: E402
+from .http_limits import BODY_TIMEOUT_S, UNAUTHORIZED, authorized  # noqa: E402
 from .kv_router import STATS_PERIOD_S, KvLedger, request_cost  # noqa: E402
 from .replica_front import JSON, error_body, forward  # noqa: E402
 
@@ -40,9 +46,10 @@ HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive",
 log = logging.getLogger("pyinfer.serve")
 
 
-class KvRequestRouter(FIFOMixin, RequestRouter):
+class KvRequestRouter(RequestRouter):
     """Ranks replicas by free KV budget (best first, one per rank, so Ray tries them in that order and skips
-    those whose queue is full); a replica the front names in `avoid` is ranked last."""
+    those whose queue is full); a replica the front names in `avoid` is ranked last. Not FIFO: Ray's FIFO mixin
+    hands the replica chosen for one request to the oldest waiting one, whose `avoid` may name that replica."""
 
     def initialize_state(self, **kwargs):
         self.ledger = KvLedger()
@@ -52,7 +59,11 @@ class KvRequestRouter(FIFOMixin, RequestRouter):
         for rid, r in by_id.items():
             self.ledger.observe(rid, r.routing_stats)
         self.ledger.forget(set(by_id))  # Ray passes every running replica: the others are gone
-        avoid = frozenset(pending_request.kwargs.get("avoid", ())) if pending_request is not None else frozenset()
+        avoid = frozenset()
+        if pending_request is not None:
+            avoid = frozenset(pending_request.kwargs.get("avoid", ()))
+            # Should every replica be full, Ray waits (with backoff) before it asks again, rather than spin.
+            pending_request.routing_context.should_backoff = True
         return [[by_id[rid]] for rid in self.ledger.rank(list(by_id), avoid)]
 
     def on_request_routed(self, pending_request, replica_id, result):
@@ -61,21 +72,29 @@ class KvRequestRouter(FIFOMixin, RequestRouter):
 
 @ray.remote(num_cpus=0)
 class MetricsBoard:
-    """The replicas' latest metrics, as each last reported them."""
+    """The replicas' latest metrics, as each last reported them, and the counters of replicas gone (so the
+    summed counters never go back when a replica dies or is replaced)."""
 
     def __init__(self):
+        from .metrics import COUNTER_KEYS
+
         self.snapshots: dict[str, tuple[float, dict]] = {}
+        self.departed = dict.fromkeys(COUNTER_KEYS, 0)
 
     def report(self, replica: str, metrics: dict) -> None:
         self.snapshots[replica] = (time.time(), metrics)
 
     def leave(self, replica: str) -> None:
-        self.snapshots.pop(replica, None)
+        _, last = self.snapshots.pop(replica, (0.0, {}))
+        for key in self.departed:
+            self.departed[key] += last.get(key, 0)
 
-    def read(self, max_age_s: float = STALE_S) -> dict[str, dict]:
+    def read(self, max_age_s: float = STALE_S) -> tuple[dict[str, dict], dict[str, float]]:
+        """({replica: its metrics}, counters of the replicas gone)."""
         now = time.time()
-        self.snapshots = {r: (t, m) for r, (t, m) in self.snapshots.items() if now - t <= max_age_s}
-        return {r: m for r, (_, m) in self.snapshots.items()}
+        for replica in [r for r, (t, _) in self.snapshots.items() if now - t > max_age_s]:
+            self.leave(replica)
+        return {r: m for r, (_, m) in self.snapshots.items()}, dict(self.departed)
 
 
 def metrics_board(app_name: str):
@@ -109,12 +128,14 @@ class EngineReplica:
         router, which reads them from the call)."""
         key = id(req)
         self.inside[key] = cost
+        parts = call_asgi(self.app, req, self.replica)
         try:
             yield self.replica
-            async for part in call_asgi(self.app, req, self.replica):
+            async for part in parts:
                 yield part
         finally:
             self.inside.pop(key, None)
+            await parts.aclose()  # now, not at garbage collection: the app sees its client leave at once
 
     def record_routing_stats(self) -> dict:
         """What the router ranks by. Requests that arrived but are not in the engine yet (being tokenized) count
@@ -141,13 +162,42 @@ class EngineReplica:
 
 
 def _is_lost(error: BaseException) -> bool:
-    return isinstance(error, ray.exceptions.RayError)
+    """The replica's process died or cannot be reached (an error the replica's own code raised is not this)."""
+    return isinstance(error, ray.exceptions.RayActorError)
+
+
+class _BodyTooLarge(Exception):
+    pass
 
 
 class OpenAIFront:
-    def __init__(self, engine, app_name: str, max_body_bytes: int, attempts: int):
-        self.engine, self.max_body_bytes, self.attempts = engine, max_body_bytes, attempts
+    def __init__(self, engine, app_name: str, max_body_bytes: int, attempts: int, api_key: str | None = None):
+        self.engine, self.max_body_bytes, self.attempts, self.api_key = engine, max_body_bytes, attempts, api_key
         self.board = metrics_board(app_name)
+
+    async def _board(self):
+        """The board's snapshot, or none if it does not answer within 5 s (being restarted)."""
+        import asyncio
+
+        try:
+            return await asyncio.wait_for(self.board.read.remote(), 5.0)
+        except (asyncio.TimeoutError, ray.exceptions.RayError):
+            return {}, {}
+
+    async def _read_body(self, request) -> bytes:
+        """The body, read no further than the limit and for no longer than the plain server allows."""
+        import asyncio
+
+        body = bytearray()
+
+        async def read():
+            async for chunk in request.stream():
+                body.extend(chunk)
+                if len(body) > self.max_body_bytes:
+                    raise _BodyTooLarge
+
+        await asyncio.wait_for(read(), BODY_TIMEOUT_S)
+        return bytes(body)
 
     def _opener(self, cost: int):
         engine = self.engine.options(stream=True)
@@ -163,34 +213,64 @@ class OpenAIFront:
         return open_stream
 
     async def __call__(self, request):
+        import asyncio
+
         from prometheus_client import CONTENT_TYPE_LATEST
-        from starlette.responses import Response, StreamingResponse
+        from starlette.responses import Response
 
         from .metrics import replicas_text
 
+        def refuse(status: int, message: str, kind: str, code: str):
+            body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+            return Response(json.dumps(body), status_code=status, media_type="application/json")
+
         path = request.url.path
         if request.method == "GET" and path == "/metrics":
-            return Response(replicas_text(await self.board.read.remote()), media_type=CONTENT_TYPE_LATEST)
+            return Response(replicas_text(*await self._board()), media_type=CONTENT_TYPE_LATEST)
         if request.method == "GET" and path == "/health":
-            snapshots = await self.board.read.remote()
+            snapshots, _ = await self._board()
             if snapshots:
-                return Response(f'{{"status":"ok","replicas":{len(snapshots)}}}', media_type="application/json")
+                return Response(json.dumps({"status": "ok", "replicas": len(snapshots)}), media_type="application/json")
             return Response('{"status":"no replica is serving"}', status_code=503, media_type="application/json")
-        body = await request.body()
-        if len(body) > self.max_body_bytes:
-            return Response(error_body(413, f"request body over {self.max_body_bytes} bytes", "body_too_large"),
-                            status_code=413, media_type="application/json")
+        if request.method not in ("GET", "HEAD", "OPTIONS"):  # as the plain server: the key, then the size
+            if not authorized(self.api_key, request.headers.get("authorization", "").encode()):
+                return refuse(401, UNAUTHORIZED, "authentication_error", "invalid_api_key")
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_body_bytes:
+                return refuse(413, f"request body over {self.max_body_bytes} bytes", "invalid_request_error",
+                              "body_too_large")
+        try:
+            body = await self._read_body(request)
+        except _BodyTooLarge:
+            return refuse(413, f"request body over {self.max_body_bytes} bytes", "invalid_request_error",
+                          "body_too_large")
+        except asyncio.TimeoutError:
+            return refuse(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s",
+                          "invalid_request_error", "request_timeout")
         req = Forwarded(request.method, path, request.url.query, list(request.headers.items()), body)
-        head, chunks = await forward(self._opener(_cost_of(body)), req, self.attempts, _is_lost)
+        head, reply = await forward(self._opener(_cost_of(body)), req, self.attempts, _is_lost)
         headers = {k: v for k, v in head.headers if k.lower() not in HOP_BY_HOP} or dict(JSON)
         if head.replica:
             headers["x-pyinfer-replica"] = head.replica  # which replica answered (load tests, debugging)
-        return StreamingResponse(chunks, status_code=head.status, headers=headers)
+        return _closing_response(reply, head.status, headers)
+
+
+def _closing_response(reply, status: int, headers: dict):
+    """A streamed response that closes the replica's stream however it ends: Starlette cancels a response whose
+    client left before its first chunk without ever iterating it."""
+    from starlette.responses import StreamingResponse
+
+    class ClosingStream(StreamingResponse):
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                await reply.aclose()
+
+    return ClosingStream(reply, status_code=status, headers=headers)
 
 
 def _cost_of(body: bytes) -> int:
-    import json
-
     try:
         max_tokens = json.loads(body).get("max_tokens") if body else None
     except (ValueError, AttributeError, RecursionError):
@@ -218,18 +298,40 @@ def build_app(server_options: dict, replicas: int, threads: int, max_concurrent:
     ).bind(server_options, app_name)
     front = serve.deployment(OpenAIFront, name="OpenAIFront", num_replicas=1, ray_actor_options={"num_cpus": 0},
                              max_ongoing_requests=replicas * max_concurrent + 64)
-    return front.bind(engine, app_name, max_body_bytes, replicas + 1)
+    return front.bind(engine, app_name, max_body_bytes, replicas + 1, server_options.get("api_key"))
+
+
+@contextlib.contextmanager
+def _neutral_cwd():
+    """Ray puts the driver's working directory on every worker's sys.path: started from a source checkout, the
+    workers would import its pyinfer/ (without the built _core) instead of the installed one."""
+    here = os.getcwd()
+    os.chdir(tempfile.gettempdir())
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
+def connect(address: str | None = None) -> int:
+    """Connects to Ray (a new local instance without `address`); returns the CPUs the cluster has."""
+    with _neutral_cwd():
+        ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.WARNING, ignore_reinit_error=True)
+    return int(ray.cluster_resources().get("CPU", 0))
 
 
 def start(server_options: dict, replicas: int, threads: int, host: str, port: int, max_concurrent: int,
           max_body_bytes: int, address: str | None = None, app_name: str = APP_NAME) -> None:
-    """Connects to Ray (a new local instance without `address`), starts Serve's proxy on host:port and deploys
-    the app; returns once every replica is up."""
-    ray.init(address=address, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.WARNING, ignore_reinit_error=True)
+    """Connects to Ray, starts Serve's proxy on host:port and deploys the app; returns once every replica is up.
+    Refuses (PyinferError) replicas that could never all be placed, rather than wait for them forever."""
+    cpus = connect(address)
+    if replicas * threads > cpus:
+        raise PyinferError(f"{replicas} replicas of {threads} thread(s) need {replicas * threads} CPUs; the Ray "
+                           f"cluster has {cpus}: use fewer --replicas or --threads (or add machines)")
     serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
-    serve.run(build_app(server_options, replicas, threads, max_concurrent, max_body_bytes, app_name),
-              name=app_name, route_prefix="/", blocking=False)
+    serve.run(build_app(dict(server_options, n_threads=threads), replicas, threads, max_concurrent, max_body_bytes,
+                        app_name), name=app_name, route_prefix="/", blocking=False)
 
 
 def stop(app_name: str = APP_NAME, shutdown: bool = True) -> None:
@@ -246,10 +348,16 @@ def stop(app_name: str = APP_NAME, shutdown: bool = True) -> None:
 
 def serve_replicas(args, server_options: dict) -> int:
     """The `pyinfer serve --replicas N` command: blocks until Ctrl-C."""
-    threads = server_options.get("n_threads") or 1
     t0 = time.monotonic()
-    start(server_options, args.replicas, threads, args.host, args.port, args.max_concurrent_requests,
-          args.max_body_bytes, args.ray_address)
+    # Without --threads each replica gets an equal part of the cluster's CPUs (not all of them each, which is
+    # what an engine takes alone).
+    threads = server_options.get("n_threads") or max(1, connect(args.ray_address) // args.replicas)
+    try:
+        start(server_options, args.replicas, threads, args.host, args.port, args.max_concurrent_requests,
+              args.max_body_bytes, args.ray_address)
+    except BaseException:
+        stop(shutdown=args.ray_address is None)
+        raise
     print(f"pyinfer: serving {server_options['model_path']} on http://{args.host}:{args.port}/v1 with "
           f"{args.replicas} replica(s) of {threads} thread(s) on Ray Serve (KV budget {args.kv_budget} tokens "
           f"each; up in {time.monotonic() - t0:.1f} s); Ctrl-C stops", file=sys.stderr)

@@ -26,8 +26,8 @@ def error_body(status: int, message: str, code: str) -> bytes:
 
 
 async def forward(open_stream: Callable[[Forwarded, frozenset], AsyncIterator[object]], req: Forwarded,
-                  attempts: int, is_lost: Callable[[BaseException], bool]) -> tuple[Head, AsyncIterator[bytes]]:
-    """(Head, body chunks) of the first replica that answered, after up to `attempts` tries."""
+                  attempts: int, is_lost: Callable[[BaseException], bool]) -> tuple[Head, Reply]:
+    """(Head, body) of the first replica that answered, after up to `attempts` tries."""
     avoid: set[str] = set()
     why = "no replica answered"
     for attempt in range(attempts):
@@ -53,8 +53,24 @@ async def forward(open_stream: Callable[[Forwarded, frozenset], AsyncIterator[ob
             avoid.add(replica)
             why = f"replica {replica} answered {head.status}"
             continue
-        return head, _body(stream, head, replica, is_lost)
-    return Head(503, JSON), _once(error_body(503, f"no replica could serve this request: {why}", "no_replica"))
+        return head, Reply(_body(stream, head, replica, is_lost), stream)
+    return Head(503, JSON), Reply(_once(error_body(503, f"no replica could serve this request: {why}", "no_replica")))
+
+
+class Reply:
+    """The body's chunks (async-iterable, once). aclose() closes the replica's stream too, even when the body was
+    never iterated (a response cancelled before its first chunk): the replica then sees its client leave."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], stream=None):
+        self._chunks, self._stream = chunks, stream
+
+    def __aiter__(self):
+        return self._chunks
+
+    async def aclose(self) -> None:
+        await _close(self._chunks)
+        if self._stream is not None:
+            await _close(self._stream)
 
 
 async def _body(stream, head: Head, replica: str, is_lost) -> AsyncIterator[bytes]:

@@ -10,6 +10,8 @@ const history = [];          // [{role, content}] of this conversation, the syst
 let running = null;          // {controller, tokens, firstAt} of the reply being streamed
 let lastReplyRate = null;    // tok/s of the last finished reply
 let keyNotice = null;        // the "key needed" message, removed once a key is given
+let conversation = 0;        // bumped by New chat: a reply of an older conversation never joins the new one
+let polling = false;         // a /metrics poll is in flight
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -99,7 +101,9 @@ async function send(prompt) {
   const messages = (system ? [{ role: "system", content: system }] : []).concat(history);
   const reply = addMessage("assistant", "");
   reply.parentElement.dataset.state = "streaming";
-  let text = "";
+  const mine = conversation;
+  let text = "", drawPending = false;
+  const draw = () => { drawPending = false; renderMarkdown(reply, text); reply.scrollIntoView({ block: "end" }); };
   running = { controller: new AbortController(), tokens: 0, firstAt: null };
   setBusy(true);
   try {
@@ -116,13 +120,15 @@ async function send(prompt) {
         running.tokens += 1;  // the server sends one chunk per decoded token
         running.firstAt = running.firstAt || performance.now();
         text += delta.content;
-        renderMarkdown(reply, text);
-        reply.scrollIntoView({ block: "end" });
+        // At most one render per frame: a long reply is not re-rendered for every token.
+        if (!drawPending) { drawPending = true; requestAnimationFrame(draw); }
       }
     }
+    draw();
     reply.parentElement.dataset.state = "done";
   } catch (e) {
     if (e.name === "AbortError") {
+      draw();
       reply.parentElement.dataset.state = "stopped";
       const note = document.createElement("em");
       note.textContent = " (stopped)";
@@ -132,8 +138,10 @@ async function send(prompt) {
       addMessage("error", String(e.message || e));
     }
   } finally {
-    if (text) history.push({ role: "assistant", content: text });
-    else if (history.length && history[history.length - 1].role === "user") history.pop();
+    if (mine === conversation) {
+      if (text) history.push({ role: "assistant", content: text });
+      else if (history.length && history[history.length - 1].role === "user") history.pop();
+    }
     lastReplyRate = replyRate();
     running = null;
     setBusy(false);
@@ -156,11 +164,13 @@ function parseMetrics(text) {
 }
 
 async function pollStatus() {
+  if (polling) return;  // a slow server gets one poll at a time
+  polling = true;
   const parts = [];
   const rate = running ? replyRate() : lastReplyRate;
   if (rate !== null) parts.push((running ? "this reply " : "last reply ") + rate.toFixed(1) + " tok/s");
   try {
-    const r = await fetch("/metrics", { headers: headers() });
+    const r = await fetch("/metrics", { headers: headers(), signal: AbortSignal.timeout(5000) });
     if (r.ok) {
       const m = parseMetrics(await r.text());
       const used = m.pyinfer_kv_used_tokens, budget = m.pyinfer_kv_budget_tokens;
@@ -173,6 +183,7 @@ async function pollStatus() {
   } catch (_) {
     parts.push("server unreachable");
   }
+  polling = false;
   $("status").textContent = parts.join(" · ");
 }
 
@@ -189,6 +200,7 @@ $("prompt").addEventListener("keydown", (ev) => {
 $("stop").addEventListener("click", () => { if (running) running.controller.abort(); });
 $("new-chat").addEventListener("click", () => {
   if (running) running.controller.abort();
+  conversation += 1;
   history.length = 0;
   $("conversation").replaceChildren();
 });
