@@ -169,9 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("-o", "--output", required=True, help="sparsity file to write (.npz)")
 
     sv = sub.add_parser("serve", help="OpenAI-compatible server with continuous batching under a KV budget",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
                         description="Serves /v1/completions, /v1/chat/completions (streaming or not), /v1/models, "
-                                    "/health and /metrics. Requests are batched continuously; the scheduler "
-                                    "admits and evicts under the KV budget (arXiv 2508.14544's A_min and ours).")
+                                    "/health, /metrics\nand a chat page at /. Requests are batched continuously; "
+                                    "the scheduler admits and evicts\nunder the KV budget (arXiv 2508.14544's A_min "
+                                    "and ours).",
+                        epilog="examples:\n"
+                               "  pyinfer serve                                  # then open http://127.0.0.1:8000/\n"
+                               "  PYINFER_API_KEY=secret pyinfer serve --host 0.0.0.0 --kv-budget 32768\n"
+                               "  pyinfer serve --replicas 2 --threads 4         # 2 engines on a local Ray Serve\n"
+                               "  pyinfer serve --replicas 8 --ray-address auto  # on a cluster (`ray start` on each "
+                               "machine)")
     _model_args(sv)
     sv.add_argument("--kv-budget", type=int, default=16384, help="KV cache size in tokens (default 16384)")
     sv.add_argument("--scheduler", default="hedge", choices=["hedge", "amin", "amax", "fcfs"],
