@@ -68,6 +68,28 @@ def test_unknown_tensor_type_id(tiny_model_path, tmp_path):
     assert rc == 2 and "Traceback" not in err and "pyinfer: error:" in err
 
 
+@pytest.mark.parametrize("what,extra,fragment", [
+    ("rope_freqs", lambda w: w.add_tensor("rope_freqs.weight", np.ones(8, np.float32)), "rope_freqs.weight"),
+    ("yarn", lambda w: (w.add_string("llama.rope.scaling.type", "yarn"),
+                        w.add_float32("llama.rope.scaling.factor", 4.0)), "RoPE scaling 'yarn'"),
+    ("linear", lambda w: (w.add_string("llama.rope.scaling.type", "linear"),
+                          w.add_float32("llama.rope.scaling.factor", 2.0)), "RoPE scaling 'linear'"),
+])
+def test_a_rope_variant_the_graph_does_not_compute_is_refused_not_ignored(tmp_path, what, extra, fragment):
+    # Ignored, these made a Llama 3.1 file run with logits 43% off llama.cpp's and no word said (issue 24).
+    p = write_tiny_llama(tmp_path / f"{what}.gguf", extra=extra)
+    with pytest.raises(pyinfer.UnsupportedModelError, match="not supported"):
+        pyinfer.load(str(p))
+    rc, _, err = run_cli("generate", "-m", str(p), "hi")
+    assert_one_line_error(rc, err, fragment)
+
+
+def test_rope_scaling_none_still_loads(tmp_path):
+    p = write_tiny_llama(tmp_path / "none.gguf", extra=lambda w: (w.add_string("llama.rope.scaling.type", "none"),
+                                                                  w.add_float32("llama.rope.scaling.factor", 1.0)))
+    assert pyinfer.load(str(p), n_ctx=32).generate("hi", max_tokens=2, temperature=0) is not None
+
+
 def test_unsupported_architecture(tmp_path):
     from gguf import GGUFWriter
 

@@ -115,12 +115,13 @@ def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, typ
 
 def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_type: Q = Q.Q8_0,
                      override_types: dict[str, np.dtype] | None = None, ffn_activation: str | None = None,
-                     config: dict | None = None, powerinfer: dict | None = None, pad_vocab: int = 0) -> Path:
+                     config: dict | None = None, powerinfer: dict | None = None, pad_vocab: int = 0,
+                     extra=None) -> Path:
     """`config` overrides entries of TINY (e.g. n_heads=2 for a head size of 32). `powerinfer`
     (dict(rank=R, threshold=T or None)) writes the layout of PowerInfer's converter instead: predictor MLPs
     blk.N.fc1/fc2, ffn_down stored transposed as ffn_down_t, `powerinfer.sparse_threshold`, no activation
     key, and the magic PWRI. `pad_vocab`: vocabulary entries (unused tokens pad it), for a head of a real
-    model's size."""
+    model's size. `extra(writer)`: adds keys or tensors of its own before the file is written."""
     rng = np.random.default_rng(seed)
     c = dict(TINY, **(config or {}))
     w = GGUFWriter(str(path), "llama")
@@ -164,6 +165,8 @@ def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_t
         else:
             add(p + "ffn_down.weight", (d, ff), matrix_type)
     add("output_norm.weight", (d,), Q.F32, 0.3)
+    if extra is not None:
+        extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

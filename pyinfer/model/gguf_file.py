@@ -178,6 +178,15 @@ class GGUFModelFile:
             raise UnsupportedModelError("key and value heads of different sizes are not supported")
         if int(self.get(p + "rope.dimension_count", head_dim)) != head_dim:
             raise UnsupportedModelError("partial rotary embeddings (rope.dimension_count < head size) are not supported")
+        # RoPE variants the graph does not compute must be refused, never ignored: the model would load and
+        # answer wrongly without a word (Llama 3.1+ files carry rope_freqs.weight, long-context ones a scaling).
+        if "rope_freqs.weight" in self.tensors:
+            raise UnsupportedModelError("this model's RoPE frequency factors (rope_freqs.weight, Llama 3.1 and "
+                                        "later) are not supported yet; it would run, but wrongly")
+        scaling = self.get(p + "rope.scaling.type", "none")
+        if scaling not in ("none", None) or float(self.get(p + "rope.scaling.factor", 1.0) or 1.0) != 1.0:
+            raise UnsupportedModelError(f"RoPE scaling '{scaling}' ({p}rope.scaling.*) is not supported yet; "
+                                        "supported: none")
         vocab = self.get("tokenizer.ggml.tokens")
         emb = self.tensor("token_embd.weight")
         gemma = arch == "gemma3"

@@ -118,6 +118,7 @@ async function send(prompt) {
       const delta = chunk.choices && chunk.choices[0].delta;
       if (delta && delta.content) {
         running.tokens += 1;  // the server sends one chunk per decoded token
+        reply.parentElement.dataset.tokens = running.tokens;
         running.firstAt = running.firstAt || performance.now();
         text += delta.content;
         // At most one render per frame: a long reply is not re-rendered for every token.
