@@ -41,7 +41,7 @@ def teacher_unions(model, text: str, n: int) -> list[list[np.ndarray]]:
     out = []
     with model._lock:
         for pos, tok in enumerate(ids):
-            model._forward([tok], pos, np.array([0]))
+            model.forward([tok], pos, np.array([0]))
             out.append(last_unions(model))
     return out
 

@@ -64,13 +64,13 @@ class LlamaCpp:
 
 
 def pyinfer_decode(m, prompt_ids: list[int], n: int) -> tuple[float, list[int]]:
-    logits = m._forward(prompt_ids, 0, np.array([len(prompt_ids) - 1]))[0]
+    logits = m.forward(prompt_ids, 0, np.array([len(prompt_ids) - 1]))[0]
     out = []
     t0 = time.perf_counter()
     for _ in range(n):
         tok = int(np.argmax(logits))
         out.append(tok)
-        logits = m._forward([tok], len(m._cached), np.array([0]))[0]
+        logits = m.forward([tok], len(m._cached), np.array([0]))[0]
     return time.perf_counter() - t0, out
 
 

@@ -41,13 +41,13 @@ OURS_FOR = {"f16": "f16", "f16-fa": "f16", "q8_0-fa": "q8_0"}
 
 def run_pyinfer(m, ids: list[int], gen: int) -> tuple[float, float, list[int]]:
     t0 = time.perf_counter()
-    logits = m._forward(ids, 0, np.array([len(ids) - 1]))[0]
+    logits = m.forward(ids, 0, np.array([len(ids) - 1]))[0]
     t1 = time.perf_counter()
     out = []
     for i in range(gen):
         tok = int(np.argmax(logits))
         out.append(tok)
-        logits = m._forward([tok], len(ids) + i, np.array([0]))[0]
+        logits = m.forward([tok], len(ids) + i, np.array([0]))[0]
     return len(ids) / (t1 - t0), gen / (time.perf_counter() - t1), out
 
 
@@ -70,7 +70,7 @@ def check_against_peer(ours: dict, peers: dict, text_ids: list[int]) -> dict:
     res = {}
     for name, peer in peers.items():
         m = ours[OURS_FOR[name]]
-        a = m._forward(text_ids, 0, np.array([len(text_ids) - 1]))[0]
+        a = m.forward(text_ids, 0, np.array([len(text_ids) - 1]))[0]
         peer.llm.reset()
         peer.llm.eval(text_ids)
         b = np.ctypeslib.as_array(peer.llm._ctx.get_logits(), shape=(peer.llm.n_vocab(),)).copy()

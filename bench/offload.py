@@ -100,10 +100,10 @@ def child(args) -> None:
         ids = m.tokenize(PROMPT)
 
         def prefill():
-            return m._forward(ids, 0, np.array([len(ids) - 1]))[0]
+            return m.forward(ids, 0, np.array([len(ids) - 1]))[0]
 
         def step(tok, pos):
-            return m._forward([tok], pos, np.array([0]))[0]
+            return m.forward([tok], pos, np.array([0]))[0]
 
     def decode(n):
         logits, toks = prefill(), []

@@ -22,14 +22,14 @@ def _intersection(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) 
 def step_timeline(model) -> list[tuple[int, int, float, float]]:
     """(segment, backend, start s, end s) of one greedy decode step of `model` (a pyinfer Model)."""
     ids = model.tokenize("Once upon a time")
-    eng = model._engine
+    eng = model.running
     with model._lock:
-        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
+        logits = model.forward(ids, 0, np.array([len(ids) - 1]))[0]
         for k in range(3):  # warm: staging sized, decode graphs captured
-            logits = model._forward([int(np.argmax(logits))], len(ids) + k, np.array([0]))[0]
+            logits = model.forward([int(np.argmax(logits))], len(ids) + k, np.array([0]))[0]
         eng.set_timeline(True)
         try:
-            model._forward([int(np.argmax(logits))], len(ids) + 3, np.array([0]))
+            model.forward([int(np.argmax(logits))], len(ids) + 3, np.array([0]))
             return [s for s in eng.timeline() if s[2] >= 0]
         finally:
             eng.set_timeline(False)
@@ -40,10 +40,10 @@ def layer_overlap(model, spans) -> list[dict]:
     nodes run from its "ffn_in" to the next layer's "attn_in" (the last one's to "x_out"); the CPU's segments
     starting there, and the device's lying wholly there (its segments that also merge and go on to the next
     attention are not the FFN's half), are the two halves."""
-    names = model._engine.node_names()
+    names = model.running.node_names()
     starts = [i for i, n in enumerate(names) if n == "attn_in"] + [names.index("x_out")]  # x_out: after the last
     ffn_in = [i for i, n in enumerate(names) if n == "ffn_in"]
-    segs = model._engine.segments()
+    segs = model.running.segments()
     rows = []
     for il, lo in enumerate(ffn_in):
         hi = starts[il + 1]

@@ -7,6 +7,10 @@ repository; this checks the whole file. Prints one JSON object; exit 1 on a mism
       pyinfer and llama.cpp (llama-cpp-python, vocab_only) side by side on the whole file and on EDGE_CASES
   python bench/tokenizer_check.py --model M.gguf --write-reference tests/data/llamacpp_gemma3_ids.json
       the same, and writes llama.cpp's ids for the excerpt and EDGE_CASES (special off and on) for the test suite
+  python bench/tokenizer_check.py --vendor DIR
+      llama.cpp's own tokenizer tests: every ggml-vocab-*.gguf in DIR (vendor/llama.cpp/models of the
+      llama-cpp-python 0.3.36 sdist) with its .inp/.out cases, case for case; writes
+      bench/results/tokenizer_vendor.{json,md}
 """
 from __future__ import annotations
 
@@ -105,16 +109,69 @@ def write_reference(path: Path, model_name: str, llamacpp_ids) -> None:
     path.write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
 
 
+VOCAB_TEST_SEP = "\n__ggml_vocab_test__\n"
+
+
+def vendor_cases(vocab: Path) -> list[tuple[str, list[int]]]:
+    """The (text, llama.cpp ids) cases of a vocab file, split as llama.cpp's test-tokenizer-0 splits them."""
+    raw = Path(str(vocab) + ".inp").read_text(encoding="utf-8")
+    texts = raw.split(VOCAB_TEST_SEP)
+    outs = Path(str(vocab) + ".out").read_text(encoding="utf-8").split("\n")
+    outs = outs[:len(texts)]
+    return [(t, [int(x) for x in o.split()]) for t, o in zip(texts, outs)]
+
+
+def run_vendor_case_file(vocab: Path) -> dict:
+    """pyinfer's tokenizer (add_bos off, special off: as test-tokenizer-0 calls llama.cpp) on each case."""
+    from pyinfer.errors import PyinferError
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.tokenizer import Tokenizer
+
+    cases = vendor_cases(vocab)
+    meta = GGUFModelFile(vocab).metadata
+    row = {"vocab": vocab.name.removeprefix("ggml-vocab-").removesuffix(".gguf"),
+           "model": meta.get("tokenizer.ggml.model"), "pre": meta.get("tokenizer.ggml.pre"), "cases": len(cases)}
+    try:
+        tok = Tokenizer(meta)
+    except PyinferError as e:
+        return {**row, "passed": 0, "refused": str(e)}
+    failed = [t for t, want in cases if tok.encode(t, add_bos=False) != want]
+    return {**row, "passed": len(cases) - len(failed), "failed": [repr(t)[:80] for t in failed]}
+
+
+def check_vendor(args) -> int:
+    rows = [run_vendor_case_file(v) for v in sorted(Path(args.vendor).glob("ggml-vocab-*.gguf"))
+            if Path(str(v) + ".inp").exists()]
+    for r in rows:
+        print(json.dumps(r))
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "tokenizer_vendor.json").write_text(json.dumps(rows, indent=1) + "\n")
+    md = ["# llama.cpp's tokenizer tests (vendor/llama.cpp/models, llama-cpp-python 0.3.36)", "",
+          "Each vocabulary's `.inp` cases tokenized by pyinfer (no BOS, special tokens as text, as "
+          "test-tokenizer-0 calls llama.cpp) against llama.cpp's ids in `.out`.", "",
+          "| vocabulary | model | pre-tokenizer | passed | failing cases |", "|---|---|---|---|---|"]
+    for r in rows:
+        bad = r.get("refused") or ", ".join(r.get("failed", [])) or ""
+        md.append(f"| {r['vocab']} | {r['model']} | {r['pre']} | {r['passed']} / {r['cases']} | {bad[:200]} |")
+    (out / "tokenizer_vendor.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0 if all(r["passed"] == r["cases"] for r in rows) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference", default=str(SHARED / "reference" / "llamacpp-smollm2-135m-q4_1.json"))
     ap.add_argument("--text", default=str(SHARED / "data" / "wikitext-2-raw-test.txt"))
     ap.add_argument("--model", help="a GGUF file: compare against llama.cpp itself instead of the recorded reference")
+    ap.add_argument("--vendor", metavar="DIR", help="run llama.cpp's own tokenizer tests from DIR")
     ap.add_argument("--write-reference", metavar="JSON",
                     help="with --model: write llama.cpp's excerpt and edge-case ids")
     args = ap.parse_args()
     if args.write_reference and not args.model:
         ap.error("--write-reference needs --model")
+    if args.vendor:
+        return check_vendor(args)
     return compare_with_llamacpp(args) if args.model else check_default_model(args)
 
 

@@ -270,7 +270,9 @@ class CudaBackend final : public Backend {
                               rows_of(dst, rows), n.p.rms_norm.eps, n.p.rms_norm.segment, stream_);
       case OpKind::Quantize: return cuda::quantize_q8a(rows_of(src(QuantizeSrc::x), rows), rows_of(dst, rows), stream_);
       case OpKind::Rope:
-        return cuda::rope(rows_of(src(RopeSrc::x), rows), rows_of(dst, rows), i32(RopeSrc::positions), n.p.rope, stream_);
+        return cuda::rope(rows_of(src(RopeSrc::x), rows), rows_of(dst, rows), i32(RopeSrc::positions),
+                          n.src[RopeSrc::factors] >= 0 ? static_cast<const float*>(src(RopeSrc::factors).data) : nullptr,
+                          n.p.rope, stream_);
       case OpKind::KvStore: {
         const Tensor& x = src(KvStoreSrc::x);
         return cuda::kv_store_f16(rows_of(x, rows_in_run(x, shape)), i32(KvStoreSrc::rows), rows_of(dst, dst.rows), stream_);
@@ -284,7 +286,11 @@ class CudaBackend final : public Backend {
         return cuda::attention(a, n.p.attention, stream_);
       }
       case OpKind::Add:
-        return cuda::add(rows_of(src(BinarySrc::a), rows), rows_of(src(BinarySrc::b), rows), rows_of(dst, rows), stream_);
+      {
+        cuda::Rows b = rows_of(src(BinarySrc::b), rows);
+        if (is_bias_row(src(BinarySrc::b))) b.stride = 0;  // one bias row for every row
+        return cuda::add(rows_of(src(BinarySrc::a), rows), b, rows_of(dst, rows), stream_);
+      }
       case OpKind::SiluMul:
         return cuda::gated_mul(rows_of(src(GatedMulSrc::gate), rows), rows_of(src(GatedMulSrc::up), rows),
                                rows_of(dst, rows), n.p.gated_mul.act, stream_);

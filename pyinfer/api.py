@@ -8,19 +8,13 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import _core
 from .errors import ContextOverflowError, PyinferError
-from .model.chat_template import chat_spans, render_chat
-from .model.gguf_file import GGUFModelFile
 from .model.pull import resolve_model
-from .model.tokenizer import IncrementalDecoder, Tokenizer
-from .place.device import check_cuda, engine_backends, parse_device, resolve_placement
-from .runtime.llama_graph import CACHE_TYPES, build_llama_graph
+from .model.tokenizer import IncrementalDecoder
 from .runtime.sampling import Sampler, SamplingParams
-from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
+from .runtime.sparse_ffn import SparseRuns
 from .runtime.stops import apply_stops
-from .runtime.threads import physical_cores
-from .sparsity.resolve import resolve_sparsity
+from .session import Session
 
 MAX_BATCH = 512  # tokens per engine run (prefill micro-batch)
 
@@ -45,7 +39,7 @@ class Model:
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
                  neuron_down: str = "auto", cache_type: str = "f16", ram_budget: str | int | None = None,
                  neuron_cache: float | None = None, neuron_window: float | None = None, device: str = "cpu",
-                 vram_budget: str | int | None = None):
+                 vram_budget: str | int | None = None, mmap: bool = True):
         """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
         the sparse path); by default prefill runs dense. `cache_type`: the KV cache's element type, "f16"
         (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0).
@@ -59,68 +53,60 @@ class Model:
         instead of on demand. `device`: "cpu" (default), "cuda"/"cuda:N" (hot FFN neurons and, if it fits,
         the output head on the GPU, the rest on the CPU, both at once), or "standin" (a second CPU backend
         standing in for the GPU). `vram_budget`: bytes of GPU memory (a size, or a file from `pyinfer place`;
-        default: free memory less 512 MiB)."""
+        default: free memory less 512 MiB). `mmap` False: weights are read into memory rather than mapped from the
+        file (llama.cpp's --no-mmap)."""
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise PyinferError(f"n_ctx must be a positive integer, got {n_ctx!r}")
-        if cache_type not in CACHE_TYPES:
-            raise PyinferError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
-        if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
-            raise PyinferError(f"n_threads must be a positive integer, got {n_threads!r}")
-        self.path = str(path)
-        self.gguf = GGUFModelFile(path)
-        self.config = self.gguf.llama_config()
-        self.tokenizer = Tokenizer(self.gguf.metadata)
+        s = Session(path, n_ctx, n_threads, sparsity, target, neuron_down, cache_type, ram_budget, neuron_cache,
+                    neuron_window, device, vram_budget, progress, mmap)
+        self.session = s
+        self.path, self.gguf, self.config, self.tokenizer = s.path, s.gguf, s.config, s.tokenizer
+        self.n_threads, self.cache_type = s.n_threads, s.cache_type
+        self.sparsity, self.offload, self.placement, self.device = s.sparsity, s.offload, s.placement, s.device
         self.n_ctx = n_ctx
-        self.cache_type = cache_type
-        if cache_type == "q8_0" and self.config.head_dim % 32:
-            raise PyinferError(f"a q8_0 KV cache needs a head size that is a multiple of 32; this model's is "
-                               f"{self.config.head_dim} (use cache_type f16)")
-        self.n_threads = n_threads or physical_cores()
-        self.chat_template = self.gguf.get("tokenizer.chat_template")
-        self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
-                                         self.n_threads, progress)
-        if neuron_down not in NEURON_DOWN_CHOICES:
-            raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
-        from .offload.setup import make_offload
-
-        self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
-                                    neuron_window, progress)
-        self.placement = None
-        kind, index = parse_device(device)
-        self.device = str(device)
-        if kind == "cpu" and vram_budget is not None:
-            raise PyinferError("a VRAM budget needs device='cuda' (or 'standin')")
-        if kind != "cpu":
-            if kind == "cuda":
-                check_cuda(index)
-            if self.offload is not None:
-                raise PyinferError("a device and a RAM budget together are not supported yet (the GPU split "
-                                   "keeps the CPU's neurons in RAM)")
-            self.placement = resolve_placement(kind, index, vram_budget, self.gguf, self.config, self.sparsity,
-                                               n_ctx, cache_type)
         self._max_batch = min(MAX_BATCH, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).
         runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns(max_tokens=1)
-        try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line, not a traceback
-            builder = build_llama_graph(self.gguf, self.config, n_ctx, self.sparsity, runs, down_type=neuron_down,
-                                        cache_type=cache_type, offload=self.offload,
-                                        hybrid=dict(self.placement, device=1) if self.placement else None)
-            graph = builder.graph
-            self._union_ids = [t.id for t in builder.unions]  # per layer: the last run's active union
-            self._engine = _core.Engine(graph, max_tokens=self._max_batch, max_outputs=self._max_batch,
-                                        n_threads=self.n_threads, isa=isa, **engine_backends(kind, index,
-                                                                                             self.n_threads,
-                                                                                             builder.placement))
-        except ValueError as e:
-            raise PyinferError(f"{Path(self.path).name}: {e}") from None
+        self._run = s.build(n_ctx, self._max_batch, runs, isa)
         self._cached: list[int] = []  # tokens whose K/V are in the cache at positions 0..len-1
         self._runs = 0                # forward calls so far: a stream sees whether someone else ran between steps
         self._lock = threading.RLock()  # per forward call (see the class docstring)
 
     @property
     def isa(self) -> str:
-        return self._engine.isa
+        return self._run.isa
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.session.chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:  # a caller's own template (jinja2 text)
+        self.session.chat_template = template
+
+    # ---- what tools may ask of the engine --------------------------------------------------------------
+    def layer_unions(self) -> list[np.ndarray]:
+        """Per FFN layer, the last run's active union: I32 [n_ff + 1], count (-1: the run went dense), ids."""
+        return self._run.unions()
+
+    def set_op_timing(self, on: bool) -> None:
+        """Times every op of the following runs (op_timing() reads them), as llama.cpp's GGML_SCHED debug does."""
+        self._run.set_op_timing(on)
+
+    def op_timing(self):
+        return self._run.op_timing()
+
+    @property
+    def n_copies(self) -> int:
+        """Tensor copies between memory spaces per run (a CPU/GPU split's cost)."""
+        return self._run.n_copies
+
+    @property
+    def running(self):
+        """The running engine's view for timelines and debugging (session.RunningModel: node names, segments,
+        the per-segment timeline)."""
+        return self._run
 
     # ---- text <-> tokens ----------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
@@ -136,7 +122,7 @@ class Model:
         n = len(tokens)
         rows = np.arange(n) if all_logits else np.array([n - 1])
         with self._lock:
-            out = self._forward(list(tokens), 0, rows)
+            out = self.forward(list(tokens), 0, rows)
         return out if all_logits else out[0]
 
     def _check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
@@ -147,9 +133,10 @@ class Model:
             raise PyinferError(f"token ids must be integers in [0, {self.config.vocab_size})")
         return arr.astype(np.int32)
 
-    def _forward(self, tokens: list[int], start: int, out_rows: np.ndarray) -> np.ndarray:
-        """Evaluates tokens at positions start.. and returns logits of `out_rows` (indices into
-        tokens) as a new F32 array [len(out_rows), vocab]."""
+    def forward(self, tokens: Sequence[int], start: int, out_rows: np.ndarray) -> np.ndarray:
+        """Evaluates tokens at positions start.. (the cache holds this sequence's first `start` tokens) and
+        returns logits of `out_rows` (indices into tokens) as a new F32 array [len(out_rows), vocab]. The
+        low-level step under eval and generate: a tool's way to run exactly the tokens it chooses."""
         ids = self._check_tokens(tokens)
         if start + len(ids) > self.n_ctx:
             raise ContextOverflowError(
@@ -167,12 +154,9 @@ class Model:
             sel = (out_rows >= c0) & (out_rows < c0 + len(chunk))
             rows = (out_rows[sel] - c0).astype(np.int32)
             positions = np.arange(start + c0, start + c0 + len(chunk), dtype=np.int32)
-            try:
-                self._engine.run(len(chunk), chunk, positions, rows)
-            except ValueError as e:  # the engine refused the input (one line, as every user error)
-                raise PyinferError(str(e)) from None
+            self._run.run(len(chunk), chunk, positions, rows)
             if len(rows):
-                result[done:done + len(rows)] = self._engine.logits()
+                result[done:done + len(rows)] = self._run.logits()
                 done += len(rows)
             self._cached.extend(int(t) for t in chunk)
         return result
@@ -188,7 +172,7 @@ class Model:
             # Prompts run dense, one token sparse: rerunning only the last prompt token would take it sparse,
             # and the same prompt twice would not give the same tokens. Two tokens run dense, as prefill did.
             common = min(common, max(len(ids) - 2, 0))
-        return self._forward(ids[common:], common, np.array([len(ids) - common - 1]))[0]
+        return self.forward(ids[common:], common, np.array([len(ids) - common - 1]))[0]
 
     def _token_stream(self, prompt_ids: list[int], max_tokens: int, sampler: Sampler) -> Iterator[int]:
         if len(prompt_ids) >= self.n_ctx:
@@ -210,7 +194,7 @@ class Model:
                 if self._runs != seen:  # someone ran the model in between: its cache holds another sequence
                     logits = self._prefill(history)
                 else:
-                    logits = self._forward([tok], len(self._cached), np.array([0]))[0]
+                    logits = self.forward([tok], len(self._cached), np.array([0]))[0]
                 seen = self._runs
 
     # ---- generation -----------------------------------------------------------------------
@@ -233,23 +217,11 @@ class Model:
             return "".join(self.stream(prompt, max_tokens, temperature, top_p, top_k, seed, stop, special))
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        bos, eos = self._bos_eos_text()
-        return render_chat(self.chat_template, messages, bos, eos, add_generation_prompt)
-
-    def _bos_eos_text(self) -> tuple[str, str]:
-        tk = self.tokenizer
-        return (tk.token_text(tk.bos_id) if tk.bos_id is not None else "",
-                tk.token_text(tk.eos_id) if tk.eos_id is not None else "")
+        return self.session.render_chat(messages, add_generation_prompt)
 
     def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """The prompt ids of a chat: the model's template rendered, its own text tokenized with control tokens and
-        the messages' content as plain text (see Tokenizer.encode_chat), BOS first where the model wants one.
-        Roles must be ones the template knows (chat_template.template_roles)."""
-        bos, eos = self._bos_eos_text()
-        text, spans = chat_spans(self.chat_template, messages, bos, eos, add_generation_prompt)
-        ids = self.tokenizer.encode_chat(text, spans, [m["content"] for m in messages])
-        tk = self.tokenizer
-        return [tk.bos_id] + ids if tk.add_bos and tk.bos_id is not None and ids[:1] != [tk.bos_id] else ids
+        """The prompt ids of a chat (Session.chat_ids): template text may become control tokens, content never."""
+        return self.session.chat_ids(messages, add_generation_prompt)
 
     def chat(self, messages: list[dict], stream: bool = False, **kwargs):
         """Renders the model's chat template and generates the assistant's reply."""

@@ -348,7 +348,7 @@ def _device_summary(model) -> dict | None:
             "ffn_share_on_gpu": sum(p["gpu_neurons"]) / max(sum(p["n_ff"]), 1), "mass_on_gpu": p["mass_on_gpu"],
             "ffn_bytes_on_gpu": p["ffn_bytes_on_gpu"],
             "split_layers": len(p.get("split_layers", [])), "head_on_gpu": p["head_on_gpu"],
-            "copies_per_run": model._engine.n_copies}
+            "copies_per_run": model.n_copies}
 
 
 def cmd_bench(args) -> int:

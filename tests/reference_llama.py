@@ -1,34 +1,73 @@
-"""A numpy reference forward pass of a llama or Gemma 3 GGUF model: dequantized fp32 weights, fp32
-activations and KV. The C++ engine (Q8 activations, fp16 KV) must agree with it to quantization noise.
-Written from the architectures' definitions, independently of pyinfer's graph code."""
+"""A numpy reference forward pass of the llama-family GGUF architectures pyinfer runs (llama incl. Llama 3.x
+RoPE factors, gemma3, qwen2, qwen3, phi3): dequantized fp32 weights, fp32 activations and KV. The C++ engine
+(Q8 activations, fp16 KV) must agree with it to quantization noise. Written from the architectures'
+definitions (llama.cpp's src/models/*.cpp), independently of pyinfer's graph code: tensors are read with
+gguf's own reader, fused tensors split here."""
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType, quants
+from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from pyinfer.model.gguf_file import GGUFModelFile
 
+NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3"}
+
 
 def dequant(f: GGUFModelFile, name: str) -> np.ndarray:
+    """A tensor as F32 (matrices [rows, cols], vectors flat), through pyinfer's reader (kept for other tests)."""
     t = f.tensor(name)
     a = quants.dequantize(np.asarray(t.data), GGMLQuantizationType[t.type_name])
     return a.reshape(t.rows, t.cols).astype(np.float32) if t.rows > 1 else a.reshape(-1).astype(np.float32)
+
+
+class Weights:
+    """Every tensor of a file, dequantized on first use, read with gguf.GGUFReader."""
+
+    def __init__(self, path):
+        with open(path, "rb") as f:
+            powerinfer = f.read(4) == b"PWRI"
+        if powerinfer:  # PowerInfer's converter overwrites the magic; the layout is GGUF's: read a copy
+            import tempfile
+
+            data = bytearray(open(path, "rb").read())
+            data[:4] = b"GGUF"
+            tmp = tempfile.NamedTemporaryFile(suffix=".gguf", delete=False)
+            tmp.write(data)
+            tmp.close()
+            path = tmp.name
+        self._t = {t.name: t for t in GGUFReader(str(path)).tensors}
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._t
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            t = self._t[name]
+            a = quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+            shape = [int(n) for n in t.shape]  # ne[0] first
+            self._cache[name] = a.reshape(shape[::-1]) if len(shape) > 1 else a.reshape(-1)
+        return self._cache[name]
 
 
 def rms_norm(x, w, eps):
     return x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps).astype(np.float32) * w
 
 
-def rope(x, pos, heads, hd, base, neox=False):
-    """Adjacent-pair rotation (GGML 'normal' mode), or halves (NEOX: i with i + hd/2). x: [T, heads*hd]."""
+def rope(x, pos, heads, hd, base, neox=False, factors=None, freq_scale=1.0, attn_factor=1.0):
+    """Adjacent-pair rotation (GGML 'normal' mode), or halves (NEOX: i with i + hd/2). x: [T, heads*hd].
+    Pair i turns by pos * base^(-2i/hd) * freq_scale / factors[i]; cos and sin are times attn_factor."""
     if neox:  # the same rotation after moving element i + hd/2 next to element i
         xi = x.reshape(len(pos), heads, 2, hd // 2).transpose(0, 1, 3, 2).reshape(len(pos), heads * hd)
-        r = rope(xi, pos, heads, hd, base).reshape(len(pos), heads, hd // 2, 2)
+        r = rope(xi, pos, heads, hd, base, False, factors, freq_scale, attn_factor).reshape(len(pos), heads, hd // 2, 2)
         return r.transpose(0, 1, 3, 2).reshape(len(pos), heads * hd)
     x = x.reshape(len(pos), heads, hd // 2, 2)
-    inv = base ** (-2.0 * np.arange(hd // 2) / hd)
+    inv = base ** (-2.0 * np.arange(hd // 2) / hd) * freq_scale
+    if factors is not None:
+        inv = inv / np.asarray(factors, np.float64)
     ang = pos[:, None].astype(np.float64) * inv[None, :]
-    cos, sin = np.cos(ang)[:, None, :].astype(np.float32), np.sin(ang)[:, None, :].astype(np.float32)
+    cos = (np.cos(ang) * attn_factor)[:, None, :].astype(np.float32)
+    sin = (np.sin(ang) * attn_factor)[:, None, :].astype(np.float32)
     x0, x1 = x[..., 0], x[..., 1]
     out = np.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
     return out.reshape(len(pos), heads * hd)
@@ -68,45 +107,74 @@ def gated_act(act, g):
 
 
 def head_norm(x, w, heads, eps):
-    """RMS norm of each head on its own (Gemma 3's QK-norm). x: [T, heads*hd]."""
+    """RMS norm of each head on its own (Gemma 3's and Qwen 3's QK-norm). x: [T, heads*hd]."""
     T = x.shape[0]
     return rms_norm(x.reshape(T, heads, -1), w, eps).reshape(T, -1)
 
 
-def reference_logits(f: GGUFModelFile, tokens: list[int]) -> np.ndarray:
-    """F32 [len(tokens), vocab]. Gemma 3 differs from llama in: embeddings times sqrt(d_model), QK-norm, NEOX
-    RoPE, five sliding-window layers (RoPE base 10000) per global one, norms after attention and after
-    the FFN, and GELU(tanh) gating."""
+def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0) -> np.ndarray:
+    """F32 [len(tokens), vocab]. Per architecture:
+      gemma3: embeddings times sqrt(d_model), QK-norm, five sliding-window layers (RoPE base 10000) per global
+        one, norms after attention and after the FFN, GELU(tanh) gating;
+      qwen2: q/k/v biases; qwen3: QK-norm; phi3: fused qkv and gate-up, LongRoPE factors (short below the
+        original context, `n_ctx` deciding), cos/sin times rope.scaling.attn_factor;
+      llama: rope_freqs.weight divides each pair's frequency when present;
+      all but llama rotate NEOX pairs."""
     c = f.llama_config()
-    gemma = f.architecture == "gemma3"
-    embed = dequant(f, "token_embd.weight")
+    arch = f.architecture
+    W = Weights(f.path)
+    gemma = arch == "gemma3"
+    neox = arch in NEOX_ARCHS
+    meta = f.metadata
+    factors = None
+    if "rope_freqs.weight" in W:
+        factors = W["rope_freqs.weight"]
+    if arch == "phi3":
+        orig = int(meta.get("phi3.rope.scaling.original_context_length", c.train_ctx))
+        name = "rope_factors_long.weight" if n_ctx > orig else "rope_factors_short.weight"
+        factors = W[name] if name in W else None
+    attn_factor = float(meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
+    freq_scale = 1.0 / float(meta[f"{arch}.rope.scaling.factor"]) if meta.get(f"{arch}.rope.scaling.type") == "linear" else 1.0
+    embed = W["token_embd.weight"]
     pos = np.arange(len(tokens))
     x = embed[tokens] * (np.float32(np.sqrt(c.d_model)) if gemma else 1)
+    qw, kvw = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+
+    def lin(h, p, name):
+        y = h @ W[p + name + ".weight"].T
+        return y + W[p + name + ".bias"] if p + name + ".bias" in W else y
+
     for il in range(c.n_layers):
         p = f"blk.{il}."
         local = gemma and (il + 1) % 6 != 0
         base = 10000.0 if local else c.rope_base
-        h = rms_norm(x, dequant(f, p + "attn_norm.weight"), c.norm_eps)
-        q = h @ dequant(f, p + "attn_q.weight").T
-        k = h @ dequant(f, p + "attn_k.weight").T
+        h = rms_norm(x, W[p + "attn_norm.weight"], c.norm_eps)
+        if p + "attn_qkv.weight" in W:
+            qkv = lin(h, p, "attn_qkv")
+            q, k, v = qkv[:, :qw], qkv[:, qw:qw + kvw], qkv[:, qw + kvw:]
+        else:
+            q, k, v = lin(h, p, "attn_q"), lin(h, p, "attn_k"), lin(h, p, "attn_v")
+        if gemma or arch == "qwen3":
+            q = head_norm(q, W[p + "attn_q_norm.weight"], c.n_heads, c.norm_eps)
+            k = head_norm(k, W[p + "attn_k_norm.weight"], c.n_kv_heads, c.norm_eps)
+        q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, freq_scale, attn_factor)
+        k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, freq_scale, attn_factor)
+        window = int(meta.get("gemma3.attention.sliding_window", 0)) if local else 0
+        o = lin(attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window), p, "attn_output")
         if gemma:
-            q = head_norm(q, dequant(f, p + "attn_q_norm.weight"), c.n_heads, c.norm_eps)
-            k = head_norm(k, dequant(f, p + "attn_k_norm.weight"), c.n_kv_heads, c.norm_eps)
-        q = rope(q, pos, c.n_heads, c.head_dim, base, neox=gemma)
-        k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox=gemma)
-        v = h @ dequant(f, p + "attn_v.weight").T
-        window = int(f.get("gemma3.attention.sliding_window", 0)) if local else 0
-        o = attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window) @ dequant(f, p + "attn_output.weight").T
-        if gemma:
-            o = rms_norm(o, dequant(f, p + "post_attention_norm.weight"), c.norm_eps)
+            o = rms_norm(o, W[p + "post_attention_norm.weight"], c.norm_eps)
         x = x + o
-        h = rms_norm(x, dequant(f, p + "ffn_norm.weight"), c.norm_eps)
-        g = h @ dequant(f, p + "ffn_gate.weight").T
-        u = h @ dequant(f, p + "ffn_up.weight").T
-        y = (gated_act(c.activation, g) * u) @ dequant(f, p + "ffn_down.weight").T
+        h = rms_norm(x, W[p + "ffn_norm.weight"], c.norm_eps)
+        if arch == "phi3" and p + "ffn_gate.weight" not in W:  # gate rows first, then up
+            gu = h @ W[p + "ffn_up.weight"].T
+            g, u = gu[:, :c.d_ff], gu[:, c.d_ff:]
+        else:
+            g, u = h @ W[p + "ffn_gate.weight"].T, h @ W[p + "ffn_up.weight"].T
+        down = W[p + "ffn_down.weight"] if p + "ffn_down.weight" in W else W[p + "ffn_down_t.weight"].T  # PowerInfer
+        y = (gated_act(c.activation, g) * u) @ down.T
         if gemma:
-            y = rms_norm(y, dequant(f, p + "post_ffw_norm.weight"), c.norm_eps)
+            y = rms_norm(y, W[p + "post_ffw_norm.weight"], c.norm_eps)
         x = x + y
-    h = rms_norm(x, dequant(f, "output_norm.weight"), c.norm_eps)
-    head = embed if c.tied_output else dequant(f, "output.weight")
+    h = rms_norm(x, W["output_norm.weight"], c.norm_eps)
+    head = embed if c.tied_output else W["output.weight"]
     return h @ head.T

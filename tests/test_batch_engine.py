@@ -99,7 +99,7 @@ def test_union_batches_match_single_sequence_sparse_decode(tiny_model_path, mode
     got = be.step([SeqWork(i, [nxt[i]], len(p), t) for i, (p, t) in enumerate(zip(prompts, tables))])
     for i, p in enumerate(prompts):
         single._cached = []
-        ref = [single._forward([t], k, np.array([0]))[0] for k, t in enumerate(p + [nxt[i]])][-1]
+        ref = [single.forward([t], k, np.array([0]))[0] for k, t in enumerate(p + [nxt[i]])][-1]
         np.testing.assert_allclose(got[i], ref, rtol=1e-4, atol=1e-4)
 
 

@@ -274,6 +274,6 @@ def test_decode_steps_replayed_as_graphs_equal_launches(tiny_model_path, monkeyp
         out = [m.eval(ids)]
         for k in range(6):  # one token at a time: the first sizes staging, the second captures, then replays
             ids.append(int(np.argmax(out[-1])))
-            out.append(m._forward([ids[-1]], len(ids) - 1, np.array([0]))[0])
+            out.append(m.forward([ids[-1]], len(ids) - 1, np.array([0]))[0])
         steps[graphs] = np.stack(out)
     np.testing.assert_array_equal(steps["1"], steps["0"])

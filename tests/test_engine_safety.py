@@ -8,7 +8,7 @@ import pytest
 import pyinfer
 from pyinfer import _core
 from pyinfer.runtime.graph_builder import GraphBuilder
-from pyinfer.runtime.llama_graph import build_llama_graph
+from pyinfer.runtime.model_graph import build_model_graph
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Water boils at"]
 
@@ -47,19 +47,22 @@ def test_four_threads_generate_what_they_would_alone(real_model):
 
 def test_four_threads_on_one_engine(tiny_model_path):
     """The C++ engine alone: concurrent runs are serialized (before: both callers drove the pool as thread 0)."""
-    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    from pyinfer.runtime.sparse_ffn import SparseRuns
+    from pyinfer.session import Session
+
+    eng = Session(tiny_model_path, 64, n_threads=2).build(64, 64, SparseRuns(max_tokens=1)).engine
     ids = np.array([1, 5, 9, 13], np.int32)
     pos = np.arange(4, dtype=np.int32)
-    m._engine.run(4, ids, pos, np.array([3], np.int32))
-    want = np.array(m._engine.logits())
+    eng.run(4, ids, pos, np.array([3], np.int32))
+    want = np.array(eng.logits())
 
     def hammer(i):
         for _ in range(200):
-            m._engine.run(4, ids, pos, np.array([3], np.int32))
+            eng.run(4, ids, pos, np.array([3], np.int32))
 
     run_threads(hammer, 4)
-    m._engine.run(4, ids, pos, np.array([3], np.int32))
-    np.testing.assert_array_equal(m._engine.logits(), want)
+    eng.run(4, ids, pos, np.array([3], np.int32))
+    np.testing.assert_array_equal(eng.logits(), want)
 
 
 def test_interleaved_streams_in_one_thread(tiny_model_path):
@@ -80,7 +83,7 @@ def test_interleaved_streams_in_one_thread(tiny_model_path):
 
 def tiny_engine(path, **kw):
     m = pyinfer.load(path, n_threads=1, n_ctx=64)
-    b = build_llama_graph(m.gguf, m.config, 64)
+    b = build_model_graph(m.gguf, m.config, 64)
     return m, b
 
 

@@ -10,7 +10,7 @@ from tiny_model import write_tiny_llama
 import pyinfer
 from pyinfer import _core
 from pyinfer.errors import PyinferError
-from pyinfer.runtime.llama_graph import build_llama_graph
+from pyinfer.runtime.model_graph import build_model_graph
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def model4(tmp_path_factory) -> str:
 def logits(m, gpu_blocks, two_backends: bool, head=False) -> np.ndarray:
     ids = list(range(1, 20))
     pl = {"gpu_blocks": gpu_blocks, "block": 32, "head_on_gpu": head}
-    b = build_llama_graph(m.gguf, m.config, 64, hybrid=dict(pl, device=1))
+    b = build_model_graph(m.gguf, m.config, 64, hybrid=dict(pl, device=1))
     kw = {"placement": b.placement, "backend_threads": [2, 1], "backend_memory": [0, 1]} if two_backends else {}
     e = _core.Engine(b.graph, max_tokens=64, max_outputs=64, n_threads=2, **kw)
     n = len(ids)
@@ -78,13 +78,13 @@ def test_load_on_the_standin_device(model4):
     minimum = sum(fixed_bytes(cpu.gguf, cpu.config, None, 64).values())
     m = pyinfer.load(model4, n_threads=2, n_ctx=64, device="standin", vram_budget=minimum + 24 * 1024)
     assert 0 < sum(m.placement["gpu_neurons"]) < 4 * 128
-    assert m._engine.n_copies > 0 and m._engine.n_segments > 1
+    assert m.n_copies > 0 and m.running.n_segments > 1
     assert m.generate("Once upon a time", max_tokens=8, temperature=0) == \
         cpu.generate("Once upon a time", max_tokens=8, temperature=0)
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"device": "cpu", "vram_budget": "1G"}, "needs device='cuda'"),
+    ({"device": "cpu", "vram_budget": "1G"}, "needs a device"),
     ({"device": "standin"}, "needs a vram_budget"),
     ({"device": "tpu"}, "device must be cpu, cuda, cuda:N or standin"),
     ({"device": "standin", "vram_budget": "1K"}, "below the minimum"),
@@ -154,7 +154,7 @@ def test_server_runs_the_hybrid_split(model4):
 
     _app, loop, _model = build_server(model4, 256, n_threads=1, device="standin", vram_budget="200M")
     assert loop is not None
-    with pytest.raises(PyinferError, match="needs --device"):
+    with pytest.raises(PyinferError, match="needs a device"):
         build_server(model4, 256, n_threads=1, vram_budget="200M")
 
 
@@ -172,7 +172,7 @@ def test_sparse_decode_on_both_sides_is_the_same_on_one_backend(tiny_model_path)
     pl = {"gpu_blocks": [[0], [1, 2]], "block": 32, "head_on_gpu": False, "device": 1}
 
     def decode(two_backends: bool) -> np.ndarray:
-        b = build_llama_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), hybrid=pl)
+        b = build_model_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), hybrid=pl)
         kw = {"placement": b.placement, "backend_threads": [2, 1], "backend_memory": [0, 1]} if two_backends else {}
         e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, **kw)
         out = []
@@ -250,7 +250,7 @@ def test_the_two_halves_of_a_split_layer_run_at_the_same_time(tiny_model_path, t
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     plan = varying_predictor_plan(m.gguf.fingerprint()) if sparse else None
     pl = {"gpu_blocks": [[0], [1, 2]], "block": 32, "head_on_gpu": False, "device": 1}
-    b = build_llama_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), hybrid=pl)
+    b = build_model_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), hybrid=pl)
     e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, placement=b.placement,
                      backend_threads=[2, 1], backend_memory=[0, 1])
     assert _halves_wait_for_each_other(e) == []
@@ -271,7 +271,7 @@ def test_the_device_side_of_a_batch_step_is_sparse_per_token(tiny_model_path):
     ids = np.array(TOKENS[:4], np.int32)
 
     def logits(runs: SparseRuns, one_by_one: bool) -> np.ndarray:
-        b = build_llama_graph(m.gguf, m.config, 64, plan, runs, hybrid=pl)
+        b = build_model_graph(m.gguf, m.config, 64, plan, runs, hybrid=pl)
         e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, placement=b.placement,
                          backend_threads=[2, 1], backend_memory=[0, 1])
         if not one_by_one:
@@ -303,7 +303,7 @@ def test_a_q4_model_on_the_device_alone_decodes_as_the_cpu_with_q4t_downs(tiny_m
     def decode(model) -> np.ndarray:
         out = []
         for i, t in enumerate(TOKENS):
-            out.append(model._forward([t], i, np.array([0]))[0])
+            out.append(model.forward([t], i, np.array([0]))[0])
         return np.stack(out)
 
     cpu = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down="q4t")

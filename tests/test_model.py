@@ -57,7 +57,7 @@ def test_batched_prefill_equals_token_by_token(model_path, request):
     m = pyinfer.load(request.getfixturevalue(model_path), n_threads=2, n_ctx=64)
     ids = m.tokenize("the theme in the thin hat the theme")
     full = m.eval(ids, all_logits=True)
-    step = [m._forward([t], i, np.array([0]))[0] for i, t in enumerate(ids)]
+    step = [m.forward([t], i, np.array([0]))[0] for i, t in enumerate(ids)]
     np.testing.assert_allclose(full, np.stack(step), rtol=1e-4, atol=1e-4)
 
 

@@ -29,7 +29,7 @@ def all_active_plan(fingerprint: str, mode: str = "contrib", hot: int = 16, rank
 
 def decode_logits(model, tokens):
     """Logits of each position, computed one token at a time (the decode path)."""
-    out = [model._forward([t], i, np.array([0]))[0] for i, t in enumerate(tokens)]
+    out = [model.forward([t], i, np.array([0]))[0] for i, t in enumerate(tokens)]
     return np.stack(out)
 
 
@@ -196,7 +196,7 @@ def test_auto_calibrates_once_then_uses_the_cache(tiny_model_path, tmp_path, mon
 
     def decode(model, t):  # one token after the prompt: the sparse path
         model.eval(ids)
-        return model._forward([t], len(ids), np.array([0]))[0]
+        return model.forward([t], len(ids), np.array([0]))[0]
 
     for t in (3, 7, 11):
         np.testing.assert_array_equal(decode(again, t), decode(m, t))

@@ -175,3 +175,112 @@ def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_t
         with open(path, "r+b") as f:
             f.write(b"PWRI")
     return path
+
+
+# Tiny shapes per architecture: Qwen 3's heads are wider than d_model / heads (its own key_length).
+TINY_ARCH = {
+    "llama": dict(TINY, head_dim=16),
+    "llama3": dict(TINY, head_dim=16),
+    "qwen2": dict(TINY, head_dim=16),
+    "qwen3": dict(TINY, head_dim=32),
+    "phi3": dict(TINY, head_dim=16, n_kv_heads=4),
+}
+
+
+def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, config: dict | None = None,
+                    vocab_from=None, context: int = 256, extra=None, bad_qkv_rows: int = 0, longrope: bool = True,
+                    fused: bool = True, orig_ctx: int | None = None) -> Path:
+    """A tiny random model of architecture `kind`: "llama", "llama3" (llama with rope_freqs.weight), "qwen2" (q/k/v
+    biases), "qwen3" (QK-norm, head size 32 with d_model 64 and 4 heads) or "phi3" (fused qkv and gate-up,
+    LongRoPE factors, attn_factor; `bad_qkv_rows` more qkv rows than the heads need; `longrope` False: a 4k
+    model without factors; `fused` False: separate q, k and v; `orig_ctx`: the
+    original context, beyond which the long factors apply; default context / 2). `vocab_from`: a GGUF (llama.cpp's vocab files) whose tokenizer keys are
+    copied (a real vocabulary, for llama.cpp to run it); else tiny_vocab(). `qtype`: the matrices' type."""
+    from gguf import GGUFReader
+
+    rng = np.random.default_rng(seed)
+    c = dict(TINY_ARCH[kind], **(config or {}))
+    arch = "llama" if kind in ("llama", "llama3") else kind
+    w = GGUFWriter(str(path), arch)
+    _add_shape(w, c, context)
+    hd = c["head_dim"]
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    if vocab_from is not None:
+        n_vocab = _copy_vocab(w, GGUFReader(str(vocab_from)))
+    else:
+        n_vocab = _add_tiny_vocab(w)
+
+    def add(name: str, shape: tuple, scale: float = 0.2, kind_: Q | None = None):
+        a = (rng.standard_normal(shape) * scale).astype(np.float32)
+        t = kind_ or (qtype if len(shape) == 2 else Q.F32)
+        if t == Q.F32:
+            w.add_tensor(name, a)
+        elif t == Q.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        else:
+            w.add_tensor(name, quants.quantize(a, t), raw_dtype=t)
+
+    d, ff = c["d_model"], c["d_ff"]
+    qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
+    add("token_embd.weight", (n_vocab, d), 1.0)
+    if kind == "llama3":  # Llama 3.1's factors: 1 for the fast pairs, up to 8 for the slow ones
+        w.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, hd // 2).astype(np.float32))
+    if kind == "phi3" and longrope:
+        w.add_float32("phi3.rope.scaling.attn_factor", 1.19)
+        w.add_uint32("phi3.rope.scaling.original_context_length", orig_ctx or context // 2)
+        w.add_tensor("rope_factors_short.weight", np.linspace(1.0, 3.0, hd // 2).astype(np.float32))
+        w.add_tensor("rope_factors_long.weight", np.linspace(1.0, 20.0, hd // 2).astype(np.float32))
+    for il in range(c["n_layers"]):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
+        w.add_tensor(p + "ffn_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
+        if kind == "phi3" and fused:
+            add(p + "attn_qkv.weight", (qw + 2 * kvw + bad_qkv_rows, d))
+        else:
+            add(p + "attn_q.weight", (qw, d))
+            add(p + "attn_k.weight", (kvw, d))
+            add(p + "attn_v.weight", (kvw, d))
+        if kind == "qwen2":
+            for part, n in (("q", qw), ("k", kvw), ("v", kvw)):
+                add(p + f"attn_{part}.bias", (n,), 0.5)
+        if kind == "qwen3":
+            for part in ("q", "k"):
+                w.add_tensor(p + f"attn_{part}_norm.weight", (1.0 + 0.2 * rng.standard_normal(hd)).astype(np.float32))
+        add(p + "attn_output.weight", (d, qw))
+        if kind == "phi3":
+            add(p + "ffn_up.weight", (2 * ff, d))  # gate rows, then up rows
+        else:
+            add(p + "ffn_gate.weight", (ff, d))
+            add(p + "ffn_up.weight", (ff, d))
+        add(p + "ffn_down.weight", (d, ff))
+    w.add_tensor("output_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
+    if kind != "qwen2":  # qwen2 ties its head to the embeddings here; the others have their own
+        add("output.weight", (n_vocab, d), 0.5)
+    if extra is not None:
+        extra(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _copy_vocab(w: GGUFWriter, r) -> int:
+    """Copies the tokenizer.* keys of a GGUF read with GGUFReader; returns the vocabulary size."""
+    from gguf import GGUFValueType
+
+    n = 0
+    for name, field in r.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        value = field.contents()
+        if vtype == GGUFValueType.ARRAY:
+            w.add_key_value(name, value, vtype, sub_type=field.types[-1])
+            if name == "tokenizer.ggml.tokens":
+                n = len(value)
+        else:
+            w.add_key_value(name, value, vtype)
+    return n

@@ -283,7 +283,11 @@ void Engine::check_row_coverage() {
         covers(n.dst, n.src[0]);
         break;
       case OpKind::Rope: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); break;
-      case OpKind::Add: case OpKind::SiluMul: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); break;
+      case OpKind::Add:  // a bias row is read for every row
+        covers(n.dst, n.src[0]);
+        if (!is_bias_row(ts[size_t(n.src[1])])) covers(n.dst, n.src[1]);
+        break;
+      case OpKind::SiluMul: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); break;
       case OpKind::GatedAct: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
       case OpKind::DownAxpy: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
       case OpKind::Copy: covers(n.dst, n.src[0]); break;

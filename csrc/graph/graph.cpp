@@ -274,6 +274,14 @@ void Graph::validate() const {
           c.fail("heads * head_dim must equal columns, with an even head_dim");
         if (!(P.base > 0.f) || !std::isfinite(P.base)) c.fail("the RoPE base must be positive");
         if (P.mode != RopeMode::Normal && P.mode != RopeMode::Neox) c.fail("unknown RoPE mode");
+        if (!std::isfinite(P.freq_scale) || P.freq_scale < 0.f || !std::isfinite(P.attn_factor) || P.attn_factor < 0.f)
+          c.fail("RoPE freq_scale and attn_factor must be finite and >= 0 (0: 1)");
+        if (src[RopeSrc::factors] >= 0) {
+          const Tensor& f = c.t(src[RopeSrc::factors]);
+          c.type(src[RopeSrc::factors], DType::F32);
+          if (f.row_mode != RowMode::Fixed || f.rows != 1 || f.cols != P.head_dim / 2)
+            c.fail("RoPE factors must be one fixed row of head_dim / 2 values");
+        }
         break;
       }
       case OpKind::KvStore:

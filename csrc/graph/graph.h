@@ -104,6 +104,9 @@ struct Node {
   NodeGuard guard;
 };
 
+// One fixed row (a bias): Add adds it to every row of its other source.
+inline bool is_bias_row(const Tensor& t) { return t.row_mode == RowMode::Fixed && t.rows == 1; }
+
 // Thrown for graphs or runs that make no sense; the bindings map it to ValueError.
 struct GraphError : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -13,7 +13,8 @@ namespace {
 
 const ParamField kGetRows[] = {PYI_F32(get_rows, scale)};
 const ParamField kRmsNorm[] = {PYI_F32(rms_norm, eps), PYI_I32(rms_norm, segment)};
-const ParamField kRope[] = {PYI_I32(rope, heads), PYI_I32(rope, head_dim), PYI_I32(rope, mode), PYI_F32(rope, base)};
+const ParamField kRope[] = {PYI_I32(rope, heads), PYI_I32(rope, head_dim), PYI_I32(rope, mode), PYI_F32(rope, base),
+                            PYI_F32(rope, freq_scale), PYI_F32(rope, attn_factor)};
 const ParamField kAttention[] = {PYI_I32(attention, heads), PYI_I32(attention, kv_heads),
                                  PYI_I32(attention, head_dim), PYI_I32(attention, block_size),
                                  PYI_I32(attention, window), PYI_F32(attention, scale)};
@@ -38,7 +39,7 @@ const OpSignature kSignatures[kOpKinds] = {
     {{"x", "weight"}, kRmsNorm, count(kRmsNorm)},
     {{"x"}, nullptr, 0},
     {{"weight", "x", "active"}, nullptr, 0},
-    {{"x", "positions"}, kRope, count(kRope)},
+    {{"x", "positions", "factors"}, kRope, count(kRope)},
     {{"x", "rows"}, nullptr, 0},
     {{"q", "k_cache", "v_cache", "positions", "table"}, kAttention, count(kAttention)},
     {{"a", "b"}, nullptr, 0},

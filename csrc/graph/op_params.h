@@ -37,11 +37,14 @@ struct RmsNormSrc { enum : int { x = 0, weight = 1 }; };
 struct QuantizeSrc { enum : int { x = 0 }; };
 // With `active` (an active list per token, or one shared list): only the listed weight rows (gather-GEMV).
 struct MatMulSrc { enum : int { weight = 0, x = 1, active = 2 }; };
-struct RopeSrc { enum : int { x = 0, positions = 1 }; };
+// `factors` (optional): F32 [1, head_dim / 2], each pair's frequency divisor (Llama 3.1's rope_freqs, Phi-3's
+// long/short factors).
+struct RopeSrc { enum : int { x = 0, positions = 1, factors = 2 }; };
 struct KvStoreSrc { enum : int { x = 0, rows = 1 }; };
 // `table` (paged KV, many sequences): I32 [T, max blocks], each token's sequence's block table.
 struct AttentionSrc { enum : int { q = 0, k_cache = 1, v_cache = 2, positions = 3, table = 4 }; };
-struct BinarySrc { enum : int { a = 0, b = 1 }; };  // Add
+// Add: `b` may also be one fixed row (a bias), added to every row of `a`.
+struct BinarySrc { enum : int { a = 0, b = 1 }; };
 struct GatedMulSrc { enum : int { gate = 0, up = 1 }; };  // SiluMul
 struct SelectRowsSrc { enum : int { x = 0, rows = 1 }; };
 struct BiasReluSrc { enum : int { x = 0, bias = 1 }; };
@@ -60,7 +63,9 @@ struct CopySrc { enum : int { x = 0 }; };
 // ---- scalar parameters -----------------------------------------------------------------------------
 struct GetRowsParams { float scale; };            // rows times scale (0: unscaled)
 struct RmsNormParams { float eps; int32_t segment; };  // segment > 0: each run of that many columns alone
-struct RopeParams { int32_t heads, head_dim; RopeMode mode; float base; };
+// theta = pos * base^(-2i / head_dim) * freq_scale / factors[i]; cos and sin times attn_factor (both 0: 1).
+// freq_scale is linear RoPE scaling (1 / rope.scaling.factor), attn_factor LongRoPE's magnitude correction.
+struct RopeParams { int32_t heads, head_dim; RopeMode mode; float base, freq_scale, attn_factor; };
 struct AttentionParams {
   int32_t heads, kv_heads, head_dim;
   int32_t block_size;  // paged KV: tokens per block

@@ -51,7 +51,8 @@ void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, floa
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * weight[i];
 }
 
-void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode) {
+void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode,
+              const float* factors, float freq_scale, float attn_factor) {
   // One angle per pair, shared by every head; any head size (no fixed-size table of angles). The pair
   // frequencies base^(-2i/d) are the same for every row of a run: each thread keeps the last set it
   // computed, so the pow calls happen once per (base, head size) instead of once per pair and row.
@@ -67,8 +68,11 @@ void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, fl
     freq_head_dim = head_dim;
   }
   for (int i = 0; i < half; ++i) {
-    const double theta = double(pos) * (cached ? freq[i] : std::pow(double(base), -2.0 * i / head_dim));
-    const float cs = float(std::cos(theta)), sn = float(std::sin(theta));
+    double theta = double(pos) * (cached ? freq[i] : std::pow(double(base), -2.0 * i / head_dim));
+    if (freq_scale != 1.f) theta *= double(freq_scale);
+    if (factors) theta /= double(factors[i]);
+    float cs = float(std::cos(theta)), sn = float(std::sin(theta));
+    if (attn_factor != 1.f) cs *= attn_factor, sn *= attn_factor;
     const int first = mode == RopeMode::Neox ? i : 2 * i, second = mode == RopeMode::Neox ? i + half : 2 * i + 1;
     for (int h = 0; h < heads; ++h) {
       const int64_t o = int64_t(h) * head_dim;

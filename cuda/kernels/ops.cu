@@ -78,14 +78,17 @@ __global__ void quantize_q8a_kernel(Rows x, Rows y, int64_t blocks_per_row) {
   }
 }
 
-__global__ void rope_kernel(Rows x, Rows y, const int32_t* positions, RopeParams p) {
+__global__ void rope_kernel(Rows x, Rows y, const int32_t* positions, const float* factors, RopeParams p) {
   const int64_t t = blockIdx.x;
   const int half = p.head_dim / 2;
   const int64_t k = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;  // (head, pair)
   if (k >= int64_t(p.heads) * half) return;
   const int h = int(k / half), i = int(k % half);
-  const double theta = double(positions[t]) * pow(double(p.base), -2.0 * i / p.head_dim);
-  const float cs = float(cos(theta)), sn = float(sin(theta));
+  double theta = double(positions[t]) * pow(double(p.base), -2.0 * i / p.head_dim);
+  if (p.freq_scale != 0.f) theta *= double(p.freq_scale);
+  if (factors) theta /= double(factors[i]);
+  const float mscale = p.attn_factor != 0.f ? p.attn_factor : 1.f;
+  const float cs = float(cos(theta)) * mscale, sn = float(sin(theta)) * mscale;
   const bool neox = p.mode == RopeMode::Neox;
   const int64_t o = int64_t(h) * p.head_dim;
   const int64_t a = o + (neox ? i : 2 * i), b = o + (neox ? i + half : 2 * i + 1);
@@ -166,10 +169,11 @@ void quantize_q8a(const Rows& x, const Rows& y, cudaStream_t s) {
   if (blocks > 0) quantize_q8a_kernel<<<unsigned((blocks + warps - 1) / warps), kThreads, 0, s>>>(x, y, x.cols / 32);
 }
 
-void rope(const Rows& x, const Rows& y, const int32_t* positions, const RopeParams& p, cudaStream_t s) {
+void rope(const Rows& x, const Rows& y, const int32_t* positions, const float* factors, const RopeParams& p,
+          cudaStream_t s) {
   const int64_t pairs = int64_t(p.heads) * (p.head_dim / 2);
   if (x.rows > 0)
-    rope_kernel<<<dim3(unsigned(x.rows), unsigned((pairs + kThreads - 1) / kThreads)), kThreads, 0, s>>>(x, y, positions, p);
+    rope_kernel<<<dim3(unsigned(x.rows), unsigned((pairs + kThreads - 1) / kThreads)), kThreads, 0, s>>>(x, y, positions, factors, p);
 }
 
 void kv_store_f16(const Rows& x, const int32_t* rows, const Rows& cache, cudaStream_t s) {

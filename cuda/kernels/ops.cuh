@@ -27,7 +27,9 @@ void get_rows(const Rows& table, const int32_t* ids, const Rows& y, float scale,
 void rms_norm(const Rows& x, const float* weight, const Rows& y, float eps, int segment, cudaStream_t s);
 // Q8A blocks of an F32 row (quantize_q8a_scalar: d = amax / 127, q = round half to even of x / d).
 void quantize_q8a(const Rows& x, const Rows& y, cudaStream_t s);
-void rope(const Rows& x, const Rows& y, const int32_t* positions, const RopeParams& p, cudaStream_t s);
+// factors: F32 [head_dim / 2] frequency divisors, or nullptr.
+void rope(const Rows& x, const Rows& y, const int32_t* positions, const float* factors, const RopeParams& p,
+          cudaStream_t s);
 // cache[rows[t]] = fp16(x[t]).
 void kv_store_f16(const Rows& x, const int32_t* rows, const Rows& cache, cudaStream_t s);
 void add(const Rows& a, const Rows& b, const Rows& y, cudaStream_t s);

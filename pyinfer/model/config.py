@@ -1,4 +1,5 @@
-"""Hyper-parameters of a llama-family model (LLaMA, Mistral, SmolLM, Gemma 3), read from GGUF metadata."""
+"""Hyper-parameters of a llama-family model (LLaMA, Mistral, SmolLM, Gemma 3, Qwen 2/3, Phi-3), read from GGUF
+metadata by each architecture's file (model/arch/)."""
 from __future__ import annotations
 
 import enum
@@ -30,7 +31,8 @@ class Activation(enum.IntEnum):
 _RELU_FAMILY = re.compile(r"relu|prosparse|bamboo", re.IGNORECASE)
 _DRELU_FAMILY = re.compile(r"turbosparse", re.IGNORECASE)
 # Architectures whose activation is fixed by the architecture itself.
-ARCH_ACTIVATION = {"llama": Activation.SILU, "gemma3": Activation.GELU_TANH}
+ARCH_ACTIVATION = {"llama": Activation.SILU, "gemma3": Activation.GELU_TANH, "qwen2": Activation.SILU,
+                   "qwen3": Activation.SILU, "phi3": Activation.SILU}
 
 
 def detect_activation(arch: str, metadata: dict, powerinfer: bool = False) -> Activation:
@@ -79,6 +81,9 @@ class LlamaConfig:
     global_every: int = 0
     rope_base_local: float = 0.0
     attn_scale: float | None = None
+    # Linear RoPE scaling (1 / rope.scaling.factor; 1: none) and LongRoPE's cos/sin factor (Phi-3 128k).
+    rope_freq_scale: float = 1.0
+    rope_attn_factor: float = 1.0
 
     @property
     def ffn_relu(self) -> bool:

@@ -10,17 +10,13 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import ModelFormatError, UnsupportedModelError
-from .config import LlamaConfig, detect_activation
+from .arch import ARCHITECTURES, architecture
+from .config import LlamaConfig
 from .gguf_check import GGUFHeader, TensorInfo, read_gguf_header
 
-SUPPORTED_ARCHS = ("llama", "gemma3")
 # GGML type names that our kernels run (GGML ids are the _core.DType values).
 SUPPORTED_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12,
                    "Q5_K": 13, "Q6_K": 14, "BF16": 30}
-# Gemma 3 layout facts that llama.cpp fixes in code rather than metadata: five sliding-window layers then
-# one global layer, and local layers rotate with base 10000.
-GEMMA3_GLOBAL_EVERY = 6
-GEMMA3_LOCAL_ROPE_BASE = 10000.0
 GGUF_MAGIC = b"GGUF"
 POWERINFER_MAGIC = b"PWRI"  # PowerInfer's converter overwrites the magic; the layout after it is GGUF's
 # Element types that gguf's reader gives typed views of; block types are rows of bytes.
@@ -44,7 +40,9 @@ class GGUFTensor:
 class GGUFModelFile:
     """Metadata and memory-mapped tensors of one GGUF file."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, mmap: bool = True):
+        """`mmap` False: every tensor is read into anonymous memory (llama.cpp's --no-mmap) instead of being
+        mapped from the file."""
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFormatError(f"model file not found: {self.path}")
@@ -71,7 +69,12 @@ class GGUFModelFile:
             if s1 < e0:
                 raise ModelFormatError(f"{self.path.name}: tensors {a} and {b} overlap")
         self.file_size = size
+        if not mmap:
+            for t in self.tensors.values():
+                t.data = np.array(t.data)
         self._present_transposed_down()
+        if self.architecture in ARCHITECTURES:  # fused tensors as the separate ones the graph reads
+            ARCHITECTURES[self.architecture].present(self)
 
     def _present_transposed_down(self) -> None:
         """PowerInfer files store each FFN down projection transposed (`ffn_down_t`, [n_ff, d_model]); the
@@ -155,64 +158,16 @@ class GGUFModelFile:
         return t
 
     def llama_config(self) -> LlamaConfig:
-        arch = self.architecture
-        if arch not in SUPPORTED_ARCHS:
-            raise UnsupportedModelError(
-                f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+        """The hyper-parameters, read by the file's architecture (model/arch/), after checking that every
+        tensor is one its graph reads."""
+        arch = architecture(self.architecture)
         try:
-            cfg = self._llama_config(arch + ".")
+            arch.check_tensors(self)
+            cfg = arch.config(self)
         except (TypeError, ValueError, OverflowError) as e:
             raise ModelFormatError(f"{self.path.name}: malformed model metadata ({_short(e)})") from None
         self._check_config(cfg)
         return cfg
-
-    def _llama_config(self, p: str) -> LlamaConfig:
-        arch = p[:-1]
-        n_heads = int(self.require(p + "attention.head_count"))
-        d_model = int(self.require(p + "embedding_length"))
-        if n_heads < 1 or d_model < 1:
-            raise ModelFormatError(f"{self.path.name}: head_count and embedding_length must be positive")
-        # Gemma's heads are wider than d_model / n_heads: the head size is its own key there.
-        head_dim = int(self.get(p + "attention.key_length", d_model // n_heads))
-        if int(self.get(p + "attention.value_length", head_dim)) != head_dim:
-            raise UnsupportedModelError("key and value heads of different sizes are not supported")
-        if int(self.get(p + "rope.dimension_count", head_dim)) != head_dim:
-            raise UnsupportedModelError("partial rotary embeddings (rope.dimension_count < head size) are not supported")
-        # RoPE variants the graph does not compute must be refused, never ignored: the model would load and
-        # answer wrongly without a word (Llama 3.1+ files carry rope_freqs.weight, long-context ones a scaling).
-        if "rope_freqs.weight" in self.tensors:
-            raise UnsupportedModelError("this model's RoPE frequency factors (rope_freqs.weight, Llama 3.1 and "
-                                        "later) are not supported yet; it would run, but wrongly")
-        scaling = self.get(p + "rope.scaling.type", "none")
-        if scaling not in ("none", None) or float(self.get(p + "rope.scaling.factor", 1.0) or 1.0) != 1.0:
-            raise UnsupportedModelError(f"RoPE scaling '{scaling}' ({p}rope.scaling.*) is not supported yet; "
-                                        "supported: none")
-        vocab = self.get("tokenizer.ggml.tokens")
-        emb = self.tensor("token_embd.weight")
-        gemma = arch == "gemma3"
-        return LlamaConfig(
-            n_layers=int(self.require(p + "block_count")),
-            d_model=d_model,
-            d_ff=int(self.require(p + "feed_forward_length")),
-            n_heads=n_heads,
-            n_kv_heads=int(self.get(p + "attention.head_count_kv", n_heads)),
-            head_dim=head_dim,
-            vocab_size=len(vocab) if isinstance(vocab, list) else emb.rows,
-            rope_base=float(self.get(p + "rope.freq_base", 10000.0)),
-            norm_eps=float(self.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
-            train_ctx=int(self.get(p + "context_length", 2048)),
-            tied_output="output.weight" not in self.tensors,
-            activation=detect_activation(arch, self.metadata, powerinfer=self.powerinfer),
-            arch=arch,
-            embed_scale=float(np.sqrt(d_model)) if gemma else 0.0,
-            qk_norm=gemma,
-            post_norms=gemma,
-            rope_neox=gemma,
-            sliding_window=int(self.get(p + "attention.sliding_window", 0)) if gemma else 0,
-            global_every=GEMMA3_GLOBAL_EVERY if gemma else 0,
-            rope_base_local=GEMMA3_LOCAL_ROPE_BASE if gemma else 0.0,
-            attn_scale=head_dim ** -0.5 if gemma else None,
-        )
 
     def _check_config(self, c: LlamaConfig) -> None:
         """Values that the graph would turn into wrong shapes or huge buffers: one line instead."""

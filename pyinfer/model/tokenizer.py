@@ -13,22 +13,60 @@ import numpy as np
 from ..errors import ModelFormatError, PyinferError, UnsupportedModelError
 from .tokenizer_spm import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, build_spm_tokenizers
 
-# llama.cpp's pre-tokenizer regexes, per `tokenizer.ggml.pre`. Each entry: splits applied in
-# order before byte-level BPE.
+# llama.cpp's pre-tokenizer regexes (src/llama-vocab.cpp), per `tokenizer.ggml.pre`: splits applied in order
+# before byte-level BPE. The case-insensitive contractions are spelled out ('[sS]) as llama.cpp adapts them.
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+_LLAMA3_REGEX = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_REGEX = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35_REGEX = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"  # Han, the ranges llama.cpp lists, Hangul
+_DEEPSEEK_LLM = [
+    "[\\r\\n]",
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+    "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    "\\s+$",
+    _CJK,
+    "\\p{N}+",
+]
+_DEEPSEEK_CODER = ["[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", _CJK, "\\p{N}"]
+_FALCON = ["[\\p{P}\\$\\+<=>\\^~\\|`]+", _GPT2_REGEX, "[0-9][0-9][0-9]"]
+_STARCODER = [r"\p{N}", _GPT2_REGEX]  # every digit its own token, then GPT-2 splitting
 PRE_TOKENIZERS = {
-    "gpt2": [_GPT2_REGEX],
-    "default": [_GPT2_REGEX],
-    # StarCoder-style: every digit is its own token, then GPT-2 splitting.
-    "smollm": [r"\p{N}", _GPT2_REGEX],
-    "starcoder": [r"\p{N}", _GPT2_REGEX],
-    "llama-bpe": [_LLAMA3_REGEX],
-    "llama3": [_LLAMA3_REGEX],
+    "default": [_GPT2_REGEX], "gpt2": [_GPT2_REGEX], "gpt-2": [_GPT2_REGEX], "phi-2": [_GPT2_REGEX],
+    "mpt": [_GPT2_REGEX], "olmo": [_GPT2_REGEX], "roberta-bpe": [_GPT2_REGEX],
+    "smollm": _STARCODER, "starcoder": _STARCODER, "refact": _STARCODER, "command-r": _STARCODER,
+    "codeshell": _STARCODER, "exaone": _STARCODER,
+    "llama-bpe": [_LLAMA3_REGEX], "llama3": [_LLAMA3_REGEX], "llama-v3": [_LLAMA3_REGEX], "dbrx": [_LLAMA3_REGEX],
+    "smaug-bpe": [_LLAMA3_REGEX], "falcon3": [_LLAMA3_REGEX], "pixtral": [_LLAMA3_REGEX],
+    "chatglm-bpe": [_LLAMA3_REGEX],
+    "qwen2": [_QWEN2_REGEX], "deepseek-r1-qwen": [_QWEN2_REGEX], "stablelm2": [_QWEN2_REGEX],
+    "qwen35": [_QWEN35_REGEX],
+    "deepseek-llm": _DEEPSEEK_LLM, "deepseek-coder": _DEEPSEEK_CODER, "falcon": _FALCON,
 }
+# Gemma 4 splits only at newlines (its merges run over whole lines).
+_GEMMA4_REGEX = "[^\\n]+|[\\n]+"
+# Pre-tokenizers whose words that are whole tokens of the vocabulary skip the merges (llama.cpp's
+# ignore_merges; Hugging Face's BPE(ignore_merges=True)).
+IGNORE_MERGES = {"llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral"}
 # Control tokens that end a turn even when they are not the declared EOS.
-_END_OF_GENERATION_TEXTS = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>"}
+_END_OF_GENERATION_TEXTS = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~["}
+# Tokens llama.cpp makes control tokens by their text whatever type the file gives them (its vocabulary loader's
+# "auto-detect special tokens by text"): the end-of-generation texts above and the fill-in-the-middle markers.
+# So with special tokens on, "</s>" in a Qwen 2 prompt is one token, as llama.cpp makes it.
+_CONTROL_BY_TEXT = _END_OF_GENERATION_TEXTS | {
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>",
+    "<\uff5cfim\u2581begin\uff5c>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\u2581<SUF>",
+    "<|code_suffix|>", "<|suffix|>", "<\uff5cfim\u2581hole\uff5c>", "<|fim_middle|>", "<fim-middle>",
+    "<fim_middle>", "<MID>", "\u2581<MID>", "<|code_middle|>", "<|middle|>", "<\uff5cfim\u2581end\uff5c>",
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+    "<REPO>", "<reponame>", "<|file_sep|>"}
 
 
 class Tokenizer:
@@ -36,11 +74,14 @@ class Tokenizer:
 
     def __init__(self, metadata: dict):
         kind = metadata.get("tokenizer.ggml.model")
-        if kind not in ("gpt2", "llama"):
-            raise UnsupportedModelError(f"tokenizer model '{kind}' is not supported yet "
-                                        "(supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece)")
-        regexes = _pre_tokenizer_regexes(metadata) if kind == "gpt2" else []
+        if kind not in ("gpt2", "llama", "gemma4"):
+            raise UnsupportedModelError(f"tokenizer model '{kind}' is not supported yet (supported: \"gpt2\" "
+                                        "byte-level BPE, \"llama\" SentencePiece, \"gemma4\" SentencePiece-style BPE)")
+        regexes = _pre_tokenizer_regexes(metadata) if kind == "gpt2" else [_GEMMA4_REGEX] if kind == "gemma4" else []
+        ignore_merges = str(metadata.get("tokenizer.ggml.pre") or "default") in IGNORE_MERGES
         tokens, merges, types = _checked_vocab(metadata)
+        types = [TOKEN_TYPE_CONTROL if t in _CONTROL_BY_TEXT and ty != TOKEN_TYPE_CONTROL else ty
+                 for t, ty in zip(tokens, types)]
         if kind == "llama":
             unk_id = _opt_id(metadata.get("tokenizer.ggml.unknown_token_id"), len(tokens), "unknown")
             spm = build_spm_tokenizers(tokens, types, metadata, unk_id)
@@ -48,9 +89,11 @@ class Tokenizer:
             self.control_ids = set(spm.control_ids)
             self._max_token_bytes = spm.max_token_bytes
         else:
-            self._plain, self._special, self.special_ids = _byte_level_bpe(tokens, merges, types, regexes)
+            self._plain, self._special, self.special_ids = _byte_level_bpe(tokens, merges, types, regexes,
+                                                                           ignore_merges, kind != "gemma4")
             self.control_ids = {i for i in self.special_ids if types[i] == TOKEN_TYPE_CONTROL}
-            self._max_token_bytes = max(len(t) for t in tokens)  # one character per byte
+            # byte-level: one character per byte; gemma4: characters of up to 4 bytes
+            self._max_token_bytes = max(len(t) for t in tokens) * (4 if kind == "gemma4" else 1)
         self.tokens = tokens
         self.vocab_size = len(tokens)
         self.bos_id = _opt_id(metadata.get("tokenizer.ggml.bos_token_id"), len(tokens), "bos")
@@ -155,29 +198,46 @@ def _pre_tokenizer_regexes(metadata: dict) -> list[str]:
     return PRE_TOKENIZERS[pre]
 
 
-def _byte_level_bpe(tokens: list[str], merges: list[tuple[str, str]], types: list[int], regexes: list[str]):
-    """(plain, special, special ids) for a byte-level BPE vocabulary."""
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+def _byte_level_bpe(tokens: list[str], merges: list[tuple[str, str]], types: list[int], regexes: list[str],
+                    ignore_merges: bool = False, byte_level: bool = True):
+    """(plain, special, special ids) for a byte-level BPE vocabulary, or with `byte_level` off a
+    SentencePiece-style one (Gemma 4: spaces become U+2581, merges run on raw UTF-8, <0xXX> byte tokens for
+    what no token spells)."""
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
 
     vocab = {tok: i for i, tok in enumerate(tokens)}
     splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in regexes]
     # ByteLevel maps bytes to GPT-2's printable alphabet; its own regex is off because the
     # splits above already reproduce llama.cpp's.
-    pre_tok = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if byte_level:
+        pre_tok = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        pre_tok = pre_tokenizers.Sequence(splits)
 
     def make() -> HFTokenizer:
         try:
-            tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+            tk = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=ignore_merges,
+                                        byte_fallback=not byte_level))
         except Exception as e:  # tokenizers reports a merge of unknown tokens as a plain Exception
             raise ModelFormatError(f"the tokenizer in this file is inconsistent ({str(e).splitlines()[0][:200]})") from None
         tk.pre_tokenizer = pre_tok
-        tk.decoder = decoders.ByteLevel()
+        if byte_level:
+            tk.decoder = decoders.ByteLevel()
+        else:
+            tk.normalizer = normalizers.Replace(" ", "\u2581")
+            tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
         return tk
 
-    plain = make()              # special-token text is ordinary text
+    plain = make()              # control-token text is ordinary text
     special = make()            # control tokens in the text become their ids
     special_ids = {i for i, t in enumerate(types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)}
+    # User-defined tokens (MPT's runs of spaces) match in plain text too, as llama.cpp matches them without
+    # parse_special; their text is raw, not in the byte-level alphabet.
+    user = [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types)
+            if t == TOKEN_TYPE_USER_DEFINED]
+    if user:
+        plain.add_tokens(user)
     special.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special_ids)])
     return plain, special, special_ids
 

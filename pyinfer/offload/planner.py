@@ -146,14 +146,14 @@ def timed_decode(model, tokens: int, warmup: int = 0) -> tuple[float, float]:
     `warmup` untimed steps (which fill the read-ahead ring and the neuron cache)."""
     ids = model.tokenize("Once upon a time")
     with model._lock:
-        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
+        logits = model.forward(ids, 0, np.array([len(ids) - 1]))[0]
         pos = len(ids)
         for i in range(warmup + tokens):
             if i == warmup:
                 if model.offload is not None:
                     model.offload.store.reset_stats()
                 t0 = time.perf_counter()
-            logits = model._forward([int(np.argmax(logits))], pos, np.array([0]))[0]
+            logits = model.forward([int(np.argmax(logits))], pos, np.array([0]))[0]
             pos += 1
         total = time.perf_counter() - t0
     wait = model.offload.store.stats()["wait_seconds"] if model.offload is not None else 0.0

@@ -16,12 +16,12 @@ def decode_trace(model, tokens: int = 16, temperature: float = 0.8) -> list[list
     rng = np.random.default_rng(0)
     trace = []
     with model._lock:
-        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
+        logits = model.forward(ids, 0, np.array([len(ids) - 1]))[0]
         for i in range(tokens):
             z = np.asarray(logits, np.float64) / temperature
             p = np.exp(z - z.max())
             token = int(rng.choice(len(p), p=p / p.sum()))
-            logits = model._forward([token], len(ids) + i, np.array([0]))[0]
+            logits = model.forward([token], len(ids) + i, np.array([0]))[0]
             trace.append(last_unions(model))
     return trace
 
@@ -30,8 +30,7 @@ def last_unions(model) -> list[np.ndarray]:
     """Per sparse layer: the neuron ids (hot-first order) its FFN computed in the model's last run, every id
     where the run went dense."""
     out = []
-    for uid in model._union_ids:
-        u = np.array(model._engine.tensor(uid, 1)[0])  # I32 [n_ff + 1]: count (-1: dense), ids
+    for u in model.layer_unions():  # I32 [n_ff + 1]: count (-1: dense), ids
         out.append(u[1:1 + u[0]].copy() if u[0] >= 0 else np.arange(len(u) - 1))
     return out
 

@@ -17,13 +17,13 @@ def cpu_seconds_per_byte(model, tokens: int = 16) -> float:
     bound by the bytes it streams, so a neuron costs its bytes at this rate)."""
     ids = model.tokenize("Once upon a time")
     with model._lock:
-        logits = model._forward(ids, 0, np.array([len(ids) - 1]))[0]
-        model._engine.set_op_timing(False)
-        model._engine.set_op_timing(True)
+        logits = model.forward(ids, 0, np.array([len(ids) - 1]))[0]
+        model.set_op_timing(False)
+        model.set_op_timing(True)
         for i in range(tokens):
-            logits = model._forward([int(np.argmax(logits))], len(ids) + i, np.array([0]))[0]
-        timing = model._engine.op_timing()
-        model._engine.set_op_timing(False)
+            logits = model.forward([int(np.argmax(logits))], len(ids) + i, np.array([0]))[0]
+        timing = model.op_timing()
+        model.set_op_timing(False)
     names = set(model.gguf.tensors)
     weights = sum(int(t.data.nbytes) for n, t in model.gguf.tensors.items() if _MATMUL_WEIGHT.match(n))
     if "output.weight" not in names:  # a tied head reads token_embd
@@ -59,10 +59,10 @@ def firing_frequencies(model, text: str, tokens: int = 128) -> list[np.ndarray]:
     from ..offload.trace_replay import last_unions
 
     ids = model.tokenize(text)[:tokens]
-    counts = [np.zeros(model.config.d_ff) for _ in model._union_ids]
+    counts = [np.zeros(model.config.d_ff) for _ in model.layer_unions()]
     with model._lock:
         for pos, tok in enumerate(ids):
-            model._forward([tok], pos, np.array([0]))
+            model.forward([tok], pos, np.array([0]))
             for il, active in enumerate(last_unions(model)):
                 counts[il][active] += 1
     return [c / max(len(ids), 1) for c in counts]

@@ -43,6 +43,7 @@ class GraphBuilder:
         self._quantized: dict[tuple[int, Guard], T] = {}
         self.unions: list[T] = []  # ActiveUnion results, in layer order: which path each run took
         self.node_ops: list[tuple[Op, str]] = []  # per node: its op and the name of the tensor it writes
+        self.node_dst: list[int] = []             # per node: the id of the tensor it writes
         # Per node: the engine backend that runs it (Engine(placement=...)); 0 unless moved with place().
         self.placement: list[int] = []
         self._names: dict[int, str] = {}
@@ -102,6 +103,7 @@ class GraphBuilder:
         self.graph.add_node(op, dst.id, {k: s.id for k, s in src.items() if s is not None}, params or {},
                             g.run_if, g.max_tokens, g.when.id if g.when is not None else -1, g.sparse, g.min_tokens)
         self.node_ops.append((op, self._names.get(dst.id, "")))
+        self.node_dst.append(dst.id)
         self.placement.append(0)
         for key in [k for k in self._quantized if k[0] == dst.id]:
             del self._quantized[key]
@@ -139,10 +141,14 @@ class GraphBuilder:
         dst = out or self.activation(name, w.n_rows, rows=x.rows)
         return self._node(Op.MAT_MUL, dst, {"weight": w, "x": src, "active": active}, run_if=run_if)
 
-    def rope(self, x: T, positions: T, heads: int, head_dim: int, base: float, neox: bool = False) -> T:
-        """In place. `neox`: element i pairs with i + head_dim / 2 (Gemma); else adjacent pairs (llama)."""
-        return self._node(Op.ROPE, x, {"x": x, "positions": positions},
-                          {"heads": heads, "head_dim": head_dim, "mode": int(neox), "base": base})
+    def rope(self, x: T, positions: T, heads: int, head_dim: int, base: float, neox: bool = False,
+             factors: T | None = None, freq_scale: float = 1.0, attn_factor: float = 1.0) -> T:
+        """In place. `neox`: element i pairs with i + head_dim / 2 (Gemma, Qwen, Phi-3); else adjacent pairs
+        (llama). `factors` (F32 [1, head_dim / 2]) divide each pair's frequency (Llama 3.1's rope_freqs,
+        LongRoPE); `freq_scale` multiplies every frequency (linear scaling); cos and sin are times `attn_factor`."""
+        return self._node(Op.ROPE, x, {"x": x, "positions": positions, "factors": factors},
+                          {"heads": heads, "head_dim": head_dim, "mode": int(neox), "base": base,
+                           "freq_scale": freq_scale, "attn_factor": attn_factor})
 
     def kv_store(self, cache: T, x: T, positions: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         return self._node(Op.KV_STORE, cache, {"x": x, "rows": positions}, run_if=run_if)

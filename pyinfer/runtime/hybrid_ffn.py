@@ -1,6 +1,6 @@
 """An FFN layer split between two backends (PowerInfer's hybrid layer): the neurons a GPU placement
 (place/gpu_placement.py) gives the device run there, the rest on the CPU, both at the same time, and the two
-partial sums meet in one add on the device (where the residual stream lives: runtime/llama_graph.py).
+partial sums meet in one add on the device (where the residual stream lives: runtime/placement.py).
 
 The split is by whole quantization blocks of the original down matrix [d, n_ff]: each side's down is those
 blocks of every row and its gate and up the matching rows, byte for byte, so neither side re-quantizes

@@ -11,11 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _core
 from ..errors import PyinferError
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
-from ..runtime.llama_graph import build_llama_graph
 from ..runtime.sparse_ffn import SparseRuns
 
 
@@ -30,31 +28,26 @@ class SeqWork:
 class BatchEngine:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, num_blocks: int, block_size: int, max_seq_len: int,
                  n_threads: int, max_batch_tokens: int = 512, sparsity=None, runs: SparseRuns = SparseRuns(),
-                 cache_type: str = "f16", offload=None, device: str = "cpu", placement: dict | None = None):
-        """`offload`: an offload.OffloadedFfn streaming the FFN neurons that do not fit a RAM budget. With `sparsity`, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the
-        sparse FFN over the union of their active neurons while it is sparse enough (sparse_ffn.py). `device` and
-        `placement` (place/device.py): the hybrid CPU/GPU split, as load(device=...) runs it."""
-        from ..place.device import engine_backends, parse_device
+                 cache_type: str = "f16", offload=None, device: str = "cpu", placement: dict | None = None,
+                 neuron_down: str = "auto"):
+        """`offload`: an offload.OffloadedFfn streaming the FFN neurons that do not fit a RAM budget. With
+        `sparsity`, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the sparse FFN over
+        the union of their active neurons while it is sparse enough (sparse_ffn.py). `device` and `placement`
+        (place/device.py): the hybrid CPU/GPU split, as load(device=...) runs it. The server builds it through
+        Session.batch_engine, from the same parts as the Python API's model."""
+        from ..session import build_running
 
         self.cfg, self.block_size, self.num_blocks = cfg, block_size, num_blocks
         self.max_blocks = -(-max_seq_len // block_size)
         self.max_batch_tokens = max_batch_tokens
-        try:
-            b = build_llama_graph(gguf, cfg, num_blocks * block_size, sparsity, runs,
-                                  paged=(block_size, self.max_blocks), cache_type=cache_type, offload=offload,
-                                  hybrid=dict(placement, device=1) if placement else None)
-            kind, index = parse_device(device)
-            self.engine = _core.Engine(b.graph, max_tokens=max_batch_tokens, max_outputs=max_batch_tokens,
-                                       n_threads=n_threads, **engine_backends(kind, index, n_threads, b.placement))
-        except ValueError as e:
-            raise PyinferError(str(e)) from None
-        self._unions = [t.id for t in b.unions]
+        self.running = build_running(gguf, cfg, num_blocks * block_size, max_batch_tokens, n_threads, sparsity, runs,
+                                     neuron_down, cache_type, offload, (block_size, self.max_blocks), device,
+                                     placement)
+        self.engine = self.running.engine
 
     def sparse_layers(self) -> float:
         """Share of FFN layers that took the sparse path in the last run (0 without a sparsity plan)."""
-        if not self._unions:
-            return 0.0
-        return sum(int(self.engine.tensor(i, 1)[0, 0]) >= 0 for i in self._unions) / len(self._unions)
+        return self.running.sparse_share()
 
     def _check_blocks(self, work: list[SeqWork]) -> None:
         """Every block table holds distinct ids in [0, num_blocks), long enough for its tokens, and no two
@@ -93,12 +86,9 @@ class BatchEngine:
                 if i == len(w.tokens) - 1:
                     out_rows.append(row)
                     out_seqs.append(w.seq_id)
-            try:
-                self.engine.run(n, tokens, positions, np.asarray(out_rows, np.int32), slots, table)
-            except ValueError as e:
-                raise PyinferError(str(e)) from None
+            self.running.run(n, tokens, positions, np.asarray(out_rows, np.int32), slots, table)
             if out_rows:
-                logits = self.engine.logits()
+                logits = self.running.logits()
                 for k, sid in enumerate(out_seqs):
                     out[sid] = np.array(logits[k])
         return out

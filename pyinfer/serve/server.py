@@ -19,12 +19,10 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
                  neuron_cache: float | None = None, neuron_window: float | None = None,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  webui: bool = True):
-    """Returns (app, loop, model); call loop.start() before serving. `ram_budget` (a size or a plan file),
+    """Returns (app, loop, session); call loop.start() before serving. `ram_budget` (a size or a plan file),
     `neuron_cache`, `neuron_window`, `device`, `vram_budget`: as load()'s. `webui`: the chat page at /."""
-    from ..api import load
-    from ..offload.setup import make_offload
-    from ..sparsity.resolve import resolve_sparsity
-    from .batch_engine import BatchEngine
+    from ..model.pull import resolve_model
+    from ..session import Session
     from .engine_loop import EngineLoop
     from .openai_api import create_app
 
@@ -37,31 +35,17 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
         raise PyinferError("--max-concurrent-requests must be at least 1")
     if max_body_bytes < 1024:
         raise PyinferError("--max-body-bytes must be at least 1024")
-    # The Model serves tokenizer and chat template; the batch engine is the one that runs, so only it gets
-    # the sparse copies of the weights.
-    model = load(model_path, n_threads=n_threads, n_ctx=16)
-    plan = resolve_sparsity(sparsity, model.gguf, model.config, model.tokenizer.encode, target, model.n_threads)
-    cap = min(model.config.train_ctx, max_seq_len or model.config.train_ctx, kv_budget)
-    offload = make_offload(model.gguf, model.config, plan, "auto", ram_budget, neuron_cache, neuron_window)
-    placement = None
-    if device != "cpu" or vram_budget is not None:
-        from ..place.device import check_cuda, parse_device, resolve_placement
-
-        kind, index = parse_device(device)
-        if kind == "cpu":
-            raise PyinferError("--vram-budget needs --device cuda (or standin)")
-        if offload is not None:
-            raise PyinferError("--device and --ram-budget together are not supported yet")
-        if kind == "cuda":
-            check_cuda(index)
-        placement = resolve_placement(kind, index, vram_budget, model.gguf, model.config, plan,
-                                      (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, cache_type)
-    batch = BatchEngine(model.gguf, model.config, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, model.n_threads,
-                        sparsity=plan, cache_type=cache_type, offload=offload, device=device, placement=placement)
-    batch.engine.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
-    loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(model.tokenizer.end_of_generation))
-    name = Path(model.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
-    return create_app(model, loop, str(name), api_key, max_concurrent, max_body_bytes, webui), loop, model
+    # One session sets up the model's parts, as the Python API's load() does: the server's engine is its batch
+    # engine (many sequences over a paged KV cache); the session also serves the tokenizer and chat template.
+    session = Session(resolve_model(model_path), (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, n_threads, sparsity,
+                      target, cache_type=cache_type, ram_budget=ram_budget, neuron_cache=neuron_cache,
+                      neuron_window=neuron_window, device=device, vram_budget=vram_budget)
+    cap = min(session.config.train_ctx, max_seq_len or session.config.train_ctx, kv_budget)
+    batch = session.batch_engine(kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap)
+    batch.running.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
+    loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(session.tokenizer.end_of_generation))
+    name = Path(session.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
+    return create_app(session, loop, str(name), api_key, max_concurrent, max_body_bytes, webui), loop, session
 
 
 def api_key_of(args) -> str | None:

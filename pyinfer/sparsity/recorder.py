@@ -14,7 +14,7 @@ from .. import _core
 from ..errors import PyinferError
 from ..model.config import Activation, LlamaConfig
 from ..model.gguf_file import GGUFModelFile
-from ..runtime.llama_graph import build_llama_graph
+from ..runtime.model_graph import build_model_graph
 
 # callback(layer, h F32 [T, d_model], gate F32 [T, d_ff] pre-activation, up F32 [T, d_ff]); views valid
 # until the next window
@@ -24,7 +24,7 @@ LayerCallback = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
 class Recorder:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, n_threads: int, window: int = 256):
         self.cfg, self.window = cfg, window
-        b = build_llama_graph(gguf, cfg, window, record=True)
+        b = build_model_graph(gguf, cfg, window, record=True)
         self._records = b.records
         self._engine = _core.Engine(b.graph, max_tokens=window, max_outputs=1, n_threads=n_threads)
 

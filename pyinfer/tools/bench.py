@@ -73,7 +73,7 @@ def bench_prefill(model, n_tokens: int, seed: int = 0, depth: int = 0) -> float:
     ids = _random_ids(model, n_tokens, seed)
     t0 = time.perf_counter()
     with model._lock:
-        model._forward(ids, depth, np.array([n_tokens - 1]))
+        model.forward(ids, depth, np.array([n_tokens - 1]))
     return time.perf_counter() - t0
 
 
@@ -82,7 +82,7 @@ def fill_depth(model, depth: int, seed: int = 12345) -> np.ndarray:
     if depth == 0:
         return None
     with model._lock:
-        return model._forward(_random_ids(model, depth, seed), 0, np.array([depth - 1]))[0]
+        return model.forward(_random_ids(model, depth, seed), 0, np.array([depth - 1]))[0]
 
 
 def bench_decode(model, n_tokens: int, prompt: str = "Once upon a time", depth: int = 0,
@@ -94,11 +94,11 @@ def bench_decode(model, n_tokens: int, prompt: str = "Once upon a time", depth: 
             start, logits = depth, depth_logits
         else:
             ids = model.tokenize(prompt)
-            start, logits = len(ids), model._forward(ids, 0, np.array([len(ids) - 1]))[0]
+            start, logits = len(ids), model.forward(ids, 0, np.array([len(ids) - 1]))[0]
         t0 = time.perf_counter()
         for i in range(n_tokens):
             tok = int(np.argmax(logits))
-            logits = model._forward([tok], start + i, np.array([0]))[0]
+            logits = model.forward([tok], start + i, np.array([0]))[0]
         return time.perf_counter() - t0, n_tokens
 
 

@@ -56,7 +56,7 @@ def perplexity(model, text: str, ctx: int = 512, windows: int | None = None, pro
         chunk = list(tokens[w * ctx:(w + 1) * ctx])
         if model.tokenizer.add_bos:
             chunk[0] = model.tokenizer.bos_id  # llama.cpp replaces the first token with BOS
-        logits = model._forward(chunk, 0, rows)
+        logits = model.forward(chunk, 0, rows)
         lp = log_softmax_at(logits, np.asarray(chunk, dtype=np.int64)[rows + 1])
         nll -= lp.sum()
         count += len(lp)

@@ -218,8 +218,13 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         kernels_.quantize_q8a(row_ptr<const float>(*s0, r), row_ptr<BlockQ8A>(dst, r), dst.cols);
         break;
       case OpKind::Rope:
+      {
+        const int f = n.src[RopeSrc::factors];
+        const auto& P = n.p.rope;
         rope_row(row_ptr<const float>(*s0, r), row_ptr<float>(dst, r), static_cast<const int32_t*>(s1->data)[r],
-                 n.p.rope.heads, n.p.rope.head_dim, n.p.rope.base, n.p.rope.mode);
+                 P.heads, P.head_dim, P.base, P.mode, f >= 0 ? static_cast<const float*>(g.tensors[size_t(f)].data) : nullptr,
+                 P.freq_scale != 0.f ? P.freq_scale : 1.f, P.attn_factor != 0.f ? P.attn_factor : 1.f);
+      }
         break;
       case OpKind::KvStore: {
         const int32_t p = static_cast<const int32_t*>(s1->data)[r];
@@ -230,7 +235,9 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         break;
       }
       case OpKind::Add:
-        add_row(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r), dst.cols);
+        // b of one fixed row: a bias for every row
+        add_row(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, is_bias_row(*s1) ? 0 : r), row_ptr<float>(dst, r),
+                dst.cols);
         break;
       case OpKind::SiluMul:
         if (n.p.gated_mul.act == Activation::GeluTanh)

@@ -1,0 +1,126 @@
+"""Each architecture against llama.cpp itself: a tiny random model per architecture (2 layers, d 256, FFN 512,
+F32 weights, written with gguf-py) with a real vocabulary copied from llama.cpp's own vocab files, run by
+llama.cpp and pyinfer on the same 48 ids; then each quantized by llama.cpp (`llama_model_quantize`, Q4_K_M
+and Q8_0) and run again. The quantization noise is llama.cpp's own logits on the quantized file against its
+F32 file: pyinfer's distance to llama.cpp on a quantized file is stated beside it.
+
+  python bench/arch_check.py --vendor DIR   # DIR: vendor/llama.cpp/models of the llama-cpp-python 0.3.36 sdist
+                                            # writes bench/results/arch_check.{json,md}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parents[1] / "tests"))
+import pyinfer  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from llamacpp_quantized import distance, llamacpp_logits  # noqa: E402
+from pyinfer.model.gguf_file import GGUFModelFile  # noqa: E402
+from reference_llama import reference_logits  # noqa: E402
+from tiny_model import write_tiny_arch  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+FTYPES = {"Q4_K_M": 15, "Q8_0": 7}  # llama_ftype
+SHAPE = dict(d_model=256, d_ff=512, n_heads=4, n_kv_heads=2, n_layers=2)
+# (what, writer kind, vocabulary file, what it checks)
+CASES = [
+    ("llama (Mistral, SmolLM)", "llama", "ggml-vocab-llama-spm.gguf", "the plain llama layer"),
+    ("llama 3.x", "llama3", "ggml-vocab-llama-bpe.gguf", "rope_freqs.weight frequency factors"),
+    ("qwen2", "qwen2", "ggml-vocab-qwen2.gguf", "q/k/v biases, NEOX RoPE, tied head"),
+    ("qwen3", "qwen3", "ggml-vocab-qwen2.gguf", "QK-norm, head size 128 != d / heads"),
+    ("phi3", "phi3", "ggml-vocab-phi-3.gguf", "fused qkv and gate-up, LongRoPE short factors, attn_factor"),
+    ("phi3 (long)", "phi3-long", "ggml-vocab-phi-3.gguf", "LongRoPE long factors (context beyond the original)"),
+]
+
+
+def write(kind: str, path: Path, vocab: Path) -> Path:
+    """llama.cpp rounds its context up to a multiple of 256 before choosing Phi-3's long or short factors,
+    so the original context is put well away from the 128 both engines run with: 4096 (short), 64 (long)."""
+    hd = 128 if kind == "qwen3" else 64
+    extra = {"orig_ctx": 64 if kind == "phi3-long" else 4096} if kind.startswith("phi3") else {}
+    return write_tiny_arch(path, kind.removesuffix("-long"), seed=len(kind), config=dict(SHAPE, head_dim=hd),
+                           vocab_from=vocab, **extra)
+
+
+def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int) -> list[dict]:
+    import llama_cpp
+
+    src = write(kind, tmp / f"{kind}-f32.gguf", vocab)
+    f32 = pyinfer.load(str(src), n_threads=2, n_ctx=128, progress=False)
+    ids = np.random.default_rng(0).integers(3, f32.config.vocab_size, n_ids).tolist()
+    ref = llamacpp_logits(str(src), ids)
+    ours = f32.eval(ids, all_logits=True).astype(np.float64)
+    numpy_ref = reference_logits(f32.gguf, ids, n_ctx=128)
+    # Where the engines' top tokens differ: llama.cpp's top-2 gap over its largest |logit|, and whose side
+    # the fp32 numpy reference (tests/reference_llama.py) takes.
+    ties = [{"position": int(i), "llamacpp_top2_gap": float(-np.diff(np.sort(ref[i])[::-1][:2])[0] / np.abs(ref).max()),
+             "numpy_reference_agrees_with": "pyinfer" if numpy_ref[i].argmax() == ours[i].argmax() else
+             "llama.cpp" if numpy_ref[i].argmax() == ref[i].argmax() else "neither"}
+            for i in np.flatnonzero(ours.argmax(1) != ref.argmax(1))]
+    rows = [{"arch": name, "kind": kind, "file": "F32", "vocab": vocab.name,
+             "pyinfer_vs_llamacpp": distance(ours, ref), "quantization_noise": None, "top1_differences": ties}]
+    for ft, code in FTYPES.items():
+        out = tmp / f"{kind}-{ft}.gguf"
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = code
+        if llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params) != 0:
+            raise SystemExit(f"llama_model_quantize {ft} failed for {kind}")
+        types = Counter(t.type_name for t in GGUFModelFile(out).tensors.values())
+        ours = pyinfer.load(str(out), n_threads=2, n_ctx=128, progress=False).eval(ids, all_logits=True)
+        theirs = llamacpp_logits(str(out), ids)
+        rows.append({"arch": name, "kind": kind, "file": ft, "vocab": vocab.name, "tensor_types": dict(types),
+                     "pyinfer_vs_llamacpp": distance(ours.astype(np.float64), theirs),
+                     "quantization_noise": distance(theirs, ref)})
+    for r in rows:
+        print(json.dumps(r), file=sys.stderr)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vendor", type=Path, required=True, help="vendor/llama.cpp/models of the sdist")
+    ap.add_argument("--tokens", type=int, default=48)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="pyinfer-arch-"))
+    rows = []
+    for name, kind, vocab, _ in CASES:
+        rows += run_case(name, kind, args.vendor / vocab, tmp, args.tokens)
+        for f in tmp.glob(f"{kind}-*.gguf"):
+            f.unlink()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "arch_check.json").write_text(json.dumps({"tokens": args.tokens, "shape": SHAPE, "rows": rows},
+                                                        indent=1))
+    md = ["# Architectures against llama.cpp 0.3.36", "",
+          f"Tiny random models ({SHAPE['n_layers']} layers, d {SHAPE['d_model']}, FFN {SHAPE['d_ff']}, "
+          f"{SHAPE['n_heads']} heads, {SHAPE['n_kv_heads']} KV heads) with llama.cpp's own vocabularies; "
+          f"{args.tokens} random ids evaluated by both engines. max = largest |difference| over the largest "
+          "|logit|; top-1 = share of positions whose argmax agrees. Quantization noise: llama.cpp's own logits "
+          "on the quantized file against its F32 file.", "",
+          "| architecture | checks | vocabulary | file | max | top-1 | quantization noise: max | top-1 |",
+          "|---|---|---|---|---|---|---|---|"]
+    what = {c[1]: c[3] for c in CASES}
+    for r in rows:
+        a, q = r["pyinfer_vs_llamacpp"], r["quantization_noise"]
+        qn = f"{q['max_rel']:.4f} | {q['argmax_agree']:.3f}" if q else "- | -"
+        md.append(f"| {r['arch']} | {what[r['kind']]} | {r['vocab']} | {r['file']} | {a['max_rel']:.4f} | "
+                  f"{a['argmax_agree']:.3f} | {qn} |")
+    for r in rows:
+        for t in r.get("top1_differences") or []:
+            md.append(f"\n{r['arch']} {r['file']}: position {t['position']} differs; llama.cpp's top two logits are "
+                      f"{t['llamacpp_top2_gap']:.4%} of the largest |logit| apart, and the fp32 numpy reference "
+                      f"agrees with {t['numpy_reference_agrees_with']}.")
+    (RESULTS / "arch_check.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

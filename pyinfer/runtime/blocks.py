@@ -1,0 +1,104 @@
+"""The shared pieces an architecture's layer is built from (llama.cpp's build_norm / build_qkv / build_attn /
+build_ffn): norms, attention with its optional biases, QK-norm, RoPE factors and KV cache, the residual add,
+and the FFN, which is whatever runtime/ffn.py chose for this graph (dense, sparse, recorded, split, offloaded).
+
+Nothing here places nodes on devices: runtime/placement.py does that afterwards, from the spans recorded here."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._core import DType
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from .graph_builder import GraphBuilder, T
+
+
+@dataclass
+class ModelGraph:
+    """What an architecture's layer code builds with: the builder, the model's weights, the run's inputs,
+    the KV cache layout and the FFN of this graph."""
+    b: GraphBuilder
+    gguf: GGUFModelFile
+    cfg: LlamaConfig
+    n_ctx: int
+    weight_source: object            # (name) -> numpy data of a weight (resident copies under offload)
+    ffn_builder: object              # runtime/ffn.py: (ModelGraph, h, il) -> F32 [T, d_model]
+    positions: T                     # I32 [T]
+    slots: T                         # I32 [T]: the cache row each token's K/V goes to
+    kv_table: T | None = None        # I32 [T, max blocks] (paged KV)
+    block_size: int = 0
+    kv_dtype: DType = DType.F16
+    embedding: T | None = None       # the stream's first tensor (the embedding lookup's output)
+    # Node spans [first, end) the FFN builder placed itself; runtime/placement.py leaves them alone.
+    ffn_spans: list[tuple[int, int]] = field(default_factory=list)
+    _weights: dict[str, T] = field(default_factory=dict)
+
+    # ---- weights --------------------------------------------------------------------------------------
+    def w(self, name: str) -> T:
+        """A weight of the model, once per graph however many pieces read it."""
+        t = self._weights.get(name)
+        if t is None:
+            g = self.gguf.finite_norm(name) if name.endswith("norm.weight") else self.gguf.tensor(name)
+            data = self.weight_source(name, g.data)
+            if g.rows == 1 and g.type_name == "F16" and not name.endswith("norm.weight"):  # biases, factors: F32
+                data = np.asarray(data, np.float32)
+                t = self.b.weight(name, int(DType.F32), g.cols, 1, data)
+            else:
+                t = self.b.weight(name, g.dtype_id, g.cols, g.rows, data)
+            self._weights[name] = t
+        return t
+
+    def optional(self, name: str) -> T | None:
+        return self.w(name) if name in self.gguf.tensors else None
+
+    # ---- pieces ---------------------------------------------------------------------------------------
+    def norm(self, x: T, weight: str, name: str, out: T | None = None, segment: int = 0) -> T:
+        return self.b.rms_norm(x, self.w(weight), self.cfg.norm_eps, name, segment=segment, out=out)
+
+    def linear(self, x: T, weight: str, name: str, bias: str | None = None) -> T:
+        """x @ W.T (+ bias, when the file has one)."""
+        y = self.b.matmul(self.w(weight), x, name)
+        if bias is not None and bias in self.gguf.tensors:
+            self.b.add(y, self.w(bias), out=y)
+        return y
+
+    def attention(self, h: T, il: int, qk_norm: bool = False, factors: T | None = None, rope_base: float | None = None,
+                  window: int = 0, scale: float | None = None) -> T:
+        """Self-attention of layer `il` on h (F32 [T, d_model]) to the output projection (F32 [T, d_model]):
+        q, k, v (with their biases if present), per-head RMS norm of q and k (`qk_norm`), RoPE (the
+        architecture's pairing, `factors` dividing each pair's frequency), the KV cache, causal attention
+        (`window`: sliding-window layers) and the output projection."""
+        b, c, p = self.b, self.cfg, f"blk.{il}."
+        q = self.linear(h, p + "attn_q.weight", "q", p + "attn_q.bias")  # F32 [T, n_heads * head_dim]
+        k = self.linear(h, p + "attn_k.weight", "k", p + "attn_k.bias")  # F32 [T, n_kv_heads * head_dim]
+        v = self.linear(h, p + "attn_v.weight", "v", p + "attn_v.bias")
+        if qk_norm:  # each head normalised on its own
+            q = self.norm(q, p + "attn_q_norm.weight", "q_normed", segment=c.head_dim)
+            k = self.norm(k, p + "attn_k_norm.weight", "k_normed", segment=c.head_dim)
+        base = c.rope_base if rope_base is None else rope_base
+        for x, heads in ((q, c.n_heads), (k, c.n_kv_heads)):
+            b.rope(x, self.positions, heads, c.head_dim, base, neox=c.rope_neox, factors=factors,
+                   freq_scale=c.rope_freq_scale, attn_factor=c.rope_attn_factor)
+        k_cache = b.state(f"k_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)  # F16|Q8_0 [n_ctx, kv width]
+        v_cache = b.state(f"v_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)
+        b.kv_store(k_cache, k, self.slots)
+        b.kv_store(v_cache, v, self.slots)
+        o = b.attention(q, k_cache, v_cache, self.positions, c.n_heads, c.n_kv_heads, c.head_dim, "attn",
+                        self.kv_table, self.block_size, window=window, scale=scale)
+        return self.linear(o, p + "attn_output.weight", "attn_out", p + "attn_output.bias")  # F32 [T, d_model]
+
+    def ffn(self, h: T, il: int) -> T:
+        """The layer's FFN on h (F32 [T, d_model]), as this graph's FFN builder makes it."""
+        first = len(self.b.placement)
+        out = self.ffn_builder(self, h, il)
+        self.ffn_spans.append((first, len(self.b.placement)))
+        return out
+
+    def residual(self, x: T, y: T) -> T:
+        """x + y, in place on the residual stream; its first add makes the stream a tensor of its own, so the
+        stream is written where the layers run, not where the embedding lookup ran."""
+        if self.embedding is not None and x.id == self.embedding.id:
+            return self.b.add(x, y, name="x_stream")
+        return self.b.add(x, y, out=x)

@@ -1,0 +1,65 @@
+"""The one FFN call every architecture makes (ModelGraph.ffn), and the choice of what it builds, made once per
+graph outside the model code: dense, neuron-aware (with its weights in RAM or streamed from a neuron store),
+split between the CPU and a device, or recorded for the profiler. The Mixture-of-Experts FFN joins here."""
+from __future__ import annotations
+
+from .graph_builder import T
+from .hybrid_ffn import hybrid_ffn
+from .sparse_ffn import SparseRuns, dense_ffn, sparse_ffn
+
+
+class DenseFfn:
+    """act(gate) * up, then down: every neuron."""
+
+    def __call__(self, m, h: T, il: int) -> T:
+        return dense_ffn(m.b, m.w, h, il, m.cfg)
+
+
+class RecordedFfn:
+    """The dense FFN, keeping each layer's input, gate and up readable after a run (the profiler's view:
+    b.records[layer] = (ffn_in, gate, up) ids)."""
+
+    def __call__(self, m, h: T, il: int) -> T:
+        b, p = m.b, f"blk.{il}."
+        gate = b.matmul(m.w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff], pre-activation
+        up = b.matmul(m.w(p + "ffn_up.weight"), h, "up")
+        act = b.gated_mul(gate, up, name="act", act=m.cfg.activation)
+        for t in (h, gate, up):
+            b.graph.pin(t.id)
+        b.records.append((h.id, gate.id, up.id))
+        return b.matmul(m.w(p + "ffn_down.weight"), act, "ffn_out")
+
+
+class SparseFfn:
+    """Neuron-aware decode from a sparsity plan (runtime/sparse_ffn.py); with `offload`, the FFN rows come
+    from its neuron store."""
+
+    def __init__(self, plan, runs: SparseRuns, down_type: str = "auto", offload=None):
+        self.plan, self.runs, self.down_type, self.offload = plan, runs, down_type, offload
+
+    def __call__(self, m, h: T, il: int) -> T:
+        return sparse_ffn(m.b, m.w, m.gguf, h, il, m.cfg, self.plan, self.runs, self.down_type, self.offload)
+
+
+class SplitFfn:
+    """Each layer's FFN split between the CPU and a device by a GPU placement (runtime/hybrid_ffn.py); the
+    split places its own nodes, the only FFN that does."""
+
+    def __init__(self, hybrid: dict, plan=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto"):
+        self.hybrid, self.plan, self.runs, self.down_type = hybrid, plan, runs, down_type
+
+    def __call__(self, m, h: T, il: int) -> T:
+        hy = self.hybrid
+        return hybrid_ffn(m.b, m.gguf, h, il, m.cfg, hy["gpu_blocks"][il], hy["block"], hy["device"], self.plan,
+                          self.runs, self.down_type, m.w)
+
+
+def choose_ffn(sparsity=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto", offload=None,
+               hybrid: dict | None = None, record: bool = False):
+    if record:
+        return RecordedFfn()
+    if hybrid is not None:
+        return SplitFfn(hybrid, sparsity, runs, down_type)
+    if sparsity is not None:
+        return SparseFfn(sparsity, runs, down_type, offload)
+    return DenseFfn()

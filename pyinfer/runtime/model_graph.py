@@ -1,0 +1,73 @@
+"""A model's forward pass as an op graph: the inputs, the embedding lookup, each layer as its architecture's
+file builds it (model/arch/), the final norm and the output head. What the FFN is (runtime/ffn.py) and which
+backend runs each node (runtime/placement.py) are decided here, outside the model code."""
+from __future__ import annotations
+
+from .._core import DType, RowMode
+from ..model.arch import architecture
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from ..sparsity.plan import SparsityPlan
+from .blocks import ModelGraph
+from .ffn import choose_ffn
+from .graph_builder import GraphBuilder
+from .placement import assign_split
+from .sparse_ffn import SparseRuns
+
+# KV cache element types by their llama.cpp names.
+CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0}
+
+
+def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
+                      runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
+                      paged: tuple[int, int] | None = None, cache_type: str = "f16", offload=None,
+                      hybrid: dict | None = None) -> GraphBuilder:
+    """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
+    gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
+    `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
+    in blocks (continuous batching); each run then also takes every token's KV slot and block table.
+    `cache_type`: "f16" or "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token).
+    `offload`: an offload.OffloadedFfn (with `sparsity`): the FFN rows come from its neuron store.
+    `hybrid`: a GPU placement (place/gpu_placement.py, as its summary) and "device", the engine backend that
+    stands for the GPU: the residual stream, norms and attention, each layer's placed FFN blocks and, if
+    placed, the output head run there. Only the embedding lookup and the CPU's FFN blocks run on the CPU, so
+    a layer wholly on the GPU costs no copy and a split one two (its FFN input down, the CPU's sum up)."""
+    if cache_type not in CACHE_TYPES:
+        raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
+    arch = architecture(gguf.architecture)
+    b = GraphBuilder()
+    b.records = []
+
+    tokens = b.input("tokens")                          # I32 [T]
+    positions = b.input("positions")                    # I32 [T]
+    out_ids = b.input("out_ids", RowMode.OUTPUTS)       # I32 [O]: batch rows that produce logits
+    b.graph.input_tokens, b.graph.input_positions, b.graph.input_out_ids = tokens.id, positions.id, out_ids.id
+    slots, kv_table, block_size = positions, None, 0
+    if paged is not None:
+        block_size, max_blocks = paged
+        slots = b.input("slots")                        # I32 [T]: cache row each token's K/V goes to
+        kv_table = b.input("kv_table", cols=max_blocks)  # I32 [T, max_blocks]: its sequence's blocks
+        b.graph.input_slots, b.graph.input_kv_table = slots.id, kv_table.id
+
+    def weight_source(name: str, data):
+        return data if offload is None else offload.resident_copy(name, data)
+
+    m = ModelGraph(b, gguf, cfg, n_ctx, weight_source,
+                   choose_ffn(sparsity, runs, down_type, offload, hybrid, record), positions, slots, kv_table,
+                   block_size, CACHE_TYPES[cache_type])
+    embed = m.w("token_embd.weight")                    # [vocab, d_model]
+    x = b.get_rows(embed, tokens, "x", scale=cfg.embed_scale)  # F32 [T, d_model], the residual stream
+    m.embedding = x
+    for il in range(cfg.n_layers):
+        x = arch.build_layer(m, il, x)
+
+    # Only rows that need logits go through the final norm and the (large) output head.
+    xo = b.select_rows(x, out_ids, "x_out")             # F32 [O, d_model]
+    h = m.norm(xo, "output_norm.weight", "out_in")
+    head_first = len(b.placement)
+    logits = b.matmul(embed if cfg.tied_output else m.w("output.weight"), h, "logits")  # F32 [O, vocab]
+    b.graph.output_logits = logits.id
+    if hybrid is not None:
+        assign_split(b, m.ffn_spans, (head_first, len(b.placement)), hybrid["device"],
+                     bool(hybrid.get("head_on_gpu")))
+    return b

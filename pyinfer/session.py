@@ -1,0 +1,191 @@
+"""A model file and everything set up from it once: the one composition root of the Python API (api.Model, one
+sequence) and the server (serve/batch_engine.py, many sequences over a paged KV cache). It holds the file, its
+hyper-parameters, tokenizer and chat template, the sparsity plan, the offload weight source, the device and
+its placement, and builds graphs and engines from them; callers run an engine through its RunningModel and
+never reach into the engine itself."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import _core
+from .errors import PyinferError
+from .model.chat_template import chat_spans, render_chat
+from .model.gguf_file import GGUFModelFile
+from .model.tokenizer import Tokenizer
+from .place.device import check_cuda, engine_backends, parse_device, resolve_placement
+from .runtime.model_graph import CACHE_TYPES, build_model_graph
+from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
+from .runtime.threads import physical_cores
+
+
+class Session:
+    """`path`: a GGUF file. `kv_rows`: the KV rows a placement must leave room for (a model's n_ctx, a server's
+    KV budget). The other options are load()'s (see api.Model)."""
+
+    def __init__(self, path: str | os.PathLike, kv_rows: int, n_threads: int | None = None, sparsity="off",
+                 target: float | None = None, neuron_down: str = "auto", cache_type: str = "f16",
+                 ram_budget: str | int | None = None, neuron_cache: float | None = None,
+                 neuron_window: float | None = None, device: str = "cpu", vram_budget: str | int | None = None,
+                 progress: bool = True, mmap: bool = True):
+        from .offload.setup import make_offload
+        from .sparsity.resolve import resolve_sparsity
+
+        if cache_type not in CACHE_TYPES:
+            raise PyinferError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
+        if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
+            raise PyinferError(f"n_threads must be a positive integer, got {n_threads!r}")
+        if neuron_down not in NEURON_DOWN_CHOICES:
+            raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
+        self.path = str(path)
+        self.gguf = GGUFModelFile(path, mmap=mmap)
+        self.config = self.gguf.llama_config()
+        self.tokenizer = Tokenizer(self.gguf.metadata)
+        self.chat_template = self.gguf.get("tokenizer.chat_template")
+        self.cache_type, self.neuron_down = cache_type, neuron_down
+        if cache_type == "q8_0" and self.config.head_dim % 32:
+            raise PyinferError(f"a q8_0 KV cache needs a head size that is a multiple of 32; this model's is "
+                               f"{self.config.head_dim} (use cache_type f16)")
+        self.n_threads = n_threads or physical_cores()
+        self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
+                                         self.n_threads, progress)
+        self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
+                                    neuron_window, progress)
+        self.device = str(device)
+        self.kind, self.index = parse_device(device)
+        self.placement = None
+        if self.kind == "cpu" and vram_budget is not None:
+            raise PyinferError("a VRAM budget (--vram-budget) needs a device: cuda or standin (--device)")
+        if self.kind != "cpu":
+            if self.kind == "cuda":
+                check_cuda(self.index)
+            if self.offload is not None:
+                raise PyinferError("a device and a RAM budget together are not supported yet (the GPU split "
+                                   "keeps the CPU's neurons in RAM)")
+            self.placement = resolve_placement(self.kind, self.index, vram_budget, self.gguf, self.config,
+                                               self.sparsity, kv_rows, cache_type)
+
+    # ---- engines ----------------------------------------------------------------------------------------
+    def build(self, n_ctx: int, max_tokens: int, runs: SparseRuns, isa: str = "auto",
+              paged: tuple[int, int] | None = None) -> RunningModel:
+        """The model's graph over a KV cache of n_ctx rows (paged: (block size, max blocks per sequence)) and
+        an engine running up to max_tokens tokens per run."""
+        return build_running(self.gguf, self.config, n_ctx, max_tokens, self.n_threads, self.sparsity, runs,
+                             self.neuron_down, self.cache_type, self.offload, paged, self.device, self.placement, isa)
+
+    def batch_engine(self, num_blocks: int, block_size: int, max_seq_len: int, max_batch_tokens: int = 512,
+                     runs: SparseRuns = SparseRuns()):
+        """The server's engine: many sequences over a paged KV cache of num_blocks * block_size rows."""
+        from .serve.batch_engine import BatchEngine
+
+        return BatchEngine(self.gguf, self.config, num_blocks, block_size, max_seq_len, self.n_threads,
+                           max_batch_tokens, self.sparsity, runs, self.cache_type, self.offload, self.device,
+                           self.placement, self.neuron_down)
+
+    # ---- text -------------------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids) -> str:
+        return self.tokenizer.decode(ids)
+
+    def _bos_eos_text(self) -> tuple[str, str]:
+        tk = self.tokenizer
+        return (tk.token_text(tk.bos_id) if tk.bos_id is not None else "",
+                tk.token_text(tk.eos_id) if tk.eos_id is not None else "")
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        bos, eos = self._bos_eos_text()
+        return render_chat(self.chat_template, messages, bos, eos, add_generation_prompt)
+
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The prompt ids of a chat: the model's template rendered, its own text tokenized with control tokens and
+        the messages' content as plain text (see Tokenizer.encode_chat), BOS first where the model wants one.
+        Roles must be ones the template knows (chat_template.template_roles)."""
+        bos, eos = self._bos_eos_text()
+        text, spans = chat_spans(self.chat_template, messages, bos, eos, add_generation_prompt)
+        ids = self.tokenizer.encode_chat(text, spans, [m["content"] for m in messages])
+        tk = self.tokenizer
+        return [tk.bos_id] + ids if tk.add_bos and tk.bos_id is not None and ids[:1] != [tk.bos_id] else ids
+
+
+def build_running(gguf, cfg, n_ctx: int, max_tokens: int, n_threads: int, sparsity, runs: SparseRuns,
+                  neuron_down: str = "auto", cache_type: str = "f16", offload=None, paged=None, device: str = "cpu",
+                  placement: dict | None = None, isa: str = "auto") -> RunningModel:
+    """The one place a graph and its engine are made from a model's parts (Session.build, BatchEngine)."""
+    kind, index = parse_device(device)
+    try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line
+        b = build_model_graph(gguf, cfg, n_ctx, sparsity, runs, down_type=neuron_down, paged=paged,
+                              cache_type=cache_type, offload=offload,
+                              hybrid=dict(placement, device=1) if placement else None)
+        engine = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=n_threads, isa=isa,
+                              **engine_backends(kind, index, n_threads, b.placement))
+    except ValueError as e:
+        raise PyinferError(f"{gguf.path.name}: {e}") from None
+    return RunningModel(engine, [t.id for t in b.unions])
+
+
+@dataclass
+class RunningModel:
+    """An engine and what callers may ask of it: run, logits, each layer's active union of the last run, op
+    timing and copy counts. Nothing else holds the engine."""
+    engine: object
+    union_ids: list[int]
+
+    def run(self, n_tokens: int, tokens, positions, out_rows, slots=None, kv_table=None) -> None:
+        try:
+            if slots is None:
+                self.engine.run(n_tokens, tokens, positions, out_rows)
+            else:
+                self.engine.run(n_tokens, tokens, positions, out_rows, slots, kv_table)
+        except ValueError as e:  # the engine refused the input (one line, as every user error)
+            raise PyinferError(str(e)) from None
+
+    def logits(self) -> np.ndarray:
+        return self.engine.logits()
+
+    def unions(self) -> list[np.ndarray]:
+        """Per FFN layer, the last run's active union: I32 [n_ff + 1], count (-1: the run went dense), ids."""
+        return [np.array(self.engine.tensor(i, 1)[0]) for i in self.union_ids]
+
+    def sparse_share(self) -> float:
+        """Share of FFN layers that took the sparse path in the last run (0 without a sparsity plan)."""
+        u = self.unions()
+        return sum(int(x[0]) >= 0 for x in u) / len(u) if u else 0.0
+
+    def set_op_timing(self, on: bool) -> None:
+        self.engine.set_op_timing(on)
+
+    def op_timing(self):
+        return self.engine.op_timing()
+
+    @property
+    def n_copies(self) -> int:
+        return self.engine.n_copies
+
+    @property
+    def isa(self) -> str:
+        return self.engine.isa
+
+    def reserve_memory(self) -> None:
+        self.engine.reserve_memory()
+
+    # ---- for timelines and debugging (bench/timeline.py) ----------------------------------------------------
+    @property
+    def n_segments(self) -> int:
+        return self.engine.n_segments
+
+    def node_names(self) -> list[str]:
+        return self.engine.node_names()
+
+    def segments(self):
+        return self.engine.segments()
+
+    def set_timeline(self, on: bool) -> None:
+        self.engine.set_timeline(on)
+
+    def timeline(self):
+        return self.engine.timeline()
