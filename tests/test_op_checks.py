@@ -193,3 +193,20 @@ def test_sidecar_permutation_is_checked(tmp_path):
 
 def test_row_modes_of_inputs():
     assert RowMode.TOKENS != RowMode.FIXED  # the module's enums are exposed (used by the tests above)
+
+
+def test_the_op_and_type_tables_drive_the_bindings():
+    """Python's Op and DType enums come from the one op table and the one type table of the core (graph/
+    op_params.cpp, graph/dtype.h); every GGUF type id pyinfer runs is GGML's, and row sizes follow the table."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from pyinfer import _core
+
+    assert len(_core.Op.__members__) == 18 and len({_core.op_signature(op)["sources"][0] for op in _core.Op.__members__.values()}) > 1
+    for name, t in _core.DType.__members__.items():
+        if name in ("Q8A", "Q4T"):  # pyinfer's own: activations, neuron-major down
+            continue
+        g = GGMLQuantizationType[name]
+        assert int(t) == int(g)
+        elems, nbytes = GGML_QUANT_SIZES[g]
+        assert _core.row_bytes(t, 256) == 256 // elems * nbytes

@@ -82,20 +82,11 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "pyinfer C++ core: op graph, executor, CPU kernels";
   py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
 
-  py::enum_<DType>(m, "DType")
-      .value("F32", DType::F32).value("F16", DType::F16).value("BF16", DType::BF16)
-      .value("Q4_0", DType::Q4_0).value("Q4_1", DType::Q4_1).value("Q8_0", DType::Q8_0)
-      .value("Q5_0", DType::Q5_0).value("Q5_1", DType::Q5_1).value("Q4_K", DType::Q4_K).value("Q5_K", DType::Q5_K)
-      .value("Q6_K", DType::Q6_K).value("I32", DType::I32).value("Q8A", DType::Q8A).value("Q4T", DType::Q4T);
-  py::enum_<OpKind>(m, "Op")
-      .value("GET_ROWS", OpKind::GetRows).value("RMS_NORM", OpKind::RmsNorm).value("QUANTIZE", OpKind::Quantize)
-      .value("MAT_MUL", OpKind::MatMul).value("ROPE", OpKind::Rope).value("KV_STORE", OpKind::KvStore)
-      .value("ATTENTION", OpKind::Attention).value("ADD", OpKind::Add).value("SILU_MUL", OpKind::SiluMul)
-      .value("SELECT_ROWS", OpKind::SelectRows).value("BIAS_RELU", OpKind::BiasRelu)
-      .value("ACTIVE_SET", OpKind::ActiveSet).value("GATED_ACT", OpKind::GatedAct)
-      .value("DOWN_AXPY", OpKind::DownAxpy).value("SCATTER_COLS", OpKind::ScatterCols)
-      .value("ACTIVE_UNION", OpKind::ActiveUnion).value("NEURON_FETCH", OpKind::NeuronFetch)
-      .value("COPY", OpKind::Copy);
+  // Both enums from the one tables (graph/dtype.h, graph/op_params.cpp): a new type or op needs no edit here.
+  py::enum_<DType> dtypes(m, "DType");
+  for (const DTypeTraits& t : kDTypeTraits) dtypes.value(t.name, t.type);
+  py::enum_<OpKind> ops(m, "Op");
+  for (int k = 0; k < kOpKinds; ++k) ops.value(op_signature(OpKind(k)).py_name, OpKind(k));
   m.def("op_signature", [](OpKind op) {
         const OpSignature& sig = op_signature(op);
         py::list sources, params;

@@ -56,6 +56,51 @@ static_assert(sizeof(BlockQ4_K) == 144, "GGUF Q4_K layout");
 static_assert(sizeof(BlockQ5_K) == 176, "GGUF Q5_K layout");
 static_assert(sizeof(BlockQ6_K) == 210, "GGUF Q6_K layout");
 
+// One row per type: every fact the graph, the kernels (CPU and CUDA), the bindings and the checks need about
+// a type, in one place (ggml's type_traits). Adding a type is one row here; the count check below fails until
+// every switch over the types has been revisited.
+struct DTypeTraits {
+  DType type;
+  const char* name;
+  int32_t block_elems;  // elements per block (1 for element types)
+  int32_t block_bytes;  // bytes per block (element size for element types)
+  bool integer_dot;     // weights that the integer-dot matmul runs against Q8A activations
+  bool quantized;       // stored in blocks with scales (weights, Q8A, Q4T)
+};
+inline constexpr DTypeTraits kDTypeTraits[] = {
+    {DType::F32, "F32", 1, 4, false, false},
+    {DType::F16, "F16", 1, 2, false, false},
+    {DType::BF16, "BF16", 1, 2, false, false},
+    {DType::I32, "I32", 1, 4, false, false},
+    {DType::Q4_0, "Q4_0", kQuantBlock, int32_t(sizeof(BlockQ4_0)), true, true},
+    {DType::Q4_1, "Q4_1", kQuantBlock, int32_t(sizeof(BlockQ4_1)), true, true},
+    {DType::Q5_0, "Q5_0", kQuantBlock, int32_t(sizeof(BlockQ5_0)), true, true},
+    {DType::Q5_1, "Q5_1", kQuantBlock, int32_t(sizeof(BlockQ5_1)), true, true},
+    {DType::Q8_0, "Q8_0", kQuantBlock, int32_t(sizeof(BlockQ8_0)), true, true},
+    {DType::Q4_K, "Q4_K", kSuperBlock, int32_t(sizeof(BlockQ4_K)), true, true},
+    {DType::Q5_K, "Q5_K", kSuperBlock, int32_t(sizeof(BlockQ5_K)), true, true},
+    {DType::Q6_K, "Q6_K", kSuperBlock, int32_t(sizeof(BlockQ6_K)), true, true},
+    {DType::Q8A, "Q8A", kQuantBlock, int32_t(sizeof(BlockQ8A)), false, true},
+    {DType::Q4T, "Q4T", kQuantBlock, 16, false, true},  // nibbles only: its scales live in a side tensor
+};
+inline constexpr int kDTypeCount = 14;
+static_assert(sizeof(kDTypeTraits) / sizeof(kDTypeTraits[0]) == kDTypeCount,
+              "a DType was added or removed: update kDTypeTraits and every switch over DType");
+
+// The type's row of kDTypeTraits, or nullptr for an id that is no type (a corrupt file, a bad binding call).
+constexpr const DTypeTraits* dtype_traits(DType t) {
+  for (const DTypeTraits& r : kDTypeTraits)
+    if (r.type == t) return &r;
+  return nullptr;
+}
+// Bytes per block of a type, as a compile-time constant (kernels on both sides index blocks with it).
+constexpr int32_t dtype_block_bytes(DType t) { return dtype_traits(t) ? dtype_traits(t)->block_bytes : 0; }
+static_assert(dtype_block_bytes(DType::Q4_0) == 18 && dtype_block_bytes(DType::Q4_1) == 20 &&
+              dtype_block_bytes(DType::Q5_0) == 22 && dtype_block_bytes(DType::Q5_1) == 24 &&
+              dtype_block_bytes(DType::Q8_0) == 34 && dtype_block_bytes(DType::Q4_K) == 144 &&
+              dtype_block_bytes(DType::Q5_K) == 176 && dtype_block_bytes(DType::Q6_K) == 210,
+              "GGUF block layouts");
+
 bool dtype_is_quantized(DType t);
 // Weights that the integer-dot matmul runs against Q8A activations.
 bool dtype_is_integer_dot(DType t);

@@ -6,31 +6,6 @@
 
 namespace pyinfer {
 
-const char* op_name(OpKind op) {
-  switch (op) {
-    case OpKind::GetRows: return "get_rows";
-    case OpKind::RmsNorm: return "rms_norm";
-    case OpKind::Quantize: return "quantize";
-    case OpKind::MatMul: return "mat_mul";
-    case OpKind::Rope: return "rope";
-    case OpKind::KvStore: return "kv_store";
-    case OpKind::Attention: return "attention";
-    case OpKind::Add: return "add";
-    case OpKind::SiluMul: return "silu_mul";
-    case OpKind::SelectRows: return "select_rows";
-    case OpKind::BiasRelu: return "bias_relu";
-    case OpKind::ActiveSet: return "active_set";
-    case OpKind::GatedAct: return "gated_act";
-    case OpKind::DownAxpy: return "down_axpy";
-    case OpKind::ScatterCols: return "scatter_cols";
-    case OpKind::ActiveUnion: return "active_union";
-    case OpKind::NeuronFetch: return "neuron_fetch";
-    case OpKind::Copy: return "copy";
-    case OpKind::Count: break;
-  }
-  return "?";
-}
-
 size_t checked_bytes(const std::string& name, int64_t rows, size_t row_bytes) {
   size_t bytes = 0;
   if (rows < 0 || __builtin_mul_overflow(size_t(rows), row_bytes, &bytes) || bytes > (size_t(1) << 48))

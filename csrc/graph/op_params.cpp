@@ -11,21 +11,21 @@ namespace {
 #define PYI_I32(op, field) {#field, false, offsetof(OpParams, op) + offsetof(decltype(OpParams::op), field)}
 #define PYI_F32(op, field) {#field, true, offsetof(OpParams, op) + offsetof(decltype(OpParams::op), field)}
 
-const ParamField kGetRows[] = {PYI_F32(get_rows, scale)};
-const ParamField kRmsNorm[] = {PYI_F32(rms_norm, eps), PYI_I32(rms_norm, segment)};
-const ParamField kRope[] = {PYI_I32(rope, heads), PYI_I32(rope, head_dim), PYI_I32(rope, mode), PYI_F32(rope, base),
+constexpr ParamField kGetRows[] = {PYI_F32(get_rows, scale)};
+constexpr ParamField kRmsNorm[] = {PYI_F32(rms_norm, eps), PYI_I32(rms_norm, segment)};
+constexpr ParamField kRope[] = {PYI_I32(rope, heads), PYI_I32(rope, head_dim), PYI_I32(rope, mode), PYI_F32(rope, base),
                             PYI_F32(rope, freq_scale), PYI_F32(rope, attn_factor)};
-const ParamField kAttention[] = {PYI_I32(attention, heads), PYI_I32(attention, kv_heads),
+constexpr ParamField kAttention[] = {PYI_I32(attention, heads), PYI_I32(attention, kv_heads),
                                  PYI_I32(attention, head_dim), PYI_I32(attention, block_size),
                                  PYI_I32(attention, window), PYI_F32(attention, scale)};
-const ParamField kGatedMul[] = {PYI_I32(gated_mul, act)};
-const ParamField kActiveSet[] = {PYI_I32(active_set, n_ff), PYI_I32(active_set, hot), PYI_I32(active_set, mode),
+constexpr ParamField kGatedMul[] = {PYI_I32(gated_mul, act)};
+constexpr ParamField kActiveSet[] = {PYI_I32(active_set, n_ff), PYI_I32(active_set, hot), PYI_I32(active_set, mode),
                                  PYI_I32(active_set, silu), PYI_F32(active_set, threshold)};
-const ParamField kGatedAct[] = {PYI_I32(gated_act, act), PYI_F32(gated_act, threshold)};
-const ParamField kActiveUnion[] = {PYI_I32(active_union, n_ff), PYI_I32(active_union, max_tokens),
+constexpr ParamField kGatedAct[] = {PYI_I32(gated_act, act), PYI_F32(gated_act, threshold)};
+constexpr ParamField kActiveUnion[] = {PYI_I32(active_union, n_ff), PYI_I32(active_union, max_tokens),
                                    PYI_F32(active_union, max_density), PYI_F32(active_union, max_union),
                                    PYI_F32(active_union, max_single)};
-const ParamField kNeuronFetch[] = {PYI_I32(neuron_fetch, layer), PYI_I32(neuron_fetch, mode)};
+constexpr ParamField kNeuronFetch[] = {PYI_I32(neuron_fetch, layer), PYI_I32(neuron_fetch, mode)};
 
 #undef PYI_I32
 #undef PYI_F32
@@ -33,29 +33,46 @@ const ParamField kNeuronFetch[] = {PYI_I32(neuron_fetch, layer), PYI_I32(neuron_
 template <size_t N>
 constexpr int count(const ParamField (&)[N]) { return int(N); }
 
-// Indexed by OpKind; slot names match the *Src enums of op_params.h.
-const OpSignature kSignatures[kOpKinds] = {
-    {{"table", "ids"}, kGetRows, count(kGetRows)},
-    {{"x", "weight"}, kRmsNorm, count(kRmsNorm)},
-    {{"x"}, nullptr, 0},
-    {{"weight", "x", "active"}, nullptr, 0},
-    {{"x", "positions", "factors"}, kRope, count(kRope)},
-    {{"x", "rows"}, nullptr, 0},
-    {{"q", "k_cache", "v_cache", "positions", "table"}, kAttention, count(kAttention)},
-    {{"a", "b"}, nullptr, 0},
-    {{"gate", "up"}, kGatedMul, count(kGatedMul)},
-    {{"x", "rows"}, nullptr, 0},
-    {{"x", "bias"}, nullptr, 0},
-    {{"scores", "cut"}, kActiveSet, count(kActiveSet)},
-    {{"gate", "up", "active"}, kGatedAct, count(kGatedAct)},
-    {{"down", "act", "active", "scales", "row_map", "union_list"}, nullptr, 0},
-    {{"x", "perm"}, nullptr, 0},
-    {{"lists"}, kActiveUnion, count(kActiveUnion)},
-    {{"union_list"}, kNeuronFetch, count(kNeuronFetch)},
-    {{"x"}, nullptr, 0},
+// The one op table: indexed by OpKind (checked below), each op's name (in errors, timings and Python's Op
+// enum), its source slot names (matching the *Src enums of op_params.h) and its parameters.
+constexpr OpSignature kSignatures[] = {
+    {OpKind::GetRows, "get_rows", "GET_ROWS", {"table", "ids"}, kGetRows, count(kGetRows)},
+    {OpKind::RmsNorm, "rms_norm", "RMS_NORM", {"x", "weight"}, kRmsNorm, count(kRmsNorm)},
+    {OpKind::Quantize, "quantize", "QUANTIZE", {"x"}, nullptr, 0},
+    {OpKind::MatMul, "mat_mul", "MAT_MUL", {"weight", "x", "active"}, nullptr, 0},
+    {OpKind::Rope, "rope", "ROPE", {"x", "positions", "factors"}, kRope, count(kRope)},
+    {OpKind::KvStore, "kv_store", "KV_STORE", {"x", "rows"}, nullptr, 0},
+    {OpKind::Attention, "attention", "ATTENTION", {"q", "k_cache", "v_cache", "positions", "table"}, kAttention,
+     count(kAttention)},
+    {OpKind::Add, "add", "ADD", {"a", "b"}, nullptr, 0},
+    {OpKind::SiluMul, "silu_mul", "SILU_MUL", {"gate", "up"}, kGatedMul, count(kGatedMul)},
+    {OpKind::SelectRows, "select_rows", "SELECT_ROWS", {"x", "rows"}, nullptr, 0},
+    {OpKind::BiasRelu, "bias_relu", "BIAS_RELU", {"x", "bias"}, nullptr, 0},
+    {OpKind::ActiveSet, "active_set", "ACTIVE_SET", {"scores", "cut"}, kActiveSet, count(kActiveSet)},
+    {OpKind::GatedAct, "gated_act", "GATED_ACT", {"gate", "up", "active"}, kGatedAct, count(kGatedAct)},
+    {OpKind::DownAxpy, "down_axpy", "DOWN_AXPY", {"down", "act", "active", "scales", "row_map", "union_list"},
+     nullptr, 0},
+    {OpKind::ScatterCols, "scatter_cols", "SCATTER_COLS", {"x", "perm"}, nullptr, 0},
+    {OpKind::ActiveUnion, "active_union", "ACTIVE_UNION", {"lists"}, kActiveUnion, count(kActiveUnion)},
+    {OpKind::NeuronFetch, "neuron_fetch", "NEURON_FETCH", {"union_list"}, kNeuronFetch, count(kNeuronFetch)},
+    {OpKind::Copy, "copy", "COPY", {"x"}, nullptr, 0},
 };
+static_assert(sizeof(kSignatures) / sizeof(kSignatures[0]) == kOpKinds,
+              "an op was added or removed: give it a row here, and a case in every backend's compute and supports");
+
+constexpr bool table_in_op_order() {
+  for (int k = 0; k < kOpKinds; ++k)
+    if (kSignatures[k].op != OpKind(k)) return false;
+  return true;
+}
+static_assert(table_in_op_order(), "kSignatures must list the ops in OpKind order");
 
 }  // namespace
+
+const char* op_name(OpKind op) {
+  const int k = int(op);
+  return k >= 0 && k < kOpKinds ? kSignatures[k].name : "?";
+}
 
 const OpSignature& op_signature(OpKind op) {
   const int k = int(op);

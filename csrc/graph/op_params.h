@@ -103,6 +103,9 @@ struct ParamField {
   size_t offset;  // in OpParams
 };
 struct OpSignature {
+  OpKind op;
+  const char* name;     // "mat_mul": errors, op timings
+  const char* py_name;  // "MAT_MUL": the member of Python's _core.Op
   const char* sources[6];  // slot names (nullptr: unused slot)
   const ParamField* params;
   int n_params;

@@ -10,6 +10,13 @@
 
 namespace pyinfer::cuda {
 
+// Block sizes from the one type table (graph/dtype.h), as compile-time constants device code can use.
+constexpr int kQ4_0 = dtype_block_bytes(DType::Q4_0), kQ4_1 = dtype_block_bytes(DType::Q4_1),
+              kQ5_0 = dtype_block_bytes(DType::Q5_0), kQ5_1 = dtype_block_bytes(DType::Q5_1),
+              kQ8_0 = dtype_block_bytes(DType::Q8_0), kQ4_K = dtype_block_bytes(DType::Q4_K),
+              kQ5_K = dtype_block_bytes(DType::Q5_K), kQ6_K = dtype_block_bytes(DType::Q6_K),
+              kQ8A = dtype_block_bytes(DType::Q8A);
+
 // fp16 bits at a byte address (blocks of 18 or 22 bytes leave fields only 2-byte aligned).
 __device__ __forceinline__ float half_at(const uint8_t* p) {
   const uint16_t bits = uint16_t(p[0]) | uint16_t(uint16_t(p[1]) << 8);
@@ -31,29 +38,29 @@ __device__ inline float weight_elem(DType type, const uint8_t* row, int64_t i) {
       return __uint_as_float(bits);
     }
     case DType::Q4_0: {
-      const uint8_t* b = row + (i / 32) * 18;
+      const uint8_t* b = row + (i / kQuantBlock) * kQ4_0;
       return half_at(b) * float(nibble(b + 2, j) - 8);
     }
     case DType::Q4_1: {
-      const uint8_t* b = row + (i / 32) * 20;
+      const uint8_t* b = row + (i / kQuantBlock) * kQ4_1;
       return half_at(b) * float(nibble(b + 4, j)) + half_at(b + 2);
     }
     case DType::Q5_0: {
-      const uint8_t* b = row + (i / 32) * 22;
+      const uint8_t* b = row + (i / kQuantBlock) * kQ5_0;
       return half_at(b) * float((nibble(b + 6, j) | fifth_bit(b + 2, j) << 4) - 16);
     }
     case DType::Q5_1: {
-      const uint8_t* b = row + (i / 32) * 24;
+      const uint8_t* b = row + (i / kQuantBlock) * kQ5_1;
       return half_at(b) * float(nibble(b + 8, j) | fifth_bit(b + 4, j) << 4) + half_at(b + 2);
     }
     case DType::Q8_0: {
-      const uint8_t* b = row + (i / 32) * 34;
+      const uint8_t* b = row + (i / kQuantBlock) * kQ8_0;
       return half_at(b) * float(int8_t(b[2 + j]));
     }
     case DType::Q4_K:
     case DType::Q5_K: {
       const bool five = type == DType::Q5_K;
-      const uint8_t* b = row + (i / 256) * (five ? 176 : 144);
+      const uint8_t* b = row + (i / kSuperBlock) * (five ? kQ5_K : kQ4_K);
       const int e = int(i % 256), sub = e / 32, l = e % 32;
       const uint8_t* qs = b + (five ? 48 : 16);
       int v = (qs[32 * (sub / 2) + l] >> ((sub & 1) * 4)) & 0x0f;
@@ -63,7 +70,7 @@ __device__ inline float weight_elem(DType type, const uint8_t* row, int64_t i) {
       return half_at(b) * float(sc * v) - half_at(b + 2) * float(mn);
     }
     case DType::Q6_K: {
-      const uint8_t* b = row + (i / 256) * 210;
+      const uint8_t* b = row + (i / kSuperBlock) * kQ6_K;
       const int e = int(i % 256), sub = e / 32, l = e % 32, half = sub / 4, g = sub % 4;
       const uint8_t* ql = b + 64 * half + 32 * (g & 1);
       const uint8_t* qh = b + 128 + 32 * half;
@@ -78,7 +85,7 @@ __device__ inline float weight_elem(DType type, const uint8_t* row, int64_t i) {
 // Element i of an activation row: F32, or Q8A blocks (float d, float s, int8 q[32]: x = d * q).
 __device__ __forceinline__ float act_elem(DType type, const uint8_t* row, int64_t i) {
   if (type == DType::F32) return reinterpret_cast<const float*>(row)[i];
-  const uint8_t* b = row + (i / 32) * 40;
+  const uint8_t* b = row + (i / kQuantBlock) * kQ8A;
   return *reinterpret_cast<const float*>(b) * float(int8_t(b[8 + i % 32]));
 }
 

@@ -218,11 +218,28 @@ class OffloadedFfn:
             scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * d, n_ff // 32, self._scales[il])
         return gate, up, down, scales
 
-    def dense_down(self, b, il: int):
-        """The layer's original down [d, n_ff] for dense runs: a paged weight, readable after a dense-down fetch."""
+    # The neuron source calls of runtime/sparse_ffn.py (InRamNeurons is the in-RAM one): each adds the fetch
+    # node that makes the rows readable before their readers run.
+    def before_lists(self, b, il: int) -> None:
+        """Not selective: the whole cold tail, since gate (and up) may run dense before any list exists."""
+        if not self.selective(il):
+            b.neuron_fetch(il)
+
+    def after_union(self, b, il: int, union) -> None:
+        """Selective: only the union's rows are read from disk."""
+        if self.selective(il):
+            b.neuron_fetch(il, union=union)
+
+    def dense_down(self, b, il: int, guard):
+        """The layer's original down [d, n_ff] for dense runs: a paged weight, read whole from the bundle file in
+        large reads by a dense-down fetch in the runs `guard` picks."""
+        b.neuron_fetch(il, dense_down=True, run_if=guard)
         e = self.layout.layers[il]
         return b.paged_weight(f"blk.{il}.ffn_down.dense", e["dense_type"], self.cfg.d_ff, e["dense_rows"],
                               self.store, il, 3)
+
+    def done(self, b, il: int) -> None:
+        b.neuron_fetch(il, release=True)
 
     def resident_copy(self, name: str, data: np.ndarray) -> np.ndarray:
         """The weights that must stay are copied out of the model's mmap into RAM the budget counts: page

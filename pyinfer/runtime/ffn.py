@@ -31,8 +31,8 @@ class RecordedFfn:
 
 
 class SparseFfn:
-    """Neuron-aware decode from a sparsity plan (runtime/sparse_ffn.py); with `offload`, the FFN rows come
-    from its neuron store."""
+    """Neuron-aware decode from a sparsity plan (runtime/sparse_ffn.py). The neuron rows come from a source:
+    in RAM (sparse_ffn.InRamNeurons), or with `offload` its neuron store (a weight source, not a branch)."""
 
     def __init__(self, plan, runs: SparseRuns, down_type: str = "auto", offload=None):
         self.plan, self.runs, self.down_type, self.offload = plan, runs, down_type, offload

@@ -21,7 +21,7 @@ from ..model.gguf_file import GGUFModelFile, GGUFTensor
 from ..sparsity.plan import LayerPlan, Predictor, SparsityPlan
 from .._core import DType
 from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, Guard, T
-from .sparse_ffn import neuron_major_down, permuted_rows, q4t_down, raw_rows, sparse_ffn
+from .sparse_ffn import neuron_major_down, permuted_rows, predicted_lists, q4t_down, raw_rows, sparse_ffn
 
 
 def block_neurons(blocks: list[int], block: int) -> np.ndarray:
@@ -140,13 +140,7 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     else:
         down_type, down = neuron_major_down(sub, p + "ffn_down.weight", perm, "q8_0")  # [n, d], hot-first rows
         down_w = b.weight(p + "ffn_down.gpu_neurons", int(down_type), cfg.d_model, n, down.reshape(n, -1))
-    w1 = b.weight(p + "pred.w1.gpu", int(DType.Q8_0), cfg.d_model, pred.rank, pred.w1_q8)
-    b1 = b.weight(p + "pred.b1.gpu", int(DType.F32), pred.rank, 1, pred.b1.astype(np.float32))
-    w2 = b.weight(p + "pred.w2.gpu", int(DType.Q8_0), pred.rank, n - lp.hot, pred.w2_q8)
-    cut = b.weight(p + "pred.cut.gpu", int(DType.F32), n - lp.hot, 1, pred.cut.astype(np.float32))
-    z = b.bias_relu(b.matmul(w1, h, "pred_hidden.gpu", run_if=one), b1, run_if=one)
-    lists = b.active_set(b.matmul(w2, z, "pred_logits.gpu", run_if=one), n, "active.gpu", cut=cut, hot=lp.hot,
-                         run_if=one)                                   # I32 [T, n + 1]
+    lists = predicted_lists(b, h, pred, lp.hot, n, p, ".gpu", one)    # I32 [T, n + 1]
     act = b.matmul(gate_w, h, "gate_s.gpu", active=lists, run_if=one)  # F32 [T, n], listed entries only
     up_s = b.matmul(up_w, h, "up_s.gpu", active=lists, run_if=one)
     b.gated_act(act, up_s, lists, 0.0 if sparsity.mode == "gate" else lp.threshold, act=cfg.activation, run_if=one)

@@ -166,29 +166,66 @@ def ffn_arrays(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, il: in
                      None, None)
 
 
+class InRamNeurons:
+    """Where a sparse FFN's neuron rows come from when they are all in RAM: copies made here (hot-first gate
+    and up, neuron-major down). offload/offloaded_ffn.py's OffloadedFfn is the other source, with the same
+    calls: its rows are read from the bundle file by the nodes these calls add."""
+
+    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, w):
+        self.gguf, self.cfg, self.plan, self.down_type, self.w = gguf, cfg, plan, down_type, w
+
+    def layer_weights(self, b: GraphBuilder, il: int):
+        """(gate, up, neuron-major down, Q4T scales or None) of layer `il`."""
+        fa = ffn_arrays(self.gguf, self.cfg, self.plan, il, self.down_type)
+        p, d, n_ff = f"blk.{il}.", self.cfg.d_model, self.cfg.d_ff
+        gate_w = b.weight(p + "ffn_gate.perm", fa.gate_type, d, n_ff, fa.gate)
+        up_w = b.weight(p + "ffn_up.perm", fa.up_type, d, n_ff, fa.up)
+        down_t = b.weight(p + ("ffn_down.q4t" if fa.scales is not None else "ffn_down.neurons"), fa.down_type, d,
+                          n_ff, fa.down)
+        scales = None
+        if fa.scales is not None:
+            scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * d, n_ff // 32, fa.scales)
+        return gate_w, up_w, down_t, scales
+
+    def before_lists(self, b: GraphBuilder, il: int) -> None:
+        """Rows needed before any active list exists (in RAM: always readable)."""
+
+    def after_union(self, b: GraphBuilder, il: int, union: T) -> None:
+        """The rows of this run's union (in RAM: always readable)."""
+
+    def dense_down(self, b: GraphBuilder, il: int, guard: Guard) -> T:
+        """The layer's original down [d, n_ff] for dense runs."""
+        return self.w(f"blk.{il}.ffn_down.weight")
+
+    def done(self, b: GraphBuilder, il: int) -> None:
+        """The layer's readers are done (in RAM: nothing to release)."""
+
+
+def predicted_lists(b: GraphBuilder, h: T, pred, hot: int, n: int, prefix: str, tag: str, guard: Guard) -> T:
+    """Each token's active list from a layer's predictor (PowerInfer's low-rank MLP: neuron hot + j runs when
+    (w2 relu(w1 h + b1))[j] > cut[j]; the hot prefix always runs): I32 [T, n + 1]. The one predictor subgraph,
+    for the CPU's sparse FFN and a device's share of a split one (`tag` names its tensors apart)."""
+    w1 = b.weight(prefix + "pred.w1" + tag, int(DType.Q8_0), h.cols, pred.rank, pred.w1_q8)
+    b1 = b.weight(prefix + "pred.b1" + tag, int(DType.F32), pred.rank, 1, pred.b1.astype(np.float32))
+    w2 = b.weight(prefix + "pred.w2" + tag, int(DType.Q8_0), pred.rank, n - hot, pred.w2_q8)
+    cut = b.weight(prefix + "pred.cut" + tag, int(DType.F32), n - hot, 1, pred.cut.astype(np.float32))
+    z = b.bias_relu(b.matmul(w1, h, "pred_hidden" + tag, run_if=guard), b1, run_if=guard)
+    logits = b.matmul(w2, z, "pred_logits" + tag, run_if=guard)
+    return b.active_set(logits, n, "active" + tag, cut=cut, hot=hot, run_if=guard)
+
+
 def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, plan: SparsityPlan,
-               runs: SparseRuns, down_type: str = "auto", offload=None) -> T:
-    """`offload`: a runtime.offload.OffloadedFfn whose neuron store holds this layer's gate, up and down rows
-    (the graph fetches them before the FFN reads them); None: the rows are copied into RAM here."""
+               runs: SparseRuns, down_type: str = "auto", neurons=None) -> T:
+    """`neurons`: where the layer's neuron rows come from (InRamNeurons by default, or an
+    offload.OffloadedFfn whose neuron store streams them); the graph is the same either way."""
     lp: LayerPlan = plan.layers[il]
     p = f"blk.{il}."
     n_ff, act_kind = cfg.d_ff, cfg.activation
+    neurons = neurons or InRamNeurons(gguf, cfg, plan, down_type, w)
     perm_w = b.weight(p + "ffn.perm", int(DType.I32), n_ff, 1, lp.perm.astype(np.int32))
-    if offload is not None:
-        gate_w, up_w, down_t, scales = offload.layer_weights(b, il)
-        if not offload.selective(il):  # the whole tail; gate (and up) may run dense before any list exists
-            b.neuron_fetch(il)
-        row_map = perm_w if scales is not None else None  # Q4T rows stay in the original neuron order
-    else:
-        fa = ffn_arrays(gguf, cfg, plan, il, down_type)
-        gate_w = b.weight(p + "ffn_gate.perm", fa.gate_type, cfg.d_model, n_ff, fa.gate)
-        up_w = b.weight(p + "ffn_up.perm", fa.up_type, cfg.d_model, n_ff, fa.up)
-        name = p + ("ffn_down.q4t" if fa.scales is not None else "ffn_down.neurons")
-        down_t = b.weight(name, fa.down_type, cfg.d_model, n_ff, fa.down)
-        scales = row_map = None
-        if fa.scales is not None:
-            scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * cfg.d_model, n_ff // 32, fa.scales)
-            row_map = perm_w
+    gate_w, up_w, down_t, scales = neurons.layer_weights(b, il)
+    row_map = perm_w if scales is not None else None  # Q4T rows stay in the original neuron order
+    neurons.before_lists(b, il)
     out = b.activation("ffn_out", cfg.d_model, rows=h.rows)
     if gate_w.dtype in INTEGER_DOT_WEIGHTS:
         b.quantize(h)  # one Q8A copy of h for the predictor and both paths
@@ -200,13 +237,7 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     cats = plan.mode == "gate"
     gate = up = None  # computed before the choice only where the choice needs them (both paths use them)
     if pred is not None:
-        w1 = b.weight(p + "pred.w1", int(DType.Q8_0), cfg.d_model, pred.rank, pred.w1_q8)
-        b1 = b.weight(p + "pred.b1", int(DType.F32), pred.rank, 1, pred.b1.astype(np.float32))
-        w2 = b.weight(p + "pred.w2", int(DType.Q8_0), pred.rank, n_ff - lp.hot, pred.w2_q8)
-        cut = b.weight(p + "pred.cut", int(DType.F32), n_ff - lp.hot, 1, pred.cut.astype(np.float32))
-        z = b.bias_relu(b.matmul(w1, h, "pred_hidden", run_if=few), b1, run_if=few)
-        logits = b.matmul(w2, z, "pred_logits", run_if=few)
-        lists = b.active_set(logits, n_ff, "active", cut=cut, hot=lp.hot, run_if=few)  # I32 [T, n_ff + 1]
+        lists = predicted_lists(b, h, pred, lp.hot, n_ff, p, "", few)  # I32 [T, n_ff + 1]
     elif gate_first:
         # CATS stops at |SiLU(gate)| > cut; the contrib mode then also drops neurons whose
         # |SiLU(gate) * up| is below its threshold.
@@ -221,8 +252,7 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     limits = runs.predicted if pred is not None or gate_first else runs.threshold
     # I32 [1, n_ff + 1]: count (-1: dense) and ids
     union = b.active_union(lists, n_ff, p + "ffn.union", runs.max_tokens, *limits, max_single=runs.single)
-    if offload is not None and offload.selective(il):  # only the union's rows are read from disk
-        b.neuron_fetch(il, union=union)
+    neurons.after_union(b, il, union)
     sparse, dense = Guard(when=union), Guard(when=union, sparse=False)
 
     # 2. Sparse: gate/up rows of the union for every token (each row read once), each token's own
@@ -244,12 +274,6 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
         up = b.matmul(up_w, h, "up_d", run_if=dense)
         b.gated_mul(gate, up, out=gate, act=act_kind, run_if=dense)
     act_d = b.scatter_cols(gate, perm_w, "act", run_if=dense)
-    if offload is not None:  # the original down, read whole from the bundle file in large reads
-        b.neuron_fetch(il, dense_down=True, run_if=dense)
-        down_d = offload.dense_down(b, il)
-    else:
-        down_d = w(p + "ffn_down.weight")
-    b.matmul(down_d, act_d, "ffn_out", out=out, run_if=dense)
-    if offload is not None:
-        b.neuron_fetch(il, release=True)
+    b.matmul(neurons.dense_down(b, il, dense), act_d, "ffn_out", out=out, run_if=dense)
+    neurons.done(b, il)
     return out
