@@ -137,7 +137,17 @@ class Model:
         """Evaluates tokens at positions start.. (the cache holds this sequence's first `start` tokens) and
         returns logits of `out_rows` (indices into tokens) as a new F32 array [len(out_rows), vocab]. The
         low-level step under eval and generate: a tool's way to run exactly the tokens it chooses."""
+        with self._lock:  # public: a tool's call takes its turn like eval and generate
+            return self._forward_locked(tokens, start, out_rows)
+
+    def _forward_locked(self, tokens: Sequence[int], start: int, out_rows) -> np.ndarray:
         ids = self._check_tokens(tokens)
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start <= len(self._cached):
+            raise PyinferError(f"start must be an integer in [0, {len(self._cached)}] (the tokens cached so far), "
+                               f"got {start!r}")
+        out_rows = np.asarray(out_rows, dtype=np.int64).reshape(-1)
+        if out_rows.size and (out_rows.min() < 0 or out_rows.max() >= len(ids)):
+            raise PyinferError(f"out_rows must index the {len(ids)} tokens given")
         if start + len(ids) > self.n_ctx:
             raise ContextOverflowError(
                 f"{start + len(ids)} tokens do not fit the context of {self.n_ctx} tokens (raise n_ctx / --ctx)")

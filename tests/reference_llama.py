@@ -134,7 +134,10 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0) -> np.
         name = "rope_factors_long.weight" if n_ctx > orig else "rope_factors_short.weight"
         factors = W[name] if name in W else None
     attn_factor = float(meta.get(f"{arch}.rope.scaling.attn_factor", 1.0))
-    freq_scale = 1.0 / float(meta[f"{arch}.rope.scaling.factor"]) if meta.get(f"{arch}.rope.scaling.type") == "linear" else 1.0
+    # Linear scaling (llama.cpp: the type defaults to linear); Gemma 3 scales its global layers only.
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    scaled = meta.get(f"{arch}.rope.scaling.type", "linear") == "linear" and factor > 0
+    freq_scale = 1.0 / factor if scaled else 1.0
     embed = W["token_embd.weight"]
     pos = np.arange(len(tokens))
     x = embed[tokens] * (np.float32(np.sqrt(c.d_model)) if gemma else 1)
@@ -157,8 +160,9 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0) -> np.
         if gemma or arch == "qwen3":
             q = head_norm(q, W[p + "attn_q_norm.weight"], c.n_heads, c.norm_eps)
             k = head_norm(k, W[p + "attn_k_norm.weight"], c.n_kv_heads, c.norm_eps)
-        q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, freq_scale, attn_factor)
-        k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, freq_scale, attn_factor)
+        fs = 1.0 if local else freq_scale
+        q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor)
+        k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor)
         window = int(meta.get("gemma3.attention.sliding_window", 0)) if local else 0
         o = lin(attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window), p, "attn_output")
         if gemma:

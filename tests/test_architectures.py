@@ -98,3 +98,35 @@ def test_a_fused_qkv_of_the_wrong_size_is_refused(tmp_path):
 
 def test_registry_lists_what_runs():
     assert set(ARCHITECTURES) == {"llama", "gemma3", "qwen2", "qwen3", "phi3"}
+
+
+def test_linear_rope_scaling(tmp_path):
+    """rope.scaling linear (llama.cpp: every pair's frequency times 1 / factor); type none never scales."""
+    from tiny_model import write_tiny_llama
+
+    def scaled(kind, factor):
+        return lambda w: (w.add_string("llama.rope.scaling.type", kind), w.add_float32("llama.rope.scaling.factor", factor))
+
+    paths = {k: str(write_tiny_llama(tmp_path / f"{k}.gguf", matrix_type=Q.F32, embed_type=Q.F32, extra=e))
+             for k, e in (("plain", None), ("linear", scaled("linear", 4.0)), ("none", scaled("none", 4.0)))}
+    got = {k: pyinfer.load(p, n_ctx=64, progress=False).eval(IDS, all_logits=True) for k, p in paths.items()}
+    ref = reference_logits(pyinfer.load(paths["linear"], n_ctx=64, progress=False).gguf, IDS)
+    assert rel_err(got["linear"], ref) < 0.01 and rel_err(got["linear"], got["plain"]) > 0.01
+    np.testing.assert_array_equal(got["none"], got["plain"])
+
+
+def test_gemma3_scales_only_its_global_layers(tmp_path):
+    """Gemma 3 4B-27B carry rope.scaling linear 8: llama.cpp applies it to the global layers only."""
+    from tiny_model import write_tiny_gemma3
+
+    f32 = {k: Q.F32 for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    path = str(write_tiny_gemma3(tmp_path / "g.gguf", types=f32))
+    scaled = tmp_path / "g8.gguf"
+    write_tiny_gemma3(scaled, types=f32, extra=lambda w: (w.add_string("gemma3.rope.scaling.type", "linear"),
+                                                          w.add_float32("gemma3.rope.scaling.factor", 8.0)))
+    ids = IDS[:20]
+    m = pyinfer.load(str(scaled), n_ctx=64, progress=False)
+    got = m.eval(ids, all_logits=True)
+    assert rel_err(got, reference_logits(m.gguf, ids)) < 0.01
+    assert rel_err(got, pyinfer.load(path, n_ctx=64, progress=False).eval(ids, all_logits=True)) > 1e-3
+    assert [m.config.layer_freq_scale(i) for i in range(7)] == [1, 1, 1, 1, 1, 0.125, 1]

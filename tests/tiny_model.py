@@ -67,7 +67,8 @@ def random_k_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.01) ->
     return raw.reshape(rows, nb * block_bytes)
 
 
-def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, types: dict | None = None) -> Path:
+def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, types: dict | None = None,
+                      extra=None) -> Path:
     """A tiny random Gemma 3 (7 layers: 5 local, 1 global, 1 local) with heads wider than d_model / n_heads,
     a sliding window of 6 and Gemma 3 270M's mix of weight types. Byte-level BPE vocabulary (the
     tokenizer kind is independent of the architecture)."""
@@ -106,6 +107,8 @@ def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, typ
         add(p + "ffn_up.weight", (ff, d), kinds["ffn_up"])
         add(p + "ffn_down.weight", (d, ff), kinds["ffn_down"])
     w.add_tensor("output_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
+    if extra is not None:  # keys or tensors of a test's own
+        extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -28,21 +28,22 @@ class Activation(enum.IntEnum):
 
 # Model families whose GGUFs say "llama" but whose FFN is ReLU-gated; recognised by general.name /
 # general.basename, since llama.cpp's converters write no activation key for them.
-_RELU_FAMILY = re.compile(r"relu|prosparse|bamboo", re.IGNORECASE)
+_RELU_FAMILY = re.compile(r"(?<![a-z])relu|prosparse|bamboo", re.IGNORECASE)  # not "Prelude"
 _DRELU_FAMILY = re.compile(r"turbosparse", re.IGNORECASE)
-# Architectures whose activation is fixed by the architecture itself.
-ARCH_ACTIVATION = {"llama": Activation.SILU, "gemma3": Activation.GELU_TANH, "qwen2": Activation.SILU,
-                   "qwen3": Activation.SILU, "phi3": Activation.SILU}
 
 
-def detect_activation(arch: str, metadata: dict, powerinfer: bool = False) -> Activation:
-    """From the architecture, then an explicit key (`{arch}.ffn_activation` or `pyinfer.ffn_activation`, which
+def detect_activation(arch: str, metadata: dict, powerinfer: bool = False,
+                      base: Activation | None = None) -> Activation:
+    """From the architecture (`base`: its file's activation; model/arch/), then an explicit key (`{arch}.ffn_activation` or `pyinfer.ffn_activation`, which
     pyinfer's own exports write), then the ReLU families' names; a PowerInfer file (its converter takes
     ReLU-gated models only) is ReLU unless its name says dReLU. A ReLU-family file must never run as SiLU."""
     for key in (f"{arch}.ffn_activation", "pyinfer.ffn_activation"):
         if metadata.get(key):
             return Activation.parse(str(metadata[key]))
-    base = ARCH_ACTIVATION.get(arch, Activation.SILU)
+    if base is None:
+        from .arch import ARCHITECTURES
+
+        base = ARCHITECTURES[arch].activation if arch in ARCHITECTURES else Activation.SILU
     if powerinfer and base == Activation.SILU:
         base = Activation.RELU
     names = " ".join(str(metadata.get(k) or "") for k in ("general.name", "general.basename", "general.finetune"))
@@ -81,9 +82,14 @@ class LlamaConfig:
     global_every: int = 0
     rope_base_local: float = 0.0
     attn_scale: float | None = None
-    # Linear RoPE scaling (1 / rope.scaling.factor; 1: none) and LongRoPE's cos/sin factor (Phi-3 128k).
+    # Linear RoPE scaling (1 / rope.scaling.factor; 1: none; Gemma 3: global layers only) and LongRoPE's cos/sin
+    # factor and original context (Phi-3 128k: its long factors apply to sequences longer than that).
     rope_freq_scale: float = 1.0
     rope_attn_factor: float = 1.0
+    rope_orig_ctx: int = 0
+    # Per layer, whether it is a sliding-window layer, when the file lists them (Gemma 3's
+    # attention.sliding_window_pattern); else `global_every` decides.
+    local_layers: tuple[bool, ...] = ()
 
     @property
     def ffn_relu(self) -> bool:
@@ -99,7 +105,15 @@ class LlamaConfig:
 
     def is_local(self, layer: int) -> bool:
         """A sliding-window layer (Gemma 3: five local layers, then one global)."""
-        return self.sliding_window > 0 and (self.global_every == 0 or (layer + 1) % self.global_every != 0)
+        if self.sliding_window <= 0:
+            return False
+        if self.local_layers:
+            return self.local_layers[layer]
+        return self.global_every == 0 or (layer + 1) % self.global_every != 0
+
+    def layer_freq_scale(self, layer: int) -> float:
+        """Linear RoPE scaling applies to global layers only (llama.cpp: rope_freq_scale_train_swa is 1)."""
+        return 1.0 if self.is_local(layer) else self.rope_freq_scale
 
     def window(self, layer: int) -> int:
         return self.sliding_window if self.is_local(layer) else 0

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..errors import ModelFormatError, UnsupportedModelError
+from ..errors import ModelFormatError, PyinferError, UnsupportedModelError
 from .arch import ARCHITECTURES, architecture
 from .config import LlamaConfig
 from .gguf_check import GGUFHeader, TensorInfo, read_gguf_header
@@ -74,7 +74,12 @@ class GGUFModelFile:
                 t.data = np.array(t.data)
         self._present_transposed_down()
         if self.architecture in ARCHITECTURES:  # fused tensors as the separate ones the graph reads
-            ARCHITECTURES[self.architecture].present(self)
+            try:
+                ARCHITECTURES[self.architecture].present(self)
+            except (TypeError, ValueError, OverflowError) as e:  # metadata of the wrong type: one line
+                if isinstance(e, PyinferError):
+                    raise
+                raise ModelFormatError(f"{self.path.name}: malformed model metadata ({_short(e)})") from None
 
     def _present_transposed_down(self) -> None:
         """PowerInfer files store each FFN down projection transposed (`ffn_down_t`, [n_ff, d_model]); the
@@ -164,6 +169,8 @@ class GGUFModelFile:
         try:
             arch.check_tensors(self)
             cfg = arch.config(self)
+        except PyinferError:
+            raise
         except (TypeError, ValueError, OverflowError) as e:
             raise ModelFormatError(f"{self.path.name}: malformed model metadata ({_short(e)})") from None
         self._check_config(cfg)

@@ -36,7 +36,9 @@ _DEEPSEEK_CODER = ["[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", _CJK, "\\p{N}"]
 _FALCON = ["[\\p{P}\\$\\+<=>\\^~\\|`]+", _GPT2_REGEX, "[0-9][0-9][0-9]"]
 _STARCODER = [r"\p{N}", _GPT2_REGEX]  # every digit its own token, then GPT-2 splitting
 PRE_TOKENIZERS = {
-    "default": [_GPT2_REGEX], "gpt2": [_GPT2_REGEX], "gpt-2": [_GPT2_REGEX], "phi-2": [_GPT2_REGEX],
+    # llama.cpp's default, for BPE files that name no pre-tokenizer (it warns that they may tokenize poorly)
+    "default": ["[\\p{P}\\$\\+<=>\\^~\\|]+", _GPT2_REGEX, "\\p{N}+", "[0-9][0-9][0-9]"],
+    "gpt2": [_GPT2_REGEX], "gpt-2": [_GPT2_REGEX], "phi-2": [_GPT2_REGEX],
     "mpt": [_GPT2_REGEX], "olmo": [_GPT2_REGEX], "roberta-bpe": [_GPT2_REGEX],
     "smollm": _STARCODER, "starcoder": _STARCODER, "refact": _STARCODER, "command-r": _STARCODER,
     "codeshell": _STARCODER, "exaone": _STARCODER,
@@ -58,15 +60,29 @@ _END_OF_GENERATION_TEXTS = {
     "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
     "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~["}
 # Tokens llama.cpp makes control tokens by their text whatever type the file gives them (its vocabulary loader's
-# "auto-detect special tokens by text"): the end-of-generation texts above and the fill-in-the-middle markers.
-# So with special tokens on, "</s>" in a Qwen 2 prompt is one token, as llama.cpp makes it.
-_CONTROL_BY_TEXT = _END_OF_GENERATION_TEXTS | {
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>",
-    "<\uff5cfim\u2581begin\uff5c>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\u2581<SUF>",
-    "<|code_suffix|>", "<|suffix|>", "<\uff5cfim\u2581hole\uff5c>", "<|fim_middle|>", "<fim-middle>",
-    "<fim_middle>", "<MID>", "\u2581<MID>", "<|code_middle|>", "<|middle|>", "<\uff5cfim\u2581end\uff5c>",
-    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
-    "<REPO>", "<reponame>", "<|file_sep|>"}
+# "auto-detect special tokens by text"): every end-of-generation text above, and per fill-in-the-middle role
+# whose id the metadata does not give, that role's texts. So with special tokens on, "</s>" in a Qwen 2 prompt
+# is one token, as llama.cpp makes it. (llama.cpp stops at the first text of a role in its hash map's order;
+# a vocabulary with two texts of one role gets both here.)
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>",
+                "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>",
+                "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>",
+                "\u2581<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+
+
+def _control_by_text(metadata: dict) -> set[str]:
+    texts = set(_END_OF_GENERATION_TEXTS)
+    for role, names in _FIM_TEXTS.items():
+        if metadata.get(f"tokenizer.ggml.{role}_token_id") is None:
+            texts.update(names)
+    return texts
 
 
 class Tokenizer:
@@ -80,8 +96,8 @@ class Tokenizer:
         regexes = _pre_tokenizer_regexes(metadata) if kind == "gpt2" else [_GEMMA4_REGEX] if kind == "gemma4" else []
         ignore_merges = str(metadata.get("tokenizer.ggml.pre") or "default") in IGNORE_MERGES
         tokens, merges, types = _checked_vocab(metadata)
-        types = [TOKEN_TYPE_CONTROL if t in _CONTROL_BY_TEXT and ty != TOKEN_TYPE_CONTROL else ty
-                 for t, ty in zip(tokens, types)]
+        by_text = _control_by_text(metadata)
+        types = [TOKEN_TYPE_CONTROL if t in by_text else ty for t, ty in zip(tokens, types)]
         if kind == "llama":
             unk_id = _opt_id(metadata.get("tokenizer.ggml.unknown_token_id"), len(tokens), "unknown")
             spm = build_spm_tokenizers(tokens, types, metadata, unk_id)

@@ -2,7 +2,7 @@
 build_ffn): norms, attention with its optional biases, QK-norm, RoPE factors and KV cache, the residual add,
 and the FFN, which is whatever runtime/ffn.py chose for this graph (dense, sparse, recorded, split, offloaded).
 
-Nothing here places nodes on devices: runtime/placement.py does that afterwards, from the spans recorded here."""
+Nothing here places nodes on devices: runtime/placement.py does that afterwards, from where weights live."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,9 +30,8 @@ class ModelGraph:
     kv_table: T | None = None        # I32 [T, max blocks] (paged KV)
     block_size: int = 0
     kv_dtype: DType = DType.F16
+    seq_ctx: int = 0                 # the most positions one sequence can hold (n_ctx, or a paged table's)
     embedding: T | None = None       # the stream's first tensor (the embedding lookup's output)
-    # Node spans [first, end) the FFN builder placed itself; runtime/placement.py leaves them alone.
-    ffn_spans: list[tuple[int, int]] = field(default_factory=list)
     _weights: dict[str, T] = field(default_factory=dict)
 
     # ---- weights --------------------------------------------------------------------------------------
@@ -50,6 +49,11 @@ class ModelGraph:
             self._weights[name] = t
         return t
 
+    def w_alias(self, name: str, alias: str) -> T:
+        """A second weight tensor over the same bytes as `name` (a tied head living in another backend's memory)."""
+        g = self.gguf.tensor(name)
+        return self.b.weight(alias, g.dtype_id, g.cols, g.rows, self.weight_source(name, g.data))
+
     def optional(self, name: str) -> T | None:
         return self.w(name) if name in self.gguf.tensors else None
 
@@ -65,11 +69,12 @@ class ModelGraph:
         return y
 
     def attention(self, h: T, il: int, qk_norm: bool = False, factors: T | None = None, rope_base: float | None = None,
-                  window: int = 0, scale: float | None = None) -> T:
+                  window: int = 0, scale: float | None = None, freq_scale: float | None = None) -> T:
         """Self-attention of layer `il` on h (F32 [T, d_model]) to the output projection (F32 [T, d_model]):
         q, k, v (with their biases if present), per-head RMS norm of q and k (`qk_norm`), RoPE (the
         architecture's pairing, `factors` dividing each pair's frequency), the KV cache, causal attention
-        (`window`: sliding-window layers) and the output projection."""
+        (`window`: sliding-window layers) and the output projection. `rope_base` and `freq_scale`: this layer's
+        (default: the model's)."""
         b, c, p = self.b, self.cfg, f"blk.{il}."
         q = self.linear(h, p + "attn_q.weight", "q", p + "attn_q.bias")  # F32 [T, n_heads * head_dim]
         k = self.linear(h, p + "attn_k.weight", "k", p + "attn_k.bias")  # F32 [T, n_kv_heads * head_dim]
@@ -78,9 +83,10 @@ class ModelGraph:
             q = self.norm(q, p + "attn_q_norm.weight", "q_normed", segment=c.head_dim)
             k = self.norm(k, p + "attn_k_norm.weight", "k_normed", segment=c.head_dim)
         base = c.rope_base if rope_base is None else rope_base
+        scale_f = c.rope_freq_scale if freq_scale is None else freq_scale
         for x, heads in ((q, c.n_heads), (k, c.n_kv_heads)):
             b.rope(x, self.positions, heads, c.head_dim, base, neox=c.rope_neox, factors=factors,
-                   freq_scale=c.rope_freq_scale, attn_factor=c.rope_attn_factor)
+                   freq_scale=scale_f, attn_factor=c.rope_attn_factor)
         k_cache = b.state(f"k_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)  # F16|Q8_0 [n_ctx, kv width]
         v_cache = b.state(f"v_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)
         b.kv_store(k_cache, k, self.slots)
@@ -91,10 +97,7 @@ class ModelGraph:
 
     def ffn(self, h: T, il: int) -> T:
         """The layer's FFN on h (F32 [T, d_model]), as this graph's FFN builder makes it."""
-        first = len(self.b.placement)
-        out = self.ffn_builder(self, h, il)
-        self.ffn_spans.append((first, len(self.b.placement)))
-        return out
+        return self.ffn_builder(self, h, il)
 
     def residual(self, x: T, y: T) -> T:
         """x + y, in place on the residual stream; its first add makes the stream a tensor of its own, so the

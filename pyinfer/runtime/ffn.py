@@ -20,14 +20,7 @@ class RecordedFfn:
     b.records[layer] = (ffn_in, gate, up) ids)."""
 
     def __call__(self, m, h: T, il: int) -> T:
-        b, p = m.b, f"blk.{il}."
-        gate = b.matmul(m.w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff], pre-activation
-        up = b.matmul(m.w(p + "ffn_up.weight"), h, "up")
-        act = b.gated_mul(gate, up, name="act", act=m.cfg.activation)
-        for t in (h, gate, up):
-            b.graph.pin(t.id)
-        b.records.append((h.id, gate.id, up.id))
-        return b.matmul(m.w(p + "ffn_down.weight"), act, "ffn_out")
+        return dense_ffn(m.b, m.w, h, il, m.cfg, record=True)
 
 
 class SparseFfn:

@@ -2,6 +2,7 @@
 so model code reads like a forward pass."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .. import _core
@@ -44,14 +45,32 @@ class GraphBuilder:
         self.unions: list[T] = []  # ActiveUnion results, in layer order: which path each run took
         self.node_ops: list[tuple[Op, str]] = []  # per node: its op and the name of the tensor it writes
         self.node_dst: list[int] = []             # per node: the id of the tensor it writes
-        # Per node: the engine backend that runs it (Engine(placement=...)); 0 unless moved with place().
+        self.node_srcs: list[list[int]] = []      # per node: the ids of the tensors it reads
+        # Per node: the engine backend that runs it (Engine(placement=...)); 0 until runtime/placement.py
+        # assigns it from where weights live (weight_home).
         self.placement: list[int] = []
+        # Weight tensor id -> the backend whose memory holds it, for weights made inside weights_on(backend).
+        self.weight_home: dict[int, int] = {}
+        self._home: int | None = None
         self._names: dict[int, str] = {}
+
+    @contextmanager
+    def weights_on(self, backend: int | None):
+        """Weights made inside live on `backend` (None: untagged). The model skeleton and a split FFN say
+        where weights live; runtime/placement.py then assigns every node from that, never model code."""
+        outer, self._home = self._home, backend
+        try:
+            yield
+        finally:
+            self._home = outer
 
     # ---- tensors ----------------------------------------------------------------------
     def weight(self, name: str, dtype: int, cols: int, rows: int, data) -> T:
         dt = DType(dtype)
-        return T(self.graph.add_weight(name, dt, cols, rows, data), cols, dt, RowMode.FIXED, rows)
+        t = T(self.graph.add_weight(name, dt, cols, rows, data), cols, dt, RowMode.FIXED, rows)
+        if self._home is not None:
+            self.weight_home[t.id] = self._home
+        return t
 
     def paged_weight(self, name: str, dtype: int, cols: int, rows: int, store, layer: int, part: int) -> T:
         """A weight whose rows a NeuronStore holds (part 0: gate, 1: up, 2: down); read it only after
@@ -104,6 +123,7 @@ class GraphBuilder:
                             g.run_if, g.max_tokens, g.when.id if g.when is not None else -1, g.sparse, g.min_tokens)
         self.node_ops.append((op, self._names.get(dst.id, "")))
         self.node_dst.append(dst.id)
+        self.node_srcs.append([t.id for t in src.values() if t is not None])
         self.placement.append(0)
         for key in [k for k in self._quantized if k[0] == dst.id]:
             del self._quantized[key]

@@ -47,17 +47,14 @@ def _side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig,
     gate, up, down = side_weights(gguf, il, blocks, block, cfg.d_ff)
     n = len(blocks) * block
     types = [gguf.tensor(p + f"ffn_{k}.weight").dtype_id for k in ("gate", "up", "down")]
-    first = len(b.placement)
-    gate_w = b.weight(p + f"ffn_gate.{tag}", types[0], cfg.d_model, n, gate)
-    up_w = b.weight(p + f"ffn_up.{tag}", types[1], cfg.d_model, n, up)
-    down_w = b.weight(p + f"ffn_down.{tag}", types[2], n, cfg.d_model, down)
+    with b.weights_on(backend):
+        gate_w = b.weight(p + f"ffn_gate.{tag}", types[0], cfg.d_model, n, gate)
+        up_w = b.weight(p + f"ffn_up.{tag}", types[1], cfg.d_model, n, up)
+        down_w = b.weight(p + f"ffn_down.{tag}", types[2], n, cfg.d_model, down)
     g = b.matmul(gate_w, h, f"gate.{tag}")                              # F32 [T, n]
     u = b.matmul(up_w, h, f"up.{tag}")
     b.gated_mul(g, u, out=g, act=cfg.activation)
-    out = b.matmul(down_w, g, f"ffn_out.{tag}")                         # F32 [T, d_model]
-    for node in range(first, len(b.placement)):
-        b.place(node, backend)
-    return out
+    return b.matmul(down_w, g, f"ffn_out.{tag}")                        # F32 [T, d_model]
 
 
 class SubFfnModel:
@@ -113,12 +110,17 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     (hot-first rows) serves both; the down is held twice, as the model's blocks (long runs) and neuron-major
     (few tokens: Q4T for Q4_0/Q4_1 models, lossless, else Q8_0; gpu_placement.device_down), which the placement
     charges (gpu_placement.neuron_bytes)."""
+    with b.weights_on(backend):  # every weight of this share lives on the device
+        return _gpu_predictor_nodes(b, gguf, h, il, cfg, blocks, block, sparsity, lp, few_tokens)
+
+
+def _gpu_predictor_nodes(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
+                         block: int, sparsity: SparsityPlan, lp: LayerPlan, few_tokens: int) -> T:
     from ..place.gpu_placement import device_down
 
     sub, n, p = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(blocks) * block, f"blk.{il}."
     one, many = Guard(max_tokens=few_tokens), Guard(min_tokens=few_tokens + 1)
     perm, pred = lp.perm.astype(np.int32), lp.predictor
-    first = len(b.placement)
     gate_t, up_t, down_t = (sub.tensor(p + f"ffn_{k}.weight") for k in ("gate", "up", "down"))
     gate_w = b.weight(p + "ffn_gate.gpu", gate_t.dtype_id, cfg.d_model, n, permuted_rows(sub, gate_t.name, perm))
     up_w = b.weight(p + "ffn_up.gpu", up_t.dtype_id, cfg.d_model, n, permuted_rows(sub, up_t.name, perm))
@@ -145,8 +147,6 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     up_s = b.matmul(up_w, h, "up_s.gpu", active=lists, run_if=one)
     b.gated_act(act, up_s, lists, 0.0 if sparsity.mode == "gate" else lp.threshold, act=cfg.activation, run_if=one)
     b.down_axpy(down_w, act, lists, out=out, scales=scales, row_map=row_map, run_if=one)
-    for node in range(first, len(b.placement)):
-        b.place(node, backend)
     return out
 
 
@@ -161,10 +161,7 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
         # One Q8A copy of h, made on the device (h is written there) and shared by both sides: the CPU reads
         # a copy of it, 40 bytes per 32 values instead of h's 128. (Left to a side, the CPU's guarded copy
         # would serve the device too, which would then wait for the CPU's half.)
-        n = len(b.placement)
-        b.quantize(h)
-        for node in range(n, len(b.placement)):
-            b.place(node, device)
+        b.quantize(h)  # h lives on the device, so this copy is made there (runtime/placement.py)
     n_blocks = cfg.d_ff // block
     gpu = sorted(set(int(k) for k in gpu_blocks))
     cpu = [k for k in range(n_blocks) if k not in set(gpu)]
@@ -176,7 +173,8 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     if sparsity is None:
         out = _side(b, gguf, h, il, cfg, cpu, block, "cpu", 0)
     elif not gpu:
-        out = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type)
+        with b.weights_on(0):  # the CPU's neurons live in host memory
+            out = sparse_ffn(b, w, gguf, h, il, cfg, sparsity, runs, down_type)
     else:
         neurons = block_neurons(cpu, block)
         sub = SubFfnModel(gguf, il, cpu, block, cfg.d_ff)
@@ -186,13 +184,13 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
                 return w(name)
             t = sub.tensor(name)
             return b.weight(name + ".cpu", t.dtype_id, t.cols, t.rows, t.data)
-        out = sparse_ffn(b, w_sub, sub, h, il, dataclasses.replace(cfg, d_ff=len(neurons)),
-                         restrict_plan(sparsity, il, neurons, cfg.d_ff), runs, down_type)
+        with b.weights_on(0):
+            out = sparse_ffn(b, w_sub, sub, h, il, dataclasses.replace(cfg, d_ff=len(neurons)),
+                             restrict_plan(sparsity, il, neurons, cfg.d_ff), runs, down_type)
     if not gpu:
         return out  # F32 [T, d_model] in host memory
     dev_out = _gpu_side(b, gguf, h, il, cfg, gpu, block, device, sparsity, runs)
-    b.add(dev_out, out, out=dev_out)  # the merge, on the device: the CPU's sum comes up
-    b.place(len(b.placement) - 1, device)
+    b.add(dev_out, out, out=dev_out)  # the merge, in place on the device's sum: the CPU's comes up
     return dev_out
 
 

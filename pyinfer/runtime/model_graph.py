@@ -11,7 +11,7 @@ from ..sparsity.plan import SparsityPlan
 from .blocks import ModelGraph
 from .ffn import choose_ffn
 from .graph_builder import GraphBuilder
-from .placement import assign_split
+from .placement import CPU, assign_split
 from .sparse_ffn import SparseRuns
 
 # KV cache element types by their llama.cpp names.
@@ -54,20 +54,28 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
 
     m = ModelGraph(b, gguf, cfg, n_ctx, weight_source,
                    choose_ffn(sparsity, runs, down_type, offload, hybrid, record), positions, slots, kv_table,
-                   block_size, CACHE_TYPES[cache_type])
-    embed = m.w("token_embd.weight")                    # [vocab, d_model]
+                   block_size, CACHE_TYPES[cache_type], seq_ctx=block_size * paged[1] if paged else n_ctx)
+    # Where weights live (a split graph only): the embedding table in host memory; attention, norms and the
+    # placed FFN neurons on the device (the split FFN tags its own); the head where the placement put it.
+    device = hybrid["device"] if hybrid is not None else None
+    with b.weights_on(CPU if device is not None else None):
+        embed = m.w("token_embd.weight")                # [vocab, d_model]
     x = b.get_rows(embed, tokens, "x", scale=cfg.embed_scale)  # F32 [T, d_model], the residual stream
     m.embedding = x
-    for il in range(cfg.n_layers):
-        x = arch.build_layer(m, il, x)
-
-    # Only rows that need logits go through the final norm and the (large) output head.
-    xo = b.select_rows(x, out_ids, "x_out")             # F32 [O, d_model]
-    h = m.norm(xo, "output_norm.weight", "out_in")
-    head_first = len(b.placement)
-    logits = b.matmul(embed if cfg.tied_output else m.w("output.weight"), h, "logits")  # F32 [O, vocab]
+    with b.weights_on(device):
+        for il in range(cfg.n_layers):
+            x = arch.build_layer(m, il, x)
+        # Only rows that need logits go through the final norm and the (large) output head.
+        xo = b.select_rows(x, out_ids, "x_out")         # F32 [O, d_model]
+        h = m.norm(xo, "output_norm.weight", "out_in")
+    head_home = (device if hybrid.get("head_on_gpu") else CPU) if device is not None else None
+    with b.weights_on(head_home):
+        # A tied head on the device is its own weight tensor over the same bytes (uploaded there; the lookup's
+        # stays in host memory).
+        head = (m.w_alias("token_embd.weight", "output.tied") if cfg.tied_output and head_home == device
+                and device is not None else embed if cfg.tied_output else m.w("output.weight"))
+    logits = b.matmul(head, h, "logits")                # F32 [O, vocab]
     b.graph.output_logits = logits.id
-    if hybrid is not None:
-        assign_split(b, m.ffn_spans, (head_first, len(b.placement)), hybrid["device"],
-                     bool(hybrid.get("head_on_gpu")))
+    if device is not None:
+        assign_split(b, device)
     return b

@@ -1,37 +1,29 @@
-"""Which backend runs each node of a graph split between the CPU and a device, decided after the model code
-built it (as ggml's scheduler assigns nodes from where their weights and inputs live):
-  - the FFN builder's own nodes keep what it gave them (a split FFN places its two halves);
-  - the embedding lookup runs on the CPU (its table stays in host memory);
-  - the output head (its matmul and the Q8 copy of its input) runs on the device when the placement put it
-    there, else on the CPU;
-  - a node that writes in place into a tensor runs where that tensor lives (where its first writer ran: the
-    norm after a CPU-side FFN stays on the CPU);
-  - everything else (norms, attention, the residual stream) runs on the device."""
+"""Which backend runs each node of a graph split between the CPU and a device, decided after the graph is
+built, from where its weights live (as ggml's scheduler assigns nodes): the model skeleton and a split FFN make
+weights inside GraphBuilder.weights_on(backend), and then, in node order,
+  1. a node that writes in place into a tensor runs where that tensor lives (where its first writer ran: the
+     norm after a CPU-side FFN stays on the CPU, the merge of a split FFN runs on the device);
+  2. a node that reads a weight runs where its weight lives (the CPU's FFN neurons on the CPU, attention and
+     the device's neurons on the device, the embedding lookup on the CPU, the head where the placement put it);
+  3. any other node runs on the device if one of its inputs lives there, else on the CPU (the residual stream
+     moves to the device at the first add, the device's active lists stay with its predictor).
+No model code places anything."""
 from __future__ import annotations
 
-from .._core import Op
 from .graph_builder import GraphBuilder
 
 CPU = 0
 
 
-def assign_split(b: GraphBuilder, ffn_spans: list[tuple[int, int]], head_span: tuple[int, int], device: int,
-                 head_on_device: bool) -> None:
-    own = set()
-    for first, end in ffn_spans:
-        own.update(range(first, end))
-    home: dict[int, int] = {}  # tensor id -> the backend whose memory holds it
-    for node, (op, _) in enumerate(b.node_ops):
-        dst = b.node_dst[node]
-        if node in own:
-            backend = b.placement[node]
-        elif head_span[0] <= node < head_span[1]:
-            backend = device if head_on_device else CPU
-        elif op == Op.GET_ROWS:
-            backend = CPU
-        elif dst in home:
+def assign_split(b: GraphBuilder, device: int) -> None:
+    home: dict[int, int] = {}  # tensor id -> the backend whose memory holds it (its first writer's)
+    for node, (dst, srcs) in enumerate(zip(b.node_dst, b.node_srcs)):
+        weights = [b.weight_home[s] for s in srcs if s in b.weight_home]
+        if dst in home:
             backend = home[dst]
+        elif weights:
+            backend = device if device in weights else CPU
         else:
-            backend = device
+            backend = device if any(home.get(s) == device for s in srcs) else CPU
         b.place(node, backend)
         home.setdefault(dst, backend)

@@ -28,12 +28,18 @@ from .threads import physical_cores
 _FLOAT_TYPES = {"F32", "F16", "BF16"}
 
 
-def dense_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
+def dense_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, record: bool = False) -> T:
+    """act(gate) * up, then down: F32 [T, d_model]. `record`: the activation gets a tensor of its own, so the
+    layer's input, gate and up stay readable after a run (the profiler's view: b.records[layer])."""
     p = f"blk.{il}."
-    gate = b.matmul(w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff]
+    gate = b.matmul(w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff], pre-activation
     up = b.matmul(w(p + "ffn_up.weight"), h, "up")
-    b.gated_mul(gate, up, out=gate, act=cfg.activation)
-    return b.matmul(w(p + "ffn_down.weight"), gate, "ffn_out")  # F32 [T, d_model]
+    act = b.gated_mul(gate, up, name="act", out=None if record else gate, act=cfg.activation)
+    if record:
+        for t in (h, gate, up):
+            b.graph.pin(t.id)
+        b.records.append((h.id, gate.id, up.id))
+    return b.matmul(w(p + "ffn_down.weight"), act, "ffn_out")  # F32 [T, d_model]
 
 
 NEURON_DOWN_TYPES = {"q4_1": DType.Q4_1, "q8_0": DType.Q8_0}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import ModelFormatError, UnsupportedModelError
-from ..config import LlamaConfig, detect_activation
+from ..config import Activation, LlamaConfig, detect_activation
 
 if TYPE_CHECKING:
     from ...runtime.blocks import ModelGraph
@@ -35,13 +35,15 @@ class Architecture:
     # Extra tensor-name patterns (regular expressions; blk.N. stands for any layer) this graph reads.
     tensor_patterns: tuple[str, ...] = ()
     rope_neox = False  # llama.cpp's rope type for the architecture: NEOX pairs i with i + head_dim / 2
+    activation = Activation.SILU  # the gated FFN's, unless the file or the model family says otherwise
 
     # ---- hyper-parameters ------------------------------------------------------------------------------
     def config(self, f: GGUFModelFile) -> LlamaConfig:
         """The model's hyper-parameters: the common keys, then what the architecture adds."""
         return LlamaConfig(**self.common_hparams(f))
 
-    def common_hparams(self, f: GGUFModelFile) -> dict:
+    def head_shape(self, f: GGUFModelFile) -> tuple[int, int, int, int]:
+        """(d_model, heads, KV heads, head size) from the metadata."""
         p = self.name + "."
         n_heads = int(f.require(p + "attention.head_count"))
         d_model = int(f.require(p + "embedding_length"))
@@ -49,6 +51,12 @@ class Architecture:
             raise ModelFormatError(f"{f.path.name}: head_count and embedding_length must be positive")
         # Gemma's and Qwen 3's heads are wider than d_model / n_heads: the head size is its own key there.
         head_dim = int(f.get(p + "attention.key_length", d_model // n_heads))
+        return d_model, n_heads, int(f.get(p + "attention.head_count_kv", n_heads)), head_dim
+
+    def common_hparams(self, f: GGUFModelFile) -> dict:
+        p = self.name + "."
+        self.check_keys(f)
+        d_model, n_heads, n_kv_heads, head_dim = self.head_shape(f)
         if int(f.get(p + "attention.value_length", head_dim)) != head_dim:
             raise UnsupportedModelError("key and value heads of different sizes are not supported")
         if int(f.get(p + "rope.dimension_count", head_dim)) != head_dim:
@@ -60,14 +68,14 @@ class Architecture:
             d_model=d_model,
             d_ff=int(f.require(p + "feed_forward_length")),
             n_heads=n_heads,
-            n_kv_heads=int(f.get(p + "attention.head_count_kv", n_heads)),
+            n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             vocab_size=len(vocab) if isinstance(vocab, list) else emb.rows,
             rope_base=float(f.get(p + "rope.freq_base", 10000.0)),
             norm_eps=float(f.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
             train_ctx=int(f.get(p + "context_length", 2048)),
             tied_output="output.weight" not in f.tensors,
-            activation=detect_activation(self.name, f.metadata, powerinfer=f.powerinfer),
+            activation=detect_activation(self.name, f.metadata, powerinfer=f.powerinfer, base=self.activation),
             arch=self.name,
             rope_neox=self.rope_neox,
             rope_freq_scale=self.rope_scaling(f),
@@ -75,17 +83,26 @@ class Architecture:
         )
 
     def rope_scaling(self, f: GGUFModelFile) -> float:
-        """freq_scale of linear RoPE scaling (1: none). YaRN and others are refused, never ignored: the model
-        would load and answer wrongly without a word."""
+        """freq_scale as llama.cpp reads it: the type defaults to linear; the factor is rope.scaling.factor or
+        the older rope.scale_linear; type none never scales. YaRN (and LongRoPE with a factor) are refused,
+        never ignored: the model would load and answer wrongly without a word."""
         p = self.name + "."
-        kind = f.get(p + "rope.scaling.type", "none")
-        factor = float(f.get(p + "rope.scaling.factor", 0.0) or 0.0)
-        if kind in ("none", None) and factor in (0.0, 1.0):
+        kind = str(f.get(p + "rope.scaling.type", "linear"))
+        factor = float(f.get(p + "rope.scaling.factor", 0.0) or f.get(p + "rope.scale_linear", 0.0) or 0.0)
+        if not np.isfinite(factor) or factor < 0:
+            raise ModelFormatError(f"{f.path.name}: {p}rope.scaling.factor {factor} is out of range")
+        if kind == "none" or factor in (0.0, 1.0) and kind in ("linear", "longrope"):
             return 1.0
-        if kind == "linear" and np.isfinite(factor) and factor > 0:
+        if kind == "linear":
             return 1.0 / factor
         raise UnsupportedModelError(f"RoPE scaling '{kind}' ({p}rope.scaling.*) is not supported yet; "
                                     "supported: none, linear")
+
+    def check_keys(self, f: GGUFModelFile) -> None:
+        """Keys whose effect the graph does not compute: refused by name."""
+        p = self.name + "."
+        if float(f.get(p + "attention.clamp_kqv", 0.0) or 0.0) != 0.0:
+            raise UnsupportedModelError(f"{p}attention.clamp_kqv is not supported yet; the model would run wrongly")
 
     # ---- tensors ---------------------------------------------------------------------------------------
     def check_tensors(self, f: GGUFModelFile) -> None:
@@ -103,11 +120,8 @@ class Architecture:
 
     def config_shape(self, f: GGUFModelFile) -> tuple[int, int]:
         """(q width, k/v width) from the metadata, before the config exists."""
-        p = self.name + "."
-        n_heads = int(f.require(p + "attention.head_count"))
-        d = int(f.require(p + "embedding_length"))
-        hd = int(f.get(p + "attention.key_length", d // max(n_heads, 1)))
-        return n_heads * hd, int(f.get(p + "attention.head_count_kv", n_heads)) * hd
+        _, n_heads, n_kv_heads, head_dim = self.head_shape(f)
+        return n_heads * head_dim, n_kv_heads * head_dim
 
     # ---- graph ------------------------------------------------------------------------------------------
     def build_layer(self, m: ModelGraph, il: int, x: T) -> T:
@@ -147,6 +161,8 @@ def split_fused_qkv(f: GGUFModelFile, arch: Architecture) -> None:
             raise ModelFormatError(f"{f.path.name}: {name} has {total} rows, q + k + v need {q + 2 * kv}")
         for part, start, n in (("q", 0, q), ("k", q, kv), ("v", q + kv, kv)):
             new = name.replace(".attn_qkv.", f".attn_{part}.")
+            if new in f.tensors:  # which of the two would the graph read? neither silently
+                raise ModelFormatError(f"{f.path.name}: both {name} and {new} are present")
             f.tensors[new] = row_slice(t, new, start, n) if not bias else _bias_slice(t, new, start, n)
 
 

@@ -7,6 +7,7 @@ for Phi: its converters do not write the pattern)."""
 from __future__ import annotations
 
 from ...errors import ModelFormatError
+from ..config import LlamaConfig
 from .base import Architecture, row_slice, split_fused_qkv
 
 
@@ -28,9 +29,14 @@ class Phi3(Architecture):
             f.tensors[gate] = row_slice(t, gate, 0, n_ff)
             f.tensors[name] = row_slice(t, name, n_ff, n_ff)
 
+    def config(self, f) -> LlamaConfig:
+        hp = self.common_hparams(f)
+        orig = int(f.get(self.name + ".rope.scaling.original_context_length", hp["train_ctx"]))
+        return LlamaConfig(**hp, rope_orig_ctx=orig)
+
     def attention_options(self, m, il: int) -> dict:
-        orig = int(m.gguf.get(self.name + ".rope.scaling.original_context_length", m.cfg.train_ctx))
-        kind = "long" if m.n_ctx > orig else "short"
+        # Long factors when one sequence may run past the original context (llama.cpp: n_ctx_seq).
+        kind = "long" if m.seq_ctx > m.cfg.rope_orig_ctx else "short"
         return {"factors": m.optional(f"rope_factors_{kind}.weight")}  # None: a 4k model, plain RoPE
 
 
