@@ -482,6 +482,12 @@ def test_plan_command_writes_a_plan_that_load_and_bench_use(tiny_model_path, cac
                "--ram-budget", str(out), "--json"])
     bench = json.loads(capsys.readouterr().out)
     assert rc == 0 and bench["offload"]["predicted_tok_s"] == pytest.approx(plan["predicted_tok_s"])
+    pytest.importorskip("fastapi")
+    from pyinfer.serve.server import build_server  # `serve --ram-budget PLAN.json`: the same session as load()
+
+    _app, _loop, session = build_server(tiny_model_path, kv_budget=64, n_threads=1, sparsity="auto",
+                                        ram_budget=str(out))
+    assert session.offload.plan.budget == 1 << 20 and session.offload.predicted["io_threads"] == plan["io_threads"]
     other = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
     (cache / "bad.json").write_text("{}")
     with pytest.raises(PyinferError, match="not a pyinfer offload plan"):

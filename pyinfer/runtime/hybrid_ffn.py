@@ -75,10 +75,8 @@ class SubFfnModel:
                                          data.reshape(rows or t.rows, -1))
 
     def tensor(self, name: str):
+        """What the sparse FFN and the device side read of a model file (no other attribute stands in)."""
         return self.own.get(name) or self._gguf.tensor(name)
-
-    def __getattr__(self, attr):
-        return getattr(self._gguf, attr)
 
 
 def restrict_plan(plan: SparsityPlan, il: int, neurons: np.ndarray, n_ff: int) -> SparsityPlan:
