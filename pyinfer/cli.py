@@ -52,6 +52,8 @@ def _model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
     p.add_argument("-ct", "--cache-type", default="f16", choices=["f16", "q8_0"],
                    help="KV cache type, as llama.cpp's -ctk/-ctv: f16 (default) or q8_0 (half the memory and the "
                         "bytes each decode step reads at depth)")
+    p.add_argument("--no-mmap", action="store_true",
+                   help="read the weights into memory instead of mapping the file (llama.cpp's --no-mmap)")
 
 
 def _sparsity_args(p: argparse.ArgumentParser) -> None:
@@ -266,6 +268,8 @@ def _load(args, **kwargs):
             if budget is None:
                 raise PyinferError(f"{flag} needs --ram-budget")
             kwargs.setdefault(key, share)  # a caller's own value (plan --verify) wins
+    if getattr(args, "no_mmap", False):
+        kwargs.setdefault("mmap", False)
     return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target,
                 cache_type=cache, **kwargs)
 

@@ -130,3 +130,27 @@ def test_gemma3_scales_only_its_global_layers(tmp_path):
     assert rel_err(got, reference_logits(m.gguf, ids)) < 0.01
     assert rel_err(got, pyinfer.load(path, n_ctx=64, progress=False).eval(ids, all_logits=True)) > 1e-3
     assert [m.config.layer_freq_scale(i) for i in range(7)] == [1, 1, 1, 1, 1, 0.125, 1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_predictors_train_and_run_on_every_architecture(kind, tmp_path, monkeypatch):
+    """A ReLU-gated model of each architecture (pyinfer.ffn_activation=relu): `auto` profiles it, trains each
+    layer's predictor and decodes through them (the hybrid and offloaded FFNs read the same plan)."""
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    path = str(write_tiny_arch(tmp_path / f"{kind}-relu.gguf", kind, seed=9,
+                               extra=lambda w: w.add_string("pyinfer.ffn_activation", "relu")))
+    m = pyinfer.load(path, n_ctx=64, n_threads=2, sparsity="auto", progress=False)
+    assert m.sparsity.mode == "relu" and m.sparsity.has_predictors
+    assert m.generate("the", max_tokens=4, temperature=0) is not None
+    assert any(int(u[0]) >= 0 for u in m.layer_unions())  # the last decode step ran sparse somewhere
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "phi3"])
+def test_the_split_graph_runs_every_architecture(paths, kind):
+    """On the stand-in device (a second CPU backend in its own memory space), q/k/v biases, fused-tensor views
+    and RoPE factors run where the placement puts them, and the logits are the CPU's."""
+    cpu = pyinfer.load(paths[kind, Q.F32], n_ctx=64, n_threads=2, progress=False).eval(IDS, all_logits=True)
+    dev = pyinfer.load(paths[kind, Q.F32], n_ctx=64, n_threads=2, device="standin", vram_budget="200M",
+                       progress=False)
+    assert dev.n_copies > 0
+    np.testing.assert_allclose(dev.eval(IDS, all_logits=True), cpu, rtol=1e-4, atol=1e-4 * np.abs(cpu).max())

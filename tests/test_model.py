@@ -127,3 +127,13 @@ def test_bad_cache_type_is_one_line(tiny_model_path):
         pyinfer.load(tiny_model_path, cache_type="q4_0")
     with pytest.raises(PyinferError, match="multiple of 32"):  # the tiny model's heads have 16 values
         pyinfer.load(tiny_model_path, cache_type="q8_0")
+
+
+def test_no_mmap_reads_the_weights_into_memory(tiny_model_path):
+    """load(mmap=False), llama.cpp's --no-mmap: the same logits, no weight left in the file mapping."""
+    ids = [1, 5, 9, 13, 40]
+    mapped = pyinfer.load(tiny_model_path, n_ctx=32)
+    owned = pyinfer.load(tiny_model_path, n_ctx=32, mmap=False)
+    np.testing.assert_array_equal(owned.eval(ids, all_logits=True), mapped.eval(ids, all_logits=True))
+    assert not any(isinstance(t.data, np.memmap) or isinstance(t.data.base, np.memmap)
+                   for t in owned.gguf.tensors.values())

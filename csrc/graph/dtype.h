@@ -87,14 +87,19 @@ inline constexpr int kDTypeCount = 14;
 static_assert(sizeof(kDTypeTraits) / sizeof(kDTypeTraits[0]) == kDTypeCount,
               "a DType was added or removed: update kDTypeTraits and every switch over DType");
 
-// The type's row of kDTypeTraits, or nullptr for an id that is no type (a corrupt file, a bad binding call).
-constexpr const DTypeTraits* dtype_traits(DType t) {
-  for (const DTypeTraits& r : kDTypeTraits)
-    if (r.type == t) return &r;
-  return nullptr;
+// The type's row in kDTypeTraits, or -1 for an id that is no type (a corrupt file, a bad binding call). An
+// index, not a pointer, so that it stays a constant expression under -fsanitize=undefined.
+constexpr int dtype_index(DType t) {
+  for (int i = 0; i < kDTypeCount; ++i)
+    if (kDTypeTraits[i].type == t) return i;
+  return -1;
+}
+inline const DTypeTraits* dtype_traits(DType t) {
+  const int i = dtype_index(t);
+  return i >= 0 ? &kDTypeTraits[i] : nullptr;
 }
 // Bytes per block of a type, as a compile-time constant (kernels on both sides index blocks with it).
-constexpr int32_t dtype_block_bytes(DType t) { return dtype_traits(t) ? dtype_traits(t)->block_bytes : 0; }
+constexpr int32_t dtype_block_bytes(DType t) { return dtype_index(t) >= 0 ? kDTypeTraits[dtype_index(t)].block_bytes : 0; }
 static_assert(dtype_block_bytes(DType::Q4_0) == 18 && dtype_block_bytes(DType::Q4_1) == 20 &&
               dtype_block_bytes(DType::Q5_0) == 22 && dtype_block_bytes(DType::Q5_1) == 24 &&
               dtype_block_bytes(DType::Q8_0) == 34 && dtype_block_bytes(DType::Q4_K) == 144 &&
