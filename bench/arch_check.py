@@ -38,12 +38,22 @@ CASES = [
     ("qwen3", "qwen3", "ggml-vocab-qwen2.gguf", "QK-norm, head size 128 != d / heads"),
     ("phi3", "phi3", "ggml-vocab-phi-3.gguf", "fused qkv and gate-up, LongRoPE short factors, attn_factor"),
     ("phi3 (long)", "phi3-long", "ggml-vocab-phi-3.gguf", "LongRoPE long factors (context beyond the original)"),
+    # Gemma 3 at its own tiny shape (7 layers: 5 local, 1 global, 1 local; d 128, heads of 128), a tiny vocabulary
+    ("gemma3", "gemma3", None, "QK-norm, post-norms, sliding window 6, local RoPE base, GELU"),
+    ("gemma3 (linear 8)", "gemma3-linear8", None, "rope.scaling linear 8 on the global layer only (Gemma 3 4B-27B)"),
 ]
 
 
-def write(kind: str, path: Path, vocab: Path) -> Path:
+def write(kind: str, path: Path, vocab: Path | None) -> Path:
     """llama.cpp rounds its context up to a multiple of 256 before choosing Phi-3's long or short factors,
     so the original context is put well away from the 128 both engines run with: 4096 (short), 64 (long)."""
+    if kind.startswith("gemma3"):
+        from tiny_model import write_tiny_gemma3
+
+        f32 = {k: Q.F32 for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+        scaled = (lambda w: (w.add_string("gemma3.rope.scaling.type", "linear"),
+                             w.add_float32("gemma3.rope.scaling.factor", 8.0))) if kind.endswith("linear8") else None
+        return write_tiny_gemma3(path, seed=3, types=f32, extra=scaled)
     hd = 128 if kind == "qwen3" else 64
     extra = {"orig_ctx": 64 if kind == "phi3-long" else 4096} if kind.startswith("phi3") else {}
     return write_tiny_arch(path, kind.removesuffix("-long"), seed=len(kind), config=dict(SHAPE, head_dim=hd),
@@ -65,7 +75,8 @@ def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int) -> list[d
              "numpy_reference_agrees_with": "pyinfer" if numpy_ref[i].argmax() == ours[i].argmax() else
              "llama.cpp" if numpy_ref[i].argmax() == ref[i].argmax() else "neither"}
             for i in np.flatnonzero(ours.argmax(1) != ref.argmax(1))]
-    rows = [{"arch": name, "kind": kind, "file": "F32", "vocab": vocab.name,
+    vocab_name = vocab.name if vocab is not None else "tiny byte-level BPE"
+    rows = [{"arch": name, "kind": kind, "file": "F32", "vocab": vocab_name,
              "pyinfer_vs_llamacpp": distance(ours, ref), "quantization_noise": None, "top1_differences": ties}]
     for ft, code in FTYPES.items():
         out = tmp / f"{kind}-{ft}.gguf"
@@ -76,7 +87,7 @@ def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int) -> list[d
         types = Counter(t.type_name for t in GGUFModelFile(out).tensors.values())
         ours = pyinfer.load(str(out), n_threads=2, n_ctx=128, progress=False).eval(ids, all_logits=True)
         theirs = llamacpp_logits(str(out), ids)
-        rows.append({"arch": name, "kind": kind, "file": ft, "vocab": vocab.name, "tensor_types": dict(types),
+        rows.append({"arch": name, "kind": kind, "file": ft, "vocab": vocab_name, "tensor_types": dict(types),
                      "pyinfer_vs_llamacpp": distance(ours.astype(np.float64), theirs),
                      "quantization_noise": distance(theirs, ref)})
     for r in rows:
@@ -88,13 +99,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vendor", type=Path, required=True, help="vendor/llama.cpp/models of the sdist")
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--only", nargs="+", metavar="KIND", help="run these cases and replace their rows in the saved "
+                    f"table (kinds: {', '.join(c[1] for c in CASES)})")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="pyinfer-arch-"))
     rows = []
+    if args.only and (RESULTS / "arch_check.json").exists():
+        rows = [r for r in json.loads((RESULTS / "arch_check.json").read_text())["rows"] if r["kind"] not in args.only]
     for name, kind, vocab, _ in CASES:
-        rows += run_case(name, kind, args.vendor / vocab, tmp, args.tokens)
+        if args.only and kind not in args.only:
+            continue
+        rows += run_case(name, kind, args.vendor / vocab if vocab else None, tmp, args.tokens)
         for f in tmp.glob(f"{kind}-*.gguf"):
             f.unlink()
+    order = [c[1] for c in CASES]
+    rows.sort(key=lambda r: (order.index(r["kind"]), ["F32", *FTYPES].index(r["file"])))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "arch_check.json").write_text(json.dumps({"tokens": args.tokens, "shape": SHAPE, "rows": rows},
                                                         indent=1))
