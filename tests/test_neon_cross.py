@@ -1,4 +1,5 @@
 """The NEON kernels, cross-compiled for aarch64 and run under qemu, must equal the scalar reference."""
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -9,9 +10,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CXX, QEMU = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
 
 
-@pytest.mark.skipif(not (CXX and QEMU), reason="needs an aarch64 cross compiler and qemu-user "
-                    "(apt-get install g++-aarch64-linux-gnu qemu-user); x86 CI cannot run NEON natively")
 def test_neon_matches_scalar(tmp_path):
+    if not (CXX and QEMU):  # CI installs both (.ci/run) and sets PYINFER_REQUIRE_NEON: there it must run
+        msg = ("needs an aarch64 cross compiler and qemu-user (apt-get install g++-aarch64-linux-gnu qemu-user); "
+               "x86 cannot run NEON natively")
+        if os.environ.get("PYINFER_REQUIRE_NEON"):
+            pytest.fail(msg)
+        pytest.skip(msg)
     src = ROOT / "csrc"
     files = [ROOT / "tests/cpp/neon_vs_scalar.cpp"] + [src / f for f in (
         "kernels/matmul_neon.cpp", "kernels/matmul_scalar.cpp", "kernels/matmul_avx2.cpp", "graph/dtype.cpp",
@@ -20,9 +25,11 @@ def test_neon_matches_scalar(tmp_path):
     exe = tmp_path / "neon_vs_scalar"
     subprocess.run([CXX, "-O2", "-std=c++17", "-static", f"-I{src}", *map(str, files), "-o", str(exe)], check=True)
     out = subprocess.run([QEMU, str(exe)], capture_output=True, text=True, check=True, timeout=120).stdout
-    assert "quantize mismatches 0" in out
-    for t in ("Q4_0", "Q4_1", "Q8_0"):
-        assert f"{t} max diff 0" in out, out
+    assert "quantize mismatches 0" in out  # the same Q8 activations, so the integer dot products are the same
+    for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"{t} max diff "))
+        diff, of = float(line.split()[3]), float(line.split()[5])
+        assert of > 0 and diff <= 1e-5 * of, out  # only the float sums of block scales are ordered differently
     assert "f16 equal 1" in out
     for t in ("Q8_0", "Q4_1", "Q4T"):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"axpy {t} "))

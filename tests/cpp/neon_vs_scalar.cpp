@@ -11,7 +11,7 @@ using namespace pyinfer;
 static void sc_axpy(const AxpyRowsArgs& a) { kernels_scalar().axpy_rows(a); }
 int main() {
   std::mt19937 rng(1); std::normal_distribution<float> nd;
-  const int k = 128, rows = 37, nt = 3;
+  const int k = 256, rows = 37, nt = 3;  // k: one K-quant super-block
   std::vector<float> x(nt * k); for (auto& v : x) v = nd(rng);
   const KernelTable* ne = kernels_neon(); const KernelTable& sc = kernels_scalar();
   std::vector<BlockQ8A> qa(nt * k / 32), qb(nt * k / 32);
@@ -19,19 +19,25 @@ int main() {
   int bad = 0;
   for (size_t i = 0; i < qa.size(); ++i) for (int j = 0; j < 32; ++j) bad += qa[i].qs[j] != qb[i].qs[j];
   printf("quantize mismatches %d\n", bad);
-  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
-    size_t rb = dtype_row_bytes(wt, k);
+  // Every integer-dot weight type: NEON's own kernels (Q4_0, Q4_1, Q8_0) and its portable path (the 5-bit
+  // and K-quant types). Random bits, then sane fp16 scales where each type keeps them.
+  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+                   DType::Q6_K}) {
+    const size_t rb = dtype_row_bytes(wt, k);
+    const int64_t nb = k / dtype_block_elems(wt);
+    const size_t bb = rb / size_t(nb);
+    std::vector<int> scale_at = {0};
+    if (wt == DType::Q4_1 || wt == DType::Q5_1 || wt == DType::Q4_K || wt == DType::Q5_K) scale_at = {0, 2};
+    if (wt == DType::Q6_K) scale_at = {208};
     std::vector<uint8_t> w(rows * rb); for (auto& b : w) b = rng() & 0xff;
-    for (int r = 0; r < rows; ++r) for (int b = 0; b < k / 32; ++b) {  // sane fp16 scales
-      uint16_t d = fp32_to_fp16(0.01f);
-      memcpy(&w[r * rb + b * (rb / (k / 32))], &d, 2);
-      if (wt == DType::Q4_1) memcpy(&w[r * rb + b * (rb / (k / 32)) + 2], &d, 2);
-    }
+    for (int r = 0; r < rows; ++r) for (int64_t b = 0; b < nb; ++b)
+      for (int off : scale_at) { uint16_t d = fp32_to_fp16(0.01f); memcpy(&w[r * rb + b * bb + off], &d, 2); }
     std::vector<float> ya(nt * rows), yb(nt * rows);
     MatMulArgs a{wt, w.data(), rb, k, 0, rows, qa.data(), dtype_row_bytes(DType::Q8A, k), nt, ya.data(), rows};
     ne->matmul(a); a.dst = yb.data(); sc.matmul(a);
-    float md = 0; for (size_t i = 0; i < ya.size(); ++i) md = std::fmax(md, std::fabs(ya[i] - yb[i]));
-    printf("%s max diff %g\n", dtype_name(wt), md);
+    float md = 0, mx = 0;
+    for (size_t i = 0; i < ya.size(); ++i) md = std::fmax(md, std::fabs(ya[i] - yb[i])), mx = std::fmax(mx, std::fabs(yb[i]));
+    printf("%s max diff %g of %g\n", dtype_name(wt), md, mx);
   }
   std::vector<uint16_t> h(64); std::vector<float> f(64), y1(64, 0), y2(64, 0);
   for (int i = 0; i < 64; ++i) { f[i] = nd(rng); h[i] = fp32_to_fp16(nd(rng)); }
