@@ -13,7 +13,6 @@ import argparse
 import json
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parents[1] / "tests"))
 import pyinfer  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
-from llamacpp_quantized import distance, llamacpp_logits  # noqa: E402
-from pyinfer.model.gguf_file import GGUFModelFile  # noqa: E402
+from llamacpp_quantized import distance, llamacpp_logits, quantized_by_llamacpp  # noqa: E402
 from reference_llama import reference_logits  # noqa: E402
 from tiny_model import write_tiny_arch  # noqa: E402
 
@@ -61,8 +59,6 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
 
 
 def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int) -> list[dict]:
-    import llama_cpp
-
     src = write(kind, tmp / f"{kind}-f32.gguf", vocab)
     f32 = pyinfer.load(str(src), n_threads=2, n_ctx=128, progress=False)
     ids = np.random.default_rng(0).integers(3, f32.config.vocab_size, n_ids).tolist()
@@ -79,17 +75,8 @@ def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int) -> list[d
     rows = [{"arch": name, "kind": kind, "file": "F32", "vocab": vocab_name,
              "pyinfer_vs_llamacpp": distance(ours, ref), "quantization_noise": None, "top1_differences": ties}]
     for ft, code in FTYPES.items():
-        out = tmp / f"{kind}-{ft}.gguf"
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = code
-        if llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params) != 0:
-            raise SystemExit(f"llama_model_quantize {ft} failed for {kind}")
-        types = Counter(t.type_name for t in GGUFModelFile(out).tensors.values())
-        ours = pyinfer.load(str(out), n_threads=2, n_ctx=128, progress=False).eval(ids, all_logits=True)
-        theirs = llamacpp_logits(str(out), ids)
-        rows.append({"arch": name, "kind": kind, "file": ft, "vocab": vocab_name, "tensor_types": dict(types),
-                     "pyinfer_vs_llamacpp": distance(ours.astype(np.float64), theirs),
-                     "quantization_noise": distance(theirs, ref)})
+        rows.append({"arch": name, "kind": kind, "file": ft, "vocab": vocab_name,
+                     **quantized_by_llamacpp(src, tmp / f"{kind}-{ft}.gguf", ft, code, ids, ref)})
     for r in rows:
         print(json.dumps(r), file=sys.stderr)
     return rows

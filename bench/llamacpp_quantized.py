@@ -45,12 +45,29 @@ def distance(a: np.ndarray, b: np.ndarray) -> dict:
             "corr": float(np.corrcoef(a.ravel(), b.ravel())[0, 1]), "argmax_agree": float((a.argmax(1) == b.argmax(1)).mean())}
 
 
+def quantized_by_llamacpp(src: Path, out: Path, ftype: str, code: int, ids: list[int],
+                          f32_llamacpp: np.ndarray) -> dict:
+    """`src` quantized by `llama_model_quantize` to `ftype` (llama_ftype `code`) at `out`, both engines run on
+    `ids`: the file's tensor types, pyinfer's distance to llama.cpp on it, and the quantization noise (llama.cpp's
+    own logits on it against `f32_llamacpp`, its logits on the F32 source)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = code
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize {ftype} of {Path(src).name} failed ({rc})")
+    types = Counter(t.type_name for t in GGUFModelFile(out).tensors.values())
+    ours = pyinfer.load(str(out), n_threads=2, n_ctx=128, progress=False).eval(ids, all_logits=True)
+    theirs = llamacpp_logits(str(out), ids)
+    return {"tensor_types": dict(types), "pyinfer_vs_llamacpp": distance(ours.astype(np.float64), theirs),
+            "quantization_noise": distance(theirs, f32_llamacpp)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
-    import llama_cpp
-
     tmp = Path(tempfile.mkdtemp(prefix="pyinfer-quant-"))
     src = write_tiny_llama(tmp / "tiny-f32.gguf", seed=11, matrix_type=Q.F32, embed_type=Q.F32,
                            config=dict(d_model=256, d_ff=512, n_heads=4, n_kv_heads=2, n_layers=2))
@@ -62,17 +79,8 @@ def main() -> int:
              "pyinfer_vs_llamacpp": distance(ref_model.eval(ids, all_logits=True).astype(np.float64), f32_llamacpp),
              "quantization_noise": distance(f32_llamacpp, f32_llamacpp)}]
     for name, ftype in FTYPES.items():
-        out = tmp / f"tiny-{name}.gguf"
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = ftype
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
-        if rc != 0:
-            raise SystemExit(f"llama_model_quantize {name} failed ({rc})")
-        types = Counter(t.type_name for t in GGUFModelFile(out).tensors.values())
-        ours = pyinfer.load(str(out), n_threads=2, n_ctx=128).eval(ids, all_logits=True).astype(np.float64)
-        theirs = llamacpp_logits(str(out), ids)
-        rows.append({"ftype": name, "tensor_types": dict(types), "pyinfer_vs_llamacpp": distance(ours, theirs),
-                     "quantization_noise": distance(theirs, f32_llamacpp)})
+        rows.append({"ftype": name, **quantized_by_llamacpp(src, tmp / f"tiny-{name}.gguf", name, ftype, ids,
+                                                           f32_llamacpp)})
         print(name, json.dumps(rows[-1]), file=sys.stderr)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "llamacpp_quantized.json").write_text(json.dumps({"tokens": args.tokens, "rows": rows}, indent=1))

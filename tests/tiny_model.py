@@ -67,6 +67,31 @@ def random_k_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.01) ->
     return raw.reshape(rows, nb * block_bytes)
 
 
+def add_random(w: GGUFWriter, rng, name: str, shape: tuple, qtype: Q, scale: float) -> None:
+    """A tensor of normal(0, scale) values stored as `qtype` (F32, F16, gguf-py's quantizers, or random K-quant
+    blocks, which gguf-py cannot quantize to)."""
+    a = (rng.standard_normal(shape) * scale).astype(np.float32)
+    if qtype == Q.F32:
+        w.add_tensor(name, a)
+    elif qtype == Q.F16:
+        w.add_tensor(name, a.astype(np.float16))
+    elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        w.add_tensor(name, random_k_blocks(qtype, shape[0], shape[1], rng), raw_dtype=qtype)
+    else:
+        w.add_tensor(name, quants.quantize(a, qtype), raw_dtype=qtype)
+
+
+def finish(w: GGUFWriter, path: Path, extra=None) -> Path:
+    """`extra(writer)` adds a test's own keys or tensors; then the file is written."""
+    if extra is not None:
+        extra(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, types: dict | None = None,
                       extra=None) -> Path:
     """A tiny random Gemma 3 (7 layers: 5 local, 1 global, 1 local) with heads wider than d_model / n_heads,
@@ -83,13 +108,7 @@ def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, typ
     vocab = _add_tiny_vocab(w)
 
     def add(name: str, shape: tuple, qtype: Q, scale: float = 0.1):
-        a = (rng.standard_normal(shape) * scale).astype(np.float32)
-        if qtype == Q.F32:
-            w.add_tensor(name, a)
-        elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
-            w.add_tensor(name, random_k_blocks(qtype, shape[0], shape[1], rng), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, quants.quantize(a, qtype), raw_dtype=qtype)
+        add_random(w, rng, name, shape, qtype, scale)
 
     d, ff, hd = c["d_model"], c["d_ff"], c["head_dim"]
     qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
@@ -107,13 +126,7 @@ def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, typ
         add(p + "ffn_up.weight", (ff, d), kinds["ffn_up"])
         add(p + "ffn_down.weight", (d, ff), kinds["ffn_down"])
     w.add_tensor("output_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
-    if extra is not None:  # keys or tensors of a test's own
-        extra(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path, extra)
 
 
 def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_type: Q = Q.Q8_0,
@@ -141,13 +154,7 @@ def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_t
         if override_types and name in override_types:
             w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(override_types[name]))
             return
-        a = (rng.standard_normal(shape) * scale).astype(np.float32)
-        if qtype == Q.F32:
-            w.add_tensor(name, a)
-        elif qtype == Q.F16:
-            w.add_tensor(name, a.astype(np.float16))
-        else:
-            w.add_tensor(name, quants.quantize(a, qtype), raw_dtype=qtype)
+        add_random(w, rng, name, shape, qtype, scale)
 
     d, ff, hd = c["d_model"], c["d_ff"], c["d_model"] // c["n_heads"]
     add("token_embd.weight", (vocab_padded, d), embed_type, 1.0)
@@ -168,12 +175,7 @@ def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_t
         else:
             add(p + "ffn_down.weight", (d, ff), matrix_type)
     add("output_norm.weight", (d,), Q.F32, 0.3)
-    if extra is not None:
-        extra(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w, path, extra)
     if powerinfer:
         with open(path, "r+b") as f:
             f.write(b"PWRI")
@@ -215,15 +217,8 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
     else:
         n_vocab = _add_tiny_vocab(w)
 
-    def add(name: str, shape: tuple, scale: float = 0.2, kind_: Q | None = None):
-        a = (rng.standard_normal(shape) * scale).astype(np.float32)
-        t = kind_ or (qtype if len(shape) == 2 else Q.F32)
-        if t == Q.F32:
-            w.add_tensor(name, a)
-        elif t == Q.F16:
-            w.add_tensor(name, a.astype(np.float16))
-        else:
-            w.add_tensor(name, quants.quantize(a, t), raw_dtype=t)
+    def add(name: str, shape: tuple, scale: float = 0.2):
+        add_random(w, rng, name, shape, qtype if len(shape) == 2 else Q.F32, scale)
 
     d, ff = c["d_model"], c["d_ff"]
     qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
@@ -261,13 +256,7 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
     w.add_tensor("output_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
     if kind != "qwen2":  # qwen2 ties its head to the embeddings here; the others have their own
         add("output.weight", (n_vocab, d), 0.5)
-    if extra is not None:
-        extra(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path, extra)
 
 
 def _copy_vocab(w: GGUFWriter, r) -> int:
