@@ -1,17 +1,18 @@
-"""Decode under a RAM budget: pyinfer's neuron streaming against llama.cpp's mmap, each in its own memory
-cgroup, caches dropped before every run.
+"""Decode under one total memory limit: pyinfer (`mem_limit`, which derives its weight budget and streams FFN
+neurons from disk where they do not fit) against llama.cpp (its weights in the mmap, repacking off), each run in
+a fresh memory cgroup whose limit is that same total, caches dropped before every run.
 
-Each engine's cgroup limit is its own runtime memory (peak RSS of an unlimited in-RAM run minus the model
-file it mapped) plus the same weight budget plus 16 MiB, so neither engine is charged for
-the other's overhead (cgroup v1 counts page cache, which is where llama.cpp's mmap'd weights live). The
-budget is every non-FFN weight plus a share of the FFN's bytes. pyinfer runs `--sparsity auto` with
-`--ram-budget`; its tokens must equal its in-RAM run's (checked every run). Rounds alternate the engines
-and flip their order; ratios are medians of per-round ratios.
+The protocol of every offload figure: both engines under the same limit (cgroup v1 counts anonymous memory and
+the page cache, which is where llama.cpp's mapped weights live), llama.cpp with `use_extra_bufts=False` (its CPU
+repacking copies Q4_0 weights into anonymous memory that no limit can page, and it is killed), at least 3 rounds
+alternating the engines and flipping their order, medians and spreads (lowest..highest). Each round also runs
+pyinfer unlimited (in RAM, the same sparsity plan): its tokens must equal the limited run's, and its speed is
+what the limit costs. A run the kernel kills is reported as such.
 
-Needs root (cgroup v1 memory controller at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches) and the
-bench extra (llama-cpp-python).
+Needs root (cgroup v1 memory controller at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches) and the bench extra
+(llama-cpp-python).
 
-  python bench/offload.py --threads 2 --rounds 3 --shares 0.75 0.5 0.25
+  python bench/offload.py --threads 2 --rounds 3 --limits 170M 200M 260M
 """
 from __future__ import annotations
 
@@ -27,11 +28,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
-MARGIN = 16 << 20
-PROTOCOLS = {"peak": "the cgroup's high-water mark (page cache of imports and metadata included)",
-             "rss": "peak RSS (the issue's protocol)", "steady": "RSS at the end of decode"}
 PROMPT = "Once upon a time"
-_FFN = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)\.weight$")
 
 
 # ---- child: one engine, one decode, one JSON line ------------------------------------------------------
@@ -65,12 +62,12 @@ def child(args) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from compare_llamacpp import LlamaCpp
 
-    out: dict = {"engine": args.engine, "budget": args.budget}
+    out: dict = {"engine": args.engine, "mem_limit": args.mem_limit or None}
     # Both engines: prefill the prompt, decode 4 warm-up tokens, prefill again, then count the bytes read and
     # the time of `tokens` greedy decode steps only (the prompt's prefill is dense and read whole).
     if args.engine == "llamacpp":
         if not args.repack:  # llama.cpp's CPU repacking copies Q4_0 weights into anonymous memory, which
-            import llama_cpp.llama_cpp as low  # no budget can page; off, its weights stay in the mmap
+            import llama_cpp.llama_cpp as low  # no limit can page; off, its weights stay in the mmap
 
             default = low.llama_model_default_params
 
@@ -80,7 +77,7 @@ def child(args) -> None:
                 return p
 
             low.llama_model_default_params = no_repack
-        eng = LlamaCpp(args.model, args.threads, 512)
+        eng = LlamaCpp(args.model, args.threads, args.ctx)
         llm = eng.llm
         ids = eng.tokenize(PROMPT)
 
@@ -94,9 +91,14 @@ def child(args) -> None:
             return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
     else:
         import pyinfer
+        from pyinfer.errors import PyinferError
 
-        kw = {"ram_budget": args.budget} if args.budget else {}
-        m = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, sparsity=args.sparsity, progress=False, **kw)
+        try:
+            m = pyinfer.load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=args.sparsity,
+                             progress=False, mem_limit=args.mem_limit or None)
+        except PyinferError as e:  # a limit below the minimum: refused in one line
+            print(json.dumps({**out, "error": f"refused: {e}"}))
+            return
         ids = m.tokenize(PROMPT)
 
         def prefill():
@@ -117,21 +119,17 @@ def child(args) -> None:
 
     decode(4)
     seconds, read, toks = decode(args.tokens)
-    if args.engine == "pyinfer" and m.offload is not None:
-        from pyinfer.tools.bench import offload_stats
+    if args.engine == "pyinfer":
+        if m.offload is not None:
+            from pyinfer.tools.bench import offload_stats
 
-        out["offload"] = offload_stats(m, m.offload.store.stats(), args.tokens, seconds)
+            out["offload"] = offload_stats(m, m.offload.store.stats(), args.tokens, seconds)
+        out["memory"] = m.memory()
     from pyinfer.tools.bench import peak_rss_mb
 
-    # Weights this process holds: its mapping of the model file (llama.cpp: all of it; pyinfer under a budget:
-    # the FFN pages a dense prefill touched)...
-    held = mapped_rss(args.model)
-    if args.engine == "pyinfer" and m.offload is not None:  # + its RAM copies of the weights that stay
-        st, p = m.offload.store.stats(), m.offload.plan   # (non-FFN, predictors, scales) and the store's
-        held += (p.fixed_bytes - p.ring_bytes) + st["resident_bytes"] + st["ring_bytes"]
     out.update(tok_s=args.tokens / seconds, read_bytes_per_token=read / args.tokens,
                tokens=[int(t) for t in toks], peak_rss_bytes=int(peak_rss_mb() * 2**20), rss_bytes=rss_now(),
-               weights_held_bytes=held)
+               model_pages_bytes=mapped_rss(args.model))
     print(json.dumps(out))
 
 
@@ -141,8 +139,9 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def run_in_cgroup(cmd: list[str], limit: int | None, name: str) -> tuple[dict, int]:
-    """Runs cmd in a fresh memory cgroup (limit None: unlimited); returns (its JSON, the cgroup's peak usage)."""
+def run_in_cgroup(cmd: list[str], limit: int | None, name: str) -> tuple[dict, dict]:
+    """Runs cmd in a fresh memory cgroup (limit None: unlimited), caches dropped first; returns (its JSON, the
+    cgroup's peak usage and failure count)."""
     cg = CGROUP_ROOT / f"pyinfer_bench_{name}_{os.getpid()}"
     cg.mkdir()
     try:
@@ -156,12 +155,13 @@ def run_in_cgroup(cmd: list[str], limit: int | None, name: str) -> tuple[dict, i
 
         drop_caches()
         r = subprocess.run(cmd, check=False, capture_output=True, text=True, preexec_fn=enter, timeout=3600)
-        peak = int((cg / "memory.max_usage_in_bytes").read_text())
+        cgroup = {"peak_bytes": int((cg / "memory.max_usage_in_bytes").read_text()),
+                  "failcnt": int((cg / "memory.failcnt").read_text())}
         if r.returncode != 0:
             tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
             oom = "killed by the kernel (cgroup OOM)" if r.returncode in (-9, 137) else tail
-            return {"error": oom, "returncode": r.returncode}, peak
-        return json.loads(r.stdout.strip().splitlines()[-1]), peak
+            return {"error": oom, "returncode": r.returncode}, cgroup
+        return json.loads(r.stdout.strip().splitlines()[-1]), cgroup
     finally:
         for _ in range(50):
             try:
@@ -171,108 +171,72 @@ def run_in_cgroup(cmd: list[str], limit: int | None, name: str) -> tuple[dict, i
                 time.sleep(0.1)
 
 
-def child_cmd(engine: str, path: str, args, budget: int = 0, sparsity: str = "off") -> list[str]:
+def child_cmd(engine: str, path: str, args, limit: int = 0) -> list[str]:
     return [sys.executable, __file__, "--child", "--engine", engine, "-m", path, "--threads", str(args.threads),
-            "--tokens", str(args.tokens), "--budget", str(budget), "--sparsity", sparsity,
-            *(["--repack"] if args.repack else [])]
+            "--tokens", str(args.tokens), "--ctx", str(args.ctx), "--mem-limit", str(limit),
+            "--sparsity", args.sparsity, *(["--repack"] if args.repack else [])]
 
 
-def calibrate(engine: str, path: str, args, budget: int) -> tuple[int | None, str | None]:
-    """Non-weight memory of one configuration: RSS of an unlimited run (its peak, or with --runtime steady
-    its RSS at the end of decode, without load-time transients) minus the weights it held; or the error."""
-    got, peak = run_in_cgroup(child_cmd(engine, path, args, budget, args.sparsity if budget else "off"), None, "cal")
-    if "error" in got:
-        print(f"{engine} (budget {budget / 2**20:.1f} MiB): {got['error']}", file=sys.stderr)
-        return None, got["error"]
-    # peak: the cgroup's own high-water mark, which also counts the page cache a process fills with read()
-    # (imports, metadata) that RSS misses and the limit charges.
-    rss = {"peak": max(peak, got["peak_rss_bytes"]), "rss": got["peak_rss_bytes"], "steady": got["rss_bytes"]}[
-        args.runtime]
-    over = rss - got["weights_held_bytes"]
-    print(f"{engine} (budget {budget / 2**20:.1f} MiB): runtime memory {over / 2**20:.1f} MiB = {args.runtime} "
-          f"RSS {rss / 2**20:.1f} - weights held {got['weights_held_bytes'] / 2**20:.1f}", file=sys.stderr)
-    return over, None
+def spread(values: list[float]) -> dict | None:
+    """Median, lowest and highest of a list (None when empty)."""
+    return {"median": statistics.median(values), "low": min(values), "high": max(values)} if values else None
 
 
-def predictions(path: str, budgets: list[tuple[str, int]], args) -> dict:
-    """`pyinfer plan`'s cost model, calibrated once (reads measured on the bundle file, compute from a short
-    decode at the first budget pyinfer accepts, no memory limit), then predicted at every budget."""
-    import pyinfer
-    from pyinfer.errors import PyinferError
-    from pyinfer.offload.offloaded_ffn import plan_offload
-    from pyinfer.offload.planner import calibrate_compute, measure_reads, predict
-
-    model = None
-    for _, b in budgets:
-        try:
-            model = pyinfer.load(path, n_threads=args.threads, n_ctx=512, sparsity=args.sparsity, ram_budget=b,
-                                 progress=False)
-            break
-        except PyinferError:
-            continue
-    if model is None:
-        return {}
-    off = model.offload
-    reads = measure_reads(str(off.layout.path))
-    compute = calibrate_compute(model, 8)
-    out = {}
-    for label, b in budgets:
-        try:
-            p = plan_offload(model.gguf, model.sparsity, off.layout, b, off.ring_slots)
-        except PyinferError:
-            continue
-        out[label] = predict(p, model.sparsity, off.layout, compute, reads, off.io_threads).tok_s
-    return out
-
-
-def compare(path: str, budgets: list[tuple[str, int]], args) -> list[dict]:
-    """Per budget: each engine's runtime memory, then `args.rounds` alternating rounds of pyinfer under its
-    limit, llama.cpp under its limit and pyinfer in RAM (unlimited); and the planner's prediction."""
-    predicted = predictions(path, budgets, args)
+def compare(path: str, limits: list[tuple[str, int]], args) -> list[dict]:
+    """Per limit, `args.rounds` rounds alternating pyinfer and llama.cpp in cgroups of that limit (order flipped
+    every other round), plus pyinfer unlimited; medians and spreads, and ratios as medians of per-round ratios."""
     rows = []
-    for label, budget in budgets:
-        over_ll, _ = calibrate("llamacpp", path, args, 0)
-        over_py, py_error = calibrate("pyinfer", path, args, budget)
+    for label, limit in limits:
         per_round = []
         for r in range(args.rounds):
-            order = ["pyinfer", "llamacpp", "inram"]
+            order = ["pyinfer", "llamacpp", "unlimited"]
             if r % 2:
                 order.reverse()
             got = {}
             for engine in order:
-                if engine == "inram":  # pyinfer's own in-RAM sparse speed, unlimited
-                    got[engine], _ = run_in_cgroup(child_cmd("pyinfer", path, args, 0, args.sparsity), None, "inram")
-                elif engine == "pyinfer":
-                    got[engine] = {"error": py_error} if py_error else run_in_cgroup(
-                        child_cmd("pyinfer", path, args, budget, args.sparsity), over_py + budget + MARGIN, "py")[0]
+                if engine == "unlimited":  # pyinfer in RAM with the same plan, no limit
+                    out, cg = run_in_cgroup(child_cmd("pyinfer", path, args), None, "free")
                 else:
-                    got[engine], _ = run_in_cgroup(child_cmd("llamacpp", path, args), over_ll + budget + MARGIN, "ll")
-            exact = "tok_s" in got["pyinfer"] and "tok_s" in got["inram"] and \
-                got["pyinfer"]["tokens"] == got["inram"]["tokens"]
+                    out, cg = run_in_cgroup(child_cmd(engine, path, args, limit), limit, engine[:2])
+                got[engine] = {**out, "cgroup": cg}
+            exact = all("tok_s" in got[k] for k in ("pyinfer", "unlimited")) and \
+                got["pyinfer"]["tokens"] == got["unlimited"]["tokens"]
             per_round.append({**got, "exact": exact})
             print(f"{label} round {r + 1}: " + ", ".join(
-                f"{k} {v['tok_s']:.2f} tok/s" if "tok_s" in v else f"{k}: {v['error']}" for k, v in got.items())
-                + f", tokens equal to in-RAM: {exact}", file=sys.stderr)
+                f"{k} {v['tok_s']:.2f} tok/s (peak {v['cgroup']['peak_bytes'] / 2**20:.0f} MiB)" if "tok_s" in v
+                else f"{k}: {v['error']}" for k, v in got.items()) + f", tokens equal to unlimited: {exact}",
+                file=sys.stderr)
 
-        def med(f, need=("pyinfer", "llamacpp", "inram"), per_round=per_round):
-            vals = [f(p) for p in per_round if all("tok_s" in p[k] for k in need)]
-            return statistics.median(vals) if vals else None
+        def vals(f, need, per_round=per_round):
+            return [f(p) for p in per_round if all("tok_s" in p[k] for k in need)]
 
+        def py(key, per_round=per_round):  # a pyinfer offload figure, median over rounds
+            v = [p["pyinfer"]["offload"][key] for p in per_round if p["pyinfer"].get("offload")
+                 and p["pyinfer"]["offload"].get(key) is not None]
+            return statistics.median(v) if v else None
+
+        errors = {e: sorted({p[e]["error"] for p in per_round if "error" in p[e]}) for e in ("pyinfer", "llamacpp")}
+        mem = next((p["pyinfer"]["memory"] for p in per_round if "memory" in p["pyinfer"]), None)
         rows.append({
-            "label": label, "budget_bytes": budget, "runtime_bytes": {"pyinfer": over_py, "llamacpp": over_ll},
-            "limit_pyinfer": over_py + budget + MARGIN if over_py is not None else None,
-            "limit_llamacpp": over_ll + budget + MARGIN,
-            "pyinfer_error": py_error,
-            "pyinfer_tok_s": med(lambda p: p["pyinfer"]["tok_s"], ("pyinfer",)),
-            "llamacpp_tok_s": med(lambda p: p["llamacpp"]["tok_s"], ("llamacpp",)),
-            "inram_tok_s": med(lambda p: p["inram"]["tok_s"], ("inram",)),
-            "vs_llamacpp": med(lambda p: p["pyinfer"]["tok_s"] / p["llamacpp"]["tok_s"], ("pyinfer", "llamacpp")),
-            "vs_inram": med(lambda p: p["pyinfer"]["tok_s"] / p["inram"]["tok_s"], ("pyinfer", "inram")),
-            "pyinfer_read_mb_per_token": med(lambda p: p["pyinfer"]["read_bytes_per_token"] / 1e6, ("pyinfer",)),
-            "llamacpp_read_mb_per_token": med(lambda p: p["llamacpp"]["read_bytes_per_token"] / 1e6, ("llamacpp",)),
-            "io_hidden_share": med(lambda p: p["pyinfer"]["offload"]["io_hidden_share"], ("pyinfer",)),
-            "predicted_tok_s": predicted.get(label),
-            "exact_every_round": all(p["exact"] for p in per_round),
+            "label": label, "limit_bytes": limit,
+            "pyinfer_tok_s": spread(vals(lambda p: p["pyinfer"]["tok_s"], ("pyinfer",))),
+            "llamacpp_tok_s": spread(vals(lambda p: p["llamacpp"]["tok_s"], ("llamacpp",))),
+            "unlimited_tok_s": spread(vals(lambda p: p["unlimited"]["tok_s"], ("unlimited",))),
+            "vs_llamacpp": spread(vals(lambda p: p["pyinfer"]["tok_s"] / p["llamacpp"]["tok_s"],
+                                       ("pyinfer", "llamacpp"))),
+            "vs_unlimited": spread(vals(lambda p: p["pyinfer"]["tok_s"] / p["unlimited"]["tok_s"],
+                                        ("pyinfer", "unlimited"))),
+            "pyinfer_peak_bytes": spread([p["pyinfer"]["cgroup"]["peak_bytes"] for p in per_round]),
+            "llamacpp_peak_bytes": spread([p["llamacpp"]["cgroup"]["peak_bytes"] for p in per_round]),
+            "pyinfer_failcnt": spread([p["pyinfer"]["cgroup"]["failcnt"] for p in per_round]),
+            "llamacpp_failcnt": spread([p["llamacpp"]["cgroup"]["failcnt"] for p in per_round]),
+            "pyinfer_read_mb_per_token": spread(vals(lambda p: p["pyinfer"]["read_bytes_per_token"] / 1e6,
+                                                     ("pyinfer",))),
+            "llamacpp_read_mb_per_token": spread(vals(lambda p: p["llamacpp"]["read_bytes_per_token"] / 1e6,
+                                                      ("llamacpp",))),
+            "ram_hit_rate": py("ram_hit_rate"), "io_hidden_share": py("io_hidden_share"),
+            "pyinfer_memory": mem, "errors": errors,
+            "exact_every_round": all(p["exact"] for p in per_round if "tok_s" in p["pyinfer"]),
             "rounds": per_round,
         })
     return rows
@@ -283,22 +247,29 @@ def write_results(tag: str, title: str, notes: list[str], meta: dict, rows: list
     meta = {**meta, "title": title, "notes": notes}
     (RESULTS / f"offload_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
-    def f(x, spec=".2f"):
-        return format(x, spec) if x is not None else "-"
+    def f(x, spec=".2f", scale=1.0):
+        if x is None:
+            return "-"
+        if isinstance(x, dict):
+            return (f"{format(x['median'] / scale, spec)} ({format(x['low'] / scale, spec)}-"
+                    f"{format(x['high'] / scale, spec)})")
+        return format(x / scale, spec)
 
-    header = ("| budget | MiB | limit MiB pyinfer / llama.cpp | pyinfer tok/s | llama.cpp tok/s | x llama.cpp | "
-              "pyinfer in RAM tok/s | x in-RAM | MB read/token pyinfer | llama.cpp | I/O hidden | tokens = in-RAM | "
-              "planned tok/s | measured / planned |")
-    lines = [f"# {title}", "", *notes, "", header, "|" + "---|" * (header.count("|") - 1)]
+    header = ("| limit | pyinfer tok/s | llama.cpp tok/s | x llama.cpp | pyinfer unlimited tok/s | x unlimited | "
+              "peak MiB pyinfer | peak MiB llama.cpp | weight budget MiB | FFN in RAM | MB read/token pyinfer | "
+              "llama.cpp | I/O hidden | tokens = unlimited |")
+    lines = [f"# {title}", "", *notes, "", "Medians over rounds, (lowest-highest) in brackets.", "", header,
+             "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
-        lim = f"{r['limit_pyinfer'] / 2**20:.0f}" if r["limit_pyinfer"] else "-"
-        py = f(r["pyinfer_tok_s"]) if not r["pyinfer_error"] else "refused: " + r["pyinfer_error"][:90]
-        lines.append(f"| {r['label']} | {r['budget_bytes'] / 2**20:.0f} | {lim} / {r['limit_llamacpp'] / 2**20:.0f} | "
-                     f"{py} | {f(r['llamacpp_tok_s'])} | {f(r['vs_llamacpp'])} | {f(r['inram_tok_s'])} | "
-                     f"{f(r['vs_inram'])} | {f(r['pyinfer_read_mb_per_token'], '.1f')} | "
-                     f"{f(r['llamacpp_read_mb_per_token'], '.1f')} | {f(r['io_hidden_share'], '.0%')} | "
-                     f"{r['exact_every_round']} | {f(r['predicted_tok_s'])} | "
-                     f"{f(r['pyinfer_tok_s'] / r['predicted_tok_s'] if r['pyinfer_tok_s'] and r['predicted_tok_s'] else None)} |")
+        def run(engine, key):
+            return f(r[key]) if r[key] else "; ".join(r["errors"][engine])[:80] or "-"
+        plan = (r["pyinfer_memory"] or {}).get("plan") or {}
+        lines.append(f"| {r['label']} | {run('pyinfer', 'pyinfer_tok_s')} | {run('llamacpp', 'llamacpp_tok_s')} | "
+                     f"{f(r['vs_llamacpp'])} | {f(r['unlimited_tok_s'])} | {f(r['vs_unlimited'])} | "
+                     f"{f(r['pyinfer_peak_bytes'], '.0f', 2**20)} | {f(r['llamacpp_peak_bytes'], '.0f', 2**20)} | "
+                     f"{f(plan.get('weight_budget'), '.0f', 2**20)} | {f(r['ram_hit_rate'], '.0%')} | "
+                     f"{f(r['pyinfer_read_mb_per_token'], '.1f')} | {f(r['llamacpp_read_mb_per_token'], '.1f')} | "
+                     f"{f(r['io_hidden_share'], '.0%')} | {r['exact_every_round']} |")
     text = "\n".join(lines) + "\n"
     (RESULTS / f"offload_{tag}.md").write_text(text)
     return text
@@ -306,28 +277,31 @@ def write_results(tag: str, title: str, notes: list[str], meta: dict, rows: list
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=64, help="decode tokens timed per run (default 64)")
+    ap.add_argument("--ctx", type=int, default=512, help="context of both engines (their KV caches; default 512)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repack", action="store_true",
                     help="let llama.cpp repack weights for its CPU kernels (its default; the repacked copy is "
                          "anonymous memory, so it cannot run below the model's size); off by default here")
-    ap.add_argument("--runtime", choices=["peak", "rss", "steady"], default="peak",
-                    help="runtime memory from the cgroup's high-water mark (peak: it also counts the page cache of "
-                         "imported code and metadata, which RSS misses and the limit charges), from peak RSS (rss: "
-                         "strict, no page cache), or from RSS at the end of decode (steady)")
+
+
+def parse_limits(texts: list[str]) -> list[tuple[str, int]]:
+    from pyinfer.offload.offloaded_ffn import parse_size
+
+    return [(t, parse_size(t)) for t in texts]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=None)
-    ap.add_argument("--shares", type=float, nargs="+", default=[0.75, 0.5, 0.25],
-                    help="shares of the FFN's bytes in the budget")
+    ap.add_argument("--limits", nargs="+", default=["170M", "200M", "260M"],
+                    help="total memory limits, one cgroup each (both engines)")
     ap.add_argument("--sparsity", default="auto")
     ap.add_argument("--tag", default="smollm2")
     add_common_args(ap)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="pyinfer", help=argparse.SUPPRESS)
-    ap.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--mem-limit", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args)
@@ -337,28 +311,22 @@ def main() -> int:
         return 2
 
     import pyinfer
-    from pyinfer.model.gguf_file import GGUFModelFile
     from pyinfer.model.pull import resolve_model
 
     path = str(resolve_model(args.model))
-    gguf = GGUFModelFile(path)
-    file_bytes = Path(path).stat().st_size
-    ffn = sum(t.data.nbytes for n, t in gguf.tensors.items() if _FFN.match(n))
-    non_ffn = sum(t.data.nbytes for n, t in gguf.tensors.items() if not _FFN.match(n))
-    # Write the plan and the bundle file now, outside any limit and any timing.
-    pyinfer.load(path, n_threads=args.threads, n_ctx=64, sparsity=args.sparsity, ram_budget=file_bytes * 2)
-    budgets = [(f"{share:.0%} of FFN", int(non_ffn + share * ffn)) for share in args.shares]
-    rows = compare(path, budgets, args)
-    meta = {"model": Path(path).name, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
-            "sparsity": args.sparsity, "runtime_protocol": args.runtime, "llamacpp_repack": args.repack,
-            "ffn_bytes": ffn, "non_ffn_bytes": non_ffn,
-            "margin": MARGIN}
-    print(write_results(args.tag, f"Decode under a RAM budget: {Path(path).name}, {args.threads} threads, "
-                        f"{args.tokens} tokens, median of {args.rounds} rounds",
-                        [(f"Budget = non-FFN weights ({non_ffn / 2**20:.1f} MiB) + a share of the FFN "
-                         f"({ffn / 2**20:.1f} MiB). Each engine's limit = its runtime memory ({args.runtime} RSS of an "
-                         f"unlimited run at that budget minus the weights it held) + budget + {MARGIN >> 20} MiB. "
-                         "Caches dropped before every run.")], meta, rows))
+    # Calibrate the plan and write the bundle file now, outside any limit and any timing.
+    m = pyinfer.load(path, n_threads=args.threads, n_ctx=64, sparsity=args.sparsity, ram_budget="64G")
+    del m
+    rows = compare(path, parse_limits(args.limits), args)
+    meta = {"model": Path(path).name, "file_bytes": Path(path).stat().st_size, "threads": args.threads,
+            "tokens": args.tokens, "ctx": args.ctx, "rounds": args.rounds, "sparsity": args.sparsity,
+            "llamacpp_repack": args.repack}
+    print(write_results(args.tag, f"Decode under one memory limit: {Path(path).name}, {args.threads} threads, "
+                        f"{args.tokens} tokens, {args.rounds} rounds",
+                        [f"Both engines in a memory cgroup of the same total limit, caches dropped before every run; "
+                         f"pyinfer with `mem_limit` = the limit and `--sparsity {args.sparsity}`, llama.cpp with its "
+                         f"weight repacking {'on' if args.repack else 'off'}; context {args.ctx} for both."],
+                        meta, rows))
     return 0
 
 

@@ -1,6 +1,7 @@
-"""The regime offload is for: a LLaMA-7B-shaped model (Q4_0, random weights, about 3.8 GB) whose FFN fires
-like a ReLU model (about 10% of neurons per token, power-law frequencies), decoded under RAM budgets far
-below its size, pyinfer against llama.cpp, each in its own memory cgroup (bench/offload.py's protocol).
+"""The regime offload is for: a LLaMA-7B-shaped model (Q4_0, random weights, 3.53 GiB) whose FFN fires like a
+ReLU model (about 10% of neurons per token, power-law frequencies), decoded under total memory limits far below
+its size, pyinfer (`mem_limit`) against llama.cpp (repacking off), both in memory cgroups of the same limit
+(bench/offload.py's protocol: caches dropped, alternating rounds, medians and spreads).
 
 The firing pattern is known by construction, so the sparsity plan's predictors are an oracle for it: neuron
 j (hot-first) is meant to fire with probability p_j = a (j + 1)^-alpha (mean 10%), from the model's own
@@ -8,9 +9,10 @@ hidden state (logit_j = mu_j + noise(h), mu_j = Phi^-1(p_j)). In practice the no
 plan`'s trace replay (sampled decode, 2 GiB) finds all but ~13 of a token's ~2,800 cold listed neurons in the
 previous tokens' unions, so the lists barely change from token to token (and the greedy decode repeats one
 token). Run with the neuron cache off (the default), as the figures were: a cache here would measure that
-construction, not a model. Random weights: the figures are speeds and bytes, never quality. Needs root, cgroup v1 and llama-cpp-python; writes ~7 GB under --workdir.
+construction, not a model. Random weights: the figures are speeds and bytes, never quality. Needs root, cgroup v1
+and llama-cpp-python; writes ~7.5 GB under --workdir.
 
-  python bench/offload_synthetic.py --budgets 2G 1G --tokens 16
+  python bench/offload_synthetic.py --limits 2G 2.5G --tokens 16 --ctx 256
 """
 from __future__ import annotations
 
@@ -116,14 +118,12 @@ def write_plan(model: Path, out: Path, seed: int = 1):
 def main() -> int:
     import offload as ob
 
-    from pyinfer.offload.offloaded_ffn import parse_size
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="/tmp/pyinfer-synthetic")
-    ap.add_argument("--budgets", nargs="+", default=["2G", "1G"])
+    ap.add_argument("--limits", nargs="+", default=["2G", "2.5G"], help="total memory limits (both engines)")
     ap.add_argument("--tag", default="synthetic7b")
     ob.add_common_args(ap)
-    ap.set_defaults(tokens=16, rounds=1)
+    ap.set_defaults(tokens=16, ctx=256)
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -148,21 +148,20 @@ def main() -> int:
     plan = SparsityPlan.load(plan_path)
     layout = open_or_write(cache_dir(), gguf, gguf.llama_config(), plan, pick_neuron_down(plan, "auto"))
     low = minimum_budget(gguf, plan, layout)
-    budgets = [(b, parse_size(b)) for b in args.budgets]
-    rows = ob.compare(str(model), budgets, args)
+    rows = ob.compare(str(model), ob.parse_limits(args.limits), args)
     ffn = sum(e["n_ff"] * e["bundle_bytes"] for e in layout.layers)
     meta = {"model": model.name, "file_bytes": model.stat().st_size, "shape": SHAPE, "mean_firing": MEAN_FIRING,
-            "alpha": ALPHA, "hot_per_layer": plan.info["hot"], "minimum_budget": low, "bundle_bytes": ffn,
-            "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds, "runtime_protocol": args.runtime,
+            "alpha": ALPHA, "hot_per_layer": plan.info["hot"], "minimum_weight_budget": low, "bundle_bytes": ffn,
+            "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx, "rounds": args.rounds,
             "llamacpp_repack": args.repack}
     print(ob.write_results(args.tag, f"LLaMA-7B-shaped synthetic model ({model.stat().st_size / 2**30:.2f} GiB, "
-                           f"Q4_0, ~{MEAN_FIRING:.0%} of FFN neurons per token): decode under a RAM budget",
-                           [(f"pyinfer's minimum budget for this model is {low / 2**30:.2f} GiB (attention, "
-                            "embeddings, head, predictors and read buffers stay in RAM; only FFN neurons stream). "
-                            f"{args.threads} threads, {args.tokens} tokens, median of {args.rounds} rounds; caches "
-                            "dropped before every run; random weights. Each engine's limit = its runtime memory + "
-                            f"budget + {ob.MARGIN >> 20} MiB, runtime memory = {ob.PROTOCOLS[args.runtime]} of an "
-                            "unlimited run minus the weights it held.")], meta, rows))
+                           f"Q4_0, ~{MEAN_FIRING:.0%} of FFN neurons per token): decode under one memory limit",
+                           [(f"pyinfer's minimum weight budget for this model is {low / 2**30:.2f} GiB (attention, "
+                             "embeddings, head, predictors and read buffers stay in RAM; only FFN neurons stream). "
+                             f"Both engines in a memory cgroup of the same total limit (pyinfer `mem_limit` = it), "
+                             f"caches dropped before every run, llama.cpp's repacking "
+                             f"{'on' if args.repack else 'off'}; {args.threads} threads, {args.tokens} tokens, "
+                             f"context {args.ctx} for both, {args.rounds} rounds; random weights.")], meta, rows))
     return 0
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -14,9 +13,7 @@ from .model.tokenizer import IncrementalDecoder
 from .runtime.sampling import Sampler, SamplingParams
 from .runtime.sparse_ffn import SparseRuns
 from .runtime.stops import apply_stops
-from .session import Session
-
-MAX_BATCH = 512  # tokens per engine run (prefill micro-batch)
+from .session import MAX_BATCH, Session
 
 
 def load(path_or_name: str | os.PathLike | None = None, n_threads: int | None = None, n_ctx: int = 2048,
@@ -39,7 +36,7 @@ class Model:
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
                  neuron_down: str = "auto", cache_type: str = "f16", ram_budget: str | int | None = None,
                  neuron_cache: float | None = None, neuron_window: float | None = None, device: str = "cpu",
-                 vram_budget: str | int | None = None, mmap: bool = True):
+                 vram_budget: str | int | None = None, mmap: bool = True, mem_limit: str | int | None = None):
         """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
         the sparse path); by default prefill runs dense. `cache_type`: the KV cache's element type, "f16"
         (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0).
@@ -54,21 +51,28 @@ class Model:
         the output head on the GPU, the rest on the CPU, both at once), or "standin" (a second CPU backend
         standing in for the GPU). `vram_budget`: bytes of GPU memory (a size, or a file from `pyinfer place`;
         default: free memory less 512 MiB). `mmap` False: weights are read into memory rather than mapped from the
-        file (llama.cpp's --no-mmap)."""
+        file (llama.cpp's --no-mmap). `mem_limit` (bytes or a size such as "2G"): the whole process stays under it
+        (runtime, KV cache, buffers, weights kept in RAM, the page cache it uses); the weight budget is what the
+        rest leaves, the model streams FFN neurons from disk where it must (with a sparsity plan), and a limit
+        below the minimum is refused with the minimum. `memory()` reports where it went."""
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise PyinferError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         s = Session(path, n_ctx, n_threads, sparsity, target, neuron_down, cache_type, ram_budget, neuron_cache,
-                    neuron_window, device, vram_budget, progress, mmap)
+                    neuron_window, device, vram_budget, progress, mmap, mem_limit, min(MAX_BATCH, n_ctx))
         self.session = s
         self.path, self.gguf, self.config, self.tokenizer = s.path, s.gguf, s.config, s.tokenizer
         self.n_threads, self.cache_type = s.n_threads, s.cache_type
         self.sparsity, self.offload, self.placement, self.device = s.sparsity, s.offload, s.placement, s.device
         self.n_ctx = n_ctx
-        self._max_batch = min(MAX_BATCH, n_ctx)
+        self._max_batch = min(s.max_batch, n_ctx)
         self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).
         runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns(max_tokens=1)
         self._run = s.build(n_ctx, self._max_batch, runs, isa)
+        if s.memory is not None:
+            from .offload.memory import trim_heap
+
+            trim_heap()  # what building the graph freed (copies' transients) leaves the heap now
         self._cached: list[int] = []  # tokens whose K/V are in the cache at positions 0..len-1
         self._runs = 0                # forward calls so far: a stream sees whether someone else ran between steps
         self._lock = threading.RLock()  # per forward call (see the class docstring)
@@ -101,6 +105,14 @@ class Model:
     def n_copies(self) -> int:
         """Tensor copies between memory spaces per run (a CPU/GPU split's cost)."""
         return self._run.n_copies
+
+    def memory(self) -> dict:
+        """Where this process's memory is now, by part (offload/memory.py's memory_report): the split of
+        `mem_limit` if one was given, KV cache, buffers, weights kept in RAM, and the process's measured resident
+        bytes, peak and memory cgroup."""
+        from .offload.memory import memory_report
+
+        return memory_report(self.path, self.session.memory, self._run.engine, self.offload)
 
     @property
     def running(self):

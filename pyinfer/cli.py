@@ -66,6 +66,12 @@ def _sparsity_args(p: argparse.ArgumentParser) -> None:
                    help="most bytes of weights kept in RAM, e.g. 80M or 1.5G (with --sparsity): each layer's "
                         "hottest FFN neurons stay, the rest are streamed from a bundle file on disk while the "
                         "model computes; results are identical to the in-RAM run")
+    p.add_argument("--mem-limit", default=None, metavar="SIZE",
+                   help="the most memory the whole process may use, e.g. 2G (what you have free, or a memory "
+                        "cgroup's limit): runtime, KV cache, buffers, weights kept in RAM and page cache together. "
+                        "pyinfer derives the weight budget from it; with --sparsity the FFN neurons that do not fit "
+                        "stream from disk. A limit below the model's minimum is refused with the minimum. "
+                        "`bench --json` reports the measured peak beside it")
     p.add_argument("--neuron-cache", type=float, default=None, metavar="SHARE",
                    help="with --ram-budget and a predictor plan: the share of the budget above the minimum kept "
                         "as an LRU cache of recently read cold neurons (consecutive tokens share many) instead "
@@ -259,14 +265,16 @@ def _load(args, **kwargs):
     budget = getattr(args, "ram_budget", None)
     if budget is not None:
         kwargs.setdefault("ram_budget", budget)
+    if getattr(args, "mem_limit", None) is not None:
+        kwargs.setdefault("mem_limit", args.mem_limit)
     if getattr(args, "device", "cpu") != "cpu" or getattr(args, "vram_budget", None) is not None:
         kwargs.setdefault("device", getattr(args, "device", "cpu"))
         kwargs.setdefault("vram_budget", getattr(args, "vram_budget", None))
     for flag, key in (("--neuron-cache", "neuron_cache"), ("--neuron-window", "neuron_window")):
         share = getattr(args, key, None)
         if share is not None:
-            if budget is None:
-                raise PyinferError(f"{flag} needs --ram-budget")
+            if budget is None and getattr(args, "mem_limit", None) is None:
+                raise PyinferError(f"{flag} needs --ram-budget or --mem-limit")
             kwargs.setdefault(key, share)  # a caller's own value (plan --verify) wins
     if getattr(args, "no_mmap", False):
         kwargs.setdefault("mmap", False)
@@ -371,8 +379,9 @@ def cmd_bench(args) -> int:
     r = run_bench(model, args.prompt_tokens, args.gen_tokens, args.repetitions, depth=args.depth)
     sparsity = _measure_sparsity(model) if model.sparsity is not None else None
     device = _device_summary(model)
+    memory = model.memory()
     if args.json:  # one object, whatever the options
-        print(json.dumps(dict(r.as_dict(), sparsity=sparsity, device=device)))
+        print(json.dumps(dict(r.as_dict(), sparsity=sparsity, device=device, memory=memory)))
         return 0
     print(f"model    {model.path}")
     if device is not None:
@@ -386,6 +395,7 @@ def cmd_bench(args) -> int:
     print(f"prefill  {r.prefill_tok_s:8.1f} tok/s  ({r.prompt_tokens} tokens{at})")
     print(f"decode   {r.decode_tok_s:8.1f} tok/s  ({r.gen_tokens} tokens{at})")
     print(f"peak RSS {r.peak_rss_mb:8.1f} MB")
+    print(memory_line(memory))
     if r.offload is not None:
         o = r.offload
         if o.get("predicted_tok_s"):
@@ -408,6 +418,18 @@ def cmd_bench(args) -> int:
         print(f"         gate/up rows computed {mean['computed_density']:.3f}, truly active {mean['true_density']:.3f}, "
               f"recall {mean['recall']:.3f} (mean of layers; per layer with --json)")
     return 0
+
+
+def memory_line(m: dict) -> str:
+    """bench's memory line: the measured peak beside the limit, and the parts."""
+    mib = 2 ** 20
+    cg = m.get("cgroup") or {}
+    peak = f"peak {m['peak_rss'] / mib:.1f} MiB resident" + (
+        f", cgroup peak {cg['peak'] / mib:.1f} MiB" if cg.get("peak") else "")
+    limit = f" under a limit of {m['mem_limit'] / mib:.1f} MiB" if m.get("mem_limit") else ""
+    return (f"memory   {peak}{limit}: KV {m['kv_bytes'] / mib:.1f}, buffers {m['buffer_bytes'] / mib:.1f}, "
+            f"weights in RAM {m['resident_weight_bytes'] / mib:.1f}, read buffers {m['read_buffer_bytes'] / mib:.1f} "
+            f"MiB")
 
 
 def _measure_sparsity(model) -> dict:
@@ -526,18 +548,23 @@ def cmd_plan(args) -> int:
     from .offload.planner import calibrate_compute, make_plan, measure_reads
     from .offload.trace_replay import decode_trace
 
-    if args.ram_budget is None:
-        raise PyinferError("pyinfer plan needs --ram-budget SIZE")
+    if args.ram_budget is None and args.mem_limit is None:
+        raise PyinferError("pyinfer plan needs --mem-limit SIZE (the whole process) or --ram-budget SIZE (weights)")
     if args.tokens < 1:
         raise PyinferError("--tokens must be at least 1")
     model = _load(args)
     off = model.offload
+    if off is None:
+        raise PyinferError("pyinfer plan plans streaming FFN neurons, which needs a sparsity plan (--sparsity auto "
+                           "or a file)")
     reads = measure_reads(str(off.layout.path), seconds=args.read_seconds)
     compute = calibrate_compute(model, args.tokens)
     low, ffn = off.plan.fixed_bytes, off.plan.ffn_bytes
     selective = any(off.selective(il) for il in range(model.config.n_layers))
     trace = decode_trace(model, args.tokens) if selective else None  # for the neuron cache's share
     plan = make_plan(model, reads, compute, [int(low + share * ffn) for share in (0.0, 0.25, 0.5, 0.75, 1.0)], trace)
+    if model.session.memory is not None:  # the limit it was planned under, and how it was split
+        plan.update(mem_limit=model.session.memory.limit, memory=model.session.memory.summary())
     if args.verify > 0 and len(plan["read_sweep"]) > 1:
         verify_read_split(args, plan, model)
     from .tools.json_file import write_json
@@ -570,6 +597,9 @@ def cmd_plan(args) -> int:
         else:
             print(f"{row['budget'] / mb:12.1f} {row['tok_s']:8.1f} {row['compute_s'] * 1e3:11.2f} "
                   f"{row['stream_s'] * 1e3:10.2f} {row['demand_s'] * 1e3:10.2f}")
+    if "mem_limit" in plan:
+        print(f"memory     limit {plan['mem_limit'] / mb:.1f} MiB: {model.session.memory.parts()}, weights "
+              f"{plan['budget'] / mb:.1f} MiB")
     print(f"plan       {args.output}: budget {plan['budget'] / mb:.1f} MiB, "
           f"predicted {plan['predicted_tok_s']:.1f} tok/s")
     return 0

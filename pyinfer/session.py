@@ -6,8 +6,8 @@ never reach into the engine itself."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +21,8 @@ from .runtime.model_graph import CACHE_TYPES, build_model_graph
 from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
 from .runtime.threads import physical_cores
 
+MAX_BATCH = 512  # tokens per engine run (prefill micro-batch)
+
 
 class Session:
     """`path`: a GGUF file. `kv_rows`: the KV rows a placement must leave room for (a model's n_ctx, a server's
@@ -30,7 +32,8 @@ class Session:
                  target: float | None = None, neuron_down: str = "auto", cache_type: str = "f16",
                  ram_budget: str | int | None = None, neuron_cache: float | None = None,
                  neuron_window: float | None = None, device: str = "cpu", vram_budget: str | int | None = None,
-                 progress: bool = True, mmap: bool = True):
+                 progress: bool = True, mmap: bool = True, mem_limit: str | int | None = None,
+                 max_batch: int = MAX_BATCH):
         from .offload.setup import make_offload
         from .sparsity.resolve import resolve_sparsity
 
@@ -52,8 +55,12 @@ class Session:
         self.n_threads = n_threads or physical_cores()
         self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
                                          self.n_threads, progress)
+        self.memory = self._plan_memory(mem_limit, ram_budget, kv_rows, max_batch, device, mmap, progress)
+        self.max_batch = self.memory.max_batch if self.memory else max_batch
+        if self.memory is not None and self.memory.offload and ram_budget is None:
+            ram_budget = max(self.memory.weights, 1)
         self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
-                                    neuron_window, progress)
+                                    neuron_window, progress, self.memory)
         self.device = str(device)
         self.kind, self.index = parse_device(device)
         self.placement = None
@@ -67,6 +74,38 @@ class Session:
                                    "keeps the CPU's neurons in RAM)")
             self.placement = resolve_placement(self.kind, self.index, vram_budget, self.gguf, self.config,
                                                self.sparsity, kv_rows, cache_type)
+
+    def _plan_memory(self, mem_limit, ram_budget, kv_rows: int, max_batch: int, device: str, mmap: bool,
+                     progress: bool):
+        """The split of a total memory limit (offload/memory.py), measured now that metadata, tokenizer and
+        sparsity plan are loaded; None without a limit."""
+        from .offload.memory import mapped_note, plan_memory
+        from .offload.offloaded_ffn import parse_size
+
+        if mem_limit is None:
+            return None
+        limit = parse_size(mem_limit)
+        if ram_budget is not None and not str(ram_budget).endswith(".json"):
+            raise PyinferError("give a memory limit (--mem-limit) or a weight budget (--ram-budget), not both; "
+                               "a plan file from `pyinfer plan` may go with a limit")
+        if str(device) != "cpu":
+            raise PyinferError("a memory limit (--mem-limit) runs on the CPU; a device keeps its own budget "
+                               "(--vram-budget)")
+        weights = sum(t.data.nbytes for t in self.gguf.tensors.values())
+
+        def engine_bytes(batch: int) -> tuple[int, int]:  # a probe engine over the mapped weights, never run
+            r = build_running(self.gguf, self.config, kv_rows, min(batch, kv_rows), 1, None, SparseRuns.never(),
+                              cache_type=self.cache_type)
+            return r.engine.state_bytes, r.engine.scratch_bytes
+
+        plan = plan_memory(limit, self.path, weights, self.sparsity is not None, engine_bytes, max_batch)
+        note = mapped_note(plan)
+        if note and progress:
+            print(note, file=sys.stderr)
+        if plan.offload and not mmap:
+            raise PyinferError("--no-mmap reads the whole model into memory; under a memory limit that streams "
+                               "weights, leave the model mapped")
+        return plan
 
     # ---- engines ----------------------------------------------------------------------------------------
     def build(self, n_ctx: int, max_tokens: int, runs: SparseRuns, isa: str = "auto",

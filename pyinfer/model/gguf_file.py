@@ -56,6 +56,8 @@ class GGUFModelFile:
         self.metadata: dict[str, Any] = header.metadata
         self.tensors: dict[str, GGUFTensor] = {}
         raw = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self._map = getattr(raw, "_mmap", None)  # the mapping itself, for release()
+        self._ranges: dict[str, tuple[int, int]] = {}  # tensor name -> (file offset, bytes)
         extents = []
         for t in header.tensors:
             tensor = self._tensor_view(t, raw, header, size)
@@ -64,6 +66,7 @@ class GGUFModelFile:
             self.tensors[t.name] = tensor
             start = header.data_start + t.offset
             extents.append((start, start + tensor.data.nbytes, t.name))
+            self._ranges[t.name] = (start, tensor.data.nbytes)
         extents.sort()
         for (s0, e0, a), (s1, _, b) in zip(extents, extents[1:]):
             if s1 < e0:
@@ -126,6 +129,30 @@ class GGUFModelFile:
         else:  # blocks: rows of bytes
             data = data.reshape((rows, row_bytes) if len(t.shape) > 1 else (row_bytes,))
         return GGUFTensor(t.name, qtype.name, cols, rows, data)
+
+    def release(self, name: str) -> None:
+        """Drops the pages of tensor `name` from this process's mapping and from the page cache, once its bytes
+        have been copied where they stay (offload's resident weights, the bundle file): mapped pages left behind
+        count against a memory limit until the kernel reclaims them, and reclaiming them under the limit's
+        pressure is what got the process killed. A later read of the tensor faults its pages in again."""
+        import mmap
+
+        if name not in self._ranges or self._map is None:
+            return
+        start, n = self._ranges[name]
+        page = mmap.PAGESIZE
+        lo, hi = (start + page - 1) // page * page, (start + n) // page * page  # whole pages inside the tensor
+        if hi <= lo:
+            return
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError, ValueError):  # best effort: other systems, a vanished file
+            pass
 
     def fingerprint(self) -> str:
         """Identity of this model for sidecar files: the file size, the header (metadata, tensor

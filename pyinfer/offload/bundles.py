@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,16 @@ class BundleLayout:
 
 def bundle_path(cache: Path, gguf: GGUFModelFile, pid: str) -> Path:
     return cache / "offload" / f"{gguf.fingerprint()[:20]}-{pid[:12]}.bundles"
+
+
+def settle(f, upto: int) -> None:
+    """Writes what `f` holds up to byte `upto` to the disk and drops it from the page cache (best effort)."""
+    try:
+        f.flush()
+        os.fdatasync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, upto, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError, ValueError):
+        pass
 
 
 def read_layout(path: Path, fingerprint: str, pid: str) -> BundleLayout | None:
@@ -119,6 +130,11 @@ def write_bundles(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig, plan: Spars
                          dense_type=int(src.dtype_id))
             offset += align(raw.nbytes)
             layers.append(entry)
+            # Under a memory limit neither the layer's dirty pages nor its source pages in the model's mapping
+            # may pile up: flushed and dropped layer by layer, the writer holds about one layer.
+            settle(f, offset)
+            for part in ("gate", "up", "down"):
+                gguf.release(f"blk.{il}.ffn_{part}.weight")
         meta = json.dumps({"format": "pyinfer-bundles", "version": FORMAT_VERSION, "fingerprint": fp,
                            "plan_id": pid, "down": down_type, "layers": layers, "file_bytes": offset}).encode()
         if 12 + len(meta) > HEADER_BYTES:

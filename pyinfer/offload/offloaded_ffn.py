@@ -35,6 +35,14 @@ CACHE_SHARE = 0.0
 WINDOW_SHARE = 0.0
 
 
+class BudgetBelowMinimum(PyinferError):
+    """A weight budget below what must stay in RAM; `minimum` is that floor in bytes."""
+
+    def __init__(self, message: str, minimum: int):
+        super().__init__(message)
+        self.minimum = minimum
+
+
 def parse_size(text: str | int) -> int:
     """'300M', '1.5GiB', '2G', '123456' -> bytes (K/M/G are binary, KB/MB/GB decimal)."""
     if isinstance(text, (int, np.integer)):
@@ -150,8 +158,9 @@ def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, 
     ring = ring_bytes(layout, selective_layers(plan), ring_slots, wshare)
     fixed = minimum_budget(gguf, plan, layout, ring_slots, wshare)
     if budget < fixed:
-        raise PyinferError(f"a RAM budget of {fmt_size(budget)} is below the minimum of {fmt_size(fixed)} "
-                           f"(attention, embeddings, head, predictors and the read buffers must stay in RAM)")
+        raise BudgetBelowMinimum(f"a RAM budget of {fmt_size(budget)} is below the minimum of {fmt_size(fixed)} "
+                                 f"(attention, embeddings, head, predictors and the read buffers must stay in RAM)",
+                                 fixed)
     share = CACHE_SHARE if cache_share is None else float(cache_share)
     if not 0.0 <= share < 1.0:
         raise PyinferError(f"the cache share must be in [0, 1), got {share}")
@@ -184,6 +193,7 @@ class OffloadedFfn:
         self.ring_slots, self.io_threads = ring_slots, io_threads
         self.predicted: dict | None = None  # from a `pyinfer plan` file
         self._copies: dict[str, np.ndarray] = {}
+        self._gguf = gguf
         self.cfg = cfg
         self.down_type = pick_neuron_down(plan, down_type)
         self.layout = open_or_write(cache, gguf, cfg, plan, self.down_type, progress)
@@ -250,6 +260,7 @@ class OffloadedFfn:
             return data
         if name not in self._copies:
             self._copies[name] = np.array(data, copy=True)
+            self._gguf.release(name)  # its mapped pages would be counted twice under a memory limit
         return self._copies[name]
 
     def selective(self, il: int) -> bool:

@@ -18,9 +18,10 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
                  cache_type: str = "f16", ram_budget=None, device: str = "cpu", vram_budget=None,
                  neuron_cache: float | None = None, neuron_window: float | None = None,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 webui: bool = True, mmap: bool = True):
+                 webui: bool = True, mmap: bool = True, mem_limit=None):
     """Returns (app, loop, session); call loop.start() before serving. `ram_budget` (a size or a plan file),
-    `neuron_cache`, `neuron_window`, `device`, `vram_budget`, `mmap`: as load()'s. `webui`: the chat page at /."""
+    `neuron_cache`, `neuron_window`, `device`, `vram_budget`, `mmap`, `mem_limit`: as load()'s. `webui`: the chat
+    page at /."""
     from ..model.pull import resolve_model
     from ..session import Session
     from .engine_loop import EngineLoop
@@ -39,9 +40,10 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
     # engine (many sequences over a paged KV cache); the session also serves the tokenizer and chat template.
     session = Session(resolve_model(model_path), (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, n_threads, sparsity,
                       target, cache_type=cache_type, ram_budget=ram_budget, neuron_cache=neuron_cache,
-                      neuron_window=neuron_window, device=device, vram_budget=vram_budget, mmap=mmap)
+                      neuron_window=neuron_window, device=device, vram_budget=vram_budget, mmap=mmap,
+                      mem_limit=mem_limit)
     cap = min(session.config.train_ctx, max_seq_len or session.config.train_ctx, kv_budget)
-    batch = session.batch_engine(kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap)
+    batch = session.batch_engine(kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, session.max_batch)
     batch.running.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
     loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(session.tokenizer.end_of_generation))
     name = Path(session.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
@@ -74,7 +76,8 @@ def server_options(args, api_key: str | None) -> dict:
                 ram_budget=args.ram_budget, device=args.device, vram_budget=args.vram_budget,
                 neuron_cache=args.neuron_cache, neuron_window=args.neuron_window,
                 max_concurrent=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,
-                webui=not args.no_webui, mmap=not getattr(args, "no_mmap", False))
+                webui=not args.no_webui, mmap=not getattr(args, "no_mmap", False),
+                mem_limit=getattr(args, "mem_limit", None))
 
 
 def serve(args) -> int:

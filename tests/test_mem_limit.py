@@ -1,0 +1,213 @@
+"""`mem_limit`: one total for the whole process. The split is measured (runtime now, KV and buffers from the
+engine), a limit below the minimum is refused with the minimum, offload under a limit equals the in-RAM run, the
+model's mapped pages are dropped once copied, and a run inside a memory cgroup of exactly its limit completes."""
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from tiny_model import write_tiny_llama
+
+import pyinfer
+from pyinfer.errors import PyinferError
+from pyinfer.offload.memory import cgroup_memory, mapped_bytes, process_memory
+from pyinfer.sparsity.plan import LayerPlan, SparsityPlan
+
+# FFN-heavy for its size: 6 layers of 4096 neurons in Q8_0 (20 MiB of FFN against 1.2 MiB of attention), so a
+# limit some MiB above the minimum streams part of it.
+SMALL = dict(n_layers=6, d_model=256, d_ff=4096, n_heads=4, n_kv_heads=2)
+# Above the minimum: a process's runtime grows a little with every model it has loaded (more in a long test run).
+
+
+def headroom(minimum: int) -> int:
+    return (8 << 20) + minimum // 40
+PROMPT = [5, 17, 33, 2, 40, 41, 8, 60]
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """(model path, threshold plan file): gate/up dense, down over the neurons past a threshold, random order."""
+    d = tmp_path_factory.mktemp("memlimit")
+    path = write_tiny_llama(d / "small.gguf", seed=7, matrix_type=Q.Q8_0, config=SMALL)
+    fp = pyinfer.load(path, n_threads=1, n_ctx=32, progress=False).gguf.fingerprint()
+    rng = np.random.default_rng(3)
+    plan = SparsityPlan("contrib", 0.3, [LayerPlan(rng.permutation(SMALL["d_ff"]).astype(np.int32), 0.01, 0, None)
+                                         for _ in range(SMALL["n_layers"])], fp)
+    plan_path = d / "small.sparse.npz"
+    plan.save(plan_path)
+    return str(path), str(plan_path)
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def greedy(model, n=8):
+    return model.generate(PROMPT, max_tokens=n, temperature=0)
+
+
+def minimum_of(message: str) -> int:
+    m = re.search(r"minimum of ([0-9.]+) MiB", message)
+    assert m, message
+    return int(float(m.group(1)) * 2**20)
+
+
+def test_the_split_is_measured_and_adds_up(small_model, cache):
+    path, plan = small_model
+    m = pyinfer.load(path, n_threads=1, n_ctx=64, sparsity=plan, mem_limit="1G", progress=False)
+    p = m.session.memory
+    assert p.limit == 1 << 30 and p.offload
+    assert p.runtime > 10 << 20                       # an interpreter, numpy and the core at least
+    # The engine that runs has the probe's KV cache, plus the sparse graph's per-layer unions (the margin's)
+    assert p.kv <= m.running.engine.state_bytes <= p.kv + p.margin
+    assert p.runtime + p.kv + p.buffers + p.margin + p.weights == p.limit
+    report = m.memory()
+    assert report["mem_limit"] == 1 << 30 and report["plan"]["weight_budget"] == p.weights
+    assert report["resident_weight_bytes"] > 0 and report["peak_rss"] > 0
+    assert m.offload.plan.streamed_bytes == 0          # a roomy limit keeps every neuron
+
+
+def test_a_limit_below_the_minimum_names_the_minimum_and_its_parts(small_model, cache):
+    path, plan = small_model
+    for sparsity in (plan, "off"):
+        with pytest.raises(PyinferError) as e:
+            pyinfer.load(path, n_threads=1, n_ctx=64, sparsity=sparsity, mem_limit="20M", progress=False)
+        msg = str(e.value)
+        assert "below this model's minimum of" in msg and "runtime" in msg and "KV cache" in msg
+        assert "\n" not in msg
+        assert minimum_of(msg) > 20 << 20
+
+
+def test_offload_under_a_limit_equals_the_in_ram_run(small_model, cache):
+    path, plan = small_model
+    want = greedy(pyinfer.load(path, n_threads=1, n_ctx=64, sparsity=plan, progress=False))
+    with pytest.raises(PyinferError) as e:
+        pyinfer.load(path, n_threads=1, n_ctx=64, sparsity=plan, mem_limit="20M", progress=False)
+    low = minimum_of(str(e.value))
+    limit = low + headroom(low)   # part of the FFN must stream
+    m = pyinfer.load(path, n_threads=1, n_ctx=64, sparsity=plan, mem_limit=limit, progress=False)
+    assert 0 < m.offload.plan.streamed_bytes
+    assert greedy(m) == want
+
+
+def test_copied_weights_leave_the_models_mapping(small_model, cache):
+    path, plan = small_model
+    m = pyinfer.load(path, n_threads=1, n_ctx=64, sparsity=plan, mem_limit="1G", progress=False)
+    non_ffn = m.offload.plan.non_ffn_bytes
+    # The copies of attention, norms and embeddings are made; their source pages are gone from this mapping.
+    assert mapped_bytes(path) < non_ffn / 4
+    assert process_memory(path).model_file == mapped_bytes(path)
+
+
+def test_limit_and_budget_together_are_refused_and_a_dense_model_stays_mapped(small_model, cache, capsys):
+    path, plan = small_model
+    with pytest.raises(PyinferError, match="not both"):
+        pyinfer.load(path, n_threads=1, n_ctx=64, sparsity=plan, mem_limit="1G", ram_budget="64M", progress=False)
+    dense = pyinfer.load(path, n_threads=1, n_ctx=64, mem_limit="1G")
+    assert dense.offload is None and not dense.session.memory.offload
+    assert greedy(dense) == greedy(pyinfer.load(path, n_threads=1, n_ctx=64, progress=False))
+
+
+def test_cli_bench_json_reports_the_peak_beside_the_limit(small_model, cache, capsys):
+    from pyinfer.cli import main
+
+    path, plan = small_model
+    assert main(["bench", "-m", path, "--threads", "1", "--prompt-tokens", "8", "--gen-tokens", "4",
+                 "--repetitions", "1", "--sparsity", plan, "--mem-limit", "1G", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["memory"]["mem_limit"] == 1 << 30
+    assert 0 < out["memory"]["peak_rss"] < 1 << 30
+    assert out["offload"]["ram_budget"] == out["memory"]["plan"]["weight_budget"]
+
+
+# ---- a memory cgroup of exactly the limit ---------------------------------------------------------------------
+def _cgroup_root() -> tuple[Path, str] | None:
+    """(parent folder, version) where this process may make a memory cgroup: root and cgroup v1's memory
+    controller, or v2 with memory delegated."""
+    if os.geteuid() != 0:
+        return None
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists() and os.access(v1, os.W_OK):
+        return v1, "v1"
+    v2 = Path("/sys/fs/cgroup")
+    try:
+        if "memory" in (v2 / "cgroup.subtree_control").read_text().split():
+            return v2, "v2"
+    except OSError:
+        pass
+    return None
+
+
+CHILD = """
+import json, sys
+import pyinfer
+m = pyinfer.load(sys.argv[1], n_threads=1, n_ctx=64, sparsity=sys.argv[2], mem_limit=int(sys.argv[3]), progress=False)
+toks = m.generate({prompt}, max_tokens=8, temperature=0)
+print(json.dumps({{"text": toks, "memory": m.memory()}}))
+""".format(prompt=PROMPT)
+
+
+def test_a_run_inside_a_memory_cgroup_of_exactly_its_limit_completes(small_model, cache):
+    root = _cgroup_root()
+    if root is None:
+        if os.environ.get("PYINFER_REQUIRE_CGROUP"):
+            pytest.fail("PYINFER_REQUIRE_CGROUP is set but no memory cgroup can be made here")
+        pytest.skip("needs root and a memory cgroup controller (cgroup v1 memory, or v2 with memory delegated)")
+    path, plan = small_model
+    want = greedy(pyinfer.load(path, n_threads=1, n_ctx=64, sparsity=plan, progress=False))
+    env = dict(os.environ, PYINFER_CACHE=str(cache))
+    # The minimum as a fresh process measures it (its own runtime), then a limit just above it: part of the FFN
+    # streams.
+    probe = subprocess.run([sys.executable, "-c", CHILD, path, plan, str(20 << 20)], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert probe.returncode != 0
+    low = minimum_of(probe.stderr.strip().splitlines()[-1])
+    limit = (low + headroom(low)) // 4096 * 4096  # the cgroup counts whole pages
+    base, version = root
+    cg = base / f"pyinfer_test_{uuid.uuid4().hex[:8]}"
+    cg.mkdir()
+    try:
+        (cg / ("memory.limit_in_bytes" if version == "v1" else "memory.max")).write_text(str(limit))
+        if version == "v2":
+            (cg / "memory.swap.max").write_text("0")
+
+        def enter():
+            with open(cg / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+
+        r = subprocess.run([sys.executable, "-c", CHILD, path, plan, str(limit)], capture_output=True, text=True,
+                           env=env, timeout=300, preexec_fn=enter)
+        peak = int((cg / ("memory.max_usage_in_bytes" if version == "v1" else "memory.peak")).read_text())
+        killed = " (killed by the kernel)" if r.returncode in (-9, 137) else ""
+        assert r.returncode == 0, f"exit {r.returncode}{killed} under {limit / 2**20:.1f} MiB: {r.stderr[-500:]}"
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["text"] == want
+        mem = got["memory"]
+        assert mem["mem_limit"] == limit and mem["plan"]["offload"]
+        assert mem["cgroup"]["limit"] == limit
+        assert peak <= limit
+        print(f"cgroup {version}: limit {limit / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB, "
+              f"weights in RAM {mem['resident_weight_bytes'] / 2**20:.1f} MiB")
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)
+
+
+def test_cgroup_memory_reads_this_process():
+    got = cgroup_memory()
+    if got is not None:
+        assert got["usage"] > 0
