@@ -314,9 +314,8 @@ def main() -> int:
     from pyinfer.model.pull import resolve_model
 
     path = str(resolve_model(args.model))
-    # Calibrate the plan and write the bundle file now, outside any limit and any timing.
-    m = pyinfer.load(path, n_threads=args.threads, n_ctx=64, sparsity=args.sparsity, ram_budget="64G")
-    del m
+    if args.sparsity != "off":  # calibrate the plan and write the bundle file now, outside any limit and timing
+        pyinfer.load(path, n_threads=args.threads, n_ctx=64, sparsity=args.sparsity, ram_budget="64G")
     rows = compare(path, parse_limits(args.limits), args)
     meta = {"model": Path(path).name, "file_bytes": Path(path).stat().st_size, "threads": args.threads,
             "tokens": args.tokens, "ctx": args.ctx, "rounds": args.rounds, "sparsity": args.sparsity,

@@ -98,7 +98,10 @@ class Session:
                               cache_type=self.cache_type)
             return r.engine.state_bytes, r.engine.scratch_bytes
 
+        self.gguf.advise_random(True)  # the probe's small reads (norms) fault in their own pages only
         plan = plan_memory(limit, self.path, weights, self.sparsity is not None, engine_bytes, max_batch)
+        if not plan.offload:
+            self.gguf.advise_random(False)  # mapped weights: the first pass over them reads ahead again
         note = mapped_note(plan)
         if note and progress:
             print(note, file=sys.stderr)

@@ -211,3 +211,22 @@ def test_cgroup_memory_reads_this_process():
     got = cgroup_memory()
     if got is not None:
         assert got["usage"] > 0
+
+
+def test_plan_takes_a_limit_and_a_plan_file_goes_with_it(small_model, cache, capsys):
+    from pyinfer.cli import main
+    from pyinfer.serve.server import build_server
+
+    path, plan = small_model
+    out = cache / "small.offload.json"
+    assert main(["plan", "-m", path, "-t", "1", "--sparsity", plan, "--mem-limit", "1G", "-o", str(out),
+                 "--tokens", "2", "--read-seconds", "0.01", "--verify", "0", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["mem_limit"] == 1 << 30 and got["memory"]["weight_budget"] == got["budget"]
+    m = pyinfer.load(path, n_threads=1, n_ctx=64, sparsity=plan, mem_limit="1G", ram_budget=str(out), progress=False)
+    assert m.offload.predicted["io_threads"] == got["io_threads"]
+    assert m.offload.plan.budget == m.session.memory.weights  # the limit's budget, the plan's read splits
+    assert main(["plan", "-m", path, "--sparsity", plan, "-o", str(out)]) == 2
+    assert "needs --mem-limit SIZE" in capsys.readouterr().err
+    _app, _loop, session = build_server(path, kv_budget=64, n_threads=1, sparsity=plan, mem_limit="1G")
+    assert session.memory.kv > 0 and session.offload.plan.budget == session.memory.weights

@@ -1,6 +1,7 @@
 """Reads a GGUF file with the `gguf` package, memory-mapped: weights stay in their stored format."""
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,8 @@ class GGUFModelFile:
         self.tensors: dict[str, GGUFTensor] = {}
         raw = np.memmap(self.path, dtype=np.uint8, mode="r")
         self._map = getattr(raw, "_mmap", None)  # the mapping itself, for release()
-        self._ranges: dict[str, tuple[int, int]] = {}  # tensor name -> (file offset, bytes)
+        self._random = False
+        self._ranges: dict[str, tuple[int, int, np.ndarray]] = {}  # tensor name -> (file offset, bytes, view)
         extents = []
         for t in header.tensors:
             tensor = self._tensor_view(t, raw, header, size)
@@ -66,7 +68,7 @@ class GGUFModelFile:
             self.tensors[t.name] = tensor
             start = header.data_start + t.offset
             extents.append((start, start + tensor.data.nbytes, t.name))
-            self._ranges[t.name] = (start, tensor.data.nbytes)
+            self._ranges[t.name] = (start, tensor.data.nbytes, tensor.data)  # the view as the file maps it
         extents.sort()
         for (s0, e0, a), (s1, _, b) in zip(extents, extents[1:]):
             if s1 < e0:
@@ -139,7 +141,7 @@ class GGUFModelFile:
 
         if name not in self._ranges or self._map is None:
             return
-        start, n = self._ranges[name]
+        start, n, _ = self._ranges[name]
         page = mmap.PAGESIZE
         lo, hi = (start + page - 1) // page * page, (start + n) // page * page  # whole pages inside the tensor
         if hi <= lo:
@@ -153,6 +155,56 @@ class GGUFModelFile:
                 os.close(fd)
         except (OSError, AttributeError, ValueError):  # best effort: other systems, a vanished file
             pass
+
+    def read_copy(self, name: str) -> np.ndarray:
+        """Tensor `name`'s bytes in a new array of its own, read with one read() and no readahead, then dropped
+        from the page cache. Copying through the mapping instead faults each page in with the disk's read-around
+        (8 MiB on the test VM), which drags neighbouring tensors into the page cache: memory a limit counts."""
+        t = self.tensors[name]
+        got = self._ranges.get(name)
+        if got is None or t.data is not got[2] or self._map is None:  # presented or already in memory: a copy
+            return np.array(t.data, copy=True)
+        start, n, _ = got
+        out = np.empty(n, np.uint8)
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                with contextlib.suppress(OSError, AttributeError):
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # this read only, no read-ahead
+                f.seek(start)
+                done = 0
+                view = memoryview(out)
+                while done < n:
+                    k = f.readinto(view[done:])
+                    if not k:
+                        raise ModelFormatError(f"{self.path} is truncated: tensor {name} ends past the file's end")
+                    done += k
+        except OSError as e:
+            raise ModelFormatError(f"cannot read {self.path}: {e.strerror or e}") from None
+        self.release(name)
+        return out.view(t.data.dtype).reshape(t.data.shape)
+
+    def advise_random(self, on: bool) -> None:
+        """Faults on the mapping read only their own pages (MADV_RANDOM) instead of the disk's read-around, or go
+        back to the default. Under a memory limit a handful of small reads (norms, fingerprint samples) must not
+        pull hundreds of MiB of neighbours into the page cache."""
+        import mmap
+
+        if self._map is None:
+            return
+        self._random = on
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            self._map.madvise(mmap.MADV_RANDOM if on else mmap.MADV_NORMAL)
+
+    @contextlib.contextmanager
+    def read_ahead(self):
+        """The default read-around for a block that reads whole tensors through the mapping (the bundle writer),
+        whatever advise_random said."""
+        was = self._random
+        self.advise_random(False)
+        try:
+            yield
+        finally:
+            self.advise_random(was)
 
     def fingerprint(self) -> str:
         """Identity of this model for sidecar files: the file size, the header (metadata, tensor

@@ -143,7 +143,8 @@ def write_bundles(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig, plan: Spars
         f.write(MAGIC + len(meta).to_bytes(4, "little") + meta)
 
     try:
-        atomic_write(path, write)  # a failure (disk full) leaves nothing behind
+        with gguf.read_ahead():
+            atomic_write(path, write)  # a failure (disk full) leaves nothing behind
     except OSError as e:
         raise PyinferError(f"cannot write the neuron bundle file {path}: {e.strerror or e}") from None
     return BundleLayout(path, layers, offset)

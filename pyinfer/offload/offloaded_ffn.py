@@ -258,9 +258,9 @@ class OffloadedFfn:
         original tensors stay mapped and unread: dense runs read the bundle file's copy of down."""
         if _FFN_WEIGHT.match(name):
             return data
-        if name not in self._copies:
-            self._copies[name] = np.array(data, copy=True)
-            self._gguf.release(name)  # its mapped pages would be counted twice under a memory limit
+        if name not in self._copies:  # read, not copied through the mapping: nothing of it stays in page cache
+            self._copies[name] = self._gguf.read_copy(name) if self._gguf.tensors.get(name) is not None \
+                and self._gguf.tensors[name].data is data else np.array(data, copy=True)
         return self._copies[name]
 
     def selective(self, il: int) -> bool:
