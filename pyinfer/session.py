@@ -19,6 +19,7 @@ from .model.tokenizer import Tokenizer
 from .place.device import check_cuda, engine_backends, parse_device, resolve_placement
 from .runtime.model_graph import CACHE_TYPES, build_model_graph
 from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
+from .offload.offloaded_ffn import selective_layers
 from .runtime.threads import physical_cores
 
 MAX_BATCH = 512  # tokens per engine run (prefill micro-batch)
@@ -44,6 +45,10 @@ class Session:
         if neuron_down not in NEURON_DOWN_CHOICES:
             raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
         self.path = str(path)
+        if mem_limit is not None:
+            from .offload.memory import reset_peak
+
+            reset_peak()  # the peak the limit's split reads is this load's own
         self.gguf = GGUFModelFile(path, mmap=mmap)
         self.config = self.gguf.llama_config()
         self.tokenizer = Tokenizer(self.gguf.metadata)
@@ -55,6 +60,16 @@ class Session:
         self.n_threads = n_threads or physical_cores()
         self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
                                          self.n_threads, progress)
+        if mem_limit is not None and ram_budget is None and self.sparsity is not None and \
+                not any(selective_layers(self.sparsity)):
+            # Gate and up run dense in a plan without predictors: a streamed layer reads its whole cold tail every
+            # token, never fewer bytes than the mapped model, which the kernel's page cache serves from the rest.
+            if progress:
+                print("pyinfer: this sparsity plan has no predictors (gate and up run dense), so streaming its FFN "
+                      "would read every cold neuron each token; under the memory limit the weights stay mapped and "
+                      "decode runs dense (a predictor plan from `pyinfer train-predictors` streams only what fires)",
+                      file=sys.stderr)
+            self.sparsity = None
         self.memory = self._plan_memory(mem_limit, ram_budget, kv_rows, max_batch, device, mmap, progress)
         self.max_batch = self.memory.max_batch if self.memory else max_batch
         if self.memory is not None and self.memory.offload and ram_budget is None:

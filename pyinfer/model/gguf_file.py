@@ -213,9 +213,17 @@ class GGUFModelFile:
 
         h = hashlib.sha256(str(self.file_size).encode())
         with open(self.path, "rb") as f:
+            with contextlib.suppress(OSError, AttributeError):  # samples only: no read-ahead into the weights
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
             h.update(f.read(1 << 20))
-        for name in sorted(self.tensors)[:: max(1, len(self.tensors) // 8)]:
-            h.update(np.asarray(self.tensors[name].data).reshape(-1).view(np.uint8)[: 1 << 14].tobytes())
+            for name in sorted(self.tensors)[:: max(1, len(self.tensors) // 8)]:
+                t, got = self.tensors[name], self._ranges.get(name)
+                n = min(1 << 14, t.data.nbytes)
+                if got is not None and t.data is got[2]:  # read, not faulted through the mapping (read-around)
+                    f.seek(got[0])
+                    h.update(f.read(n))
+                else:
+                    h.update(np.asarray(t.data).reshape(-1).view(np.uint8)[:n].tobytes())
         return h.hexdigest()
 
     def get(self, key: str, default: Any = None) -> Any:

@@ -108,7 +108,7 @@ def write_bundles(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig, plan: Spars
             parts = [np.ascontiguousarray(a).reshape(cfg.d_ff, -1).view(np.uint8) for a in (fa.gate, fa.up, down)]
             widths = [p.shape[1] for p in parts]
             bundles = np.concatenate(parts, axis=1)          # U8 [n_ff, bundle_bytes]
-            f.write(bundles.tobytes())
+            f.write(memoryview(bundles).cast("B"))  # no second copy of the layer
             pad = align(bundles.nbytes) - bundles.nbytes
             f.write(b"\0" * pad)
             entry = {"n_ff": cfg.d_ff, "bundle_bytes": int(sum(widths)),

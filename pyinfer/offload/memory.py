@@ -40,6 +40,16 @@ def trim_heap() -> None:
         pass
 
 
+def reset_peak() -> None:
+    """Starts this process's peak resident set (VmHWM) afresh, so the peak read later is this load's own
+    (Linux: clear_refs 5; elsewhere nothing happens)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 # ---- what this process holds now ------------------------------------------------------------------------------
 def _status() -> dict[str, int]:
     out = {}
@@ -138,6 +148,7 @@ class MemoryPlan:
     model_weights: int  # bytes of every tensor in the model file
     max_batch: int      # prefill micro-batch that keeps `buffers` within its share
     offload: bool       # weights stream from disk (sparsity plan) rather than all being mapped
+    load_peak: int = 0  # the resident peak of this load so far (parsing and tokenizer transients included)
 
     @property
     def overhead(self) -> int:
@@ -146,7 +157,8 @@ class MemoryPlan:
     def summary(self) -> dict:
         return {"mem_limit": self.limit, "runtime_bytes": self.runtime, "kv_bytes": self.kv,
                 "buffer_bytes": self.buffers, "margin_bytes": self.margin, "weight_budget": self.weights,
-                "model_weight_bytes": self.model_weights, "max_batch": self.max_batch, "offload": self.offload}
+                "model_weight_bytes": self.model_weights, "max_batch": self.max_batch, "offload": self.offload,
+                "load_peak_bytes": self.load_peak}
 
     def parts(self) -> str:
         return (f"runtime {fmt_mib(self.runtime)}, KV cache {fmt_mib(self.kv)}, buffers {fmt_mib(self.buffers)}, "
@@ -154,9 +166,14 @@ class MemoryPlan:
 
     def below_minimum(self, weights_minimum: int) -> PyinferError:
         """The error for a limit that leaves less than `weights_minimum` for weights."""
-        need = self.overhead + weights_minimum
         return PyinferError(f"a memory limit of {fmt_mib(self.limit)} is below this model's minimum of "
-                            f"{fmt_mib(need)} ({self.parts()}, weights that must stay {fmt_mib(weights_minimum)})")
+                            f"{fmt_mib(self.minimum(weights_minimum))} ({self.parts()}, weights that must stay "
+                            f"{fmt_mib(weights_minimum)}; loading peaked at {fmt_mib(self.load_peak)})")
+
+    def minimum(self, weights_minimum: int) -> int:
+        """The smallest limit: the parts with `weights_minimum` of weights, and never below the load's own peak
+        (its parsing and tokenizer transients) plus the fixed margin."""
+        return max(self.overhead + weights_minimum, self.load_peak + MARGIN_BYTES)
 
 
 def plan_memory(limit: int, model_path: str | os.PathLike, model_weights: int, sparse: bool,
@@ -165,6 +182,8 @@ def plan_memory(limit: int, model_path: str | os.PathLike, model_weights: int, s
     buffers come from `engine_bytes(max_batch) -> (state, scratch)`. The prefill micro-batch is the largest of
     BATCHES (up to `max_batch`) whose buffers fit BUFFER_SHARE of the limit. With a sparsity plan the FFN neurons that do
     not fit stream from disk; without one the weights stay mapped (see mapped_note)."""
+    now = process_memory(model_path)  # the peak first: trimming does not lower it
+    load_peak = now.peak_rss - now.model_file
     trim_heap()
     runtime = process_memory(model_path).runtime
     margin = MARGIN_BYTES + int(limit * MARGIN_SHARE)
@@ -174,8 +193,8 @@ def plan_memory(limit: int, model_path: str | os.PathLike, model_weights: int, s
         if scratch <= limit * BUFFER_SHARE:
             break
     plan = MemoryPlan(limit, runtime, kv, scratch, margin, limit - runtime - kv - scratch - margin, model_weights,
-                      batch, sparse)
-    if plan.weights <= 0 and not sparse:  # with a plan, offload names what must stay (its own minimum)
+                      batch, sparse, load_peak)
+    if not sparse and limit < plan.minimum(0):  # with a plan, offload names what must stay (its own minimum)
         raise plan.below_minimum(0)
     return plan
 

@@ -85,7 +85,14 @@ class OffloadPlan:
                 "ffn_bundle_bytes": self.ffn_bytes, "resident_neurons": self.resident,
                 "solver": self.choice.solver, "solve_seconds": round(self.choice.seconds, 4),
                 "greedy_value": self.greedy.value, "solver_value": self.choice.value,
-                "solver_differs_from_greedy": self.choice.counts != self.greedy.counts, **self.info}
+                "solver_differs_from_greedy": self.choice.counts != self.greedy.counts,
+                "solver_fallback": self.choice.info.get("fallback"), **self.info}
+
+
+def highs_workspace(groups: int) -> int:
+    """Memory HiGHS takes while it solves the resident program of `groups` neuron groups: 18-48 MiB measured
+    for 774 variables (6 layers of 4096 neurons), a transient that a memory limit must have room for."""
+    return (48 << 20) + groups * (32 << 10)
 
 
 def non_ffn_bytes(gguf: GGUFModelFile) -> int:
@@ -145,7 +152,7 @@ def neuron_values(plan: SparsityPlan, layout: BundleLayout) -> list[np.ndarray]:
 
 def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, budget: int,
                  ring_slots: int = RING_SLOTS, cache_share: float | None = None,
-                 window_share: float | None = None) -> OffloadPlan:
+                 window_share: float | None = None, solver_room: int | None = None) -> OffloadPlan:
     """`cache_share` of the budget above the minimum goes to the neuron cache (selective layers only; default
     CACHE_SHARE), the rest to resident neurons chosen by the solver. `window_share` of each selective layer's
     neurons after its resident prefix are read ahead every token (default WINDOW_SHARE; their buffers count
@@ -167,8 +174,14 @@ def plan_offload(gguf: GGUFModelFile, plan: SparsityPlan, layout: BundleLayout, 
     cache = int((budget - fixed) * share) if any(selective_layers(plan)) else 0
     capacity = budget - fixed - cache
     values = neuron_values(plan, layout)
-    choice = solve_resident(n_ff, bundle, capacity, value_per_neuron=values, layer_bonus=READ_REQUEST_BYTES)
     greedy = greedy_resident(n_ff, bundle, capacity, value_per_neuron=values)
+    groups = sum(-(-n // 32) for n in n_ff)
+    if solver_room is not None and solver_room < highs_workspace(groups):
+        choice = greedy  # HiGHS's own memory would not fit under the limit now
+        choice.info["fallback"] = (f"memory limit: {fmt_size(solver_room)} free while planning, HiGHS needs about "
+                                   f"{fmt_size(highs_workspace(groups))} for {groups} groups")
+    else:
+        choice = solve_resident(n_ff, bundle, capacity, value_per_neuron=values, layer_bonus=READ_REQUEST_BYTES)
     resident_bytes = sum(k * b for k, b in zip(choice.counts, bundle))
     ffn = sum(n * b for n, b in zip(n_ff, bundle))
     # Bytes read per token: every streamed tail, and the expected firing share of each selective tail.
@@ -186,7 +199,7 @@ class OffloadedFfn:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, budget: int,
                  cache, ring_slots: int | None = None, direct_io: bool = True, progress: bool = True,
                  io_threads: int = 4, cache_share: float | None = None, window_share: float | None = None,
-                 max_range: int | None = None, merge_gap: int | None = None):
+                 max_range: int | None = None, merge_gap: int | None = None, solver_room: int | None = None):
         from ..runtime.sparse_ffn import pick_neuron_down
 
         ring_slots = ring_slots or RING_SLOTS
@@ -197,7 +210,7 @@ class OffloadedFfn:
         self.cfg = cfg
         self.down_type = pick_neuron_down(plan, down_type)
         self.layout = open_or_write(cache, gguf, cfg, plan, self.down_type, progress)
-        self.plan = plan_offload(gguf, plan, self.layout, budget, ring_slots, cache_share, window_share)
+        self.plan = plan_offload(gguf, plan, self.layout, budget, ring_slots, cache_share, window_share, solver_room)
         self._selective = selective_layers(plan)
         layers = []
         for il, e in enumerate(self.layout.layers):

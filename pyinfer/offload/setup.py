@@ -36,10 +36,14 @@ def make_offload(gguf, cfg, plan, neuron_down: str, ram_budget, neuron_cache: fl
                                ring_slots=got.get("ring_slots"), io_threads=got.get("io_threads", 4),
                                cache_share=neuron_cache if neuron_cache is not None else got.get("cache_share"),
                                window_share=neuron_window if neuron_window is not None else got.get("window_share"),
-                               max_range=got.get("max_range"), merge_gap=got.get("merge_gap"))
+                               max_range=got.get("max_range"), merge_gap=got.get("merge_gap"),
+                               # under a limit, what is free while planning: all but the runtime loaded so far
+                               solver_room=memory.limit - memory.runtime if memory is not None else None)
     except BudgetBelowMinimum as e:
         if memory is None:
             raise
         raise memory.below_minimum(e.minimum) from None
+    if memory is not None and memory.limit < memory.minimum(offload.plan.fixed_bytes):
+        raise memory.below_minimum(offload.plan.fixed_bytes)  # above the parts, below the load's own peak
     offload.predicted = planned
     return offload
