@@ -22,7 +22,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from offload import CGROUP_ROOT, RESULTS, drop_caches  # noqa: E402
+from offload import RESULTS  # noqa: E402
+
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
 MIB = 2 ** 20
 
@@ -39,7 +41,7 @@ def stage_memory(model_path: str) -> dict:
     s["model_pages"] = mapped_rss(model_path)
     cg = [ln.split(":", 2)[2].strip() for ln in open("/proc/self/cgroup") if ":memory:" in ln]
     if cg:
-        base = CGROUP_ROOT / cg[0].lstrip("/")
+        base = CGROUP_V1 / cg[0].lstrip("/")
         stat = dict(ln.split() for ln in (base / "memory.stat").read_text().splitlines())
         s["cgroup_usage"] = int((base / "memory.usage_in_bytes").read_text())
         s["cgroup_peak"] = int((base / "memory.max_usage_in_bytes").read_text())
@@ -86,34 +88,14 @@ def child(args) -> None:
 
 
 def run(cmd: list[str], env: dict, limit: int | None) -> tuple[dict, dict]:
-    import subprocess
+    from pyinfer.tools.cgroup import run_in_memory_cgroup
 
-    cg = CGROUP_ROOT / f"pyinfer_breakdown_{os.getpid()}"
-    cg.mkdir()
-    try:
-        if limit:
-            (cg / "memory.limit_in_bytes").write_text(str(limit))
-
-        def enter():
-            with open(cg / "cgroup.procs", "w") as f:
-                f.write(str(os.getpid()))
-
-        drop_caches()
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=enter, timeout=3600)
-        cgroup = {"peak": int((cg / "memory.max_usage_in_bytes").read_text()),
-                  "failcnt": int((cg / "memory.failcnt").read_text())}
-        if r.returncode != 0:
-            why = "killed by the kernel (cgroup OOM)" if r.returncode in (-9, 137) else \
-                (r.stderr.strip().splitlines() or ["?"])[-1]
-            return {"error": why}, cgroup
-        return json.loads(r.stdout.strip().splitlines()[-1]), cgroup
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+    r = run_in_memory_cgroup(cmd, limit, env=env, cold=True)
+    cgroup = {"peak": r.peak, "failcnt": r.failcnt}
+    if r.returncode != 0:
+        why = "killed by the kernel (cgroup OOM)" if r.killed else (r.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": why}, cgroup
+    return json.loads(r.stdout.strip().splitlines()[-1]), cgroup
 
 
 def summarize(got: dict) -> dict:

@@ -21,13 +21,11 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 PROMPT = "Once upon a time"
 
 
@@ -134,41 +132,17 @@ def child(args) -> None:
 
 
 # ---- parent: cgroups, rounds, table ---------------------------------------------------------------------
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-def run_in_cgroup(cmd: list[str], limit: int | None, name: str) -> tuple[dict, dict]:
+def run_in_cgroup(cmd: list[str], limit: int | None, name: str = "") -> tuple[dict, dict]:
     """Runs cmd in a fresh memory cgroup (limit None: unlimited), caches dropped first; returns (its JSON, the
     cgroup's peak usage and failure count)."""
-    cg = CGROUP_ROOT / f"pyinfer_bench_{name}_{os.getpid()}"
-    cg.mkdir()
-    try:
-        if limit is not None:
-            (cg / "memory.limit_in_bytes").write_text(str(limit))
-        procs = str(cg / "cgroup.procs")
+    from pyinfer.tools.cgroup import run_in_memory_cgroup
 
-        def enter():
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-
-        drop_caches()
-        r = subprocess.run(cmd, check=False, capture_output=True, text=True, preexec_fn=enter, timeout=3600)
-        cgroup = {"peak_bytes": int((cg / "memory.max_usage_in_bytes").read_text()),
-                  "failcnt": int((cg / "memory.failcnt").read_text())}
-        if r.returncode != 0:
-            tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-            oom = "killed by the kernel (cgroup OOM)" if r.returncode in (-9, 137) else tail
-            return {"error": oom, "returncode": r.returncode}, cgroup
-        return json.loads(r.stdout.strip().splitlines()[-1]), cgroup
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+    r = run_in_memory_cgroup(cmd, limit, cold=True)
+    cgroup = {"peak_bytes": r.peak, "failcnt": r.failcnt}
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"error": "killed by the kernel (cgroup OOM)" if r.killed else tail, "returncode": r.returncode}, cgroup
+    return json.loads(r.stdout.strip().splitlines()[-1]), cgroup
 
 
 def child_cmd(engine: str, path: str, args, limit: int = 0) -> list[str]:
@@ -306,8 +280,10 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
-    if os.geteuid() != 0 or not CGROUP_ROOT.is_dir():
-        print("bench/offload.py needs root and the cgroup v1 memory controller", file=sys.stderr)
+    from pyinfer.tools.cgroup import cgroup_root
+
+    if cgroup_root() is None:
+        print("bench/offload.py needs root and a memory cgroup controller", file=sys.stderr)
         return 2
 
     import pyinfer

@@ -377,9 +377,11 @@ def cmd_bench(args) -> int:
         raise PyinferError(f"--ctx {args.ctx} is too small: depth + test need {need} tokens (omit --ctx to size it)")
     model = _load(args)
     r = run_bench(model, args.prompt_tokens, args.gen_tokens, args.repetitions, depth=args.depth)
-    sparsity = _measure_sparsity(model) if model.sparsity is not None else None
+    memory = model.memory()  # before the sparsity measurement below, which runs the model in RAM beside it
+    # Under a memory limit that measurement would break the limit: it is left to a run without one.
+    limited = model.session.memory is not None
+    sparsity = _measure_sparsity(model) if model.sparsity is not None and not limited else None
     device = _device_summary(model)
-    memory = model.memory()
     if args.json:  # one object, whatever the options
         print(json.dumps(dict(r.as_dict(), sparsity=sparsity, device=device, memory=memory)))
         return 0
@@ -425,7 +427,8 @@ def memory_line(m: dict) -> str:
     mib = 2 ** 20
     cg = m.get("cgroup") or {}
     peak = f"peak {m['peak_rss'] / mib:.1f} MiB resident" + (
-        f", cgroup peak {cg['peak'] / mib:.1f} MiB" if cg.get("peak") else "")
+        f", its memory cgroup's peak {cg['peak'] / mib:.1f} of {cg['limit'] / mib:.1f} MiB"
+        if cg.get("peak") and cg.get("limit") else "")
     limit = f" under a limit of {m['mem_limit'] / mib:.1f} MiB" if m.get("mem_limit") else ""
     return (f"memory   {peak}{limit}: KV {m['kv_bytes'] / mib:.1f}, buffers {m['buffer_bytes'] / mib:.1f}, "
             f"weights in RAM {m['resident_weight_bytes'] / mib:.1f}, read buffers {m['read_buffer_bytes'] / mib:.1f} "

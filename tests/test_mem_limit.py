@@ -6,8 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,23 +147,6 @@ def test_cli_bench_json_reports_the_peak_beside_the_limit(small_model, cache, ca
 
 
 # ---- a memory cgroup of exactly the limit ---------------------------------------------------------------------
-def _cgroup_root() -> tuple[Path, str] | None:
-    """(parent folder, version) where this process may make a memory cgroup: root and cgroup v1's memory
-    controller, or v2 with memory delegated."""
-    if os.geteuid() != 0:
-        return None
-    v1 = Path("/sys/fs/cgroup/memory")
-    if (v1 / "memory.limit_in_bytes").exists() and os.access(v1, os.W_OK):
-        return v1, "v1"
-    v2 = Path("/sys/fs/cgroup")
-    try:
-        if "memory" in (v2 / "cgroup.subtree_control").read_text().split():
-            return v2, "v2"
-    except OSError:
-        pass
-    return None
-
-
 CHILD = """
 import json, sys
 import pyinfer
@@ -176,8 +157,9 @@ print(json.dumps({{"text": toks, "memory": m.memory()}}))
 
 
 def test_a_run_inside_a_memory_cgroup_of_exactly_its_limit_completes(small_model, cache):
-    root = _cgroup_root()
-    if root is None:
+    from pyinfer.tools.cgroup import cgroup_root, run_in_memory_cgroup
+
+    if cgroup_root() is None:
         if os.environ.get("PYINFER_REQUIRE_CGROUP"):
             pytest.fail("PYINFER_REQUIRE_CGROUP is set but no memory cgroup can be made here")
         pytest.skip("needs root and a memory cgroup controller (cgroup v1 memory, or v2 with memory delegated)")
@@ -191,40 +173,17 @@ def test_a_run_inside_a_memory_cgroup_of_exactly_its_limit_completes(small_model
     assert probe.returncode != 0
     low = minimum_of(probe.stderr.strip().splitlines()[-1])
     limit = (low + headroom(low)) // 4096 * 4096  # the cgroup counts whole pages
-    base, version = root
-    cg = base / f"pyinfer_test_{uuid.uuid4().hex[:8]}"
-    cg.mkdir()
-    try:
-        (cg / ("memory.limit_in_bytes" if version == "v1" else "memory.max")).write_text(str(limit))
-        if version == "v2":
-            (cg / "memory.swap.max").write_text("0")
-
-        def enter():
-            with open(cg / "cgroup.procs", "w") as f:
-                f.write(str(os.getpid()))
-
-        r = subprocess.run([sys.executable, "-c", CHILD, path, plan, str(limit)], capture_output=True, text=True,
-                           env=env, timeout=300, preexec_fn=enter)
-        peak = int((cg / ("memory.max_usage_in_bytes" if version == "v1" else "memory.peak")).read_text())
-        killed = " (killed by the kernel)" if r.returncode in (-9, 137) else ""
-        assert r.returncode == 0, f"exit {r.returncode}{killed} under {limit / 2**20:.1f} MiB: {r.stderr[-500:]}"
-        got = json.loads(r.stdout.strip().splitlines()[-1])
-        assert got["text"] == want
-        mem = got["memory"]
-        assert mem["mem_limit"] == limit and mem["plan"]["offload"]
-        assert mem["cgroup"]["limit"] == limit
-        assert peak <= limit
-        print(f"cgroup {version}: limit {limit / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB, "
-              f"weights in RAM {mem['resident_weight_bytes'] / 2**20:.1f} MiB")
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                import time
-
-                time.sleep(0.1)
+    r = run_in_memory_cgroup([sys.executable, "-c", CHILD, path, plan, str(limit)], limit, env=env, timeout=300)
+    killed = " (killed by the kernel)" if r.killed else ""
+    assert r.returncode == 0, f"exit {r.returncode}{killed} under {limit / 2**20:.1f} MiB: {r.stderr[-500:]}"
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["text"] == want
+    mem = got["memory"]
+    assert mem["mem_limit"] == limit and mem["plan"]["offload"]
+    assert mem["cgroup"]["limit"] == limit
+    assert r.peak <= limit
+    print(f"cgroup: limit {limit / 2**20:.1f} MiB, peak {r.peak / 2**20:.1f} MiB, hit the limit {r.failcnt} times, "
+          f"weights in RAM {mem['resident_weight_bytes'] / 2**20:.1f} MiB")
 
 
 def test_cgroup_memory_reads_this_process():
