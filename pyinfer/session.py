@@ -16,10 +16,10 @@ from .errors import PyinferError
 from .model.chat_template import chat_spans, render_chat
 from .model.gguf_file import GGUFModelFile
 from .model.tokenizer import Tokenizer
+from .offload.offloaded_ffn import selective_layers
 from .place.device import check_cuda, engine_backends, parse_device, resolve_placement
 from .runtime.model_graph import CACHE_TYPES, build_model_graph
 from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
-from .offload.offloaded_ffn import selective_layers
 from .runtime.threads import physical_cores
 
 MAX_BATCH = 512  # tokens per engine run (prefill micro-batch)
@@ -106,7 +106,7 @@ class Session:
         if str(device) != "cpu":
             raise PyinferError("a memory limit (--mem-limit) runs on the CPU; a device keeps its own budget "
                                "(--vram-budget)")
-        weights = sum(t.data.nbytes for t in self.gguf.tensors.values())
+        weights = self.gguf.weight_bytes
 
         def engine_bytes(batch: int) -> tuple[int, int]:  # a probe engine over the mapped weights, never run
             r = build_running(self.gguf, self.config, kv_rows, min(batch, kv_rows), 1, None, SparseRuns.never(),

@@ -132,6 +132,11 @@ class GGUFModelFile:
             data = data.reshape((rows, row_bytes) if len(t.shape) > 1 else (row_bytes,))
         return GGUFTensor(t.name, qtype.name, cols, rows, data)
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every tensor the file stores (fused tensors once, however the architecture presents them)."""
+        return sum(n for _, n, _ in self._ranges.values())
+
     def release(self, name: str) -> None:
         """Drops the pages of tensor `name` from this process's mapping and from the page cache, once its bytes
         have been copied where they stay (offload's resident weights, the bundle file): mapped pages left behind
