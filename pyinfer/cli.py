@@ -558,8 +558,9 @@ def cmd_plan(args) -> int:
     model = _load(args)
     off = model.offload
     if off is None:
-        raise PyinferError("pyinfer plan plans streaming FFN neurons, which needs a sparsity plan (--sparsity auto "
-                           "or a file)")
+        raise PyinferError("pyinfer plan plans streaming FFN neurons: under --mem-limit that takes a predictor plan "
+                           "(`pyinfer train-predictors`; a plan without predictors stays mapped), with --ram-budget any "
+                           "sparsity plan (--sparsity auto or a file)")
     reads = measure_reads(str(off.layout.path), seconds=args.read_seconds)
     compute = calibrate_compute(model, args.tokens)
     low, ffn = off.plan.fixed_bytes, off.plan.ffn_bytes

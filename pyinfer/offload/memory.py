@@ -166,9 +166,10 @@ class MemoryPlan:
 
     def below_minimum(self, weights_minimum: int) -> PyinferError:
         """The error for a limit that leaves less than `weights_minimum` for weights."""
+        must = f", weights that must stay {fmt_mib(weights_minimum)}" if weights_minimum else ""
         return PyinferError(f"a memory limit of {fmt_mib(self.limit)} is below this model's minimum of "
-                            f"{fmt_mib(self.minimum(weights_minimum))} ({self.parts()}, weights that must stay "
-                            f"{fmt_mib(weights_minimum)}; loading peaked at {fmt_mib(self.load_peak)})")
+                            f"{fmt_mib(self.minimum(weights_minimum))} ({self.parts()}{must}; loading peaked at "
+                            f"{fmt_mib(self.load_peak)})")
 
     def minimum(self, weights_minimum: int) -> int:
         """The smallest limit: the parts with `weights_minimum` of weights, and never below the load's own peak
@@ -206,7 +207,8 @@ def mapped_note(plan: MemoryPlan) -> str | None:
         return None
     return (f"pyinfer: the memory limit leaves {fmt_mib(plan.weights)} for weights ({plan.parts()}); the model's "
             f"{fmt_mib(plan.model_weights)} stay mapped and the kernel re-reads what it evicts (it fits whole in "
-            f"{fmt_mib(plan.overhead + plan.model_weights)}; --sparsity auto streams only the neurons that fire)")
+            f"{fmt_mib(plan.overhead + plan.model_weights)}; a predictor plan from `pyinfer train-predictors` "
+            f"streams only the neurons that fire)")
 
 
 def memory_report(model_path: str | os.PathLike, plan: MemoryPlan | None, engine, offload) -> dict:
