@@ -168,12 +168,15 @@ def test_a_run_inside_a_memory_cgroup_of_exactly_its_limit_completes(small_model
     env = dict(os.environ, PYINFER_CACHE=str(cache))
     # The minimum as a fresh process measures it (its own runtime), then a limit just above it: part of the FFN
     # streams.
+    # Run outside the source tree: `python -c` puts the working directory first on sys.path, and the tree's
+    # `pyinfer` has no compiled core (CI tests the installed package).
     probe = subprocess.run([sys.executable, "-c", CHILD, path, plan, str(20 << 20)], capture_output=True, text=True,
-                           env=env, timeout=300)
-    assert probe.returncode != 0
+                           env=env, timeout=300, cwd=str(cache))
+    assert probe.returncode != 0 and "minimum of" in probe.stderr, probe.stderr[-500:]
     low = minimum_of(probe.stderr.strip().splitlines()[-1])
     limit = (low + headroom(low)) // 4096 * 4096  # the cgroup counts whole pages
-    r = run_in_memory_cgroup([sys.executable, "-c", CHILD, path, plan, str(limit)], limit, env=env, timeout=300)
+    r = run_in_memory_cgroup([sys.executable, "-c", CHILD, path, plan, str(limit)], limit, env=env, timeout=300,
+                             cwd=str(cache))
     killed = " (killed by the kernel)" if r.killed else ""
     assert r.returncode == 0, f"exit {r.returncode}{killed} under {limit / 2**20:.1f} MiB: {r.stderr[-500:]}"
     got = json.loads(r.stdout.strip().splitlines()[-1])

@@ -48,7 +48,7 @@ def drop_caches() -> None:
 
 
 def run_in_memory_cgroup(cmd: list[str], limit: int | None, env: dict | None = None, cold: bool = False,
-                         timeout: float = 3600) -> CgroupRun:
+                         timeout: float = 3600, cwd: str | None = None) -> CgroupRun:
     """Runs `cmd` in a new memory cgroup of `limit` bytes (None: no limit, for its peak), caches dropped first
     with `cold`, and removes the cgroup afterwards."""
     root = cgroup_root()
@@ -70,7 +70,7 @@ def run_in_memory_cgroup(cmd: list[str], limit: int | None, env: dict | None = N
 
         if cold:
             drop_caches()
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=enter, timeout=timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, preexec_fn=enter, timeout=timeout, cwd=cwd)
         if version == "v1":
             peak = int((cg / "memory.max_usage_in_bytes").read_text())
             failcnt = int((cg / "memory.failcnt").read_text())
