@@ -36,9 +36,9 @@ def stage_memory(model_path: str) -> dict:
             k, _, v = line.partition(":")
             if k in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
                 s[k] = int(v.split()[0]) * 1024
-    from offload import mapped_rss
+    from pyinfer.offload.memory import mapped_bytes
 
-    s["model_pages"] = mapped_rss(model_path)
+    s["model_pages"] = mapped_bytes(model_path)
     cg = [ln.split(":", 2)[2].strip() for ln in open("/proc/self/cgroup") if ":memory:" in ln]
     if cg:
         base = CGROUP_V1 / cg[0].lstrip("/")

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
 import sys
 import time
@@ -33,20 +31,6 @@ PROMPT = "Once upon a time"
 def io_read_bytes() -> int:
     with open("/proc/self/io") as f:
         return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
-
-
-def mapped_rss(path: str) -> int:
-    """Bytes of `path` resident in this process's mappings (the weights an mmap engine holds)."""
-    total, inside = 0, False
-    target = os.path.realpath(path)
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
-                parts = line.split()
-                inside = len(parts) > 5 and os.path.realpath(parts[5]) == target
-            elif inside and line.startswith("Rss:"):
-                total += int(line.split()[1]) * 1024
-    return total
 
 
 def rss_now() -> int:
@@ -123,11 +107,12 @@ def child(args) -> None:
 
             out["offload"] = offload_stats(m, m.offload.store.stats(), args.tokens, seconds)
         out["memory"] = m.memory()
+    from pyinfer.offload.memory import mapped_bytes
     from pyinfer.tools.bench import peak_rss_mb
 
     out.update(tok_s=args.tokens / seconds, read_bytes_per_token=read / args.tokens,
                tokens=[int(t) for t in toks], peak_rss_bytes=int(peak_rss_mb() * 2**20), rss_bytes=rss_now(),
-               model_pages_bytes=mapped_rss(args.model))
+               model_pages_bytes=mapped_bytes(args.model))
     print(json.dumps(out))
 
 

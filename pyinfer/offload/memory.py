@@ -16,15 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import PyinferError
+from .offloaded_ffn import fmt_size
 
 MARGIN_BYTES = 8 << 20    # plus MARGIN_SHARE of the limit: code pages and Python objects still to come
 MARGIN_SHARE = 1 / 64
 BUFFER_SHARE = 1 / 16     # the engine's buffers (a prefill micro-batch's activations and logits) get at most this
 BATCHES = (512, 256, 128, 64, 32, 16)  # prefill micro-batch sizes tried, largest first
-
-
-def fmt_mib(n: float) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
 
 
 def trim_heap() -> None:
@@ -161,15 +158,15 @@ class MemoryPlan:
                 "load_peak_bytes": self.load_peak}
 
     def parts(self) -> str:
-        return (f"runtime {fmt_mib(self.runtime)}, KV cache {fmt_mib(self.kv)}, buffers {fmt_mib(self.buffers)}, "
-                f"margin {fmt_mib(self.margin)}")
+        return (f"runtime {fmt_size(self.runtime)}, KV cache {fmt_size(self.kv)}, buffers {fmt_size(self.buffers)}, "
+                f"margin {fmt_size(self.margin)}")
 
     def below_minimum(self, weights_minimum: int) -> PyinferError:
         """The error for a limit that leaves less than `weights_minimum` for weights."""
-        must = f", weights that must stay {fmt_mib(weights_minimum)}" if weights_minimum else ""
-        return PyinferError(f"a memory limit of {fmt_mib(self.limit)} is below this model's minimum of "
-                            f"{fmt_mib(self.minimum(weights_minimum))} ({self.parts()}{must}; loading peaked at "
-                            f"{fmt_mib(self.load_peak)})")
+        must = f", weights that must stay {fmt_size(weights_minimum)}" if weights_minimum else ""
+        return PyinferError(f"a memory limit of {fmt_size(self.limit)} is below this model's minimum of "
+                            f"{fmt_size(self.minimum(weights_minimum))} ({self.parts()}{must}; loading peaked at "
+                            f"{fmt_size(self.load_peak)})")
 
     def minimum(self, weights_minimum: int) -> int:
         """The smallest limit: the parts with `weights_minimum` of weights, and never below the load's own peak
@@ -205,9 +202,9 @@ def mapped_note(plan: MemoryPlan) -> str | None:
     model, the kernel re-reads the pages it evicted (as llama.cpp's mmap does). What a user is told then."""
     if plan.offload or plan.weights >= plan.model_weights:
         return None
-    return (f"pyinfer: the memory limit leaves {fmt_mib(plan.weights)} for weights ({plan.parts()}); the model's "
-            f"{fmt_mib(plan.model_weights)} stay mapped and the kernel re-reads what it evicts (it fits whole in "
-            f"{fmt_mib(plan.overhead + plan.model_weights)}; a predictor plan from `pyinfer train-predictors` "
+    return (f"pyinfer: the memory limit leaves {fmt_size(plan.weights)} for weights ({plan.parts()}); the model's "
+            f"{fmt_size(plan.model_weights)} stay mapped and the kernel re-reads what it evicts (it fits whole in "
+            f"{fmt_size(plan.overhead + plan.model_weights)}; a predictor plan from `pyinfer train-predictors` "
             f"streams only the neurons that fire)")
 
 
