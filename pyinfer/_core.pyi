@@ -46,6 +46,9 @@ class Op(enum.IntEnum):
     ACTIVE_UNION = 15
     NEURON_FETCH = 16
     COPY = 17
+    MOE_ROUTE = 18
+    MOE_MAT_MUL = 19
+    MOE_COMBINE = 20
 
 class RunIf(enum.IntEnum):
     ALWAYS = 0

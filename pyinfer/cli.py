@@ -638,6 +638,10 @@ def cmd_info(args) -> int:
     print(f"model      {model.path}")
     print(f"arch       {model.gguf.architecture}  layers={c.n_layers} d_model={c.d_model} d_ff={c.d_ff} "
           f"heads={c.n_heads}/{c.n_kv_heads} vocab={c.vocab_size}")
+    if c.is_moe:
+        print(f"experts    {c.n_expert} of {c.d_ff_expert} neurons, {c.n_expert_used} per token"
+              + (f", a shared expert of {c.d_ff_shared}" if c.d_ff_shared else "")
+              + ("" if c.expert_norm else ", weights not renormalized"))
     print(f"activation {c.activation.name.lower()}  weights: " + ", ".join(
         f"{k} {v}" for k, v in sorted(Counter(t.type_name for t in model.gguf.tensors.values()).items())))
     if model.gguf.powerinfer:

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from pyinfer.model.gguf_file import GGUFModelFile
 
-NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3"}
+NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe"}
 
 
 def dequant(f: GGUFModelFile, name: str) -> np.ndarray:
@@ -112,14 +112,46 @@ def head_norm(x, w, heads, eps):
     return rms_norm(x.reshape(T, heads, -1), w, eps).reshape(T, -1)
 
 
-def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0) -> np.ndarray:
+def moe(h, W, p, act, k, norm, margins=None):
+    """A Mixture-of-Experts FFN (llama.cpp's build_moe_ffn with softmax gating): each token's top k experts by
+    softmax probability, their probabilities as weights (divided by their sum with `norm`); Qwen2-MoE's shared
+    expert times the sigmoid of its gate. W's merged experts are [n_expert, rows, cols]."""
+    logits = h @ W[p + "ffn_gate_inp.weight"].T                              # [T, n_expert]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    chosen = order[:, :k]                                                   # [T, k]
+    if margins is not None and k < probs.shape[1]:  # how near each token's routing came to another choice
+        ranked = np.take_along_axis(probs, order, -1)
+        margins.append(ranked[:, k - 1] - ranked[:, k])
+    weights = np.take_along_axis(probs, chosen, -1)
+    if norm:
+        weights = weights / np.maximum(weights.sum(-1, keepdims=True), 6.103515625e-5)
+    G, U, D = W[p + "ffn_gate_exps.weight"], W[p + "ffn_up_exps.weight"], W[p + "ffn_down_exps.weight"]
+    y = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        for s in range(k):
+            e = chosen[t, s]
+            y[t] += weights[t, s] * ((gated_act(act, G[e] @ h[t]) * (U[e] @ h[t])) @ D[e].T)
+    if p + "ffn_gate_shexp.weight" in W:
+        shared = (gated_act(act, h @ W[p + "ffn_gate_shexp.weight"].T) * (h @ W[p + "ffn_up_shexp.weight"].T))
+        gate = 1 / (1 + np.exp(-(h @ W[p + "ffn_gate_inp_shexp.weight"])))
+        y += gate[:, None] * (shared @ W[p + "ffn_down_shexp.weight"].T)
+    return y
+
+
+def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margins: list | None = None) -> np.ndarray:
     """F32 [len(tokens), vocab]. Per architecture:
       gemma3: embeddings times sqrt(d_model), QK-norm, five sliding-window layers (RoPE base 10000) per global
         one, norms after attention and after the FFN, GELU(tanh) gating;
       qwen2: q/k/v biases; qwen3: QK-norm; phi3: fused qkv and gate-up, LongRoPE factors (short below the
         original context, `n_ctx` deciding), cos/sin times rope.scaling.attn_factor;
       llama: rope_freqs.weight divides each pair's frequency when present;
-      all but llama rotate NEOX pairs."""
+      qwen3moe: qwen3's attention; qwen2moe: qwen2's, and the shared expert; Mixtral (llama with experts),
+        qwen3moe and qwen2moe: a Mixture of Experts FFN, weights renormalized except qwen2moe's;
+      all but llama rotate NEOX pairs.
+    `margins` (a list): each MoE layer appends, per token, the gap between its k-th and (k+1)-th expert
+    probability (a routing so near a tie that noise may choose the other expert)."""
     c = f.llama_config()
     arch = f.architecture
     W = Weights(f.path)
@@ -157,7 +189,7 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0) -> np.
             q, k, v = qkv[:, :qw], qkv[:, qw:qw + kvw], qkv[:, qw + kvw:]
         else:
             q, k, v = lin(h, p, "attn_q"), lin(h, p, "attn_k"), lin(h, p, "attn_v")
-        if gemma or arch == "qwen3":
+        if gemma or arch in ("qwen3", "qwen3moe"):
             q = head_norm(q, W[p + "attn_q_norm.weight"], c.n_heads, c.norm_eps)
             k = head_norm(k, W[p + "attn_k_norm.weight"], c.n_kv_heads, c.norm_eps)
         fs = 1.0 if local else freq_scale
@@ -169,6 +201,10 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0) -> np.
             o = rms_norm(o, W[p + "post_attention_norm.weight"], c.norm_eps)
         x = x + o
         h = rms_norm(x, W[p + "ffn_norm.weight"], c.norm_eps)
+        if p + "ffn_gate_inp.weight" in W:
+            k = int(meta[f"{arch}.expert_used_count"])
+            x = x + moe(h, W, p, c.activation, k, norm=arch != "qwen2moe", margins=margins)
+            continue
         if arch == "phi3" and p + "ffn_gate.weight" not in W:  # gate rows first, then up
             gu = h @ W[p + "ffn_up.weight"].T
             g, u = gu[:, :c.d_ff], gu[:, c.d_ff:]

@@ -75,8 +75,10 @@ def add_random(w: GGUFWriter, rng, name: str, shape: tuple, qtype: Q, scale: flo
         w.add_tensor(name, a)
     elif qtype == Q.F16:
         w.add_tensor(name, a.astype(np.float16))
-    elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
-        w.add_tensor(name, random_k_blocks(qtype, shape[0], shape[1], rng), raw_dtype=qtype)
+    elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # 3-D (merged experts): rows of every expert, then reshaped
+        rows = int(np.prod(shape[:-1]))
+        blocks = random_k_blocks(qtype, rows, shape[-1], rng)
+        w.add_tensor(name, blocks.reshape(*shape[:-1], -1), raw_dtype=qtype)
     else:
         w.add_tensor(name, quants.quantize(a, qtype), raw_dtype=qtype)
 
@@ -189,7 +191,12 @@ TINY_ARCH = {
     "qwen2": dict(TINY, head_dim=16),
     "qwen3": dict(TINY, head_dim=32),
     "phi3": dict(TINY, head_dim=16, n_kv_heads=4),
+    # Mixture of Experts: 8 experts of 64 neurons, 2 per token (Qwen2-MoE: and a shared expert of 96)
+    "qwen3moe": dict(TINY, head_dim=32, n_expert=8, n_expert_used=2, d_ff_expert=64),
+    "mixtral": dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64),
+    "qwen2moe": dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff_shared=96),
 }
+MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe")
 
 
 def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, config: dict | None = None,
@@ -205,7 +212,7 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
 
     rng = np.random.default_rng(seed)
     c = dict(TINY_ARCH[kind], **(config or {}))
-    arch = "llama" if kind in ("llama", "llama3") else kind
+    arch = "llama" if kind in ("llama", "llama3", "mixtral") else kind
     w = GGUFWriter(str(path), arch)
     _add_shape(w, c, context)
     hd = c["head_dim"]
@@ -218,11 +225,19 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
         n_vocab = _add_tiny_vocab(w)
 
     def add(name: str, shape: tuple, scale: float = 0.2):
-        add_random(w, rng, name, shape, qtype if len(shape) == 2 else Q.F32, scale)
+        router = name.endswith("ffn_gate_inp.weight")
+        add_random(w, rng, name, shape, qtype if len(shape) >= 2 and not router else Q.F32, scale)
 
     d, ff = c["d_model"], c["d_ff"]
     qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
     add("token_embd.weight", (n_vocab, d), 1.0)
+    if kind in MOE_KINDS:
+        w.add_expert_count(c["n_expert"])
+        w.add_expert_used_count(c["n_expert_used"])
+        if kind != "mixtral":  # Mixtral's experts are feed_forward_length wide; the Qwens give their own key
+            w.add_expert_feed_forward_length(c["d_ff_expert"])
+        if kind == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(c["d_ff_shared"])
     if kind == "llama3":  # Llama 3.1's factors: 1 for the fast pairs, up to 8 for the slow ones
         w.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, hd // 2).astype(np.float32))
     if kind == "phi3" and longrope:
@@ -240,23 +255,41 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
             add(p + "attn_q.weight", (qw, d))
             add(p + "attn_k.weight", (kvw, d))
             add(p + "attn_v.weight", (kvw, d))
-        if kind == "qwen2":
+        if kind in ("qwen2", "qwen2moe"):
             for part, n in (("q", qw), ("k", kvw), ("v", kvw)):
                 add(p + f"attn_{part}.bias", (n,), 0.5)
-        if kind == "qwen3":
+        if kind in ("qwen3", "qwen3moe"):
             for part in ("q", "k"):
                 w.add_tensor(p + f"attn_{part}_norm.weight", (1.0 + 0.2 * rng.standard_normal(hd)).astype(np.float32))
         add(p + "attn_output.weight", (d, qw))
-        if kind == "phi3":
+        if kind in MOE_KINDS:
+            _add_experts(w, rng, add, p, kind, c)
+        elif kind == "phi3":
             add(p + "ffn_up.weight", (2 * ff, d))  # gate rows, then up rows
+            add(p + "ffn_down.weight", (d, ff))
         else:
             add(p + "ffn_gate.weight", (ff, d))
             add(p + "ffn_up.weight", (ff, d))
-        add(p + "ffn_down.weight", (d, ff))
+            add(p + "ffn_down.weight", (d, ff))
     w.add_tensor("output_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
-    if kind != "qwen2":  # qwen2 ties its head to the embeddings here; the others have their own
+    if kind not in ("qwen2", "qwen2moe"):  # the Qwen 2s tie their head to the embeddings here; the others have their own
         add("output.weight", (n_vocab, d), 0.5)
     return finish(w, path, extra)
+
+
+def _add_experts(w: GGUFWriter, rng, add, p: str, kind: str, c: dict) -> None:
+    """A layer's router (F32, as llama.cpp's quantizer keeps it) and merged experts (numpy shape [n, rows,
+    cols]: GGUF's ne [cols, rows, n]); Qwen2-MoE's shared expert and its one-row gate."""
+    d, n, ffe = c["d_model"], c["n_expert"], c["d_ff_expert"]
+    add(p + "ffn_gate_inp.weight", (n, d), 0.5)
+    add(p + "ffn_gate_exps.weight", (n, ffe, d))
+    add(p + "ffn_up_exps.weight", (n, ffe, d))
+    add(p + "ffn_down_exps.weight", (n, d, ffe))
+    if kind == "qwen2moe":
+        w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(d) * 0.2).astype(np.float32))
+        add(p + "ffn_gate_shexp.weight", (c["d_ff_shared"], d))
+        add(p + "ffn_up_shexp.weight", (c["d_ff_shared"], d))
+        add(p + "ffn_down_shexp.weight", (d, c["d_ff_shared"]))
 
 
 def _copy_vocab(w: GGUFWriter, r) -> int:

@@ -53,7 +53,8 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
       backends_.push_back(cfg_.backend_makers[b](graph_, cfg_.backend_memory[b]));
       continue;
     }
-    auto cpu = std::make_unique<CpuBackend>(graph_, cfg_.backend_threads[b], cfg_.isa, cfg_.backend_memory[b]);
+    auto cpu = std::make_unique<CpuBackend>(graph_, cfg_.backend_threads[b], cfg_.isa, cfg_.backend_memory[b],
+                                            cfg_.max_tokens);
     cpu->set_neuron_store(cfg_.neuron_store.get());
     backends_.push_back(std::move(cpu));
   }
@@ -291,6 +292,11 @@ void Engine::check_row_coverage() {
       case OpKind::GatedAct: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
       case OpKind::DownAxpy: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
       case OpKind::Copy: covers(n.dst, n.src[0]); break;
+      case OpKind::MoeRoute: covers(n.dst, n.src[0]); break;
+      case OpKind::MoeMatMul: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
+      case OpKind::MoeCombine:
+        for (int s : n.src) covers(n.dst, s);
+        break;
       default: break;
     }
   }

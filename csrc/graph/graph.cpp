@@ -182,6 +182,7 @@ void Graph::validate() const {
     if (other_written[i]) list_written[i] = 0;
 
   std::vector<bool> union_written(nt, false);
+  std::vector<int> route_k(nt, 0);  // tensor -> k of the MoeRoute node that wrote it (expert ids come only from there)
   int paged_block = 0;
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = nodes[k];
@@ -409,9 +410,52 @@ void Graph::validate() const {
         if (d.view_of >= 0 || x.paged) c.fail("copies go from a tensor's bytes into a packed tensor of their own");
         break;
       }
+      case OpKind::MoeRoute: {
+        const auto& P = n.p.moe_route;
+        c.type(n.dst, DType::F32); c.type(src[MoeRouteSrc::logits], DType::F32);
+        if (P.n_expert < 1 || P.k < 1 || P.k > P.n_expert) c.fail("k must be in [1, n_expert]");
+        c.cols(src[MoeRouteSrc::logits], P.n_expert); c.cols(n.dst, 2 * int64_t(P.k));
+        if (P.gating != MoeGating::Softmax && P.gating != MoeGating::Sigmoid) c.fail("gating must be 0 (softmax) or 1 (sigmoid)");
+        if (P.norm != 0 && P.norm != 1) c.fail("norm must be 0 or 1");
+        if (!std::isfinite(P.scale)) c.fail("the weight scale must be finite");
+        if (d.row_mode != RowMode::Tokens || d.view_of >= 0) c.fail("a route has one row of its own per token");
+        break;
+      }
+      case OpKind::MoeMatMul: {
+        using S = MoeMatMulSrc;
+        const auto& P = n.p.moe;
+        const Tensor& w = c.t(src[S::weight]);
+        c.type(n.dst, DType::F32);
+        if (!dtype_is_integer_dot(w.type)) c.one_of(src[S::weight], {DType::F32, DType::F16, DType::BF16}, "experts");
+        if (w.row_mode != RowMode::Fixed || w.paged) c.fail("the experts must be a weight of fixed rows");
+        if (P.n_expert < 1 || P.k < 1 || P.k > P.n_expert || w.rows % P.n_expert)
+          c.fail("the experts' rows must split into n_expert equal matrices, k in [1, n_expert]");
+        c.type(src[S::x], dtype_is_integer_dot(w.type) ? DType::Q8A : DType::F32);
+        const int64_t xc = c.t(src[S::x]).cols;
+        if (xc != w.cols && xc != P.k * w.cols) c.fail("x must have the experts' columns, or k segments of them");
+        c.cols(n.dst, P.k * (w.rows / P.n_expert));
+        if (c.t(src[S::route]).cols != 2 * int64_t(P.k) || route_k[size_t(origin(src[S::route]))] != P.k) c.fail("the route must be an earlier MoeRoute's result of the same k");
+        break;
+      }
+      case OpKind::MoeCombine: {
+        using S = MoeCombineSrc;
+        const auto& P = n.p.moe;
+        c.type(n.dst, DType::F32); c.type(src[S::experts], DType::F32);
+        if (P.k < 1) c.fail("k must be positive");
+        c.cols(src[S::experts], P.k * d.cols);
+        if (c.t(src[S::route]).cols != 2 * int64_t(P.k) || route_k[size_t(origin(src[S::route]))] != P.k) c.fail("the route must be an earlier MoeRoute's result of the same k");
+        if ((src[S::shared] >= 0) != (src[S::shared_gate] >= 0)) c.fail("a shared expert needs its output and its gate");
+        if (src[S::shared] >= 0) {
+          c.type(src[S::shared], DType::F32); c.cols(src[S::shared], d.cols);
+          c.type(src[S::shared_gate], DType::F32); c.cols(src[S::shared_gate], 1);
+        }
+        break;
+      }
       default:
         c.fail("unknown op");
     }
+    if (n.op == OpKind::MoeRoute) route_k[size_t(n.dst)] = n.p.moe_route.k;
+    else if (n.dst >= 0) route_k[size_t(origin(n.dst))] = 0;  // rewritten by another op: no longer a route
   }
 }
 

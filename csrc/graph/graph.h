@@ -73,6 +73,11 @@ enum class OpKind : int32_t {
                      //   dst: I32 state [1, 1], untouched (it orders the fetch before the FFN's readers)
   Copy = 17,         // dst = x, row by row: a tensor carried into another memory space (the engine inserts
                      //   these where a node reads a tensor that lives in another backend's memory)
+  // ---- Mixture of Experts (a route is F32 [T, 2k]: each token's k expert weights, then their ids as floats)
+  MoeRoute = 18,     // dst (route) = the top k experts of softmax or sigmoid(router logits), weights renormalized
+  MoeMatMul = 19,    // dst[t][s*rows_e + r] = dot(expert route[t].id[s]'s row r, x[t] or its slot s segment):
+                     //   llama.cpp's mul_mat_id, only the chosen experts' rows, tokens grouped by expert
+  MoeCombine = 20,   // dst[t] = sum_s route[t].w[s] * experts[t][slot s] (+ sigmoid(shared_gate[t]) * shared[t])
   Count              // number of op kinds (not an op)
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);

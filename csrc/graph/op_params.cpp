@@ -26,6 +26,9 @@ constexpr ParamField kActiveUnion[] = {PYI_I32(active_union, n_ff), PYI_I32(acti
                                    PYI_F32(active_union, max_density), PYI_F32(active_union, max_union),
                                    PYI_F32(active_union, max_single)};
 constexpr ParamField kNeuronFetch[] = {PYI_I32(neuron_fetch, layer), PYI_I32(neuron_fetch, mode)};
+constexpr ParamField kMoeRoute[] = {PYI_I32(moe_route, n_expert), PYI_I32(moe_route, k), PYI_I32(moe_route, gating),
+                                    PYI_I32(moe_route, norm), PYI_F32(moe_route, scale)};
+constexpr ParamField kMoe[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k)};
 
 #undef PYI_I32
 #undef PYI_F32
@@ -56,6 +59,9 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::ActiveUnion, "active_union", "ACTIVE_UNION", {"lists"}, kActiveUnion, count(kActiveUnion)},
     {OpKind::NeuronFetch, "neuron_fetch", "NEURON_FETCH", {"union_list"}, kNeuronFetch, count(kNeuronFetch)},
     {OpKind::Copy, "copy", "COPY", {"x"}, nullptr, 0},
+    {OpKind::MoeRoute, "moe_route", "MOE_ROUTE", {"logits"}, kMoeRoute, count(kMoeRoute)},
+    {OpKind::MoeMatMul, "moe_mat_mul", "MOE_MAT_MUL", {"weight", "x", "route"}, kMoe, count(kMoe)},
+    {OpKind::MoeCombine, "moe_combine", "MOE_COMBINE", {"experts", "route", "shared", "shared_gate"}, kMoe, count(kMoe)},
 };
 static_assert(sizeof(kSignatures) / sizeof(kSignatures[0]) == kOpKinds,
               "an op was added or removed: give it a row here, and a case in every backend's compute and supports");

@@ -59,6 +59,13 @@ struct ActiveUnionSrc { enum : int { lists = 0 }; };
 // `union_list` (optional): an ActiveUnion result, the rows this run needs (count -1: all).
 struct NeuronFetchSrc { enum : int { union_list = 0 }; };
 struct CopySrc { enum : int { x = 0 }; };
+// Mixture of Experts. `logits`: F32 [T, n_expert] (the router's matmul). `weight`: the merged experts
+// [n_expert * rows_e, cols] (GGUF's *_exps), `x`: [T, cols] read by every slot (gate, up) or [T, k * cols]
+// with one segment per slot (down), `route`: a MoeRoute result. `shared` / `shared_gate` (optional, together):
+// a shared expert's output F32 [T, d] and its gate logit F32 [T, 1] (Qwen2-MoE).
+struct MoeRouteSrc { enum : int { logits = 0 }; };
+struct MoeMatMulSrc { enum : int { weight = 0, x = 1, route = 2 }; };
+struct MoeCombineSrc { enum : int { experts = 0, route = 1, shared = 2, shared_gate = 3 }; };
 
 // ---- scalar parameters -----------------------------------------------------------------------------
 struct GetRowsParams { float scale; };            // rows times scale (0: unscaled)
@@ -82,6 +89,11 @@ struct ActiveUnionParams { int32_t n_ff, max_tokens; float max_density, max_unio
 // DenseDown: a dense run's original down matrix is read whole (offload/neuron_store.h).
 enum class NeuronFetchMode : int32_t { Rows = 0, Release = 1, DenseDown = 2 };
 struct NeuronFetchParams { int32_t layer; NeuronFetchMode mode; };
+// How router logits become expert probabilities (llama.cpp's expert_gating_func).
+enum class MoeGating : int32_t { Softmax = 0, Sigmoid = 1 };
+// `norm`: the k weights are divided by their sum (Mixtral, Qwen3-MoE); `scale` multiplies them (0: 1).
+struct MoeRouteParams { int32_t n_expert, k; MoeGating gating; int32_t norm; float scale; };
+struct MoeParams { int32_t n_expert, k; };  // MoeMatMul and MoeCombine (n_expert unused by the combine)
 
 union OpParams {
   GetRowsParams get_rows;
@@ -93,6 +105,8 @@ union OpParams {
   GatedActParams gated_act;
   ActiveUnionParams active_union;
   NeuronFetchParams neuron_fetch;
+  MoeRouteParams moe_route;
+  MoeParams moe;
   OpParams() { std::memset(static_cast<void*>(this), 0, sizeof(*this)); }  // every field of every op: 0
 };
 

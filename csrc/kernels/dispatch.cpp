@@ -28,8 +28,10 @@ bool cpu_has_avx512_vnni() {
 
 std::vector<const KernelTable*> usable() {
   std::vector<const KernelTable*> out;
-  const bool avx2 = kernels_avx2() && cpu_has_avx2_fma_f16c();
-  if (avx2 && kernels_avx512() && cpu_has_avx512_vnni()) out.push_back(kernels_avx512());
+  // The CPU is asked first: a table's own code (even the copy that builds it) is compiled for its ISA, so
+  // calling kernels_avx512() on a CPU without AVX-512 dies of an illegal instruction.
+  const bool avx2 = cpu_has_avx2_fma_f16c() && kernels_avx2();
+  if (avx2 && cpu_has_avx512_vnni() && kernels_avx512()) out.push_back(kernels_avx512());
   if (avx2) out.push_back(kernels_avx2());
   if (kernels_neon()) out.push_back(kernels_neon());
   out.push_back(&kernels_scalar());

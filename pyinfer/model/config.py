@@ -90,6 +90,20 @@ class LlamaConfig:
     # Per layer, whether it is a sliding-window layer, when the file lists them (Gemma 3's
     # attention.sliding_window_pattern); else `global_every` decides.
     local_layers: tuple[bool, ...] = ()
+    # Mixture of Experts (n_expert 0: a dense FFN of d_ff neurons). Each token runs n_expert_used of n_expert
+    # experts of d_ff_expert neurons, chosen by softmax (or sigmoid, `expert_gating` 1) of the router's logits,
+    # their weights divided by their sum when `expert_norm` (Mixtral, Qwen3-MoE; not Qwen2-MoE); plus a
+    # shared expert of d_ff_shared neurons that every token runs, gated by a sigmoid (Qwen2-MoE).
+    n_expert: int = 0
+    n_expert_used: int = 0
+    d_ff_expert: int = 0
+    expert_norm: bool = True
+    expert_gating: int = 0
+    d_ff_shared: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
 
     @property
     def ffn_relu(self) -> bool:

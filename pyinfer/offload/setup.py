@@ -20,6 +20,9 @@ def make_offload(gguf, cfg, plan, neuron_down: str, ram_budget, neuron_cache: fl
     from ..model.pull import cache_dir
     from .offloaded_ffn import BudgetBelowMinimum, OffloadedFfn, parse_size
 
+    if cfg.is_moe:
+        raise PyinferError("a RAM budget streams FFN neurons, and Mixture-of-Experts models cannot stream their "
+                           "experts yet; use --mem-limit (the experts stay in the file's memory map)")
     if plan is None:
         raise PyinferError("a RAM budget streams FFN neurons and needs a sparsity plan (--sparsity auto or a file)")
     planned = None

@@ -1,18 +1,29 @@
 """The one FFN call every architecture makes (ModelGraph.ffn), and the choice of what it builds, made once per
 graph outside the model code: dense, neuron-aware (with its weights in RAM or streamed from a neuron store),
-split between the CPU and a device, or recorded for the profiler. The Mixture-of-Experts FFN joins here."""
+split between the CPU and a device, or recorded for the profiler. A Mixture-of-Experts layer runs its chosen
+experts (runtime/moe_ffn.py) under the dense choice; the neuron-level choices do not take experts yet."""
 from __future__ import annotations
 
+from ..errors import UnsupportedModelError
 from .graph_builder import T
 from .hybrid_ffn import hybrid_ffn
+from .moe_ffn import moe_ffn
 from .sparse_ffn import SparseRuns, dense_ffn, sparse_ffn
 
 
 class DenseFfn:
-    """act(gate) * up, then down: every neuron."""
+    """act(gate) * up, then down: every neuron (a Mixture of Experts: every neuron of the chosen experts)."""
 
     def __call__(self, m, h: T, il: int) -> T:
+        if m.cfg.is_moe:
+            return moe_ffn(m.b, m.w, h, il, m.cfg)
         return dense_ffn(m.b, m.w, h, il, m.cfg)
+
+
+def _dense_only(m, what: str) -> None:
+    if m.cfg.is_moe:
+        raise UnsupportedModelError(f"{what} does not take Mixture-of-Experts models yet; run them without it "
+                                    "(their experts already skip what a token does not route to)")
 
 
 class RecordedFfn:
@@ -20,6 +31,7 @@ class RecordedFfn:
     b.records[layer] = (ffn_in, gate, up) ids)."""
 
     def __call__(self, m, h: T, il: int) -> T:
+        _dense_only(m, "the neuron profiler")
         return dense_ffn(m.b, m.w, h, il, m.cfg, record=True)
 
 
@@ -31,6 +43,7 @@ class SparseFfn:
         self.plan, self.runs, self.down_type, self.offload = plan, runs, down_type, offload
 
     def __call__(self, m, h: T, il: int) -> T:
+        _dense_only(m, "neuron-level sparsity")
         return sparse_ffn(m.b, m.w, m.gguf, h, il, m.cfg, self.plan, self.runs, self.down_type, self.offload)
 
 
@@ -42,6 +55,7 @@ class SplitFfn:
         self.hybrid, self.plan, self.runs, self.down_type = hybrid, plan, runs, down_type
 
     def __call__(self, m, h: T, il: int) -> T:
+        _dense_only(m, "GPU placement")
         hy = self.hybrid
         return hybrid_ffn(m.b, m.gguf, h, il, m.cfg, hy["gpu_blocks"][il], hy["block"], hy["device"], self.plan,
                           self.runs, self.down_type, m.w)

@@ -238,6 +238,32 @@ class GraphBuilder:
         return self._node(Op.SCATTER_COLS, self.activation(name, x.cols, rows=x.rows), {"x": x, "perm": perm},
                           run_if=run_if)
 
+    # ---- Mixture of Experts (see graph.h for the route layout) -------------------------------------
+    def moe_route(self, logits: T, k: int, name: str = "route", norm: bool = True, gating: int = 0,
+                  scale: float = 0.0) -> T:
+        """F32 [T, 2k]: each token's top k experts of softmax (gating 0) or sigmoid (1) of the router's
+        `logits` (F32 [T, n_expert]): their weights (divided by their sum with `norm`, times `scale` unless 0),
+        then their ids as floats."""
+        return self._node(Op.MOE_ROUTE, self.activation(name, 2 * k, rows=logits.rows), {"logits": logits},
+                          {"n_expert": logits.cols, "k": k, "gating": gating, "norm": int(norm), "scale": scale})
+
+    def moe_matmul(self, experts: T, x: T, route: T, n_expert: int, k: int, name: str) -> T:
+        """F32 [T, k * rows_e]: slot s of token t is x[t] (or, when x has k segments, its segment s) times
+        expert route[t].id[s]'s rows of `experts` (the merged [n_expert * rows_e, cols] tensor). Only the
+        chosen experts run (llama.cpp's mul_mat_id)."""
+        src = self.quantize(x) if experts.dtype in INTEGER_DOT_WEIGHTS else x
+        dst = self.activation(name, k * (experts.n_rows // n_expert), rows=x.rows)
+        return self._node(Op.MOE_MAT_MUL, dst, {"weight": experts, "x": src, "route": route},
+                          {"n_expert": n_expert, "k": k})
+
+    def moe_combine(self, experts: T, route: T, k: int, name: str = "moe_out", shared: T | None = None,
+                    shared_gate: T | None = None) -> T:
+        """F32 [T, d]: the k slots of `experts` (F32 [T, k * d]) weighted by the route, plus a shared expert's
+        output times sigmoid(shared_gate) when given."""
+        dst = self.activation(name, experts.cols // k, rows=experts.rows)
+        return self._node(Op.MOE_COMBINE, dst, {"experts": experts, "route": route, "shared": shared,
+                                                "shared_gate": shared_gate}, {"n_expert": 0, "k": k})
+
     def select_rows(self, x: T, row_ids: T, name: str) -> T:
         return self._node(Op.SELECT_ROWS, self.activation(name, x.cols, rows=row_ids.rows), {"x": x, "rows": row_ids})
 

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import PyinferError
+from ..errors import PyinferError, UnsupportedModelError
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..model.pull import cache_dir
@@ -34,6 +34,14 @@ def auto_plan_path(fingerprint: str, target: float) -> Path:
 def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, target: float | None,
                      n_threads: int, progress: bool = True) -> SparsityPlan | None:
     if spec is None or spec is False or spec == "off":
+        return None
+    if cfg.is_moe:  # the router already skips all but k experts; neuron plans inside experts do not exist yet
+        if spec != "auto":
+            raise UnsupportedModelError("neuron-level sparsity plans do not take Mixture-of-Experts models yet; "
+                                        "use --sparsity off or auto (each token runs only its chosen experts)")
+        if progress:
+            print(f"pyinfer: Mixture of Experts: each token runs {cfg.n_expert_used} of {cfg.n_expert} experts; "
+                  "no neuron-level plan is calibrated for experts", file=sys.stderr)
         return None
     fp = gguf.fingerprint()
     if isinstance(spec, SparsityPlan):

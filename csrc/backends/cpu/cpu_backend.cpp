@@ -22,7 +22,8 @@ struct CpuBackend::Job {
   RunShape shape;
 };
 
-CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa, int memory_space)
+CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa, int memory_space,
+                       int64_t max_tokens)
     : kernels_(select_kernels(isa)), memory_space_(memory_space), pool_(n_threads) {
   int widest_head = 0;
   for (const Node& n : graph.nodes)
@@ -51,6 +52,10 @@ CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa
   neuron_coef_.assign(size_t(kAxpyTokens * max_neurons_ * pool_.size()), 0.f);
   neuron_dense_.assign(size_t(max_neurons_ * pool_.size()), 0.f);
   group_tmp_.assign(size_t(max_width_ * pool_.size()), 0.f);
+  for (const Node& n : graph.nodes) moe_size_.grow(graph, n, max_tokens);
+  moe_ints_.assign(size_t((moe_size_.order + moe_size_.start) * pool_.size()), 0);
+  moe_x_.assign(size_t(moe_size_.x_bytes * pool_.size()), 0);
+  moe_out_.assign(size_t(moe_size_.out * pool_.size()), 0.f);
 }
 
 bool CpuBackend::supports(const Graph&, const Node&) const { return true; }
@@ -189,6 +194,14 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
                            SparseScratch{neuron_ids_.data() + ith * lists, neuron_coef_.data() + ith * lists,
                                          max_neurons_, neuron_dense_.data() + ith * max_neurons_,
                                          group_tmp_.data() + ith * max_width_});
+    }
+    case OpKind::MoeRoute: return cpu_moe_route(g, n, shape, ith, nth);
+    case OpKind::MoeCombine: return cpu_moe_combine(g, n, shape, ith, nth);
+    case OpKind::MoeMatMul: {
+      int32_t* ints = moe_ints_.data() + ith * (moe_size_.order + moe_size_.start);
+      return cpu_moe_matmul(kernels_, g, n, shape, ith, nth,
+                            MoeScratch{ints, ints + moe_size_.order, moe_x_.data() + ith * moe_size_.x_bytes,
+                                       moe_out_.data() + ith * moe_size_.out});
     }
     default: break;
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "executor/backend.h"
+#include "backends/cpu/moe_ops.h"
 #include "executor/thread_pool.h"
 #include "kernels/kernels.h"
 #include "offload/neuron_store.h"
@@ -21,7 +22,8 @@ class CpuBackend final : public Backend {
   // so compute() allocates nothing.
   // `memory_space` > 0 makes it a stand-in for a device: the engine gives it buffers of its own and copies
   // tensors in and out as it would for a GPU (the same host RAM underneath), so that path is tested on CPU.
-  CpuBackend(const Graph& graph, int n_threads, const std::string& isa, int memory_space = 0);
+  // `max_tokens`: the most tokens a run has (sizes the Mixture-of-Experts grouping scratch).
+  CpuBackend(const Graph& graph, int n_threads, const std::string& isa, int memory_space = 0, int64_t max_tokens = 1);
   std::string name() const override { return std::string("cpu-") + kernels_.isa; }
   bool supports(const Graph& graph, const Node& node) const override;
   int memory_space() const override { return memory_space_; }
@@ -64,6 +66,10 @@ class CpuBackend final : public Backend {
   std::vector<float> neuron_dense_;
   int64_t max_width_ = 0;    // widest down output: Q4T group sums
   std::vector<float> group_tmp_;
+  MoeScratchSize moe_size_;  // per thread: MoeMatMul's grouping of tokens by expert (moe_ops.h)
+  std::vector<int32_t> moe_ints_;
+  std::vector<uint8_t> moe_x_;
+  std::vector<float> moe_out_;
   static constexpr int64_t kNoFailure = INT64_MAX;
   std::atomic<int64_t> failed_step_{kNoFailure};  // the step (node of the job) that failed first
   std::mutex error_mutex_;

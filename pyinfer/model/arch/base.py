@@ -27,6 +27,10 @@ COMMON_TENSORS = (r"token_embd\.weight", r"output_norm\.weight", r"output\.weigh
                   r"blk\.N\.ffn_(gate|up|down)\.weight", r"blk\.N\.attn_(q|k|v|output)\.bias",
                   r"blk\.N\.attn_qkv\.(weight|bias)")
 QK_NORMS = (r"blk\.N\.attn_(q|k)_norm\.weight",)
+# A Mixture of Experts: the router and the merged experts (GGUF's *_exps: [n_expert * rows, cols]), and
+# Qwen2-MoE's shared expert with its one-row gate.
+MOE_TENSORS = (r"blk\.N\.ffn_gate_inp\.weight", r"blk\.N\.ffn_(gate|up|down)_exps\.weight")
+SHARED_EXPERT_TENSORS = (r"blk\.N\.ffn_gate_inp_shexp\.weight", r"blk\.N\.ffn_(gate|up|down)_shexp\.weight")
 
 
 class Architecture:
@@ -82,6 +86,44 @@ class Architecture:
             rope_attn_factor=float(f.get(p + "rope.scaling.attn_factor", 1.0) or 1.0),
         )
 
+    def moe_hparams(self, f: GGUFModelFile, norm: bool = True, shared: bool = False) -> dict:
+        """The experts of a Mixture-of-Experts file ({} for a dense one), checked against every layer's tensors:
+        `norm`, whether the chosen weights are divided by their sum (llama.cpp's norm_w for the architecture);
+        `shared`, whether the architecture has a shared expert."""
+        p = self.name + "."
+        n = int(_one_value(f, p + "expert_count", 0))
+        has_experts = any(name.endswith("_exps.weight") for name in f.tensors)
+        if n == 0:
+            if has_experts:
+                raise ModelFormatError(f"{f.path.name}: expert tensors without {p}expert_count")
+            return {}
+        used = int(_one_value(f, p + "expert_used_count", 0))
+        if not 1 <= used <= n:
+            raise ModelFormatError(f"{f.path.name}: {p}expert_used_count {used} must be in [1, {n}]")
+        d = int(f.require(p + "embedding_length"))
+        first = f.tensors.get("blk.0.ffn_gate_exps.weight")
+        if first is None or first.rows % n:
+            raise ModelFormatError(f"{f.path.name}: blk.0.ffn_gate_exps.weight must hold {n} experts")
+        ff = first.rows // n
+        if int(f.get(p + "expert_feed_forward_length", ff) or ff) != ff:
+            raise ModelFormatError(f"{f.path.name}: {p}expert_feed_forward_length disagrees with the expert tensors")
+        ff_shared = 0
+        if shared and "blk.0.ffn_gate_shexp.weight" in f.tensors:
+            ff_shared = f.tensors["blk.0.ffn_gate_shexp.weight"].rows
+        want = {"ffn_gate_inp": (d, n), "ffn_gate_exps": (d, n * ff), "ffn_up_exps": (d, n * ff),
+                "ffn_down_exps": (ff, n * d)}
+        if ff_shared:
+            want.update({"ffn_gate_inp_shexp": (d, 1), "ffn_gate_shexp": (d, ff_shared),
+                         "ffn_up_shexp": (d, ff_shared), "ffn_down_shexp": (ff_shared, d)})
+        for il in range(int(f.require(p + "block_count"))):
+            for part, (cols, rows) in want.items():
+                t = f.tensors.get(f"blk.{il}.{part}.weight")
+                if t is None or (t.cols, t.rows) != (cols, rows):
+                    got = "missing" if t is None else f"{t.rows} x {t.cols}"
+                    raise ModelFormatError(f"{f.path.name}: blk.{il}.{part}.weight is {got}; "
+                                           f"{n} experts of {ff} neurons need {rows} x {cols}")
+        return dict(n_expert=n, n_expert_used=used, d_ff_expert=ff, expert_norm=norm, d_ff_shared=ff_shared)
+
     def rope_scaling(self, f: GGUFModelFile) -> float:
         """freq_scale as llama.cpp reads it: the type defaults to linear; the factor is rope.scaling.factor or
         the older rope.scale_linear; type none never scales. YaRN (and LongRoPE with a factor) are refused,
@@ -109,6 +151,9 @@ class Architecture:
         """Every tensor of the file is one this graph reads: a tensor the graph would skip (a bias, RoPE
         factors, a norm it does not apply) means wrong answers, so it is refused by name."""
         allowed = re.compile("|".join(f"(?:{p})" for p in COMMON_TENSORS + self.tensor_patterns))
+        if any(re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", name) for name in f.tensors):
+            raise UnsupportedModelError(f"{f.path.name} stores each expert in tensors of its own (an old Mixtral "
+                                        "layout); convert it again with a current llama.cpp (merged *_exps tensors)")
         for name in f.tensors:
             if not allowed.fullmatch(re.sub(r"^blk\.\d+\.", "blk.N.", name)):
                 raise UnsupportedModelError(
@@ -136,6 +181,16 @@ class Architecture:
     def attention_options(self, m: ModelGraph, il: int) -> dict:
         """Keywords of ModelGraph.attention for layer `il` (QK-norm, RoPE factors, window, scale)."""
         return {}
+
+
+def _one_value(f: GGUFModelFile, key: str, default):
+    """A key llama.cpp reads as a value or a per-layer array: one value, or one the array repeats."""
+    v = f.get(key, default)
+    if isinstance(v, list):
+        if not v or any(x != v[0] for x in v):
+            raise UnsupportedModelError(f"{f.path.name}: {key} differs between layers, which is not supported")
+        v = v[0]
+    return v or default
 
 
 def row_slice(t: GGUFTensor, name: str, start: int, rows: int) -> GGUFTensor:

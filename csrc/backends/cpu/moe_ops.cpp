@@ -1,0 +1,170 @@
+#include "backends/cpu/moe_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "backends/cpu/sparse_ops.h"
+
+namespace pyinfer {
+
+namespace {
+
+// Expert `s` of token row `r` of a route (F32 [T, 2k]: weights, then ids as floats).
+inline int32_t route_id(const float* r, int32_t k, int32_t s) { return int32_t(r[k + s]); }
+
+inline float finite_or_lowest(float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; }
+
+}  // namespace
+
+void MoeScratchSize::grow(const Graph& g, const Node& n, int64_t max_tokens) {
+  if (n.op != OpKind::MoeMatMul) return;
+  const Tensor& w = g.tensors[size_t(n.src[MoeMatMulSrc::weight])];
+  const Tensor& x = g.tensors[size_t(n.src[MoeMatMulSrc::x])];
+  const int64_t rows_e = w.rows / n.p.moe.n_expert;
+  order = std::max(order, max_tokens * n.p.moe.k);
+  start = std::max(start, int64_t(n.p.moe.n_expert) + 1);
+  x_bytes = std::max(x_bytes, max_tokens * int64_t(dtype_row_bytes(x.type, w.cols)));
+  out = std::max(out, max_tokens * rows_e);
+}
+
+void cpu_moe_route(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth) {
+  const Tensor& dst = g.tensors[size_t(n.dst)];
+  const Tensor& logits = g.tensors[size_t(n.src[MoeRouteSrc::logits])];
+  const MoeRouteParams& P = n.p.moe_route;
+  int64_t r0, r1;
+  thread_share(rows_in_run(dst, shape), ith, nth, 1, r0, r1);
+  for (int64_t t = r0; t < r1; ++t) {
+    const float* l = row_ptr<const float>(logits, t);
+    float* out = row_ptr<float>(dst, t);
+    float* w = out;           // [k] weights, best first
+    float* ids = out + P.k;   // [k] expert ids as floats
+    // Softmax and sigmoid are increasing: the top k probabilities are the top k logits (NaN ranks last).
+    int32_t chosen = 0;
+    for (int32_t e = 0; e < P.n_expert; ++e) {
+      const float v = finite_or_lowest(l[e]);
+      if (chosen == P.k && v <= w[P.k - 1]) continue;
+      int32_t pos = chosen < P.k ? chosen++ : P.k - 1;
+      while (pos > 0 && w[pos - 1] < v) {  // earlier experts first among equals, as a stable sort
+        w[pos] = w[pos - 1];
+        ids[pos] = ids[pos - 1];
+        --pos;
+      }
+      w[pos] = v;
+      ids[pos] = float(e);
+    }
+    const float top = w[0];
+    if (!std::isfinite(top)) {  // no usable logit (NaN or infinite everywhere): equal weights, not NaN
+      for (int32_t s = 0; s < P.k; ++s) w[s] = 1.f / float(P.k);
+      continue;
+    }
+    if (P.gating == MoeGating::Softmax) {
+      double sum = 0;
+      for (int32_t e = 0; e < P.n_expert; ++e) sum += std::exp(double(finite_or_lowest(l[e])) - top);
+      for (int32_t s = 0; s < P.k; ++s) w[s] = float(std::exp(double(w[s]) - top) / sum);
+    } else {
+      for (int32_t s = 0; s < P.k; ++s) w[s] = 1.f / (1.f + std::exp(-w[s]));
+    }
+    if (P.norm) {  // llama.cpp clamps the sum at the smallest normal fp16 before dividing
+      float sum = 0;
+      for (int32_t s = 0; s < P.k; ++s) sum += w[s];
+      sum = std::max(sum, 6.103515625e-5f);
+      for (int32_t s = 0; s < P.k; ++s) w[s] /= sum;
+    }
+    if (P.scale != 0.f && P.scale != 1.f)
+      for (int32_t s = 0; s < P.k; ++s) w[s] *= P.scale;
+  }
+}
+
+void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,
+                    MoeScratch scratch) {
+  const Tensor& dst = g.tensors[size_t(n.dst)];
+  const Tensor& w = g.tensors[size_t(n.src[MoeMatMulSrc::weight])];
+  const Tensor& x = g.tensors[size_t(n.src[MoeMatMulSrc::x])];
+  const Tensor& route = g.tensors[size_t(n.src[MoeMatMulSrc::route])];
+  const int32_t k = n.p.moe.k, n_expert = n.p.moe.n_expert;
+  const int64_t n_tok = rows_in_run(dst, shape);
+  const int64_t rows_e = w.rows / n_expert;
+  const size_t seg_bytes = dtype_row_bytes(x.type, w.cols);  // one slot's input
+  const bool per_slot = x.cols != w.cols;                    // down: slot s reads its own segment
+  const size_t expert_bytes = size_t(rows_e) * w.row_stride;
+  const auto* w0 = static_cast<const uint8_t*>(w.data);
+  auto x_of = [&](int64_t t, int32_t s) { return row_ptr<const uint8_t>(x, t) + (per_slot ? size_t(s) * seg_bytes : 0); };
+  auto expert_of = [&](int64_t t, int32_t s) {
+    const int32_t e = route_id(row_ptr<const float>(route, t), k, s);
+    if (e < 0 || e >= n_expert) throw GraphError("a route names expert " + std::to_string(e) + " of " + std::to_string(n_expert));
+    return e;
+  };
+  // Each thread computes the same rows of every chosen expert: a weight row is read once per run.
+  int64_t r0, r1;
+  thread_share(rows_e, ith, nth, 16, r0, r1);
+  if (r0 >= r1) return;
+  auto run = [&](int32_t e, const void* xs, size_t x_stride, int64_t tokens, float* out, int64_t ldd) {
+    MatMulArgs a{w.type, w0 + size_t(e) * expert_bytes, w.row_stride, w.cols, r0, r1, xs, x_stride, tokens, out, ldd};
+    kt.matmul(a);
+  };
+  if (n_tok == 1) {  // decode: the k chosen experts, nothing else
+    for (int32_t s = 0; s < k; ++s) run(expert_of(0, s), x_of(0, s), seg_bytes, 1, row_ptr<float>(dst, 0) + s * rows_e, rows_e);
+    return;
+  }
+  // Many tokens: group (token, slot) pairs by expert (a counting sort, the same on every thread), then each
+  // expert's rows run once over its tokens, gathered into consecutive rows (llama.cpp's mul_mat_id).
+  int32_t* start = scratch.start;
+  std::fill(start, start + n_expert + 1, 0);
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int32_t s = 0; s < k; ++s) ++start[expert_of(t, s) + 1];
+  for (int32_t e = 0; e < n_expert; ++e) start[e + 1] += start[e];
+  for (int64_t t = 0; t < n_tok; ++t)  // fill, then shift back: start[e] ends where e + 1 began
+    for (int32_t s = 0; s < k; ++s) scratch.order[start[expert_of(t, s)]++] = int32_t(t * k + s);
+  for (int32_t e = n_expert; e > 0; --e) start[e] = start[e - 1];
+  start[0] = 0;
+  for (int32_t e = 0; e < n_expert; ++e) {
+    const int32_t* pairs = scratch.order + start[e];
+    const int64_t m = start[e + 1] - start[e];
+    if (m == 0) continue;
+    if (m == 1) {
+      const int64_t t = pairs[0] / k;
+      const int32_t s = pairs[0] % k;
+      run(e, x_of(t, s), seg_bytes, 1, row_ptr<float>(dst, t) + s * rows_e, rows_e);
+      continue;
+    }
+    for (int64_t i = 0; i < m; ++i) std::memcpy(scratch.x + i * seg_bytes, x_of(pairs[i] / k, pairs[i] % k), seg_bytes);
+    run(e, scratch.x, seg_bytes, m, scratch.out, rows_e);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* from = scratch.out + i * rows_e;
+      float* to = row_ptr<float>(dst, pairs[i] / k) + (pairs[i] % k) * rows_e;
+      std::memcpy(to + r0, from + r0, size_t(r1 - r0) * sizeof(float));
+    }
+  }
+}
+
+void cpu_moe_combine(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth) {
+  using S = MoeCombineSrc;
+  const Tensor& dst = g.tensors[size_t(n.dst)];
+  const Tensor& experts = g.tensors[size_t(n.src[S::experts])];
+  const Tensor& route = g.tensors[size_t(n.src[S::route])];
+  const Tensor* shared = n.src[S::shared] >= 0 ? &g.tensors[size_t(n.src[S::shared])] : nullptr;
+  const Tensor* gate = n.src[S::shared_gate] >= 0 ? &g.tensors[size_t(n.src[S::shared_gate])] : nullptr;
+  const int32_t k = n.p.moe.k;
+  const int64_t d = dst.cols;
+  // Split columns (decode has one token), every thread over every token.
+  int64_t c0, c1;
+  thread_share(d, ith, nth, 16, c0, c1);
+  for (int64_t t = 0, T = rows_in_run(dst, shape); t < T; ++t) {
+    const float* w = row_ptr<const float>(route, t);
+    const float* e = row_ptr<const float>(experts, t);
+    float* y = row_ptr<float>(dst, t);
+    for (int64_t c = c0; c < c1; ++c) y[c] = w[0] * e[c];
+    for (int32_t s = 1; s < k; ++s)
+      for (int64_t c = c0; c < c1; ++c) y[c] += w[s] * e[s * d + c];
+    if (shared) {  // Qwen2-MoE: the shared expert, times the sigmoid of its gate
+      const float sg = 1.f / (1.f + std::exp(-row_ptr<const float>(*gate, t)[0]));
+      const float* sh = row_ptr<const float>(*shared, t);
+      for (int64_t c = c0; c < c1; ++c) y[c] += sg * sh[c];
+    }
+  }
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,235 @@
+"""Mixture of Experts: the three ops (MoeRoute, MoeMatMul, MoeCombine) against numpy and against the plain
+matmul on each expert's rows, for every kernel ISA this CPU runs; then qwen3moe, Mixtral (llama with experts)
+and qwen2moe (a shared expert) against the numpy reference forward (tests/reference_llama.py), decode against
+prefill, and the refusals. bench/arch_check.py runs the same tiny models against llama.cpp itself."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+import pyinfer
+from pyinfer import _core
+from pyinfer._core import DType
+from pyinfer.runtime.graph_builder import single_op_engine
+from reference_llama import reference_logits
+from tiny_model import MOE_KINDS, random_k_blocks, write_tiny_arch
+
+ISAS = _core.available_isas().split(",")
+RNG = np.random.default_rng(26)
+IDS = list(range(3, 51))  # 48 positions
+
+
+def route_reference(logits: np.ndarray, k: int, norm: bool, sigmoid: bool = False, scale: float = 0.0):
+    """(weights [T, k], ids [T, k]): the top k of softmax (or sigmoid) of the logits, best first."""
+    probs = 1 / (1 + np.exp(-logits)) if sigmoid else np.exp(logits - logits.max(-1, keepdims=True))
+    if not sigmoid:
+        probs /= probs.sum(-1, keepdims=True)
+    ids = np.argsort(-probs, -1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, ids, -1)
+    if norm:
+        w /= np.maximum(w.sum(-1, keepdims=True), 6.103515625e-5)
+    return w * (scale or 1.0), ids
+
+
+@pytest.mark.parametrize("sigmoid", [False, True])
+@pytest.mark.parametrize("norm", [False, True])
+def test_route_picks_the_top_k(norm, sigmoid):
+    n_tok, n_exp, k = 9, 16, 4
+    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32) * 3
+
+    def build(b):
+        x = b.weight("logits", int(DType.F32), n_exp, n_tok, logits)
+        return b.moe_route(x, k, norm=norm, gating=int(sigmoid), scale=2.5)
+
+    eng, route = single_op_engine(build, max_tokens=n_tok, n_threads=2)
+    eng.run(n_tok)
+    got = eng.tensor(route.id, n_tok)
+    w, ids = route_reference(logits.astype(np.float64), k, norm, sigmoid, 2.5)
+    np.testing.assert_array_equal(got[:, k:], ids)
+    np.testing.assert_allclose(got[:, :k], w, rtol=1e-5)
+
+
+def test_route_survives_nan_and_infinite_logits():
+    """A NaN logit is never chosen over a number; a row with no usable logit gets equal weights, not NaN."""
+    logits = np.array([[np.nan, 1.0, 3.0, 2.0], [np.nan] * 4, [np.inf, np.inf, 0, 0]], np.float32)
+
+    def build(b):
+        return b.moe_route(b.weight("logits", int(DType.F32), 4, 3, logits), 2)
+
+    eng, route = single_op_engine(build, max_tokens=3)
+    eng.run(3)
+    got = eng.tensor(route.id, 3)
+    assert list(got[0, 2:]) == [2, 3] and np.isfinite(got).all()
+    np.testing.assert_allclose(got[1, :2], [0.5, 0.5])
+    assert set(got[1, 2:]).issubset(range(4)) and set(got[2, 2:]).issubset(range(4))
+
+
+def _expert_weights(qtype: Q, n_exp: int, rows: int, cols: int) -> np.ndarray:
+    """Raw blocks of n_exp experts of [rows, cols], merged as GGUF stores them: [n_exp * rows, row bytes]."""
+    if qtype in (Q.Q4_K, Q.Q6_K):
+        return random_k_blocks(qtype, n_exp * rows, cols, RNG)
+    w = RNG.standard_normal((n_exp * rows, cols)).astype(np.float32) * 0.3
+    return w if qtype == Q.F32 else quants.quantize(w, qtype)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("n_tok", [1, 2, 13])
+@pytest.mark.parametrize("per_slot", [False, True])
+def test_expert_matmul_equals_the_plain_matmul_on_each_chosen_expert(isa, qtype, n_tok, per_slot):
+    """Slot s of token t is exactly what MatMul gives on expert route[t].id[s]'s rows (the same kernel on the
+    same bytes), whether a token runs alone (decode) or its expert's tokens are gathered (prefill); `per_slot`:
+    each slot reads its own segment of x (the down projection)."""
+    n_exp, k, rows, cols = 6, 3, 40, 256
+    w = _expert_weights(qtype, n_exp, rows, cols)
+    x = RNG.standard_normal((n_tok, k * cols if per_slot else cols)).astype(np.float32)
+    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32)
+
+    def build(b):
+        W = b.weight("experts", int(qtype), cols, n_exp * rows, w)
+        X = b.weight("x", int(DType.F32), x.shape[1], n_tok, x)
+        route = b.moe_route(b.weight("logits", int(DType.F32), n_exp, n_tok, logits), k)
+        experts = [b.view(W, f"e{e}", rows=rows, row_offset=e * rows) for e in range(n_exp)]
+        segments = [b.view(X, f"x{s}", cols=cols, col_offset=s * cols) for s in range(k)] if per_slot else [X] * k
+        plain = tuple(b.matmul(experts[e], segments[s], f"plain{e}.{s}") for e in range(n_exp) for s in range(k))
+        return (route, b.moe_matmul(W, X, route, n_exp, k, "moe")) + plain
+
+    eng, (route, got, *plain) = single_op_engine(build, max_tokens=n_tok, n_threads=2, isa=isa)
+    eng.run(n_tok)
+    ids = eng.tensor(route.id, n_tok)[:, k:].astype(int)
+    y = eng.tensor(got.id, n_tok).reshape(n_tok, k, rows)
+    for t in range(n_tok):
+        for s in range(k):
+            want = eng.tensor(plain[ids[t, s] * k + s].id, n_tok)[t]
+            np.testing.assert_array_equal(y[t, s], want, err_msg=f"token {t} slot {s}")
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_combine_weights_the_slots(shared):
+    n_tok, k, d = 5, 3, 48
+    experts = RNG.standard_normal((n_tok, k * d)).astype(np.float32)
+    logits = RNG.standard_normal((n_tok, 8)).astype(np.float32)
+    sh = RNG.standard_normal((n_tok, d)).astype(np.float32)
+    gate = RNG.standard_normal((n_tok, 1)).astype(np.float32)
+
+    def build(b):
+        route = b.moe_route(b.weight("logits", int(DType.F32), 8, n_tok, logits), k)
+        e = b.weight("experts", int(DType.F32), k * d, n_tok, experts)
+        s = b.weight("shared", int(DType.F32), d, n_tok, sh) if shared else None
+        g = b.weight("gate", int(DType.F32), 1, n_tok, gate) if shared else None
+        return route, b.moe_combine(e, route, k, shared=s, shared_gate=g)
+
+    eng, (route, y) = single_op_engine(build, max_tokens=n_tok, n_threads=2)
+    eng.run(n_tok)
+    w = eng.tensor(route.id, n_tok)[:, :k]
+    want = np.einsum("ts,tsd->td", w, experts.reshape(n_tok, k, d))
+    if shared:
+        want += sh / (1 + np.exp(-gate))
+    np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_route_must_come_from_moe_route():
+    """Expert ids index weight memory: a tensor any other op wrote is refused as a route when the graph is built."""
+    def build(b):
+        W = b.weight("experts", int(DType.F32), 32, 4 * 8, np.zeros((32, 32), np.float32))
+        X = b.weight("x", int(DType.F32), 32, 2, np.zeros((2, 32), np.float32))
+        fake = b.add(b.weight("r", int(DType.F32), 4, 2, np.zeros((2, 4), np.float32)),
+                     b.weight("r2", int(DType.F32), 4, 2, np.zeros((2, 4), np.float32)))
+        return b.moe_matmul(W, X, fake, 4, 2, "moe")
+
+    with pytest.raises(ValueError, match="MoeRoute"):
+        single_op_engine(build, max_tokens=2)
+
+
+# ---- whole models --------------------------------------------------------------------------------------
+def rel_err(a, b) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("moe")
+    return {(k, q): str(write_tiny_arch(d / f"{k}-{q.name}.gguf", k, seed=3, qtype=q))
+            for k in MOE_KINDS for q in (Q.F32, Q.Q8_0)}
+
+
+@pytest.mark.parametrize("kind", MOE_KINDS)
+def test_prefill_matches_the_reference(paths, kind):
+    """F32: within 1% of the fp32 reference and the same top-1 everywhere, except at positions whose routing
+    the reference found within 0.001 of a tie (fp16 KV noise may take the other expert there)."""
+    m = pyinfer.load(paths[kind, Q.F32], n_ctx=64, n_threads=2, progress=False)
+    assert m.config.is_moe and m.config.n_expert == 8 and m.config.n_expert_used == 2
+    got = m.eval(IDS, all_logits=True)
+    margins: list = []
+    ref = reference_logits(m.gguf, IDS, n_ctx=64, margins=margins)
+    clear = np.min(margins, axis=0) > 1e-3
+    assert clear.sum() >= 36
+    assert rel_err(got[clear], ref[clear]) < 0.01
+    assert (got.argmax(1) == ref.argmax(1)).mean() >= 47 / 48
+
+
+@pytest.mark.parametrize("kind", MOE_KINDS)
+def test_quantized_experts_follow_the_reference(paths, kind):
+    """Q8_0 experts also take Q8 activations, which move the routing of near ties: the bar is correlation."""
+    m = pyinfer.load(paths[kind, Q.Q8_0], n_ctx=64, n_threads=2, progress=False)
+    got, ref = m.eval(IDS, all_logits=True), reference_logits(m.gguf, IDS, n_ctx=64)
+    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.98
+
+
+@pytest.mark.parametrize("kind", MOE_KINDS)
+def test_decode_matches_prefill(paths, kind):
+    """One token at a time (the chosen experts alone) against the whole prompt at once (tokens grouped by
+    expert): the same numbers, since each row's dot product is the same."""
+    full = pyinfer.load(paths[kind, Q.Q8_0], n_ctx=64, n_threads=2, progress=False).eval(IDS[:16], all_logits=True)
+    one = pyinfer.load(paths[kind, Q.Q8_0], n_ctx=64, n_threads=2, progress=False)
+    steps = np.stack([one.eval(IDS[:i + 1]) for i in range(16)])
+    np.testing.assert_allclose(steps, full, rtol=1e-5, atol=1e-5 * np.abs(full).max())
+
+
+def test_threads_do_not_change_the_answer(paths):
+    a = pyinfer.load(paths["qwen3moe", Q.Q8_0], n_ctx=64, n_threads=1, progress=False).eval(IDS, all_logits=True)
+    b = pyinfer.load(paths["qwen3moe", Q.Q8_0], n_ctx=64, n_threads=2, progress=False).eval(IDS, all_logits=True)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_generate_runs(paths):
+    m = pyinfer.load(paths["mixtral", Q.Q8_0], n_ctx=64, n_threads=2, progress=False)
+    assert m.generate("the", max_tokens=6, temperature=0) is not None
+
+
+def test_neuron_sparsity_is_refused_by_name(paths, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(pyinfer.PyinferError, match="Mixture-of-Experts"):
+        pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, sparsity=str(tmp_path / "plan.npz"), progress=False)
+
+
+def test_auto_sparsity_runs_the_experts_dense(paths, tmp_path, monkeypatch):
+    """`auto` (the CLI's default) on a MoE model: its experts are the sparsity; no neuron plan is made."""
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    m = pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, sparsity="auto", progress=False)
+    assert m.sparsity is None
+    assert m.generate("the", max_tokens=3, temperature=0) is not None
+
+
+def test_expert_tensors_of_the_wrong_shape_are_refused(tmp_path):
+    path = write_tiny_arch(tmp_path / "bad.gguf", "qwen3moe", config={"d_ff_expert": 64},
+                           extra=lambda w: w.add_expert_feed_forward_length(32))
+    with pytest.raises(pyinfer.PyinferError, match="expert_feed_forward_length"):
+        pyinfer.load(str(path), n_ctx=64, progress=False)
+
+
+def test_more_experts_used_than_there_are_is_refused(tmp_path):
+    path = write_tiny_arch(tmp_path / "bad.gguf", "mixtral", extra=lambda w: w.add_expert_used_count(9))
+    with pytest.raises(pyinfer.PyinferError, match="expert_used_count"):
+        pyinfer.load(str(path), n_ctx=64, progress=False)
+
+
+def test_the_old_per_expert_layout_is_refused_by_name(tmp_path):
+    def per_expert(w):
+        w.add_tensor("blk.0.ffn_gate.0.weight", np.zeros((64, 64), np.float32))
+
+    path = write_tiny_arch(tmp_path / "old.gguf", "mixtral", extra=per_expert)
+    with pytest.raises(pyinfer.PyinferError, match="old Mixtral layout"):
+        pyinfer.load(str(path), n_ctx=64, progress=False)
