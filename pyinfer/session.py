@@ -72,10 +72,15 @@ class Session:
             self.sparsity = None
         self.memory = self._plan_memory(mem_limit, ram_budget, kv_rows, max_batch, device, mmap, progress)
         self.max_batch = self.memory.max_batch if self.memory else max_batch
-        if self.memory is not None and self.memory.offload and ram_budget is None:
+        if self.memory is not None and self.memory.offload and ram_budget is None and not self.config.is_moe:
             ram_budget = max(self.memory.weights, 1)
         self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
                                     neuron_window, progress, self.memory)
+        self.experts = None  # a Mixture of Experts whose experts do not fit the limit: they stream (offload/experts.py)
+        if self.config.is_moe and self.memory is not None:
+            from .offload.experts import make_expert_offload
+
+            self.experts = make_expert_offload(self, progress)
         self.device = str(device)
         self.kind, self.index = parse_device(device)
         self.placement = None
@@ -114,7 +119,9 @@ class Session:
             return r.engine.state_bytes, r.engine.scratch_bytes
 
         self.gguf.advise_random(True)  # the probe's small reads (norms) fault in their own pages only
-        plan = plan_memory(limit, self.path, weights, self.sparsity is not None, engine_bytes, max_batch)
+        # A Mixture of Experts streams its experts (offload/experts.py), as a sparsity plan streams neurons.
+        plan = plan_memory(limit, self.path, weights, self.sparsity is not None or self.config.is_moe, engine_bytes,
+                           max_batch)
         if not plan.offload:
             self.gguf.advise_random(False)  # mapped weights: the first pass over them reads ahead again
         note = mapped_note(plan)
@@ -131,7 +138,8 @@ class Session:
         """The model's graph over a KV cache of n_ctx rows (paged: (block size, max blocks per sequence)) and
         an engine running up to max_tokens tokens per run."""
         return build_running(self.gguf, self.config, n_ctx, max_tokens, self.n_threads, self.sparsity, runs,
-                             self.neuron_down, self.cache_type, self.offload, paged, self.device, self.placement, isa)
+                             self.neuron_down, self.cache_type, self.offload, paged, self.device, self.placement, isa,
+                             self.experts)
 
     def batch_engine(self, num_blocks: int, block_size: int, max_seq_len: int, max_batch_tokens: int = 512,
                      runs: SparseRuns = SparseRuns()):
@@ -140,7 +148,7 @@ class Session:
 
         return BatchEngine(self.gguf, self.config, num_blocks, block_size, max_seq_len, self.n_threads,
                            max_batch_tokens, self.sparsity, runs, self.cache_type, self.offload, self.device,
-                           self.placement, self.neuron_down)
+                           self.placement, self.neuron_down, self.experts)
 
     # ---- text -------------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
@@ -171,13 +179,13 @@ class Session:
 
 def build_running(gguf, cfg, n_ctx: int, max_tokens: int, n_threads: int, sparsity, runs: SparseRuns,
                   neuron_down: str = "auto", cache_type: str = "f16", offload=None, paged=None, device: str = "cpu",
-                  placement: dict | None = None, isa: str = "auto") -> RunningModel:
+                  placement: dict | None = None, isa: str = "auto", experts=None) -> RunningModel:
     """The one place a graph and its engine are made from a model's parts (Session.build, BatchEngine)."""
     kind, index = parse_device(device)
     try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line
         b = build_model_graph(gguf, cfg, n_ctx, sparsity, runs, down_type=neuron_down, paged=paged,
                               cache_type=cache_type, offload=offload,
-                              hybrid=dict(placement, device=1) if placement else None)
+                              hybrid=dict(placement, device=1) if placement else None, experts=experts)
         engine = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=n_threads, isa=isa,
                               **engine_backends(kind, index, n_threads, b.placement))
     except ValueError as e:

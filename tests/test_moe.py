@@ -233,3 +233,91 @@ def test_the_old_per_expert_layout_is_refused_by_name(tmp_path):
     path = write_tiny_arch(tmp_path / "old.gguf", "mixtral", extra=per_expert)
     with pytest.raises(pyinfer.PyinferError, match="old Mixtral layout"):
         pyinfer.load(str(path), n_ctx=64, progress=False)
+
+
+# ---- experts streamed from the model file -----------------------------------------------------------------
+def _streamed(path, monkeypatch, slots: int, resident=None, policy="lru"):
+    """A model whose experts come from an ExpertStore of `slots` cache slots (and `resident` per layer), as a
+    memory limit too small for the model sets it up."""
+    from pyinfer.offload import experts as ex
+
+    def make(session, progress=True):
+        cfg = session.config
+        plan = ex.ExpertPlan(0, ex.slot_bytes(session.gguf, cfg), resident or [[] for _ in range(cfg.n_layers)],
+                             slots, policy)
+        return ex.ExpertOffload(session.gguf, cfg, plan)
+
+    monkeypatch.setattr(ex, "make_expert_offload", make)
+    return pyinfer.load(path, n_ctx=64, n_threads=2, mem_limit="4G", progress=False)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_streamed_experts_give_the_in_ram_answer(paths, monkeypatch, policy):
+    """8 cache slots for 2 layers of 8 experts: decode evicts and reads again, prefill needs every slot; the
+    logits are the in-RAM run's bit for bit, and the store's counts add up."""
+    path = paths["qwen3moe", Q.Q8_0]
+    ram = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
+    want_prefill = ram.eval(IDS[:20], all_logits=True)
+    ram2 = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
+    want_decode = np.stack([ram2.eval(IDS[:i + 1]) for i in range(12)])
+
+    m = _streamed(path, monkeypatch, slots=8, resident=[[0, 1], [2]], policy=policy)
+    np.testing.assert_array_equal(m.eval(IDS[:20], all_logits=True), want_prefill)
+    m2 = _streamed(path, monkeypatch, slots=8, resident=[[0, 1], [2]], policy=policy)
+    store = m2.session.experts.store
+    store.reset_stats()
+    np.testing.assert_array_equal(np.stack([m2.eval(IDS[:i + 1]) for i in range(12)]), want_decode)
+    st = m2.session.experts.report(tokens=12)
+    assert st["fetches"] == 12 * 2 and st["requests"] == st["resident_hits"] + st["cache_hits"] + st["misses"]
+    assert st["misses"] > 0 and st["bytes_read"] > 0 and 0 < st["hit_rate"] < 1
+    assert np.asarray(store.chosen()).sum() == st["requests"]
+
+
+def test_a_cache_smaller_than_one_run_is_an_error_not_a_crash(paths, monkeypatch):
+    m = _streamed(paths["qwen3moe", Q.Q8_0], monkeypatch, slots=1)
+    with pytest.raises(pyinfer.PyinferError, match="expert cache has 1 slots"):
+        m.eval(IDS[:20])
+
+
+def test_the_store_holds_the_files_bytes(paths):
+    """After a fetch, each chosen expert's bytes in RAM are the slice of the merged tensor in the file."""
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.offload import experts as ex
+
+    f = GGUFModelFile(paths["mixtral", Q.Q8_0])
+    cfg = f.llama_config()
+    off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), [[5], []], 2, "lru"))
+    route = np.array([[0.6, 0.4, 3, 6]], np.float32)
+    off.store.fetch(1, route, 2)
+    for part_i, part in enumerate(ex.PARTS):
+        t = np.asarray(f.tensors[f"blk.1.ffn_{part}_exps.weight"].data).reshape(cfg.n_expert, -1)
+        for e in (3, 6):
+            assert off.store.expert(1, part_i, e) == t[e].tobytes()
+        assert off.store.expert(1, part_i, 4) is None
+    assert off.store.expert(0, 0, 5) == np.asarray(f.tensors["blk.0.ffn_gate_exps.weight"].data).reshape(8, -1)[5].tobytes()
+
+
+def test_resident_experts_follow_the_routing_profile(paths):
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.offload import experts as ex
+
+    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
+    cfg = f.llama_config()
+    slot = ex.slot_bytes(f, cfg)
+    profile = np.zeros((2, 8))
+    profile[0, 3], profile[1, 5], profile[1, 6] = 50, 40, 30
+    plan = ex.plan_experts(f, cfg, 40 * slot, max_tokens=4, profile=profile)
+    assert plan.resident == [[3], [5, 6]] and plan.cache_slots == 37
+    assert ex.plan_experts(f, cfg, 20 * slot, 4).resident == [[], []]
+    with pytest.raises(pyinfer.PyinferError, match="one layer of a run may choose 8 experts"):
+        ex.plan_experts(f, cfg, 5 * slot, max_tokens=4)
+
+
+def test_the_routing_profile_counts_every_choice(paths):
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.offload.experts import profile_routing
+
+    f = GGUFModelFile(paths["mixtral", Q.Q8_0])
+    prof = profile_routing(f, f.llama_config(), list(range(3, 259)) * 2, n_threads=2, progress=False)
+    assert prof["counts"].shape == (2, 8) and (prof["counts"].sum(1) == 512 * 2).all()
+    assert ((0 <= prof["reuse"]) & (prof["reuse"] <= 1)).all()

@@ -27,6 +27,7 @@ struct PyGraph {
   Graph graph;
   std::vector<HeldBuffer> keep_alive;
   std::shared_ptr<NeuronStore> store;  // of the paged weights, if any
+  std::shared_ptr<ExpertStore> experts;  // of the offloaded experts, if any
 };
 
 struct PyEngine {
@@ -36,6 +37,7 @@ struct PyEngine {
 };
 
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 const int32_t* data_or_null(const std::optional<I32Array>& a) { return a ? a->data() : nullptr; }
 
@@ -163,6 +165,61 @@ PYBIND11_MODULE(_core, m) {
 #endif
     return out;
   }, "Visible CUDA devices (empty when CUDA was not built or no driver/GPU is present).");
+
+  py::class_<ExpertStore, std::shared_ptr<ExpertStore>>(m, "ExpertStore")
+      .def(py::init([](const std::string& path, const py::list& layers, int64_t cache_slots, const std::string& policy,
+                       int io_threads, bool io_uring) {
+             std::vector<ExpertLayer> ls;
+             for (const auto& item : layers) {
+               const py::dict d = item.cast<py::dict>();
+               ExpertLayer l;
+               l.n_expert = d["n_expert"].cast<int32_t>();
+               const auto offs = d["file_offsets"].cast<std::vector<uint64_t>>();
+               const auto bytes = d["expert_bytes"].cast<std::vector<uint64_t>>();
+               if (offs.size() != size_t(kExpertParts) || bytes.size() != size_t(kExpertParts))
+                 throw GraphError("file_offsets and expert_bytes need 3 entries (gate, up, down)");
+               std::copy(offs.begin(), offs.end(), l.file_offset.begin());
+               std::copy(bytes.begin(), bytes.end(), l.expert_bytes.begin());
+               l.resident = d["resident"].cast<std::vector<int32_t>>();
+               ls.push_back(std::move(l));
+             }
+             if (policy != "lru" && policy != "lfu") throw GraphError("the expert cache policy is 'lru' or 'lfu'");
+             py::gil_scoped_release release;
+             return std::make_shared<ExpertStore>(path, std::move(ls), cache_slots,
+                                                  policy == "lfu" ? ExpertPolicy::Lfu : ExpertPolicy::Lru, io_threads,
+                                                  io_uring);
+           }), py::arg("path"), py::arg("layers"), py::arg("cache_slots"), py::arg("policy") = "lru",
+           py::arg("io_threads") = 8, py::arg("io_uring") = true,
+           "Opens a model file and reads each layer's resident experts. layers: dicts of n_expert, file_offsets and "
+           "expert_bytes (gate, up, down: where each merged tensor starts, the bytes of one expert of it) and resident "
+           "(expert ids kept in RAM). cache_slots: experts of any layer kept after a read, 'lru' or 'lfu' out.")
+      .def("fetch", [](ExpertStore& s, int layer, F32Array route, int k) {
+             if (route.ndim() != 2 || route.shape(1) != 2 * k) throw GraphError("route is [n_tok, 2k]");
+             py::gil_scoped_release release;
+             s.fetch(layer, route.data(), route.shape(0), k, route.shape(1));
+           }, py::arg("layer"), py::arg("route"), py::arg("k"), "Tests: make the experts a route chose readable.")
+      .def("expert", [](const ExpertStore& s, int layer, int part, int expert) -> py::object {
+             if (layer < 0 || layer >= s.n_layers() || part < 0 || part >= kExpertParts || expert < 0 ||
+                 expert >= s.layer(layer).n_expert)
+               throw GraphError("no such expert");
+             const uint8_t* p = s.table(layer, part)[expert];
+             if (!p) return py::none();
+             return py::bytes(reinterpret_cast<const char*>(p), size_t(s.layer(layer).expert_bytes[size_t(part)]));
+           }, py::arg("layer"), py::arg("part"), py::arg("expert"), "Tests: an expert's bytes in RAM now, or None.")
+      .def("stats", [](const ExpertStore& s) {
+             const ExpertStoreStats st = s.stats();
+             py::dict d;
+             d["fetches"] = st.fetches; d["requests"] = st.requests; d["resident_hits"] = st.resident_hits;
+             d["cache_hits"] = st.cache_hits; d["misses"] = st.misses; d["evictions"] = st.evictions;
+             d["bytes_read"] = st.bytes_read; d["read_seconds"] = st.read_seconds;
+             d["resident_bytes"] = st.resident_bytes; d["cache_bytes"] = st.cache_bytes;
+             d["cache_slots"] = st.cache_slots; d["io_engine"] = std::string(st.io_engine);
+             return d;
+           }, "Fetches, hits, misses and bytes read since the last reset_stats().")
+      .def("chosen", [](const ExpertStore& s) { return s.chosen(); },
+           "Per layer and expert: how many fetches chose it since the last reset_stats() (a routing profile).")
+      .def("reset_stats", &ExpertStore::reset_stats)
+      .def_property_readonly("n_layers", &ExpertStore::n_layers);
 
   py::class_<NeuronStore, std::shared_ptr<NeuronStore>>(m, "NeuronStore")
       .def(py::init([](const std::string& path, const py::list& layers, int ring_slots, bool direct_io,
@@ -300,6 +357,25 @@ PYBIND11_MODULE(_core, m) {
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("rows"), py::arg("store"), py::arg("layer"),
            py::arg("part"), "A weight whose rows a NeuronStore holds (part: 0 gate, 1 up, 2 down, 3 the original down "
            "of dense runs).")
+      .def("add_expert_weight", [](PyGraph& g, const std::string& name, DType type, int64_t cols, int64_t rows,
+                                   std::shared_ptr<ExpertStore> store, int layer, int part) {
+             if (g.experts && g.experts != store) throw GraphError("a graph reads from one expert store");
+             if (layer < 0 || layer >= store->n_layers() || part < 0 || part >= kExpertParts)
+               throw GraphError("weight '" + name + "': no such layer or part in the expert store");
+             const ExpertLayer& l = store->layer(layer);
+             if (rows < 1 || cols < 1 || cols > kMaxCols || rows % l.n_expert ||
+                 (dtype_is_quantized(type) && cols % kQuantBlock) ||
+                 uint64_t(rows / l.n_expert) * dtype_row_bytes(type, cols) != l.expert_bytes[size_t(part)])
+               throw GraphError("weight '" + name + "': shape does not match the expert store's layer");
+             Tensor t{name, type, cols, rows, RowMode::Fixed, Storage::External};
+             t.row_bytes = t.row_stride = dtype_row_bytes(type, cols);
+             t.data = const_cast<uint8_t**>(store->table(layer, part));
+             t.paged = true;
+             g.experts = std::move(store);
+             return g.graph.add_tensor(t);
+           }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("rows"), py::arg("store"), py::arg("layer"),
+           py::arg("part"), "Merged experts [n_expert * rows, cols] an ExpertStore holds (part: 0 gate, 1 up, 2 down); "
+           "readable after the layer's expert_fetch.")
       .def("add_view", [](PyGraph& g, const std::string& name, int base, int64_t cols, int64_t rows, size_t offset,
                           size_t row_stride) { return g.graph.add_view(name, base, cols, rows, offset, row_stride); },
            py::arg("name"), py::arg("base"), py::arg("cols"), py::arg("rows") = 0, py::arg("offset") = 0,
@@ -384,6 +460,7 @@ PYBIND11_MODULE(_core, m) {
              auto e = std::make_unique<PyEngine>();
              EngineConfig cfg{max_tokens, max_outputs, n_threads, isa, backend_threads, placement, backend_memory};
              cfg.neuron_store = g.store;
+             cfg.expert_store = g.experts;
              cfg.backend_makers = backend_makers(backend_kinds);
              e->engine = std::make_unique<Engine>(g.graph, cfg);
              e->keep_alive = g.keep_alive;

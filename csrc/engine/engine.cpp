@@ -45,6 +45,14 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
     if (n.op == OpKind::NeuronFetch && (!cfg_.neuron_store || layer >= cfg_.neuron_store->n_layers()))
       throw GraphError("a neuron_fetch node names layer " + std::to_string(layer) + ", which the neuron store " +
                        (cfg_.neuron_store ? "does not have" : "is missing for"));
+    if (n.op == OpKind::ExpertFetch) {
+      if (cfg_.backend_memory[size_t(cfg_.placement[k])] != 0)
+        throw GraphError("expert_fetch reads into host memory: place it on a host backend");
+      const int el = n.p.expert_fetch.layer;
+      if (!cfg_.expert_store || el >= cfg_.expert_store->n_layers())
+        throw GraphError("an expert_fetch node names layer " + std::to_string(el) + ", which the expert store " +
+                         (cfg_.expert_store ? "does not have" : "is missing for"));
+    }
   }
   copy_plan_ = insert_copies(graph_, cfg_.placement, cfg_.backend_memory);
   if (copy_plan_.copies || !copy_plan_.uploads.empty()) graph_.validate();  // the copies too
@@ -56,6 +64,7 @@ Engine::Engine(Graph graph, const EngineConfig& cfg) : graph_(std::move(graph)),
     auto cpu = std::make_unique<CpuBackend>(graph_, cfg_.backend_threads[b], cfg_.isa, cfg_.backend_memory[b],
                                             cfg_.max_tokens);
     cpu->set_neuron_store(cfg_.neuron_store.get());
+    cpu->set_expert_store(cfg_.expert_store.get());
     backends_.push_back(std::move(cpu));
   }
   for (size_t k = 0; k < graph_.nodes.size(); ++k) {  // a device backend runs only the ops it has kernels for
@@ -293,6 +302,7 @@ void Engine::check_row_coverage() {
       case OpKind::DownAxpy: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
       case OpKind::Copy: covers(n.dst, n.src[0]); break;
       case OpKind::MoeRoute: covers(n.dst, n.src[0]); break;
+      case OpKind::ExpertFetch: break;  // reads the route rows the run has, writes one marker
       case OpKind::MoeMatMul: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
       case OpKind::MoeCombine:
         for (int s : n.src) covers(n.dst, s);

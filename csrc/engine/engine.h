@@ -13,6 +13,7 @@
 #include "engine/buffer.h"
 #include "engine/copy_planner.h"
 #include "executor/executor.h"
+#include "offload/expert_store.h"
 #include "offload/neuron_store.h"
 #include "graph/graph.h"
 
@@ -33,6 +34,8 @@ struct EngineConfig {
   std::vector<int> backend_memory;
   // Where the graph's paged weights come from (NeuronFetch nodes); shared with the graph's builder.
   std::shared_ptr<NeuronStore> neuron_store;
+  // Where the graph's offloaded experts come from (ExpertFetch nodes).
+  std::shared_ptr<ExpertStore> expert_store;
   // How to make backend i when it is not a CPU backend (a GPU): missing or empty entries are CPU backends.
   // The maker gets the graph (after copies are inserted) and the backend's memory space.
   using BackendMaker = std::function<std::unique_ptr<Backend>(const Graph&, int memory_space)>;

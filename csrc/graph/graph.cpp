@@ -427,7 +427,7 @@ void Graph::validate() const {
         const Tensor& w = c.t(src[S::weight]);
         c.type(n.dst, DType::F32);
         if (!dtype_is_integer_dot(w.type)) c.one_of(src[S::weight], {DType::F32, DType::F16, DType::BF16}, "experts");
-        if (w.row_mode != RowMode::Fixed || w.paged) c.fail("the experts must be a weight of fixed rows");
+        if (w.row_mode != RowMode::Fixed) c.fail("the experts must be a weight of fixed rows");
         if (P.n_expert < 1 || P.k < 1 || P.k > P.n_expert || w.rows % P.n_expert)
           c.fail("the experts' rows must split into n_expert equal matrices, k in [1, n_expert]");
         c.type(src[S::x], dtype_is_integer_dot(w.type) ? DType::Q8A : DType::F32);
@@ -451,6 +451,14 @@ void Graph::validate() const {
         }
         break;
       }
+      case OpKind::ExpertFetch:
+        c.type(n.dst, DType::I32);
+        if (d.storage != Storage::State) c.fail("the fetch marker is state");
+        if (n.p.expert_fetch.layer < 0) c.fail("the layer must not be negative");
+        c.t(src[ExpertFetchSrc::route]);  // range check
+        if (route_k[size_t(origin(src[ExpertFetchSrc::route]))] < 1)
+          c.fail("the route must be an earlier MoeRoute's result");
+        break;
       default:
         c.fail("unknown op");
     }

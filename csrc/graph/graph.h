@@ -78,6 +78,8 @@ enum class OpKind : int32_t {
   MoeMatMul = 19,    // dst[t][s*rows_e + r] = dot(expert route[t].id[s]'s row r, x[t] or its slot s segment):
                      //   llama.cpp's mul_mat_id, only the chosen experts' rows, tokens grouped by expert
   MoeCombine = 20,   // dst[t] = sum_s route[t].w[s] * experts[t][slot s] (+ sigmoid(shared_gate[t]) * shared[t])
+  ExpertFetch = 21,  // the experts a route chose for a layer become readable (offload/expert_store.h); dst: I32
+                     //   state [1, 1], untouched (it orders the fetch before the layer's expert matmuls)
   Count              // number of op kinds (not an op)
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);

@@ -66,6 +66,7 @@ struct CopySrc { enum : int { x = 0 }; };
 struct MoeRouteSrc { enum : int { logits = 0 }; };
 struct MoeMatMulSrc { enum : int { weight = 0, x = 1, route = 2 }; };
 struct MoeCombineSrc { enum : int { experts = 0, route = 1, shared = 2, shared_gate = 3 }; };
+struct ExpertFetchSrc { enum : int { route = 0 }; };
 
 // ---- scalar parameters -----------------------------------------------------------------------------
 struct GetRowsParams { float scale; };            // rows times scale (0: unscaled)
@@ -94,6 +95,7 @@ enum class MoeGating : int32_t { Softmax = 0, Sigmoid = 1 };
 // `norm`: the k weights are divided by their sum (Mixtral, Qwen3-MoE); `scale` multiplies them (0: 1).
 struct MoeRouteParams { int32_t n_expert, k; MoeGating gating; int32_t norm; float scale; };
 struct MoeParams { int32_t n_expert, k; };  // MoeMatMul and MoeCombine (n_expert unused by the combine)
+struct ExpertFetchParams { int32_t layer; };
 
 union OpParams {
   GetRowsParams get_rows;
@@ -107,6 +109,7 @@ union OpParams {
   NeuronFetchParams neuron_fetch;
   MoeRouteParams moe_route;
   MoeParams moe;
+  ExpertFetchParams expert_fetch;
   OpParams() { std::memset(static_cast<void*>(this), 0, sizeof(*this)); }  // every field of every op: 0
 };
 

@@ -12,11 +12,15 @@ from .sparse_ffn import SparseRuns, dense_ffn, sparse_ffn
 
 
 class DenseFfn:
-    """act(gate) * up, then down: every neuron (a Mixture of Experts: every neuron of the chosen experts)."""
+    """act(gate) * up, then down: every neuron (a Mixture of Experts: every neuron of the chosen experts, read
+    through `experts`, an offload.ExpertOffload, when they stream from storage)."""
+
+    def __init__(self, experts=None):
+        self.experts = experts
 
     def __call__(self, m, h: T, il: int) -> T:
         if m.cfg.is_moe:
-            return moe_ffn(m.b, m.w, h, il, m.cfg)
+            return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts)
         return dense_ffn(m.b, m.w, h, il, m.cfg)
 
 
@@ -31,7 +35,8 @@ class RecordedFfn:
     b.records[layer] = (ffn_in, gate, up) ids)."""
 
     def __call__(self, m, h: T, il: int) -> T:
-        _dense_only(m, "the neuron profiler")
+        if m.cfg.is_moe:  # the routing profile: each layer's route
+            return moe_ffn(m.b, m.w, h, il, m.cfg, record=True)
         return dense_ffn(m.b, m.w, h, il, m.cfg, record=True)
 
 
@@ -62,11 +67,11 @@ class SplitFfn:
 
 
 def choose_ffn(sparsity=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto", offload=None,
-               hybrid: dict | None = None, record: bool = False):
+               hybrid: dict | None = None, record: bool = False, experts=None):
     if record:
         return RecordedFfn()
     if hybrid is not None:
         return SplitFfn(hybrid, sparsity, runs, down_type)
     if sparsity is not None:
         return SparseFfn(sparsity, runs, down_type, offload)
-    return DenseFfn()
+    return DenseFfn(experts)

@@ -78,6 +78,17 @@ class GraphBuilder:
         dt = DType(dtype)
         return T(self.graph.add_paged_weight(name, dt, cols, rows, store, layer, part), cols, dt, RowMode.FIXED, rows)
 
+    def expert_weight(self, name: str, dtype: int, cols: int, rows: int, store, layer: int, part: int) -> T:
+        """Merged experts an ExpertStore holds (part 0: gate, 1: up, 2: down); read them only after
+        expert_fetch(layer)."""
+        dt = DType(dtype)
+        return T(self.graph.add_expert_weight(name, dt, cols, rows, store, layer, part), cols, dt, RowMode.FIXED, rows)
+
+    def expert_fetch(self, route: T, layer: int) -> T:
+        """The experts `route` chose in `layer` become readable (read from the file where they are not in RAM)."""
+        dst = self.state(f"blk.{layer}.experts.fetched", 1, 1, DType.I32)
+        return self._node(Op.EXPERT_FETCH, dst, {"route": route}, {"layer": layer})
+
     def neuron_fetch(self, layer: int, release: bool = False, union: T | None = None, dense_down: bool = False,
                      run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """Makes every row of the layer's paged weights readable (reads its cold tail, or waits for the

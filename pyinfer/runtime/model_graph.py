@@ -21,13 +21,15 @@ CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0}
 def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
                       runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
                       paged: tuple[int, int] | None = None, cache_type: str = "f16", offload=None,
-                      hybrid: dict | None = None) -> GraphBuilder:
+                      hybrid: dict | None = None, experts=None) -> GraphBuilder:
     """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
     in blocks (continuous batching); each run then also takes every token's KV slot and block table.
     `cache_type`: "f16" or "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token).
     `offload`: an offload.OffloadedFfn (with `sparsity`): the FFN rows come from its neuron store.
+    `experts`: an offload.ExpertOffload (a Mixture of Experts under a memory limit): the experts come from its
+    expert store.
     `hybrid`: a GPU placement (place/gpu_placement.py, as its summary) and "device", the engine backend that
     stands for the GPU: the residual stream, norms and attention, each layer's placed FFN blocks and, if
     placed, the output head run there. Only the embedding lookup and the CPU's FFN blocks run on the CPU, so
@@ -53,7 +55,7 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         return data if offload is None else offload.resident_copy(name, data)
 
     m = ModelGraph(b, gguf, cfg, n_ctx, weight_source,
-                   choose_ffn(sparsity, runs, down_type, offload, hybrid, record), positions, slots, kv_table,
+                   choose_ffn(sparsity, runs, down_type, offload, hybrid, record, experts), positions, slots, kv_table,
                    block_size, CACHE_TYPES[cache_type], seq_ctx=block_size * paged[1] if paged else n_ctx)
     # Where weights live (a split graph only): the embedding table in host memory; attention, norms and the
     # placed FFN neurons on the device (the split FFN tags its own); the head where the placement put it.

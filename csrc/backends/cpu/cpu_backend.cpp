@@ -196,6 +196,14 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
                                          group_tmp_.data() + ith * max_width_});
     }
     case OpKind::MoeRoute: return cpu_moe_route(g, n, shape, ith, nth);
+    case OpKind::ExpertFetch:
+      if (ith == 0) {
+        if (!experts_) throw GraphError("the graph reads offloaded experts but no expert store is attached");
+        const Tensor& route = g.tensors[size_t(n.src[ExpertFetchSrc::route])];
+        experts_->fetch(n.p.expert_fetch.layer, static_cast<const float*>(route.data), rows_in_run(route, shape),
+                        int32_t(route.cols / 2), f32_stride(route));
+      }
+      return;
     case OpKind::MoeCombine: return cpu_moe_combine(g, n, shape, ith, nth);
     case OpKind::MoeMatMul: {
       int32_t* ints = moe_ints_.data() + ith * (moe_size_.order + moe_size_.start);

@@ -12,6 +12,7 @@
 #include "backends/cpu/moe_ops.h"
 #include "executor/thread_pool.h"
 #include "kernels/kernels.h"
+#include "offload/expert_store.h"
 #include "offload/neuron_store.h"
 
 namespace pyinfer {
@@ -45,6 +46,8 @@ class CpuBackend final : public Backend {
   const char* isa() const { return kernels_.isa; }
   // Where NeuronFetch nodes fetch from (the engine's; not owned).
   void set_neuron_store(NeuronStore* store) { store_ = store; }
+  // Where ExpertFetch nodes fetch from (the engine's; not owned).
+  void set_expert_store(ExpertStore* store) { experts_ = store; }
 
  private:
   struct Job;
@@ -55,6 +58,7 @@ class CpuBackend final : public Backend {
   int memory_space_ = 0;
   ThreadPool pool_;
   NeuronStore* store_ = nullptr;
+  ExpertStore* experts_ = nullptr;
   int64_t scratch_per_thread_ = 0;  // floats: attention tiles and softmax state (attention.h)
   std::vector<float> scratch_;
   int64_t split_items_ = 0;          // split-K attention: partial states and per-pair completion counts

@@ -91,6 +91,13 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
   const bool per_slot = x.cols != w.cols;                    // down: slot s reads its own segment
   const size_t expert_bytes = size_t(rows_e) * w.row_stride;
   const auto* w0 = static_cast<const uint8_t*>(w.data);
+  // Experts of an expert store (offload/expert_store.h): `data` is a table of n_expert pointers to their rows.
+  const auto* const* paged = w.paged ? static_cast<const uint8_t* const*>(w.data) : nullptr;
+  auto expert_rows = [&](int32_t e) {
+    if (!paged) return w0 + size_t(e) * expert_bytes;
+    if (!paged[e]) throw GraphError("expert " + std::to_string(e) + " of '" + w.name + "' was not fetched");
+    return paged[e];
+  };
   auto x_of = [&](int64_t t, int32_t s) { return row_ptr<const uint8_t>(x, t) + (per_slot ? size_t(s) * seg_bytes : 0); };
   auto expert_of = [&](int64_t t, int32_t s) {
     const int32_t e = route_id(row_ptr<const float>(route, t), k, s);
@@ -102,7 +109,7 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
   thread_share(rows_e, ith, nth, 16, r0, r1);
   if (r0 >= r1) return;
   auto run = [&](int32_t e, const void* xs, size_t x_stride, int64_t tokens, float* out, int64_t ldd) {
-    MatMulArgs a{w.type, w0 + size_t(e) * expert_bytes, w.row_stride, w.cols, r0, r1, xs, x_stride, tokens, out, ldd};
+    MatMulArgs a{w.type, expert_rows(e), w.row_stride, w.cols, r0, r1, xs, x_stride, tokens, out, ldd};
     kt.matmul(a);
   };
   if (n_tok == 1) {  // decode: the k chosen experts, nothing else

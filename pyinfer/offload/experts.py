@@ -1,0 +1,211 @@
+"""Experts that do not fit a memory limit, streamed from the model file (csrc/offload/expert_store.h).
+
+Under `--mem-limit`, a Mixture-of-Experts model keeps what every token reads (attention, norms, routers, the
+embedding rows and the output head: its "shared" weights) in the file's memory map, and its experts in RAM of
+its own: per layer the hottest experts of a routing profile stay resident, and a cache of slots shared by
+every layer holds the others a token chose (least recently used out, or least frequently used). An expert a
+token chooses that is in neither is read from the file with many requests in flight, right after its layer's
+router has run. llama.cpp leaves all of this to the kernel's page cache, which reads ahead around every fault
+and cannot tell an expert from its neighbours.
+
+The resident set: experts are equal-sized items, so the knapsack the placement program would solve is the
+greedy fill by routing frequency; without a profile, none stay resident and the cache takes the whole budget."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _core
+from ..errors import PyinferError
+from ..model.config import LlamaConfig
+from ..model.gguf_file import GGUFModelFile
+from .offloaded_ffn import fmt_size
+
+PARTS = ("gate", "up", "down")
+SLOT_ALIGN = 64  # each part of a slot starts on its own cache line (expert_store.cpp)
+CACHE_SHARE = 0.25  # of the expert budget kept for the cache when a profile names resident experts
+
+
+def expert_names(il: int) -> list[str]:
+    return [f"blk.{il}.ffn_{p}_exps.weight" for p in PARTS]
+
+
+def expert_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
+    """Bytes of every expert tensor of the model."""
+    return sum(gguf.tensors[n].data.nbytes for il in range(cfg.n_layers) for n in expert_names(il))
+
+
+def slot_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
+    """RAM one expert takes in the store (its three parts, each rounded up to a cache line)."""
+    return sum(-(-gguf.tensors[n].data.nbytes // cfg.n_expert // SLOT_ALIGN) * SLOT_ALIGN for n in expert_names(0))
+
+
+@dataclass
+class ExpertPlan:
+    budget: int             # bytes for experts
+    slot: int               # bytes of one expert in RAM
+    resident: list[list[int]]  # per layer, expert ids kept in RAM
+    cache_slots: int
+    policy: str
+
+    def summary(self) -> dict:
+        return {"expert_budget": self.budget, "expert_slot_bytes": self.slot,
+                "resident_experts": sum(map(len, self.resident)), "cache_slots": self.cache_slots,
+                "policy": self.policy}
+
+
+def plan_experts(gguf: GGUFModelFile, cfg: LlamaConfig, budget: int, max_tokens: int,
+                 profile: np.ndarray | None = None, policy: str = "lru") -> ExpertPlan:
+    """Splits `budget` bytes between resident experts (the most often chosen of `profile`, [n_layers, n_expert]
+    counts) and cache slots, at least as many as one run of `max_tokens` tokens can choose in one layer."""
+    slot = slot_bytes(gguf, cfg)
+    need = min(cfg.n_expert, max_tokens * cfg.n_expert_used)
+    total = budget // slot
+    if total < need:
+        raise PyinferError(f"the memory limit leaves {fmt_size(max(budget, 0))} for experts; one layer of a run "
+                           f"may choose {need} experts of {fmt_size(slot)} ({fmt_size(need * slot)})")
+    resident: list[list[int]] = [[] for _ in range(cfg.n_layers)]
+    cache = total
+    if profile is not None and profile.sum() > 0:
+        cache = max(need, int(total * CACHE_SHARE))
+        n_resident = min(total - cache, cfg.n_layers * cfg.n_expert)
+        order = np.argsort(-profile.ravel(), kind="stable")[:n_resident]  # equal sizes: greedy is optimal
+        for flat in order:
+            if profile.ravel()[flat] > 0:
+                resident[int(flat) // cfg.n_expert].append(int(flat) % cfg.n_expert)
+        cache = total - sum(map(len, resident))
+    return ExpertPlan(budget, slot, [sorted(r) for r in resident], cache, policy)
+
+
+class ExpertOffload:
+    """A model's experts in an ExpertStore; the graph reads them as paged weights after each layer's fetch."""
+
+    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: ExpertPlan, io_threads: int = 8):
+        layers = []
+        for il in range(cfg.n_layers):
+            offsets, sizes = [], []
+            for name in expert_names(il):
+                start, nbytes, _ = gguf._ranges[name]
+                offsets.append(int(start))
+                sizes.append(nbytes // cfg.n_expert)
+            layers.append({"n_expert": cfg.n_expert, "file_offsets": offsets, "expert_bytes": sizes,
+                           "resident": plan.resident[il]})
+        self.plan, self.n_expert = plan, cfg.n_expert
+        try:
+            self.store = _core.ExpertStore(str(gguf.path), layers, plan.cache_slots, plan.policy, io_threads)
+        except (RuntimeError, ValueError) as e:
+            raise PyinferError(f"{gguf.path.name}: {e}") from None
+        self._gguf = gguf
+
+    def weight(self, b, il: int, part: str):
+        """The merged experts of one part of layer `il`, read through the store."""
+        name = f"blk.{il}.ffn_{part}_exps.weight"
+        t = self._gguf.tensors[name]
+        return b.expert_weight(name, t.dtype_id, t.cols, t.rows, self.store, il, PARTS.index(part))
+
+    def report(self, tokens: int = 0) -> dict:
+        """The store's counts since its last reset, with the hit rate and bytes read per token."""
+        st = dict(self.store.stats())
+        asked = max(st["requests"], 1)
+        st.update(self.plan.summary(), hit_rate=(st["resident_hits"] + st["cache_hits"]) / asked,
+                  resident_hit_rate=st["resident_hits"] / asked,
+                  bytes_read_per_token=st["bytes_read"] / tokens if tokens else None)
+        return st
+
+
+def routing_profile(store) -> np.ndarray:
+    """[n_layers, n_expert] how often each expert was chosen since the store's last reset."""
+    return np.asarray(store.chosen(), dtype=np.float64)
+
+
+PROFILE_TOKENS = 1024
+PROFILE_WINDOW = 256
+
+
+def profile_path(fingerprint: str):
+    from ..model.pull import cache_dir
+
+    return cache_dir() / "experts" / f"{fingerprint[:20]}.npz"
+
+
+def profile_routing(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int], n_threads: int,
+                    progress: bool = True) -> dict:
+    """Runs `ids` in windows through a graph that keeps each layer's route readable: per layer and expert how
+    often it was chosen ([n_layers, n_expert] counts), and per layer the share of a token's experts that the
+    token before it also chose (what an expert cache can reuse from one decode step to the next)."""
+    import sys
+
+    from tqdm import tqdm
+
+    from ..runtime.model_graph import build_model_graph
+
+    b = build_model_graph(gguf, cfg, PROFILE_WINDOW, record=True)
+    engine = _core.Engine(b.graph, max_tokens=PROFILE_WINDOW, max_outputs=1, n_threads=n_threads)
+    k = cfg.n_expert_used
+    counts = np.zeros((cfg.n_layers, cfg.n_expert))
+    reused = np.zeros(cfg.n_layers)
+    pairs = 0
+    n_win = max(1, min(len(ids), PROFILE_TOKENS) // PROFILE_WINDOW)
+    positions = np.arange(PROFILE_WINDOW, dtype=np.int32)
+    with tqdm(total=n_win, desc="routing profile", unit="window", disable=not progress, file=sys.stderr) as bar:
+        for w in range(n_win):
+            chunk = np.asarray(ids[w * PROFILE_WINDOW:(w + 1) * PROFILE_WINDOW], dtype=np.int32)
+            n = len(chunk)
+            if n == 0:
+                break
+            engine.run(n, chunk, positions[:n], np.zeros(0, np.int32))
+            for il, rid in enumerate(b.records):
+                chosen = engine.tensor(rid, n)[:, k:].astype(np.int64)  # [n, k]
+                np.add.at(counts[il], chosen.ravel(), 1)
+                same = (chosen[1:, :, None] == chosen[:-1, None, :]).any(-1).sum()
+                reused[il] += same / k
+            pairs += n - 1
+            bar.update(1)
+    return {"counts": counts, "reuse": reused / max(pairs, 1), "tokens": n_win * PROFILE_WINDOW}
+
+
+def cached_profile(session, progress: bool) -> dict:
+    """The model's routing profile: cached per model, else measured on the bundled calibration text."""
+    import sys
+
+    from ..sparsity.calibrate import bundled_calibration_text
+
+    path = profile_path(session.gguf.fingerprint())
+    if path.is_file():
+        try:
+            with np.load(path) as z:
+                if z["counts"].shape == (session.config.n_layers, session.config.n_expert):
+                    return {k: z[k] for k in z.files}
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable: measured again and replaced
+    ids = session.tokenizer.encode(bundled_calibration_text())
+    prof = profile_routing(session.gguf, session.config, ids, session.n_threads, progress)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, **prof)
+    except OSError as e:
+        print(f"pyinfer: warning: could not cache the routing profile at {path}: {e}", file=sys.stderr)
+    return prof
+
+
+def make_expert_offload(session, progress: bool = True) -> ExpertOffload | None:
+    """Under a memory limit that leaves less than the model for weights: the experts stream, the hottest of
+    the routing profile resident. None where the whole model fits."""
+    import sys
+
+    gguf, cfg, plan = session.gguf, session.config, session.memory
+    if plan.weights >= plan.model_weights:
+        return None
+    shared = plan.model_weights - expert_bytes(gguf, cfg)  # stays mapped: every token reads it
+    need = min(cfg.n_expert, plan.max_batch * cfg.n_expert_used) * slot_bytes(gguf, cfg)
+    if plan.weights - shared < need:
+        raise plan.below_minimum(shared + need)
+    profile = cached_profile(session, progress)
+    eplan = plan_experts(gguf, cfg, plan.weights - shared, plan.max_batch, profile["counts"])
+    if progress:
+        print(f"pyinfer: experts stream from {gguf.path.name}: {sum(map(len, eplan.resident))} of "
+              f"{cfg.n_layers * cfg.n_expert} resident, a cache of {eplan.cache_slots} "
+              f"({fmt_size(eplan.cache_slots * eplan.slot)}); {fmt_size(shared)} of shared weights stay mapped",
+              file=sys.stderr)
+    return ExpertOffload(gguf, cfg, eplan)
