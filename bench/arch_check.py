@@ -59,7 +59,8 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
         return write_tiny_gemma3(path, seed=3, types=f32, extra=scaled)
     hd = 128 if kind in ("qwen3", "qwen3moe") else 64
     if kind in ("qwen3moe", "mixtral", "qwen2moe"):
-        return write_tiny_arch(path, kind, seed=len(kind), config=dict(SHAPE, head_dim=hd, **MOE), vocab_from=vocab)
+        moe = dict(MOE, d_ff=MOE["d_ff_expert"]) if kind == "mixtral" else MOE  # Mixtral's experts are d_ff wide
+        return write_tiny_arch(path, kind, seed=len(kind), config=dict(SHAPE, head_dim=hd, **moe), vocab_from=vocab)
     extra = {"orig_ctx": 64 if kind == "phi3-long" else 4096} if kind.startswith("phi3") else {}
     return write_tiny_arch(path, kind.removesuffix("-long"), seed=len(kind), config=dict(SHAPE, head_dim=hd),
                            vocab_from=vocab, **extra)

@@ -74,6 +74,9 @@ def child(args) -> None:
     else:
         import pyinfer
         from pyinfer.errors import PyinferError
+        from pyinfer.offload import experts
+
+        experts.POLICY = args.expert_policy  # a Mixture of Experts' cache policy (bench/moe_synthetic.py)
 
         try:
             m = pyinfer.load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=args.sparsity,
@@ -94,6 +97,8 @@ def child(args) -> None:
         r0, t0 = io_read_bytes(), time.perf_counter()
         if args.engine == "pyinfer" and m.offload is not None:
             m.offload.store.reset_stats()
+        if args.engine == "pyinfer" and m.session.experts is not None:  # a Mixture of Experts streaming experts
+            m.session.experts.store.reset_stats()
         for i in range(n):
             toks.append(int(np.argmax(logits)))
             logits = step(toks[-1], len(ids) + i)
@@ -106,6 +111,8 @@ def child(args) -> None:
             from pyinfer.tools.bench import offload_stats
 
             out["offload"] = offload_stats(m, m.offload.store.stats(), args.tokens, seconds)
+        if m.session.experts is not None:
+            out["experts"] = m.session.experts.report(args.tokens)
         out["memory"] = m.memory()
     from pyinfer.offload.memory import mapped_bytes
     from pyinfer.tools.bench import peak_rss_mb
@@ -133,7 +140,8 @@ def run_in_cgroup(cmd: list[str], limit: int | None, name: str = "") -> tuple[di
 def child_cmd(engine: str, path: str, args, limit: int = 0) -> list[str]:
     return [sys.executable, __file__, "--child", "--engine", engine, "-m", path, "--threads", str(args.threads),
             "--tokens", str(args.tokens), "--ctx", str(args.ctx), "--mem-limit", str(limit),
-            "--sparsity", args.sparsity, *(["--repack"] if args.repack else [])]
+            "--sparsity", args.sparsity, "--expert-policy", getattr(args, "expert_policy", "lru"),
+            *(["--repack"] if args.repack else [])]
 
 
 def spread(values: list[float]) -> dict | None:
@@ -174,6 +182,10 @@ def compare(path: str, limits: list[tuple[str, int]], args) -> list[dict]:
                  and p["pyinfer"]["offload"].get(key) is not None]
             return statistics.median(v) if v else None
 
+        def ex(key, per_round=per_round):  # an expert-streaming figure, median over rounds
+            v = [p["pyinfer"]["experts"][key] for p in per_round if p["pyinfer"].get("experts")]
+            return statistics.median(v) if v else None
+
         errors = {e: sorted({p[e]["error"] for p in per_round if "error" in p[e]}) for e in ("pyinfer", "llamacpp")}
         mem = next((p["pyinfer"]["memory"] for p in per_round if "memory" in p["pyinfer"]), None)
         rows.append({
@@ -194,6 +206,8 @@ def compare(path: str, limits: list[tuple[str, int]], args) -> list[dict]:
             "llamacpp_read_mb_per_token": spread(vals(lambda p: p["llamacpp"]["read_bytes_per_token"] / 1e6,
                                                       ("llamacpp",))),
             "ram_hit_rate": py("ram_hit_rate"), "io_hidden_share": py("io_hidden_share"),
+            "expert_hit_rate": ex("hit_rate"), "expert_resident_hit_rate": ex("resident_hit_rate"),
+            "expert_read_seconds_per_token": (ex("read_seconds") or 0) / args.tokens if ex("read_seconds") else None,
             "pyinfer_memory": mem, "errors": errors,
             "exact_every_round": all(p["exact"] for p in per_round if "tok_s" in p["pyinfer"]),
             "rounds": per_round,
@@ -226,7 +240,8 @@ def write_results(tag: str, title: str, notes: list[str], meta: dict, rows: list
         lines.append(f"| {r['label']} | {run('pyinfer', 'pyinfer_tok_s')} | {run('llamacpp', 'llamacpp_tok_s')} | "
                      f"{f(r['vs_llamacpp'])} | {f(r['unlimited_tok_s'])} | {f(r['vs_unlimited'])} | "
                      f"{f(r['pyinfer_peak_bytes'], '.0f', 2**20)} | {f(r['llamacpp_peak_bytes'], '.0f', 2**20)} | "
-                     f"{f(plan.get('weight_budget'), '.0f', 2**20)} | {f(r['ram_hit_rate'], '.0%')} | "
+                     f"{f(plan.get('weight_budget'), '.0f', 2**20)} | "
+                     f"{f(r['ram_hit_rate'] if r['ram_hit_rate'] is not None else r.get('expert_hit_rate'), '.0%')} | "
                      f"{f(r['pyinfer_read_mb_per_token'], '.1f')} | {f(r['llamacpp_read_mb_per_token'], '.1f')} | "
                      f"{f(r['io_hidden_share'], '.0%')} | {r['exact_every_round']} |")
     text = "\n".join(lines) + "\n"
@@ -260,6 +275,7 @@ def main() -> int:
     add_common_args(ap)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", default="pyinfer", help=argparse.SUPPRESS)
+    ap.add_argument("--expert-policy", default="lru", choices=["lru", "lfu"], help=argparse.SUPPRESS)
     ap.add_argument("--mem-limit", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

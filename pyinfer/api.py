@@ -112,7 +112,7 @@ class Model:
         bytes, peak and memory cgroup."""
         from .offload.memory import memory_report
 
-        return memory_report(self.path, self.session.memory, self._run.engine, self.offload)
+        return memory_report(self.path, self.session.memory, self._run.engine, self.offload, self.session.experts)
 
     @property
     def running(self):

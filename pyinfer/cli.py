@@ -398,6 +398,11 @@ def cmd_bench(args) -> int:
     print(f"decode   {r.decode_tok_s:8.1f} tok/s  ({r.gen_tokens} tokens{at})")
     print(f"peak RSS {r.peak_rss_mb:8.1f} MB")
     print(memory_line(memory))
+    if r.experts is not None:
+        e = r.experts
+        print(f"experts  {e['resident_experts']} resident, cache of {e['cache_slots']}: {e['hit_rate']:.0%} of chosen "
+              f"experts in RAM ({e['resident_hit_rate']:.0%} resident), {e['bytes_read_per_token'] / 1e6:.1f} MB "
+              f"read per token ({e['io_engine']})")
     if r.offload is not None:
         o = r.offload
         if o.get("predicted_tok_s"):
@@ -451,6 +456,16 @@ def cmd_profile(args) -> int:
         raise PyinferError("--tokens must be at least 256")
     text = read_calibration(args.file)
     model = _load(args)
+    if model.config.is_moe:  # a Mixture of Experts: which experts its routers choose (offload/experts.py)
+        from pathlib import Path
+
+        from .offload.experts import describe_profile, profile_path, profile_routing, save_profile
+
+        prof = profile_routing(model.gguf, model.config, model.tokenize(text), model.n_threads, max_tokens=args.tokens)
+        save_profile(prof, Path(args.output))
+        save_profile(prof, profile_path(model.gguf.fingerprint()))  # what --mem-limit places resident experts by
+        print(f"routing profile of {prof['tokens']} tokens -> {args.output}: {describe_profile(prof)}")
+        return 0
     prof = profile_model(model.gguf, model.config, model.tokenize(text), args.tokens, model.n_threads, args.mode,
                          info={"calibration": args.file or "bundled"})
     prof.save(args.output)

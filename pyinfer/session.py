@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _core
-from .errors import PyinferError
+from .errors import PyinferError, UnsupportedModelError
 from .model.chat_template import chat_spans, render_chat
 from .model.gguf_file import GGUFModelFile
 from .model.tokenizer import Tokenizer
@@ -86,6 +86,9 @@ class Session:
         self.placement = None
         if self.kind == "cpu" and vram_budget is not None:
             raise PyinferError("a VRAM budget (--vram-budget) needs a device: cuda or standin (--device)")
+        if self.kind != "cpu" and self.config.is_moe:
+            raise UnsupportedModelError("expert placement on a device is not built yet: Mixture-of-Experts models "
+                                        "run on the CPU (--device cpu)")
         if self.kind != "cpu":
             if self.kind == "cuda":
                 check_cuda(self.index)

@@ -321,3 +321,72 @@ def test_the_routing_profile_counts_every_choice(paths):
     prof = profile_routing(f, f.llama_config(), list(range(3, 259)) * 2, n_threads=2, progress=False)
     assert prof["counts"].shape == (2, 8) and (prof["counts"].sum(1) == 512 * 2).all()
     assert ((0 <= prof["reuse"]) & (prof["reuse"] <= 1)).all()
+
+
+def test_a_device_is_refused_by_name(paths):
+    with pytest.raises(pyinfer.PyinferError, match="expert placement on a device"):
+        pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, device="standin", progress=False)
+
+
+def test_a_ram_budget_is_refused_by_name(paths):
+    with pytest.raises(pyinfer.PyinferError, match="streams its experts under a memory limit"):
+        pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, ram_budget="1M", progress=False)
+
+
+def test_expert_paged_weights_are_read_only_by_the_expert_matmul(paths):
+    """An expert store's table holds one pointer per expert: a plain matmul over it, or an expert matmul that
+    counts its experts differently, is refused when the graph is built (it would read past the table)."""
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.offload import experts as ex
+    from pyinfer.runtime.graph_builder import GraphBuilder
+
+    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
+    cfg = f.llama_config()
+    off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), [[], []], 8, "lru"))
+
+    def engine(build):
+        b = GraphBuilder()
+        b.graph.pin(build(b).id)
+        return _core.Engine(b.graph, max_tokens=4, max_outputs=4)
+
+    def x_and_route(b, n_exp=8):
+        x = b.weight("x", int(DType.F32), 64, 4, np.ones((4, 64), np.float32))
+        return x, b.moe_route(b.weight("l", int(DType.F32), n_exp, 4, np.ones((4, n_exp), np.float32)), 2)
+
+    with pytest.raises(ValueError, match="paged by expert"):
+        engine(lambda b: b.matmul(off.weight(b, 0, "gate"), x_and_route(b)[0], "y"))
+    with pytest.raises(ValueError, match="different expert count|different number of experts"):
+        engine(lambda b: b.moe_matmul(off.weight(b, 0, "gate"), *x_and_route(b, 4), 4, 2, "y"))
+
+
+def test_a_guarded_route_is_refused():
+    """A route skipped in some runs would leave its readers the ids of another run."""
+    from pyinfer._core import RunIf
+    from pyinfer.runtime.graph_builder import Guard
+
+    def build(b):
+        logits = b.weight("l", int(DType.F32), 8, 2, np.ones((2, 8), np.float32))
+        route = b.activation("route", 4)
+        b._node(_core.Op.MOE_ROUTE, route, {"logits": logits}, {"n_expert": 8, "k": 2, "gating": 0, "norm": 1,
+                                                                "scale": 0.0}, run_if=Guard(RunIf.SINGLE_TOKEN))
+        return route
+
+    with pytest.raises(ValueError, match="run in every run"):
+        single_op_engine(build, max_tokens=2)
+
+
+def test_a_failed_fetch_leaves_no_expert_half_loaded(paths):
+    """A run that needs more slots than there are fails before any slot changes hands: the next runs read the
+    right bytes."""
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.offload import experts as ex
+
+    f = GGUFModelFile(paths["mixtral", Q.Q8_0])
+    cfg = f.llama_config()
+    off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), [[], []], 3, "lru"))
+    with pytest.raises(ValueError, match="expert cache has 3 slots"):
+        off.store.fetch(0, np.array([[0.5, 0.5, 1, 2], [0.5, 0.5, 3, 4]], np.float32), 2)
+    assert all(off.store.expert(0, 0, e) is None for e in range(8))
+    off.store.fetch(0, np.array([[0.5, 0.5, 1, 2]], np.float32), 2)
+    t = np.asarray(f.tensors["blk.0.ffn_gate_exps.weight"].data).reshape(8, -1)
+    assert off.store.expert(0, 0, 1) == t[1].tobytes() and off.store.expert(0, 0, 2) == t[2].tobytes()

@@ -193,7 +193,7 @@ TINY_ARCH = {
     "phi3": dict(TINY, head_dim=16, n_kv_heads=4),
     # Mixture of Experts: 8 experts of 64 neurons, 2 per token (Qwen2-MoE: and a shared expert of 96)
     "qwen3moe": dict(TINY, head_dim=32, n_expert=8, n_expert_used=2, d_ff_expert=64),
-    "mixtral": dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64),
+    "mixtral": dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff=64),  # experts: d_ff wide
     "qwen2moe": dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff_shared=96),
 }
 MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe")
@@ -272,7 +272,7 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
             add(p + "ffn_up.weight", (ff, d))
             add(p + "ffn_down.weight", (d, ff))
     w.add_tensor("output_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
-    if kind not in ("qwen2", "qwen2moe"):  # the Qwen 2s tie their head to the embeddings here; the others have their own
+    if kind != "qwen2":  # qwen2 ties its head to the embeddings here (llama.cpp requires qwen2moe's own head)
         add("output.weight", (n_vocab, d), 0.5)
     return finish(w, path, extra)
 

@@ -337,6 +337,8 @@ PYBIND11_MODULE(_core, m) {
       .def("add_paged_weight", [](PyGraph& g, const std::string& name, DType type, int64_t cols, int64_t rows,
                                   std::shared_ptr<NeuronStore> store, int layer, int part) {
              if (g.store && g.store != store) throw GraphError("a graph reads from one neuron store");
+             if (!dtype_is_quantized(type) && type != DType::F32 && type != DType::F16 && type != DType::BF16)
+               throw GraphError("weight '" + name + "': a neuron store holds weight rows, not " + dtype_name(type));
              if (layer < 0 || layer >= store->n_layers() || part < 0 || part >= kTables)
                throw GraphError("weight '" + name + "': no such layer or part in the neuron store");
              const BundleLayer& b = store->layer(layer);
@@ -363,6 +365,8 @@ PYBIND11_MODULE(_core, m) {
              if (layer < 0 || layer >= store->n_layers() || part < 0 || part >= kExpertParts)
                throw GraphError("weight '" + name + "': no such layer or part in the expert store");
              const ExpertLayer& l = store->layer(layer);
+             if (!dtype_is_integer_dot(type) && type != DType::F32 && type != DType::F16 && type != DType::BF16)
+               throw GraphError("weight '" + name + "': experts are matmul weights (integer-dot types, F32, F16, BF16)");
              if (rows < 1 || cols < 1 || cols > kMaxCols || rows % l.n_expert ||
                  (dtype_is_quantized(type) && cols % kQuantBlock) ||
                  uint64_t(rows / l.n_expert) * dtype_row_bytes(type, cols) != l.expert_bytes[size_t(part)])
@@ -371,6 +375,7 @@ PYBIND11_MODULE(_core, m) {
              t.row_bytes = t.row_stride = dtype_row_bytes(type, cols);
              t.data = const_cast<uint8_t**>(store->table(layer, part));
              t.paged = true;
+             t.experts = l.n_expert;
              g.experts = std::move(store);
              return g.graph.add_tensor(t);
            }, py::arg("name"), py::arg("dtype"), py::arg("cols"), py::arg("rows"), py::arg("store"), py::arg("layer"),

@@ -183,6 +183,7 @@ void Graph::validate() const {
 
   std::vector<bool> union_written(nt, false);
   std::vector<int> route_k(nt, 0);  // tensor -> k of the MoeRoute node that wrote it (expert ids come only from there)
+  std::vector<int> route_n(nt, 0);  // ... and the experts it chose among
   int paged_block = 0;
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = nodes[k];
@@ -190,8 +191,17 @@ void Graph::validate() const {
     const Tensor& d = c.t(n.dst);
     if (d.storage != Storage::Scratch && d.storage != Storage::State)
       c.fail("tensor '" + d.name + "' is a weight or an input; nodes write only scratch or state");
-    for (int s : n.src)
+    for (int s : n.src) {
       if (s < -1) c.fail("tensor id out of range");
+      // An expert store's table holds one pointer per expert: only the expert matmul reads it so.
+      if (s >= 0 && c.t(s).paged && (c.t(s).experts > 0) != (n.op == OpKind::MoeMatMul && s == n.src[MoeMatMulSrc::weight]))
+        c.fail("tensor '" + c.t(s).name + "' is paged by " + (c.t(s).experts > 0 ? "expert" : "row") +
+               " and cannot be read by this op");
+    }
+    const bool moe_op = n.op == OpKind::MoeRoute || n.op == OpKind::MoeMatMul || n.op == OpKind::MoeCombine ||
+                        n.op == OpKind::ExpertFetch;
+    if (moe_op && (n.guard.run_if != RunIf::Always || n.guard.max_tokens || n.guard.min_tokens || n.guard.when_list >= 0))
+      c.fail("Mixture-of-Experts nodes run in every run (a skipped route would leave its readers stale ids)");
     if (n.guard.when_list >= 0) {  // checked before this node's own result counts (no node guards itself)
       c.t(n.guard.when_list);      // range check
       if (!union_written[size_t(origin(n.guard.when_list))])
@@ -428,13 +438,18 @@ void Graph::validate() const {
         c.type(n.dst, DType::F32);
         if (!dtype_is_integer_dot(w.type)) c.one_of(src[S::weight], {DType::F32, DType::F16, DType::BF16}, "experts");
         if (w.row_mode != RowMode::Fixed) c.fail("the experts must be a weight of fixed rows");
+        if (w.paged && w.experts != P.n_expert) c.fail("the expert store's layer has a different expert count");
+        if (d.row_mode != RowMode::Tokens) c.fail("the expert matmul writes one row per token");
         if (P.n_expert < 1 || P.k < 1 || P.k > P.n_expert || w.rows % P.n_expert)
           c.fail("the experts' rows must split into n_expert equal matrices, k in [1, n_expert]");
         c.type(src[S::x], dtype_is_integer_dot(w.type) ? DType::Q8A : DType::F32);
         const int64_t xc = c.t(src[S::x]).cols;
         if (xc != w.cols && xc != P.k * w.cols) c.fail("x must have the experts' columns, or k segments of them");
         c.cols(n.dst, P.k * (w.rows / P.n_expert));
-        if (c.t(src[S::route]).cols != 2 * int64_t(P.k) || route_k[size_t(origin(src[S::route]))] != P.k) c.fail("the route must be an earlier MoeRoute's result of the same k");
+        if (c.t(src[S::route]).cols != 2 * int64_t(P.k) || route_k[size_t(origin(src[S::route]))] != P.k)
+          c.fail("the route must be an earlier MoeRoute's result of the same k");
+        if (route_n[size_t(origin(src[S::route]))] != P.n_expert) c.fail("the route chose among a different number of experts");
+        if (c.t(src[S::route]).row_mode != RowMode::Tokens) c.fail("a route has one row per token");
         break;
       }
       case OpKind::MoeCombine: {
@@ -462,8 +477,15 @@ void Graph::validate() const {
       default:
         c.fail("unknown op");
     }
-    if (n.op == OpKind::MoeRoute) route_k[size_t(n.dst)] = n.p.moe_route.k;
-    else if (n.dst >= 0) route_k[size_t(origin(n.dst))] = 0;  // rewritten by another op: no longer a route
+    if (n.op == OpKind::MoeRoute) {
+      route_k[size_t(n.dst)] = n.p.moe_route.k;
+      route_n[size_t(n.dst)] = n.p.moe_route.n_expert;
+    } else if (n.op == OpKind::Copy && route_k[size_t(origin(n.src[CopySrc::x]))]) {  // a route carried across
+      route_k[size_t(n.dst)] = route_k[size_t(origin(n.src[CopySrc::x]))];
+      route_n[size_t(n.dst)] = route_n[size_t(origin(n.src[CopySrc::x]))];
+    } else if (n.dst >= 0) {
+      route_k[size_t(origin(n.dst))] = route_n[size_t(origin(n.dst))] = 0;  // rewritten by another op: no route
+    }
   }
 }
 

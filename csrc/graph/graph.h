@@ -45,6 +45,9 @@ struct Tensor {
   // A paged weight (offload/neuron_store.h): `data` is a table of `rows` row pointers that a NeuronFetch
   // node makes valid before the weight is read.
   bool paged = false;
+  // For a paged weight, what its table holds: one pointer per row (a neuron store) or, when experts > 0, one
+  // pointer per expert of `experts` (an expert store: each expert's rows lie together behind its pointer).
+  int64_t experts = 0;
 };
 
 // What each op computes. Sources are named per op (op_params.h: the *Src slots), scalar parameters too

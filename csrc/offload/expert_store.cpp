@@ -100,6 +100,7 @@ ExpertStore::ExpertStore(const std::string& path, std::vector<ExpertLayer> layer
     stats_.cache_slots = cache_slots;
   } catch (...) {
     io_.reset();
+    retired_.clear();  // before the memory a broken ring may still be reading into
     if (resident_) munmap(resident_, resident_map_);
     if (cache_) munmap(cache_, cache_map_);
     ::close(fd_);
@@ -162,8 +163,9 @@ void ExpertStore::fetch(int layer, const float* route, int64_t n_tok, int32_t k,
   int32_t needed = 0;
   for (int64_t t = 0; t < n_tok; ++t)
     for (int32_t s = 0; s < k; ++s) {
-      const int32_t e = int32_t(route[t * stride + k + s]);
-      if (e < 0 || e >= L.n_expert) throw std::runtime_error("a route names expert " + std::to_string(e));
+      const float v = route[t * stride + k + s];
+      if (!(v >= 0.f && v < float(L.n_expert))) throw GraphError("a route names an expert outside the layer's");
+      const int32_t e = int32_t(v);
       if (seen_[size_t(e)]) continue;
       seen_[size_t(e)] = 1;
       ++needed;
@@ -173,6 +175,13 @@ void ExpertStore::fetch(int layer, const float* route, int64_t n_tok, int32_t k,
       if (slot >= 0) slots_[size_t(slot)].used = now;
     }
   stats_.requests += uint64_t(needed);
+  // Room first: a run that needs more slots than are free of its own experts changes nothing and fails.
+  int64_t misses = 0, free_slots = 0;
+  for (int32_t e = 0; e < L.n_expert; ++e) misses += seen_[size_t(e)] && slot_of[size_t(e)] == -1;
+  for (const Slot& c : slots_) free_slots += c.used != now;
+  if (misses > free_slots)
+    throw GraphError("the expert cache has " + std::to_string(slots_.size()) + " slots; one run of layer " +
+                     std::to_string(layer) + " needs " + std::to_string(needed) + " experts outside RAM");
   // Pass 2: hits, and a slot for every miss.
   ranges_.clear();
   for (int32_t e = 0; e < L.n_expert; ++e) {

@@ -25,6 +25,7 @@ from .offloaded_ffn import fmt_size
 PARTS = ("gate", "up", "down")
 SLOT_ALIGN = 64  # each part of a slot starts on its own cache line (expert_store.cpp)
 CACHE_SHARE = 0.25  # of the expert budget kept for the cache when a profile names resident experts
+POLICY = "lru"      # the cache's eviction policy under a memory limit ("lfu": bench/moe_synthetic.py compares)
 
 
 def expert_names(il: int) -> list[str]:
@@ -37,8 +38,10 @@ def expert_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
 
 
 def slot_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
-    """RAM one expert takes in the store (its three parts, each rounded up to a cache line)."""
-    return sum(-(-gguf.tensors[n].data.nbytes // cfg.n_expert // SLOT_ALIGN) * SLOT_ALIGN for n in expert_names(0))
+    """RAM one expert takes in the store: its three parts, each rounded up to a cache line, in the layer whose
+    experts are largest (a file may quantize layers differently; every slot fits any layer's expert)."""
+    return max(sum(-(-gguf.tensors[n].data.nbytes // cfg.n_expert // SLOT_ALIGN) * SLOT_ALIGN for n in expert_names(il))
+               for il in range(cfg.n_layers))
 
 
 @dataclass
@@ -119,7 +122,7 @@ def routing_profile(store) -> np.ndarray:
     return np.asarray(store.chosen(), dtype=np.float64)
 
 
-PROFILE_TOKENS = 1024
+PROFILE_TOKENS = 512
 PROFILE_WINDOW = 256
 
 
@@ -130,7 +133,7 @@ def profile_path(fingerprint: str):
 
 
 def profile_routing(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int], n_threads: int,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, max_tokens: int = PROFILE_TOKENS) -> dict:
     """Runs `ids` in windows through a graph that keeps each layer's route readable: per layer and expert how
     often it was chosen ([n_layers, n_expert] counts), and per layer the share of a token's experts that the
     token before it also chose (what an expert cache can reuse from one decode step to the next)."""
@@ -145,8 +148,8 @@ def profile_routing(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int], n_thr
     k = cfg.n_expert_used
     counts = np.zeros((cfg.n_layers, cfg.n_expert))
     reused = np.zeros(cfg.n_layers)
-    pairs = 0
-    n_win = max(1, min(len(ids), PROFILE_TOKENS) // PROFILE_WINDOW)
+    pairs = seen = 0
+    n_win = max(1, min(len(ids), max_tokens) // PROFILE_WINDOW)
     positions = np.arange(PROFILE_WINDOW, dtype=np.int32)
     with tqdm(total=n_win, desc="routing profile", unit="window", disable=not progress, file=sys.stderr) as bar:
         for w in range(n_win):
@@ -161,8 +164,24 @@ def profile_routing(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int], n_thr
                 same = (chosen[1:, :, None] == chosen[:-1, None, :]).any(-1).sum()
                 reused[il] += same / k
             pairs += n - 1
+            seen += n
             bar.update(1)
-    return {"counts": counts, "reuse": reused / max(pairs, 1), "tokens": n_win * PROFILE_WINDOW}
+    return {"counts": counts, "reuse": reused / max(pairs, 1), "tokens": seen}
+
+
+def save_profile(prof: dict, path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **prof)
+
+
+def describe_profile(prof: dict) -> str:
+    """One line: how skewed the routing is and how much consecutive tokens reuse."""
+    counts = prof["counts"]
+    top = max(1, counts.shape[1] // 10)
+    share = np.sort(counts, axis=1)[:, -top:].sum(1) / np.maximum(counts.sum(1), 1)
+    return (f"the top {top} of {counts.shape[1]} experts take {share.mean():.0%} of the routes (layers "
+            f"{share.min():.0%}..{share.max():.0%}); a token shares {prof['reuse'].mean():.0%} of its experts with "
+            "the token before")
 
 
 def cached_profile(session, progress: bool) -> dict:
@@ -182,8 +201,7 @@ def cached_profile(session, progress: bool) -> dict:
     ids = session.tokenizer.encode(bundled_calibration_text())
     prof = profile_routing(session.gguf, session.config, ids, session.n_threads, progress)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, **prof)
+        save_profile(prof, path)
     except OSError as e:
         print(f"pyinfer: warning: could not cache the routing profile at {path}: {e}", file=sys.stderr)
     return prof
@@ -202,7 +220,7 @@ def make_expert_offload(session, progress: bool = True) -> ExpertOffload | None:
     if plan.weights - shared < need:
         raise plan.below_minimum(shared + need)
     profile = cached_profile(session, progress)
-    eplan = plan_experts(gguf, cfg, plan.weights - shared, plan.max_batch, profile["counts"])
+    eplan = plan_experts(gguf, cfg, plan.weights - shared, plan.max_batch, profile["counts"], POLICY)
     if progress:
         print(f"pyinfer: experts stream from {gguf.path.name}: {sum(map(len, eplan.resident))} of "
               f"{cfg.n_layers * cfg.n_expert} resident, a cache of {eplan.cache_slots} "

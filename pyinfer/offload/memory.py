@@ -208,7 +208,7 @@ def mapped_note(plan: MemoryPlan) -> str | None:
             f"streams only the neurons that fire)")
 
 
-def memory_report(model_path: str | os.PathLike, plan: MemoryPlan | None, engine, offload) -> dict:
+def memory_report(model_path: str | os.PathLike, plan: MemoryPlan | None, engine, offload, experts=None) -> dict:
     """Where this process's memory is now, by part: the limit's split where there is one, the sizes the engine
     allocated (KV cache, buffers), the weights kept in RAM (offload: copies of what must stay, resident neurons,
     read buffers; otherwise the model file's mapped pages) and what /proc and the memory cgroup measure."""
@@ -223,4 +223,8 @@ def memory_report(model_path: str | os.PathLike, plan: MemoryPlan | None, engine
                    read_buffer_bytes=int(st["ring_bytes"]), neuron_cache_bytes=int(p.cache_bytes))
     else:
         out.update(resident_weight_bytes=now.model_file, read_buffer_bytes=0, neuron_cache_bytes=0)
+    if experts is not None:  # a Mixture of Experts streaming its experts: resident experts and the cache
+        st = experts.store.stats()
+        out.update(resident_weight_bytes=now.model_file + int(st["resident_bytes"]),
+                   expert_cache_bytes=int(st["cache_bytes"]))
     return out

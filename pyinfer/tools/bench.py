@@ -22,6 +22,7 @@ class BenchResult:
     peak_rss_mb: float
     repetitions: int
     offload: dict | None = None  # under a RAM budget: the plan and the decode test's I/O (offload_stats)
+    experts: dict | None = None  # a Mixture of Experts streaming its experts: hit rate, bytes read per token
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -112,10 +113,14 @@ def run_bench(model, prompt_tokens: int = 256, gen_tokens: int = 128, repetition
     offload = getattr(model, "offload", None)
     if offload is not None:
         offload.store.reset_stats()
+    experts = getattr(model.session, "experts", None)
+    if experts is not None:
+        experts.store.reset_stats()
     seconds = [bench_decode(model, gen_tokens, depth=depth, depth_logits=logits)[0] for _ in range(repetitions)]
     tg = [gen_tokens / s for s in seconds]
     io = None
     if offload is not None:  # the decode tests' reads (and the short prompt before each)
         io = offload_stats(model, offload.store.stats(), gen_tokens * repetitions, sum(seconds))
     return BenchResult(model.n_threads, model.isa, prompt_tokens, gen_tokens, depth, model.cache_type,
-                       float(np.median(pp)), float(np.median(tg)), peak_rss_mb(), repetitions, io)
+                       float(np.median(pp)), float(np.median(tg)), peak_rss_mb(), repetitions, io,
+                       experts.report(gen_tokens * repetitions) if experts is not None else None)

@@ -209,7 +209,7 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       int32_t* ints = moe_ints_.data() + ith * (moe_size_.order + moe_size_.start);
       return cpu_moe_matmul(kernels_, g, n, shape, ith, nth,
                             MoeScratch{ints, ints + moe_size_.order, moe_x_.data() + ith * moe_size_.x_bytes,
-                                       moe_out_.data() + ith * moe_size_.out});
+                                       moe_out_.data() + ith * moe_size_.out, std::max<int64_t>(moe_size_.tokens, 1)});
     }
     default: break;
   }

@@ -12,8 +12,12 @@ namespace pyinfer {
 
 namespace {
 
-// Expert `s` of token row `r` of a route (F32 [T, 2k]: weights, then ids as floats).
-inline int32_t route_id(const float* r, int32_t k, int32_t s) { return int32_t(r[k + s]); }
+// Expert `s` of token row `r` of a route (F32 [T, 2k]: weights, then ids as floats); -1 when it is no id of
+// [0, n) (checked as a float first: converting NaN or a huge value to an integer is undefined).
+inline int32_t route_id(const float* r, int32_t k, int32_t s, int32_t n) {
+  const float v = r[k + s];
+  return v >= 0.f && v < float(n) ? int32_t(v) : -1;
+}
 
 inline float finite_or_lowest(float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; }
 
@@ -24,6 +28,7 @@ void MoeScratchSize::grow(const Graph& g, const Node& n, int64_t max_tokens) {
   const Tensor& w = g.tensors[size_t(n.src[MoeMatMulSrc::weight])];
   const Tensor& x = g.tensors[size_t(n.src[MoeMatMulSrc::x])];
   const int64_t rows_e = w.rows / n.p.moe.n_expert;
+  tokens = std::max(tokens, max_tokens);
   order = std::max(order, max_tokens * n.p.moe.k);
   start = std::max(start, int64_t(n.p.moe.n_expert) + 1);
   x_bytes = std::max(x_bytes, max_tokens * int64_t(dtype_row_bytes(x.type, w.cols)));
@@ -100,8 +105,8 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
   };
   auto x_of = [&](int64_t t, int32_t s) { return row_ptr<const uint8_t>(x, t) + (per_slot ? size_t(s) * seg_bytes : 0); };
   auto expert_of = [&](int64_t t, int32_t s) {
-    const int32_t e = route_id(row_ptr<const float>(route, t), k, s);
-    if (e < 0 || e >= n_expert) throw GraphError("a route names expert " + std::to_string(e) + " of " + std::to_string(n_expert));
+    const int32_t e = route_id(row_ptr<const float>(route, t), k, s, n_expert);
+    if (e < 0) throw GraphError("a route names an expert outside [0, " + std::to_string(n_expert) + ")");
     return e;
   };
   // Each thread computes the same rows of every chosen expert: a weight row is read once per run.
@@ -137,12 +142,16 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
       run(e, x_of(t, s), seg_bytes, 1, row_ptr<float>(dst, t) + s * rows_e, rows_e);
       continue;
     }
-    for (int64_t i = 0; i < m; ++i) std::memcpy(scratch.x + i * seg_bytes, x_of(pairs[i] / k, pairs[i] % k), seg_bytes);
-    run(e, scratch.x, seg_bytes, m, scratch.out, rows_e);
-    for (int64_t i = 0; i < m; ++i) {
-      const float* from = scratch.out + i * rows_e;
-      float* to = row_ptr<float>(dst, pairs[i] / k) + (pairs[i] % k) * rows_e;
-      std::memcpy(to + r0, from + r0, size_t(r1 - r0) * sizeof(float));
+    for (int64_t i0 = 0; i0 < m; i0 += scratch.rows) {  // a token picks an expert once, so one chunk unless
+      const int64_t c = std::min(scratch.rows, m - i0);    // a run has more tokens than the scratch was sized for
+      for (int64_t i = 0; i < c; ++i)
+        std::memcpy(scratch.x + i * seg_bytes, x_of(pairs[i0 + i] / k, pairs[i0 + i] % k), seg_bytes);
+      run(e, scratch.x, seg_bytes, c, scratch.out, rows_e);
+      for (int64_t i = 0; i < c; ++i) {
+        const int32_t pair = pairs[i0 + i];
+        std::memcpy(row_ptr<float>(dst, pair / k) + (pair % k) * rows_e + r0, scratch.out + i * rows_e + r0,
+                    size_t(r1 - r0) * sizeof(float));
+      }
     }
   }
 }

@@ -14,11 +14,12 @@ struct MoeScratch {
   int32_t* start;   // [n_expert + 1]: where each expert's group begins in `order`
   uint8_t* x;       // [T, one segment of x]: a group's inputs gathered into consecutive rows
   float* out;       // [T, rows_e]: a group's outputs before they are scattered to their tokens' slots
+  int64_t rows;     // T: how many of a group's tokens x and out hold at once
 };
 
 // Sizes (per thread) MoeMatMul needs for a node in a run of at most max_tokens tokens.
 struct MoeScratchSize {
-  int64_t order = 0, start = 0, x_bytes = 0, out = 0;
+  int64_t order = 0, start = 0, x_bytes = 0, out = 0, tokens = 0;
   void grow(const Graph& g, const Node& n, int64_t max_tokens);
 };
 

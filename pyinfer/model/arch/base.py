@@ -86,10 +86,12 @@ class Architecture:
             rope_attn_factor=float(f.get(p + "rope.scaling.attn_factor", 1.0) or 1.0),
         )
 
-    def moe_hparams(self, f: GGUFModelFile, norm: bool = True, shared: bool = False) -> dict:
+    def moe_hparams(self, f: GGUFModelFile, norm: bool = True, shared: bool = False,
+                    width_key: str = "expert_feed_forward_length") -> dict:
         """The experts of a Mixture-of-Experts file ({} for a dense one), checked against every layer's tensors:
         `norm`, whether the chosen weights are divided by their sum (llama.cpp's norm_w for the architecture);
-        `shared`, whether the architecture has a shared expert."""
+        `shared`, whether the architecture has a shared expert; `width_key`, the key llama.cpp reads an expert's
+        width from (Mixtral's is feed_forward_length)."""
         p = self.name + "."
         n = int(_one_value(f, p + "expert_count", 0))
         has_experts = any(name.endswith("_exps.weight") for name in f.tensors)
@@ -105,8 +107,8 @@ class Architecture:
         if first is None or first.rows % n:
             raise ModelFormatError(f"{f.path.name}: blk.0.ffn_gate_exps.weight must hold {n} experts")
         ff = first.rows // n
-        if int(f.get(p + "expert_feed_forward_length", ff) or ff) != ff:
-            raise ModelFormatError(f"{f.path.name}: {p}expert_feed_forward_length disagrees with the expert tensors")
+        if int(f.get(p + width_key, ff) or ff) != ff:
+            raise ModelFormatError(f"{f.path.name}: {p}{width_key} disagrees with the expert tensors")
         ff_shared = 0
         if shared and "blk.0.ffn_gate_shexp.weight" in f.tensors:
             ff_shared = f.tensors["blk.0.ffn_gate_shexp.weight"].rows

@@ -15,7 +15,7 @@ class Llama(Architecture):
     tensor_patterns = (r"rope_freqs\.weight",) + POWERINFER_TENSORS + MOE_TENSORS
 
     def config(self, f) -> LlamaConfig:
-        return LlamaConfig(**self.common_hparams(f), **self.moe_hparams(f, norm=True))
+        return LlamaConfig(**self.common_hparams(f), **self.moe_hparams(f, norm=True, width_key="feed_forward_length"))
 
     def attention_options(self, m, il: int) -> dict:
         return {"factors": m.optional("rope_freqs.weight")}

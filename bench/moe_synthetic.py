@@ -1,0 +1,196 @@
+"""The regime expert streaming is for: a Qwen3-30B-A3B-shaped Mixture of Experts (48 layers, d 2048, 32 heads of
+128 with 4 KV heads, 128 experts of 768 neurons, 8 per token, Q4_0, random weights, about 17 GB) decoded under
+total memory limits far below its size, pyinfer (`mem_limit`: experts stream, the hottest resident) against
+llama.cpp (repacking off, so its weights stay in the mmap), both in memory cgroups of the same limit
+(bench/offload.py's protocol: caches dropped, alternating rounds, medians and spreads).
+
+No real MoE file fits the package registries, so the router is built to produce a stated routing process:
+  - every token belongs to a routing class (its id mod 2048); its embedding is that class's axis, and attention
+    and the experts write exact zeros (fp16 scale 0 over random nibbles: the bytes are read, the sums are 0), so
+    every layer's router sees the class;
+  - each layer's router gives each class 8 experts, drawn from that layer's popularity p_e ~ (rank_e + 1)^-ALPHA
+    (a random rank order per layer), except that each of the previous class's experts is kept with probability
+    REUSE (what an expert cache can reuse from one decode step to the next);
+  - the output head sends class c to class c + 1, so greedy decode walks the classes in order and every step
+    is routed by the process above.
+Random weights: the figures are speeds and bytes, never quality. Needs root, cgroup v1 and llama-cpp-python;
+writes ~17 GB under --workdir.
+
+  python bench/moe_synthetic.py --limits 4G 8G 12G --tokens 64 --ctx 256
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+SHAPE = {"n_layers": 48, "d_model": 2048, "n_heads": 32, "n_kv_heads": 4, "head_dim": 128, "n_expert": 128,
+         "n_expert_used": 8, "d_ff_expert": 768, "vocab": 151936}
+CLASSES = 2048            # routing classes: token id mod CLASSES (one axis of d_model each)
+ALPHA, REUSE = 1.0, 0.3   # popularity skew per layer; chance a token keeps each of the previous token's experts
+SCALE = 0.02              # fp16 scale of the random blocks that do compute (q, k, v, expert gate and up)
+
+
+def q4_blocks(rng, rows: int, cols: int, scale: float) -> np.ndarray:
+    """U8 [rows, cols / 32 * 18]: random nibbles under one fp16 scale (0: every value exactly 0)."""
+    b = rng.integers(0, 256, size=(rows, cols // 32, 18), dtype=np.uint8)
+    b[:, :, :2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    return b.reshape(rows, -1)
+
+
+def axis_rows(rows: int, cols: int, axis_of_row: dict[int, list[int]], value: float) -> np.ndarray:
+    """Q4_0 [rows, cols] that is `value` at (r, c) for c in axis_of_row[r] and exactly 0 elsewhere."""
+    b = np.zeros((rows, cols // 32, 18), np.uint8)
+    b[:, :, 2:] = 0x88                                  # every nibble 8: value d * (8 - 8) = 0
+    d = np.frombuffer(np.float16(value / 7).tobytes(), np.uint8)
+    for r, axes in axis_of_row.items():
+        for c in axes:
+            blk, j = divmod(c, 32)
+            b[r, blk, :2] = d
+            byte = 2 + (j % 16)
+            b[r, blk, byte] = (b[r, blk, byte] & 0xF0) | 15 if j < 16 else (b[r, blk, byte] & 0x0F) | 0xF0
+    return b.reshape(rows, -1)
+
+
+def routing(seed: int = 7) -> np.ndarray:
+    """I32 [n_layers, CLASSES, k]: each class's experts per layer, by the stated process along the class chain."""
+    rng = np.random.default_rng(seed)
+    n, k = SHAPE["n_expert"], SHAPE["n_expert_used"]
+    out = np.zeros((SHAPE["n_layers"], CLASSES, k), np.int32)
+    for il in range(SHAPE["n_layers"]):
+        pop = (np.arange(n) + 1.0) ** -ALPHA
+        pop = pop[rng.permutation(n)]
+        pop /= pop.sum()
+        prev: list[int] = list(rng.choice(n, k, replace=False, p=pop))
+        for c in range(CLASSES):
+            keep = [e for e in prev if rng.random() < REUSE]
+            while len(keep) < k:
+                e = int(rng.choice(n, p=pop))
+                if e not in keep:
+                    keep.append(e)
+            out[il, c] = keep
+            prev = keep
+    return out
+
+
+def write_model(path: Path, seed: int = 0) -> None:
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter
+    from tiny_model import _add_tiny_vocab
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(seed)
+    c = SHAPE
+    d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
+    qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
+    route = routing()
+    w = GGUFWriter(str(path), "qwen3moe")
+    w.add_block_count(c["n_layers"])
+    w.add_context_length(4096)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(6144)
+    w.add_head_count(c["n_heads"])
+    w.add_head_count_kv(c["n_kv_heads"])
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(n)
+    w.add_expert_used_count(c["n_expert_used"])
+    w.add_expert_feed_forward_length(ff)
+    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
+    _add_tiny_vocab(w, pad_to=V)
+    sqrt_d = float(np.sqrt(d))
+
+    # name -> (numpy element shape, maker of its bytes); made one at a time while writing
+    plan: list[tuple] = []
+
+    def q4(name, shape, make):
+        plan.append((name, shape, make, Q.Q4_0))
+
+    def f32(name, shape, make):
+        plan.append((name, shape, make, Q.F32))
+
+    # The embedding: token v is its class's axis (value 1: the norm scales it to sqrt(d) anyway).
+    q4("token_embd.weight", (V, d), lambda: axis_rows(V, d, {v: [v % CLASSES] for v in range(V)}, 1.0))
+    for il in range(c["n_layers"]):
+        p = f"blk.{il}."
+        f32(p + "attn_norm.weight", (d,), lambda: np.ones(d, np.float32))
+        for name, rows in (("attn_q", qw), ("attn_k", kvw), ("attn_v", kvw)):
+            q4(p + name + ".weight", (rows, d), lambda rows=rows: q4_blocks(rng, rows, d, SCALE))
+        f32(p + "attn_q_norm.weight", (hd,), lambda: np.ones(hd, np.float32))
+        f32(p + "attn_k_norm.weight", (hd,), lambda: np.ones(hd, np.float32))
+        q4(p + "attn_output.weight", (d, qw), lambda: q4_blocks(rng, d, qw, 0.0))
+        f32(p + "ffn_norm.weight", (d,), lambda: np.ones(d, np.float32))
+
+        def router(il=il):  # F32 [n, d]: class c's experts get logits 10, 9.9, ... (clear margins), others 0
+            r = np.zeros((n, d), np.float32)
+            for cls in range(CLASSES):
+                r[route[il, cls], cls] = (10.0 - 0.1 * np.arange(c["n_expert_used"])) / sqrt_d
+            return r
+
+        f32(p + "ffn_gate_inp.weight", (n, d), router)
+        q4(p + "ffn_gate_exps.weight", (n, ff, d), lambda: q4_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1))
+        q4(p + "ffn_up_exps.weight", (n, ff, d), lambda: q4_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1))
+        q4(p + "ffn_down_exps.weight", (n, d, ff), lambda: q4_blocks(rng, n * d, ff, 0.0).reshape(n, d, -1))
+    f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
+    # The head: class c's axis votes for token c + 1 (the next class).
+    q4("output.weight", (V, d), lambda: axis_rows(V, d, {(cls + 1) % CLASSES: [cls] for cls in range(CLASSES)}, 1.0))
+
+    for name, shape, _, qt in plan:
+        if qt == Q.F32:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+        else:  # the byte shape: gguf-py turns it into elements
+            byte_shape = (*shape[:-1], shape[-1] // 32 * 18)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, make, _ in tqdm(plan, desc="writing", unit="tensor", file=sys.stderr):
+        w.write_tensor_data(make())
+    w.close()
+
+
+def main() -> int:
+    import offload as ob
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default="/tmp/pyinfer-moe")
+    ap.add_argument("--limits", nargs="+", default=["4G", "8G", "12G"], help="total memory limits (both engines)")
+    ap.add_argument("--tag", default="moe_synthetic")
+    ap.add_argument("--expert-policy", default="lru", choices=["lru", "lfu"],
+                    help="pyinfer's expert cache policy (least recently or least frequently used out)")
+    ob.add_common_args(ap)
+    ap.set_defaults(tokens=64, ctx=256, sparsity="off")
+    args = ap.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ["PYINFER_CACHE"] = str(work / "cache")  # the routing profile is cached next to the model
+    model = work / "qwen3moe-30b-a3b-shape-q4_0.gguf"
+    if not model.exists():
+        print(f"writing {model} ...", file=sys.stderr)
+        write_model(model.with_suffix(".tmp"))
+        model.with_suffix(".tmp").replace(model)
+    rows = ob.compare(str(model), ob.parse_limits(args.limits), args)
+    meta = {"model": model.name, "file_bytes": model.stat().st_size, "shape": SHAPE, "classes": CLASSES,
+            "alpha": ALPHA, "reuse": REUSE, "expert_policy": args.expert_policy, "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx,
+            "rounds": args.rounds, "llamacpp_repack": args.repack}
+    print(ob.write_results(args.tag, f"Qwen3-30B-A3B-shaped synthetic MoE ({model.stat().st_size / 2**30:.2f} GiB, "
+                           "Q4_0, 8 of 128 experts per token): decode under one memory limit",
+                           [f"Routing: per layer, expert popularity ~ (rank + 1)^-{ALPHA}; each of the previous "
+                            f"token's experts kept with probability {REUSE}. Both engines in a memory cgroup of the "
+                            "same total limit (pyinfer `mem_limit` = it), caches dropped before every run, llama.cpp's "
+                            f"repacking {'on' if args.repack else 'off'}; {args.threads} threads, {args.tokens} tokens, "
+                            f"context {args.ctx} for both, {args.rounds} rounds; random weights. `FFN in RAM` is "
+                            "pyinfer's expert hit rate (resident or cached)."], meta, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
