@@ -157,6 +157,47 @@ def write_model(path: Path, seed: int = 0) -> None:
     w.close()
 
 
+def compare_policies(model: str, args) -> int:
+    """pyinfer's expert cache, least recently against least frequently used out, at each limit: rounds alternate
+    the two (order flipped every other round), each in a fresh cgroup of the limit with caches dropped."""
+    import json
+    import statistics
+
+    import offload as ob
+
+    rows = []
+    for label, limit in ob.parse_limits(args.limits):
+        runs: dict[str, list] = {"lru": [], "lfu": []}
+        for r in range(args.rounds):
+            for policy in (("lru", "lfu") if r % 2 == 0 else ("lfu", "lru")):
+                args.expert_policy = policy
+                out, cg = ob.run_in_cgroup(ob.child_cmd("pyinfer", model, args, limit), limit, policy)
+                runs[policy].append(out)
+                e = out.get("experts") or {}
+                print(f"{label} round {r + 1} {policy}: {out.get('tok_s', 0):.2f} tok/s, hit rate "
+                      f"{e.get('hit_rate', 0):.1%}, {out.get('read_bytes_per_token', 0) / 1e6:.1f} MB/token",
+                      file=sys.stderr)
+        med = {p: {"tok_s": statistics.median(o["tok_s"] for o in v),
+                   "hit_rate": statistics.median(o["experts"]["hit_rate"] for o in v),
+                   "mb_per_token": statistics.median(o["read_bytes_per_token"] for o in v) / 1e6} for p, v in runs.items()}
+        rows.append({"label": label, "limit_bytes": limit, "median": med, "runs": runs})
+    ob.RESULTS.mkdir(exist_ok=True)
+    (ob.RESULTS / "moe_policies.json").write_text(json.dumps({"meta": {"tokens": args.tokens, "ctx": args.ctx,
+                                                              "rounds": args.rounds, "alpha": ALPHA, "reuse": REUSE},
+                                                             "rows": rows}, indent=1))
+    lines = ["# The expert cache's policy on the synthetic Qwen3-30B-A3B-shaped MoE", "",
+             f"pyinfer alone under `--mem-limit`, {args.tokens} decode tokens, {args.rounds} rounds alternating; "
+             f"routing alpha {ALPHA}, reuse {REUSE}. Medians.", "",
+             "| limit | LRU tok/s | LFU tok/s | LRU hit rate | LFU hit rate | MB read/token LRU | LFU |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, b = r["median"]["lru"], r["median"]["lfu"]
+        lines.append(f"| {r['label']} | {a['tok_s']:.2f} | {b['tok_s']:.2f} | {a['hit_rate']:.1%} | {b['hit_rate']:.1%} | "
+                     f"{a['mb_per_token']:.1f} | {b['mb_per_token']:.1f} |")
+    (ob.RESULTS / "moe_policies.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main() -> int:
     import offload as ob
 
@@ -164,6 +205,8 @@ def main() -> int:
     ap.add_argument("--workdir", default="/tmp/pyinfer-moe")
     ap.add_argument("--limits", nargs="+", default=["4G", "8G", "12G"], help="total memory limits (both engines)")
     ap.add_argument("--tag", default="moe_synthetic")
+    ap.add_argument("--policies", action="store_true",
+                    help="pyinfer alone: LRU against LFU at each limit, alternating (bench/results/moe_policies.*)")
     ap.add_argument("--expert-policy", default="lru", choices=["lru", "lfu"],
                     help="pyinfer's expert cache policy (least recently or least frequently used out)")
     ob.add_common_args(ap)
@@ -177,6 +220,8 @@ def main() -> int:
         print(f"writing {model} ...", file=sys.stderr)
         write_model(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
+    if args.policies:
+        return compare_policies(str(model), args)
     rows = ob.compare(str(model), ob.parse_limits(args.limits), args)
     meta = {"model": model.name, "file_bytes": model.stat().st_size, "shape": SHAPE, "classes": CLASSES,
             "alpha": ALPHA, "reuse": REUSE, "expert_policy": args.expert_policy, "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx,
