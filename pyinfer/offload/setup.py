@@ -20,7 +20,7 @@ def make_offload(gguf, cfg, plan, neuron_down: str, ram_budget, neuron_cache: fl
     from ..model.pull import cache_dir
     from .offloaded_ffn import BudgetBelowMinimum, OffloadedFfn, parse_size
 
-    if cfg.is_moe:
+    if cfg is not None and cfg.is_moe:
         raise PyinferError("a RAM budget streams FFN neurons of a sparsity plan; a Mixture-of-Experts model streams "
                            "its experts under a memory limit instead (--mem-limit)")
     if plan is None:
