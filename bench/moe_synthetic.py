@@ -13,6 +13,11 @@ No real MoE file fits the package registries, so the router is built to produce 
     REUSE (what an expert cache can reuse from one decode step to the next);
   - the output head sends class c to class c + 1, so greedy decode walks the classes in order and every step
     is routed by the process above.
+Because attention and the experts add exact zeros, every layer's hidden state is its token's class axis: the
+next layer's router applied to this layer's state (pyinfer's prefetch) names exactly the experts that layer
+will choose. `--prefetch` therefore measures what read-ahead saves when its prediction is right, an upper
+bound; how often it is right on a real model is that model's (pre-gated MoE and ProMoE report most of the
+experts), and no real MoE file fits the package registries to measure it here.
 Random weights: the figures are speeds and bytes, never quality. Needs root, cgroup v1 and llama-cpp-python;
 writes ~17 GB under --workdir.
 
@@ -157,43 +162,83 @@ def write_model(path: Path, seed: int = 0) -> None:
     w.close()
 
 
-def compare_policies(model: str, args) -> int:
-    """pyinfer's expert cache, least recently against least frequently used out, at each limit: rounds alternate
-    the two (order flipped every other round), each in a fresh cgroup of the limit with caches dropped."""
+VARIANTS = {  # --policies / --prefetch: pyinfer alone, one of its expert options against the other
+    "policies": ("expert_policy", ("lru", "lfu"), "moe_policies", "The expert cache's policy (LRU against LFU)"),
+    "prefetch": ("expert_prefetch", ("on", "off"), "moe_prefetch",
+                 "Reading the next layer's predicted experts ahead (on against off)"),
+}
+
+
+def compare_variants(model: str, args, which: str) -> int:
+    """pyinfer alone at each limit, one expert option's two values: rounds alternate them (order flipped every
+    other round), each in a fresh cgroup of the limit with caches dropped."""
     import json
     import statistics
 
     import offload as ob
 
+    attr, values, tag, title = VARIANTS[which]
     rows = []
     for label, limit in ob.parse_limits(args.limits):
-        runs: dict[str, list] = {"lru": [], "lfu": []}
+        runs: dict[str, list] = {v: [] for v in values}
         for r in range(args.rounds):
-            for policy in (("lru", "lfu") if r % 2 == 0 else ("lfu", "lru")):
-                args.expert_policy = policy
-                out, cg = ob.run_in_cgroup(ob.child_cmd("pyinfer", model, args, limit), limit, policy)
-                runs[policy].append(out)
+            for value in (values if r % 2 == 0 else values[::-1]):
+                setattr(args, attr, value)
+                out, cg = ob.run_in_cgroup(ob.child_cmd("pyinfer", model, args, limit), limit, value)
+                if "error" in out:
+                    print(f"{label} round {r + 1} {value}: {out['error']}", file=sys.stderr)
+                    continue
+                runs[value].append(out)
                 e = out.get("experts") or {}
-                print(f"{label} round {r + 1} {policy}: {out.get('tok_s', 0):.2f} tok/s, hit rate "
-                      f"{e.get('hit_rate', 0):.1%}, {out.get('read_bytes_per_token', 0) / 1e6:.1f} MB/token",
-                      file=sys.stderr)
-        med = {p: {"tok_s": statistics.median(o["tok_s"] for o in v),
-                   "hit_rate": statistics.median(o["experts"]["hit_rate"] for o in v),
-                   "mb_per_token": statistics.median(o["read_bytes_per_token"] for o in v) / 1e6} for p, v in runs.items()}
-        rows.append({"label": label, "limit_bytes": limit, "median": med, "runs": runs})
+                print(f"{label} round {r + 1} {value}: {out.get('tok_s', 0):.2f} tok/s, hit rate "
+                      f"{e.get('hit_rate', 0):.1%}, {out.get('read_bytes_per_token', 0) / 1e6:.1f} MB/token, "
+                      f"prediction {e.get('prediction_accuracy') or 0:.1%}", file=sys.stderr)
+
+        def med(v: list, f):
+            xs = [f(o) for o in v if f(o) is not None]
+            return statistics.median(xs) if xs else None
+
+        n = args.tokens
+        med_rows = {value: {"tok_s": med(v, lambda o: o["tok_s"]),
+                            "tok_s_low": min((o["tok_s"] for o in v), default=None),
+                            "tok_s_high": max((o["tok_s"] for o in v), default=None),
+                            "hit_rate": med(v, lambda o: o["experts"]["hit_rate"]),
+                            "mb_per_token": med(v, lambda o: o["read_bytes_per_token"] / 1e6),
+                            "prediction_accuracy": med(v, lambda o: o["experts"].get("prediction_accuracy")),
+                            "prefetch_used_share": med(v, lambda o: o["experts"].get("prefetch_used_share")),
+                            "read_wait_s_per_token": med(v, lambda o: (o["experts"]["read_seconds"] +
+                                                                       o["experts"].get("prefetch_wait_seconds", 0)) / n)}
+                    for value, v in runs.items()}
+        rows.append({"label": label, "limit_bytes": limit, "median": med_rows, "runs": runs})
     ob.RESULTS.mkdir(exist_ok=True)
-    (ob.RESULTS / "moe_policies.json").write_text(json.dumps({"meta": {"tokens": args.tokens, "ctx": args.ctx,
-                                                              "rounds": args.rounds, "alpha": ALPHA, "reuse": REUSE},
-                                                             "rows": rows}, indent=1))
-    lines = ["# The expert cache's policy on the synthetic Qwen3-30B-A3B-shaped MoE", "",
-             f"pyinfer alone under `--mem-limit`, {args.tokens} decode tokens, {args.rounds} rounds alternating; "
-             f"routing alpha {ALPHA}, reuse {REUSE}. Medians.", "",
-             "| limit | LRU tok/s | LFU tok/s | LRU hit rate | LFU hit rate | MB read/token LRU | LFU |", "|---|---|---|---|---|---|---|"]
+    (ob.RESULTS / f"{tag}.json").write_text(json.dumps({"meta": {"tokens": args.tokens, "ctx": args.ctx,
+                                                        "rounds": args.rounds, "alpha": ALPHA, "reuse": REUSE,
+                                                        "threads": args.threads, "compared": attr},
+                                               "rows": rows}, indent=1))
+
+    def f(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    a, b = values
+    lines = [f"# {title} on the synthetic Qwen3-30B-A3B-shaped MoE", "",
+             f"pyinfer alone under `--mem-limit` (a memory cgroup of the same limit, caches dropped), {args.threads} "
+             f"threads, {args.tokens} decode tokens, {args.rounds} rounds alternating; routing alpha {ALPHA}, reuse "
+             f"{REUSE}. Medians (lowest-highest). `waiting on reads` is seconds per token the decode blocked on "
+             "expert reads (on-demand reads plus read-ahead not finished in time).", "",
+             f"| limit | tok/s {a} | tok/s {b} | {a} / {b} | hit rate {a} | {b} | MB read/token {a} | {b} | "
+             f"waiting on reads s/token {a} | {b} | next-layer prediction right | read-ahead used |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        a, b = r["median"]["lru"], r["median"]["lfu"]
-        lines.append(f"| {r['label']} | {a['tok_s']:.2f} | {b['tok_s']:.2f} | {a['hit_rate']:.1%} | {b['hit_rate']:.1%} | "
-                     f"{a['mb_per_token']:.1f} | {b['mb_per_token']:.1f} |")
-    (ob.RESULTS / "moe_policies.md").write_text("\n".join(lines) + "\n")
+        x, y = r["median"][a], r["median"][b]
+        ratio = x["tok_s"] / y["tok_s"] if x["tok_s"] and y["tok_s"] else None
+        pred = x["prediction_accuracy"] if x["prediction_accuracy"] is not None else y["prediction_accuracy"]
+        used = x["prefetch_used_share"] if x["prefetch_used_share"] is not None else y["prefetch_used_share"]
+        lines.append(f"| {r['label']} | {f(x['tok_s'], '.2f')} ({f(x['tok_s_low'], '.2f')}-{f(x['tok_s_high'], '.2f')}) | "
+                     f"{f(y['tok_s'], '.2f')} ({f(y['tok_s_low'], '.2f')}-{f(y['tok_s_high'], '.2f')}) | "
+                     f"{f(ratio, '.2f')}x | {f(x['hit_rate'], '.1%')} | {f(y['hit_rate'], '.1%')} | "
+                     f"{f(x['mb_per_token'], '.1f')} | {f(y['mb_per_token'], '.1f')} | {f(x['read_wait_s_per_token'], '.3f')} | "
+                     f"{f(y['read_wait_s_per_token'], '.3f')} | {f(pred, '.1%')} | {f(used, '.1%')} |")
+    (ob.RESULTS / f"{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
@@ -207,8 +252,13 @@ def main() -> int:
     ap.add_argument("--tag", default="moe_synthetic")
     ap.add_argument("--policies", action="store_true",
                     help="pyinfer alone: LRU against LFU at each limit, alternating (bench/results/moe_policies.*)")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="pyinfer alone: reading the next layer's predicted experts ahead, on against off "
+                         "(bench/results/moe_prefetch.*)")
     ap.add_argument("--expert-policy", default="lru", choices=["lru", "lfu"],
                     help="pyinfer's expert cache policy (least recently or least frequently used out)")
+    ap.add_argument("--expert-prefetch", default="on", choices=["on", "off"],
+                    help="pyinfer's read-ahead of the next layer's predicted experts")
     ob.add_common_args(ap)
     ap.set_defaults(tokens=64, ctx=256, sparsity="off")
     args = ap.parse_args()
@@ -220,11 +270,12 @@ def main() -> int:
         print(f"writing {model} ...", file=sys.stderr)
         write_model(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
-    if args.policies:
-        return compare_policies(str(model), args)
+    if args.policies or args.prefetch:
+        return compare_variants(str(model), args, "policies" if args.policies else "prefetch")
     rows = ob.compare(str(model), ob.parse_limits(args.limits), args)
     meta = {"model": model.name, "file_bytes": model.stat().st_size, "shape": SHAPE, "classes": CLASSES,
-            "alpha": ALPHA, "reuse": REUSE, "expert_policy": args.expert_policy, "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx,
+            "alpha": ALPHA, "reuse": REUSE, "expert_policy": args.expert_policy,
+            "expert_prefetch": args.expert_prefetch, "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx,
             "rounds": args.rounds, "llamacpp_repack": args.repack}
     print(ob.write_results(args.tag, f"Qwen3-30B-A3B-shaped synthetic MoE ({model.stat().st_size / 2**30:.2f} GiB, "
                            "Q4_0, 8 of 128 experts per token): decode under one memory limit",

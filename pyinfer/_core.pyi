@@ -50,6 +50,7 @@ class Op(enum.IntEnum):
     MOE_MAT_MUL = 19
     MOE_COMBINE = 20
     EXPERT_FETCH = 21
+    MOE_ROUTE_SPLIT = 22
 
 class RunIf(enum.IntEnum):
     ALWAYS = 0
@@ -95,8 +96,9 @@ class NeuronStore:
 class ExpertStore:
     """A MoE model's experts outside RAM: resident experts, a cache of slots (lru or lfu), reads on a miss."""
     def __init__(self, path: str, layers: Sequence[dict], cache_slots: int, policy: str = "lru",
-                 io_threads: int = 8, io_uring: bool = True) -> None: ...
+                 io_threads: int = 8, io_uring: bool = True, direct_io: bool = True) -> None: ...
     def fetch(self, layer: int, route: npt.ArrayLike, k: int) -> None: ...          # tests
+    def prefetch(self, layer: int, route: npt.ArrayLike, k: int) -> None: ...       # tests
     def expert(self, layer: int, part: int, expert: int) -> Optional[bytes]: ...     # tests
     def stats(self) -> dict: ...
     def chosen(self) -> list[list[int]]: ...

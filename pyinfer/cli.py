@@ -59,9 +59,11 @@ def _model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
 def _sparsity_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparsity", default="off", metavar="off|auto|FILE",
                    help="activation sparsity for decode: off (default), auto (calibrate on first use on bundled "
-                        "public-domain text, then cached), or a file from `pyinfer train-predictors`")
+                        "public-domain text, then cached; kept only where it decodes faster than dense on this "
+                        "machine, timed once), or a file from `pyinfer train-predictors`")
     p.add_argument("--target", type=float, default=None,
-                   help="FFN sparsity that --sparsity auto calibrates for (default: 0.4 for SwiGLU models)")
+                   help="FFN sparsity that --sparsity auto calibrates for (default: 0.4 for SwiGLU models); "
+                        "an explicit target keeps the plan without timing it against dense")
     p.add_argument("--ram-budget", default=None, metavar="SIZE",
                    help="most bytes of weights kept in RAM, e.g. 80M or 1.5G (with --sparsity): each layer's "
                         "hottest FFN neurons stay, the rest are streamed from a bundle file on disk while the "
@@ -355,6 +357,13 @@ def _device_summary(model) -> dict | None:
     p = model.placement
     if p is None:
         return None
+    if "gpu_experts" in p:  # a Mixture of Experts, placed by whole experts
+        n = sum(map(len, p["gpu_experts"]))
+        return {"device": model.device, "vram_budget": p["vram_budget"], "gpu_experts": n,
+                "expert_share_on_gpu": n / max(p["n_expert"] * len(p["gpu_experts"]), 1),
+                "mass_on_gpu": p["mass_on_gpu"], "expert_bytes_on_gpu": p["expert_bytes_on_gpu"],
+                "split_layers": len(p.get("split_layers", [])), "head_on_gpu": p["head_on_gpu"],
+                "copies_per_run": model.n_copies}
     return {"device": model.device, "vram_budget": p["vram_budget"], "gpu_neurons": sum(p["gpu_neurons"]),
             # neurons, not bytes: a sparse layer's device side holds a Q8_0 copy of its down (more than the file's)
             "ffn_share_on_gpu": sum(p["gpu_neurons"]) / max(sum(p["n_ff"]), 1), "mass_on_gpu": p["mass_on_gpu"],
@@ -383,12 +392,15 @@ def cmd_bench(args) -> int:
     sparsity = _measure_sparsity(model) if model.sparsity is not None and not limited else None
     device = _device_summary(model)
     if args.json:  # one object, whatever the options
-        print(json.dumps(dict(r.as_dict(), sparsity=sparsity, device=device, memory=memory)))
+        print(json.dumps(dict(r.as_dict(), sparsity=sparsity, device=device, memory=memory,
+                              auto_choice=model.session.auto_choice)))
         return 0
     print(f"model    {model.path}")
     if device is not None:
-        print(f"device   {device['device']}: VRAM budget {device['vram_budget'] / 2**20:.1f} MiB, FFN "
-              f"{device['ffn_share_on_gpu']:.0%} of neurons and {device['mass_on_gpu']:.0%} of the activation mass "
+        what = (f"{device['expert_share_on_gpu']:.0%} of the experts and {device['mass_on_gpu']:.0%} of the routes"
+                if "gpu_experts" in device else
+                f"FFN {device['ffn_share_on_gpu']:.0%} of neurons and {device['mass_on_gpu']:.0%} of the activation mass")
+        print(f"device   {device['device']}: VRAM budget {device['vram_budget'] / 2**20:.1f} MiB, {what} "
               f"there, {device['split_layers']} layers split, head on the "
               f"{'device' if device['head_on_gpu'] else 'CPU'}")
     print(f"threads  {r.threads} ({r.isa})")
@@ -403,6 +415,10 @@ def cmd_bench(args) -> int:
         print(f"experts  {e['resident_experts']} resident, cache of {e['cache_slots']}: {e['hit_rate']:.0%} of chosen "
               f"experts in RAM ({e['resident_hit_rate']:.0%} resident), {e['bytes_read_per_token'] / 1e6:.1f} MB "
               f"read per token ({e['io_engine']})")
+        if e.get("prediction_accuracy") is not None:
+            print(f"prefetch the next layer's router picked {e['prediction_accuracy']:.0%} of the chosen experts; "
+                  f"{e['prefetch_used_share'] or 0:.0%} of what it read ahead was used; decode waited "
+                  f"{e['read_seconds'] + e['prefetch_wait_seconds']:.2f} s on reads")
     if r.offload is not None:
         o = r.offload
         if o.get("predicted_tok_s"):
@@ -666,6 +682,10 @@ def cmd_info(args) -> int:
         print(f"powerinfer predictors={'yes' if has_predictors(model.gguf) else 'no'} "
               f"sparse_threshold={model.gguf.get(THRESHOLD_KEY, 0.0)} gpu index="
               f"{gi['file'] + ' ' + str(gi['gpu_neurons_per_layer']) if gi else 'none'}")
+    if model.session.auto_choice is not None:  # sparsity auto: timed against dense on this machine
+        from .sparsity.auto_choice import describe
+
+        print(f"sparsity   {describe(model.session.auto_choice)}")
     print(f"kernels    {model.isa} (available: {_core.available_isas()})  threads={model.n_threads}")
     from .place.device import cuda_devices
 

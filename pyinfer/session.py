@@ -17,7 +17,7 @@ from .model.chat_template import chat_spans, render_chat
 from .model.gguf_file import GGUFModelFile
 from .model.tokenizer import Tokenizer
 from .offload.offloaded_ffn import selective_layers
-from .place.device import check_cuda, engine_backends, parse_device, resolve_placement
+from .place.device import check_cuda, engine_backends, parse_device, resolve_expert_placement, resolve_placement
 from .runtime.model_graph import CACHE_TYPES, build_model_graph
 from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
 from .runtime.threads import physical_cores
@@ -46,8 +46,11 @@ class Session:
             raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
         self.path = str(path)
         if mem_limit is not None:
+            import gc
+
             from .offload.memory import reset_peak
 
+            gc.collect()  # a long-lived process's garbage (earlier models) is not this load's footprint
             reset_peak()  # the peak the limit's split reads is this load's own
         self.gguf = GGUFModelFile(path, mmap=mmap)
         self.config = self.gguf.llama_config()
@@ -72,6 +75,15 @@ class Session:
             self.sparsity = None
         self.memory = self._plan_memory(mem_limit, ram_budget, kv_rows, max_batch, device, mmap, progress)
         self.max_batch = self.memory.max_batch if self.memory else max_batch
+        self.auto_choice = None  # sparsity="auto": decode timed with and without its plan on this machine
+        if sparsity == "auto" and target is None and self.sparsity is not None and self.sparsity.info.get("auto") \
+                and ram_budget is None and self.memory is None and str(device) == "cpu":
+            # (an explicit target, a plan file, offload and a device keep the plan: sparse saves reads there)
+            from .sparsity.auto_choice import keep_if_faster
+            from .sparsity.resolve import AUTO_TARGET, auto_plan_path
+
+            self.sparsity, self.auto_choice = keep_if_faster(
+                self, self.sparsity, auto_plan_path(self.gguf.fingerprint(), AUTO_TARGET), progress)
         if self.memory is not None and self.memory.offload and ram_budget is None and not self.config.is_moe:
             ram_budget = max(self.memory.weights, 1)
         self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
@@ -86,17 +98,20 @@ class Session:
         self.placement = None
         if self.kind == "cpu" and vram_budget is not None:
             raise PyinferError("a VRAM budget (--vram-budget) needs a device: cuda or standin (--device)")
-        if self.kind != "cpu" and self.config.is_moe:
-            raise UnsupportedModelError("expert placement on a device is not built yet: Mixture-of-Experts models "
-                                        "run on the CPU (--device cpu)")
+        if self.kind == "cuda" and self.config.is_moe:
+            raise UnsupportedModelError("Mixture-of-Experts models have no CUDA kernels yet: run them on the CPU "
+                                        "(--device cpu), or check an expert placement with --device standin")
         if self.kind != "cpu":
             if self.kind == "cuda":
                 check_cuda(self.index)
             if self.offload is not None:
                 raise PyinferError("a device and a RAM budget together are not supported yet (the GPU split "
                                    "keeps the CPU's neurons in RAM)")
-            self.placement = resolve_placement(self.kind, self.index, vram_budget, self.gguf, self.config,
-                                               self.sparsity, kv_rows, cache_type)
+            if self.config.is_moe:  # whole experts on each side (place/expert_placement.py)
+                self.placement = resolve_expert_placement(self, vram_budget, kv_rows, cache_type, progress)
+            else:
+                self.placement = resolve_placement(self.kind, self.index, vram_budget, self.gguf, self.config,
+                                                   self.sparsity, kv_rows, cache_type)
 
     def _plan_memory(self, mem_limit, ram_budget, kv_rows: int, max_batch: int, device: str, mmap: bool,
                      progress: bool):

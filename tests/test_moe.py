@@ -236,7 +236,7 @@ def test_the_old_per_expert_layout_is_refused_by_name(tmp_path):
 
 
 # ---- experts streamed from the model file -----------------------------------------------------------------
-def _streamed(path, monkeypatch, slots: int, resident=None, policy="lru"):
+def _streamed(path, monkeypatch, slots: int, resident=None, policy="lru", prefetch=True):
     """A model whose experts come from an ExpertStore of `slots` cache slots (and `resident` per layer), as a
     memory limit too small for the model sets it up."""
     from pyinfer.offload import experts as ex
@@ -245,25 +245,26 @@ def _streamed(path, monkeypatch, slots: int, resident=None, policy="lru"):
         cfg = session.config
         plan = ex.ExpertPlan(0, ex.slot_bytes(session.gguf, cfg), resident or [[] for _ in range(cfg.n_layers)],
                              slots, policy)
-        return ex.ExpertOffload(session.gguf, cfg, plan)
+        return ex.ExpertOffload(session.gguf, cfg, plan, prefetch=prefetch)
 
     monkeypatch.setattr(ex, "make_expert_offload", make)
     return pyinfer.load(path, n_ctx=64, n_threads=2, mem_limit="4G", progress=False)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu"])
-def test_streamed_experts_give_the_in_ram_answer(paths, monkeypatch, policy):
+@pytest.mark.parametrize("policy,prefetch", [("lru", True), ("lfu", True), ("lru", False)])
+def test_streamed_experts_give_the_in_ram_answer(paths, monkeypatch, policy, prefetch):
     """8 cache slots for 2 layers of 8 experts: decode evicts and reads again, prefill needs every slot; the
-    logits are the in-RAM run's bit for bit, and the store's counts add up."""
+    logits are the in-RAM run's bit for bit (with the next layer's experts read ahead or not), and the store's
+    counts add up."""
     path = paths["qwen3moe", Q.Q8_0]
     ram = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
     want_prefill = ram.eval(IDS[:20], all_logits=True)
     ram2 = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
     want_decode = np.stack([ram2.eval(IDS[:i + 1]) for i in range(12)])
 
-    m = _streamed(path, monkeypatch, slots=8, resident=[[0, 1], [2]], policy=policy)
+    m = _streamed(path, monkeypatch, slots=8, resident=[[0, 1], [2]], policy=policy, prefetch=prefetch)
     np.testing.assert_array_equal(m.eval(IDS[:20], all_logits=True), want_prefill)
-    m2 = _streamed(path, monkeypatch, slots=8, resident=[[0, 1], [2]], policy=policy)
+    m2 = _streamed(path, monkeypatch, slots=8, resident=[[0, 1], [2]], policy=policy, prefetch=prefetch)
     store = m2.session.experts.store
     store.reset_stats()
     np.testing.assert_array_equal(np.stack([m2.eval(IDS[:i + 1]) for i in range(12)]), want_decode)
@@ -271,6 +272,12 @@ def test_streamed_experts_give_the_in_ram_answer(paths, monkeypatch, policy):
     assert st["fetches"] == 12 * 2 and st["requests"] == st["resident_hits"] + st["cache_hits"] + st["misses"]
     assert st["misses"] > 0 and st["bytes_read"] > 0 and 0 < st["hit_rate"] < 1
     assert np.asarray(store.chosen()).sum() == st["requests"]
+    if prefetch:  # layer 0 predicts layer 1 in every step; the last layer predicts nothing
+        assert st["predicted"] > 0 and 0 <= st["predicted_right"] <= st["predicted"]
+        assert 0 <= st["prefetch_used"] <= st["prefetched"] and st["prefetch_failures"] == 0
+        assert st["prefetch_bytes"] <= st["bytes_read"] and st["prediction_accuracy"] is not None
+    else:
+        assert st["predicted"] == st["prefetched"] == 0 and st["prediction_accuracy"] is None
 
 
 def test_a_cache_smaller_than_one_run_is_an_error_not_a_crash(paths, monkeypatch):
@@ -279,16 +286,20 @@ def test_a_cache_smaller_than_one_run_is_an_error_not_a_crash(paths, monkeypatch
         m.eval(IDS[:20])
 
 
-def test_the_store_holds_the_files_bytes(paths):
-    """After a fetch, each chosen expert's bytes in RAM are the slice of the merged tensor in the file."""
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_the_store_holds_the_files_bytes(paths, direct_io):
+    """After a fetch, each chosen expert's bytes in RAM are the slice of the merged tensor in the file, read
+    around the page cache (O_DIRECT, the pages around them) or through it (exactly them)."""
     from pyinfer.model.gguf_file import GGUFModelFile
     from pyinfer.offload import experts as ex
 
     f = GGUFModelFile(paths["mixtral", Q.Q8_0])
     cfg = f.llama_config()
-    off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), [[5], []], 2, "lru"))
+    off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), [[5], []], 2, "lru"), direct_io=direct_io)
+    assert off.store.stats()["direct_io"] == (direct_io and off.store.stats()["direct_io"])
     route = np.array([[0.6, 0.4, 3, 6]], np.float32)
     off.store.fetch(1, route, 2)
+    assert off.store.stats()["bytes_read"] == sum(_read_bytes(f, 1, e, off.store.stats()["direct_io"]) for e in (3, 6))
     for part_i, part in enumerate(ex.PARTS):
         t = np.asarray(f.tensors[f"blk.1.ffn_{part}_exps.weight"].data).reshape(cfg.n_expert, -1)
         for e in (3, 6):
@@ -323,8 +334,10 @@ def test_the_routing_profile_counts_every_choice(paths):
     assert ((0 <= prof["reuse"]) & (prof["reuse"] <= 1)).all()
 
 
-def test_a_device_is_refused_by_name(paths):
-    with pytest.raises(pyinfer.PyinferError, match="expert placement on a device"):
+def test_cuda_is_refused_by_name_and_the_standin_needs_a_budget(paths):
+    with pytest.raises(pyinfer.PyinferError, match="no CUDA kernels yet"):
+        pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, device="cuda", progress=False)
+    with pytest.raises(pyinfer.PyinferError, match="needs a vram_budget"):
         pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, device="standin", progress=False)
 
 
@@ -390,3 +403,248 @@ def test_a_failed_fetch_leaves_no_expert_half_loaded(paths):
     off.store.fetch(0, np.array([[0.5, 0.5, 1, 2]], np.float32), 2)
     t = np.asarray(f.tensors["blk.0.ffn_gate_exps.weight"].data).reshape(8, -1)
     assert off.store.expert(0, 0, 1) == t[1].tobytes() and off.store.expert(0, 0, 2) == t[2].tobytes()
+
+
+# ---- reading the next layer's experts ahead ---------------------------------------------------------------
+def _store(path, slots: int, resident=None):
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.offload import experts as ex
+
+    f = GGUFModelFile(path)
+    cfg = f.llama_config()
+    off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), resident or [[], []], slots, "lru"))
+    return f, off.store
+
+
+def _read_bytes(f, il: int, e: int, direct: bool) -> int:
+    """What the store reads for expert e of layer il: each part's exact bytes, or with O_DIRECT the whole pages
+    around them (where they end inside the file)."""
+    total = 0
+    for part in ("gate", "up", "down"):
+        start, nbytes, _ = f._ranges[f"blk.{il}.ffn_{part}_exps.weight"]
+        n = nbytes // 8
+        at = int(start) + e * n
+        whole = -(-(at % 4096 + n) // 4096) * 4096
+        total += whole if direct and at - at % 4096 + whole <= f.path.stat().st_size else n
+    return total
+
+
+def _route(*ids):
+    return np.array([[0.5, 0.5, *ids]], np.float32)
+
+
+def test_a_prefetch_reads_the_predicted_experts_for_the_next_fetch(paths):
+    """What a prefetch read is the file's bytes, the next fetch of that layer finds it (a cache hit, counted as
+    used read-ahead), and the prediction's accuracy counts the chosen experts it named."""
+    f, store = _store(paths["mixtral", Q.Q8_0], slots=6)
+    store.fetch(0, _route(1, 2), 2)
+    store.prefetch(1, _route(3, 6), 2)
+    store.fetch(1, _route(3, 7), 2)            # waits for the read-ahead; 7 was not predicted
+    st = store.stats()
+    assert st["prefetched"] == 2 and st["prefetch_used"] == 1 and st["prefetch_failures"] == 0
+    assert st["predicted"] == 2 and st["predicted_right"] == 1
+    assert st["cache_hits"] == 1 and st["misses"] == 3      # 1, 2 and 7 on demand; 3 read ahead
+    assert st["prefetch_bytes"] == sum(_read_bytes(f, 1, e, st["direct_io"]) for e in (3, 6))
+    for part in ("gate", "up", "down"):
+        t = np.asarray(f.tensors[f"blk.1.ffn_{part}_exps.weight"].data).reshape(8, -1)
+        for e in (3, 6, 7):
+            assert store.expert(1, ("gate", "up", "down").index(part), e) == t[e].tobytes()
+
+
+def test_a_prefetch_never_evicts_the_experts_being_computed(paths):
+    """With every slot held by the last fetch's experts, read-ahead has no room and reads nothing: the layer
+    being computed keeps its experts, and the next fetch reads the predicted ones itself."""
+    f, store = _store(paths["mixtral", Q.Q8_0], slots=2)
+    store.fetch(0, _route(1, 2), 2)
+    store.prefetch(1, _route(3, 4), 2)
+    t = np.asarray(f.tensors["blk.0.ffn_gate_exps.weight"].data).reshape(8, -1)
+    assert store.expert(0, 0, 1) == t[1].tobytes() and store.expert(0, 0, 2) == t[2].tobytes()
+    assert store.stats()["prefetched"] == 0
+    store.fetch(1, _route(3, 4), 2)
+    assert store.stats()["misses"] == 4 and store.stats()["predicted_right"] == 2
+
+
+def test_a_failed_read_ahead_is_forgotten_and_read_again(paths, tmp_path):
+    """Read-ahead from a file cut short fails on its own thread: the next fetch says why (one error, no crash),
+    no slot claims the expert, and once the file is whole again the expert is read right."""
+    import shutil
+
+    path = tmp_path / "m.gguf"
+    shutil.copy(paths["mixtral", Q.Q8_0], path)
+    whole = path.read_bytes()
+    f, store = _store(str(path), slots=4)
+    start = min(int(f._ranges[f"blk.1.ffn_{p}_exps.weight"][0]) for p in ("gate", "up", "down"))
+    with open(path, "r+b") as fh:
+        fh.truncate(start)
+    store.prefetch(1, _route(3, 6), 2)
+    with pytest.raises(RuntimeError, match="is shorter than its"):
+        store.fetch(1, _route(3, 6), 2)
+    assert store.stats()["prefetch_failures"] == 1
+    assert all(store.expert(1, p, e) is None for p in range(3) for e in range(8))
+    path.write_bytes(whole)
+    store.fetch(1, _route(3, 6), 2)
+    t = np.asarray(f.tensors["blk.1.ffn_up_exps.weight"].data).reshape(8, -1)
+    assert store.expert(1, 1, 3) == t[3].tobytes() and store.expert(1, 1, 6) == t[6].tobytes()
+
+
+def test_a_store_with_read_ahead_in_flight_closes_cleanly(paths):
+    f, store = _store(paths["mixtral", Q.Q8_0], slots=6)
+    store.prefetch(1, _route(3, 6), 2)
+    del store  # joins the read-ahead thread before the cache it reads into is unmapped
+
+
+def test_the_graph_predicts_each_next_layer_from_the_stream(paths, monkeypatch):
+    """With read-ahead on, the graph applies layer 1's FFN norm and router to layer 0's stream and prefetches
+    for layer 1 only (the last layer predicts nothing)."""
+    m = _streamed(paths["qwen3moe", Q.Q8_0], monkeypatch, slots=16)
+    store = m.session.experts.store
+    store.reset_stats()
+    for i in range(6):
+        m.eval(IDS[:i + 1])
+    st = store.stats()
+    assert st["fetches"] == 6 * 2
+    assert st["predicted"] == np.asarray(store.chosen())[1].sum()  # every layer-1 fetch had a prediction
+
+
+# ---- experts placed on two backends (place/expert_placement.py, runtime/moe_ffn.split_moe_ffn) ---------------
+@pytest.mark.parametrize("n_tok", [1, 2, 13])
+def test_a_split_route_keeps_this_sides_experts_and_the_matmul_leaves_the_rest_at_zero(n_tok):
+    """Each side's route keeps the slots whose expert it holds (weight, local id) and zeroes the others (id -1);
+    the expert matmul over a local merged tensor gives those slots exactly what the whole tensor gives, and 0
+    elsewhere, decode and grouped alike."""
+    n_exp, k, rows, cols = 6, 3, 40, 256
+    w = _expert_weights(Q.Q4_0, n_exp, rows, cols)
+    x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
+    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32)
+    local = [1, 4, 5]
+    emap = np.full((1, n_exp), -1, np.int32)
+    emap[0, local] = np.arange(len(local))
+    per = w.reshape(n_exp, -1)
+
+    def build(b):
+        route = b.moe_route(b.weight("logits", int(DType.F32), n_exp, n_tok, logits), k)
+        X = b.weight("x", int(DType.F32), cols, n_tok, x)
+        whole = b.moe_matmul(b.weight("experts", int(Q.Q4_0), cols, n_exp * rows, w), X, route, n_exp, k, "whole")
+        part = b.moe_route_split(route, b.weight("map", int(DType.I32), n_exp, 1, emap), len(local), k, "part")
+        mine = b.weight("mine", int(Q.Q4_0), cols, len(local) * rows, np.ascontiguousarray(per[local]))
+        return route, part, whole, b.moe_matmul(mine, X, part, len(local), k, "local")
+
+    eng, (route, part, whole, got) = single_op_engine(build, max_tokens=n_tok, n_threads=2)
+    eng.run(n_tok)
+    r, p = eng.tensor(route.id, n_tok), eng.tensor(part.id, n_tok)
+    ids = r[:, k:].astype(int)
+    here = np.isin(ids, local)
+    np.testing.assert_array_equal(p[:, k:], np.where(here, emap[0][ids], -1))
+    np.testing.assert_array_equal(p[:, :k], np.where(here, r[:, :k], 0))
+    y, ref = eng.tensor(got.id, n_tok).reshape(n_tok, k, rows), eng.tensor(whole.id, n_tok).reshape(n_tok, k, rows)
+    np.testing.assert_array_equal(y[here], ref[here])
+    assert (y[~here] == 0).all()
+
+
+def test_a_split_route_refuses_a_map_of_the_wrong_size():
+    def build(b):
+        route = b.moe_route(b.weight("logits", int(DType.F32), 8, 2, np.zeros((2, 8), np.float32)), 2)
+        return b.moe_route_split(route, b.weight("map", int(DType.I32), 4, 1, np.zeros((1, 4), np.int32)), 4, 2, "p")
+
+    with pytest.raises(ValueError, match="an entry per expert of the route"):
+        single_op_engine(build, max_tokens=2)
+
+
+def _profile(cfg, hot):
+    counts = np.ones((cfg.n_layers, cfg.n_expert))
+    for il, es in enumerate(hot):
+        counts[il, es] = 100.0
+    return counts
+
+
+def test_the_expert_program_is_optimal_and_splits_only_what_pays(paths):
+    """On a tiny model the program's answer is the brute force's optimum, every split layer saves more than
+    its synchronization, and the greedy fill is never better than the program."""
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.place import expert_placement as ep
+    from pyinfer.place.gpu_placement import GpuCosts
+    from pyinfer.place.knapsack import PrefixKnapsack
+
+    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
+    cfg = f.llama_config()
+    counts = _profile(cfg, [[2, 5], [0]])
+    per = ep.expert_bytes(f, cfg)
+    minimum = sum(ep.fixed_bytes(f, cfg, 64).values())
+    spb = 1e-9
+    share = ep.route_shares(cfg, counts)
+    for n_fit, sync in ((3, 0.0), (3, share[1].max() * per[1] * spb * 1.5), (9, 0.0)):
+        costs = GpuCosts(spb, sync)
+        p = ep.place_experts(f, cfg, minimum + n_fit * per[0] + 10, 64, costs, counts)
+        order = [np.argsort(-share[il], kind="stable") for il in range(cfg.n_layers)]
+        value = [list(share[il][o] * per[il] * spb) for il, o in enumerate(order)]
+        best = -1.0  # the brute force over every prefix of each layer and the head: time saved net of syncs
+        items = [[float(b)] * cfg.n_expert for b in per] + [[float(ep.head_bytes(f))]]
+        prog = PrefixKnapsack(items, value + [[ep.head_bytes(f) * spb]], float(n_fit * per[0] + 10))
+        for kept in np.ndindex(*(len(g) + 1 for g in items)):
+            if prog.check(list(kept)):
+                best = max(best, prog.value(list(kept)) - sync * sum(0 < k < cfg.n_expert for k in kept[:-1]))
+        assert p.net_seconds == pytest.approx(best, abs=1e-15)
+        assert sum(map(len, p.gpu_experts)) <= n_fit and p.expert_bytes_on_gpu <= n_fit * per[0]
+        for il in p.split_layers:
+            assert share[il][p.gpu_experts[il]].sum() * per[il] * spb >= sync
+        assert p.net_seconds >= p.greedy["net_seconds"] - 1e-15
+        if n_fit == 3 and sync == 0:  # the hot experts first
+            assert set(p.gpu_experts[0]) >= {2, 5} or set(p.gpu_experts[1]) >= {0}
+    with pytest.raises(pyinfer.PyinferError, match="below the minimum"):
+        ep.place_experts(f, cfg, minimum - 1, 64, GpuCosts(spb, 0.0), counts)
+
+
+@pytest.mark.parametrize("kind", MOE_KINDS)
+@pytest.mark.parametrize("share", [0.0, 0.4, 1.0])
+def test_experts_split_with_the_standin_device_give_the_cpu_answer(paths, monkeypatch, kind, share):
+    """The stand-in device (a second CPU backend with memory of its own) computes the placed experts while the
+    CPU computes the rest: prefill and decode logits equal the CPU's (to float rounding: the two weighted sums
+    add in another order), with none, some and all of the experts placed."""
+    from pyinfer.offload import experts as ex
+    from pyinfer.place import expert_placement as ep
+
+    path = paths[kind, Q.Q8_0]
+    cpu = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
+    want = cpu.eval(IDS[:20], all_logits=True)
+    cfg = cpu.config
+    monkeypatch.setattr(ex, "cached_profile", lambda session, progress: {"counts": _profile(cfg, [[1, 6], [3]])})
+    from pyinfer.model.gguf_file import GGUFModelFile
+
+    f = GGUFModelFile(path)
+    minimum = sum(ep.fixed_bytes(f, cfg, 64).values())
+    budget = minimum + int(share * sum(ep.expert_bytes(f, cfg)) * cfg.n_expert) + (1 if share else 0)
+    if share == 1:
+        budget += ep.head_bytes(f)  # the head is worth more per byte than a rarely chosen expert
+    m = pyinfer.load(path, n_ctx=64, n_threads=2, device="standin", vram_budget=budget, progress=False)
+    placed = m.session.placement["gpu_experts"]
+    assert sum(map(len, placed)) == (0 if share == 0 else cfg.n_layers * cfg.n_expert if share == 1 else
+                                     sum(map(len, placed)))
+    if share == 0.4:
+        assert 0 < sum(map(len, placed)) < cfg.n_layers * cfg.n_expert and m.session.placement["split_layers"]
+    np.testing.assert_allclose(m.eval(IDS[:20], all_logits=True), want, rtol=2e-5, atol=2e-5)
+    m2 = pyinfer.load(path, n_ctx=64, n_threads=2, device="standin", vram_budget=budget, progress=False)
+    ram = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
+    for i in range(6):
+        np.testing.assert_allclose(m2.eval(IDS[:i + 1]), ram.eval(IDS[:i + 1]), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_experts_in_the_files_last_page_are_read_whole(tmp_path, direct_io):
+    """An expert whose page-aligned range would run past the end of the file is read exactly (through the page
+    cache), the others around it as usual; every expert's bytes come back, unaligned offsets included."""
+    from pyinfer import _core
+
+    rng = np.random.default_rng(5)
+    n_exp, sizes = 4, [3000, 5000, 1234]
+    start = [100, 100 + 4 * 3000 + 7, 100 + 4 * 3000 + 7 + 4 * 5000 + 13]
+    end = start[2] + 4 * sizes[2]   # the file ends where the last part's last expert does
+    data = rng.integers(0, 256, end, dtype=np.uint8)
+    path = tmp_path / "experts.bin"
+    path.write_bytes(data.tobytes())
+    layer = {"n_expert": n_exp, "file_offsets": start, "expert_bytes": sizes, "resident": [0]}
+    store = _core.ExpertStore(str(path), [layer], 3, direct_io=direct_io)
+    store.fetch(0, np.array([[0.3, 0.3, 0.4, 1, 2, 3]], np.float32), 3)
+    for e in range(n_exp):
+        for p in range(3):
+            want = data[start[p] + e * sizes[p]:start[p] + (e + 1) * sizes[p]].tobytes()
+            assert store.expert(0, p, e) == want, (e, p)

@@ -328,3 +328,44 @@ def test_the_same_prompt_twice_gives_the_same_tokens_on_a_sparse_model(tiny_mode
     ids = [int(t) for t in np.random.default_rng(0).integers(1, m.config.vocab_size, 513)]
     first = m._prefill(ids)
     np.testing.assert_array_equal(m._prefill(ids), first)
+
+
+def test_auto_decodes_dense_where_its_plan_is_not_faster_and_remembers_why(tiny_model_path, tmp_path, monkeypatch):
+    """Timed against dense once per machine: a plan that does not beat dense by the bar is not used (the choice
+    and both speeds are kept with the cached plan and not measured again); an explicit target or a plan file
+    keeps the plan without timing it."""
+    from pyinfer.sparsity import auto_choice
+    from pyinfer.sparsity.plan import SparsityPlan
+    from pyinfer.sparsity.resolve import auto_plan_path
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(auto_choice, "KEEP_AT", float("inf"))  # nothing is fast enough
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    c = m.session.auto_choice
+    assert m.sparsity is None and c["chose"] == "dense" and c["sparse_tok_s"] > 0 and c["dense_tok_s"] > 0
+    path = auto_plan_path(m.session.gguf.fingerprint(), 0.4)
+    assert SparsityPlan.load(path).info["auto_choice"]["chose"] == "dense"
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(auto_choice, "measure_choice", no_measuring)
+    again = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    assert again.sparsity is None and again.session.auto_choice == c
+    explicit = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", target=0.4, progress=False)
+    assert explicit.sparsity is not None and explicit.session.auto_choice is None
+    assert pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=str(path), progress=False).sparsity is not None
+    # Another machine (or thread count) measures again.
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p: dict(c, chose="sparse", machine="x"))
+    other = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", progress=False)
+    assert other.sparsity is not None and other.session.auto_choice["chose"] == "sparse"
+
+
+def test_auto_keeps_a_plan_that_decodes_faster(tiny_model_path, tmp_path, monkeypatch):
+    from pyinfer.sparsity import auto_choice
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(auto_choice, "KEEP_AT", 0.0)
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    assert m.sparsity is not None and m.session.auto_choice["chose"] == "sparse"
+    assert m.session.auto_choice["machine"] == auto_choice.machine_key(2)

@@ -168,7 +168,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<ExpertStore, std::shared_ptr<ExpertStore>>(m, "ExpertStore")
       .def(py::init([](const std::string& path, const py::list& layers, int64_t cache_slots, const std::string& policy,
-                       int io_threads, bool io_uring) {
+                       int io_threads, bool io_uring, bool direct_io) {
              std::vector<ExpertLayer> ls;
              for (const auto& item : layers) {
                const py::dict d = item.cast<py::dict>();
@@ -187,9 +187,9 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              return std::make_shared<ExpertStore>(path, std::move(ls), cache_slots,
                                                   policy == "lfu" ? ExpertPolicy::Lfu : ExpertPolicy::Lru, io_threads,
-                                                  io_uring);
+                                                  io_uring, direct_io);
            }), py::arg("path"), py::arg("layers"), py::arg("cache_slots"), py::arg("policy") = "lru",
-           py::arg("io_threads") = 8, py::arg("io_uring") = true,
+           py::arg("io_threads") = 8, py::arg("io_uring") = true, py::arg("direct_io") = true,
            "Opens a model file and reads each layer's resident experts. layers: dicts of n_expert, file_offsets and "
            "expert_bytes (gate, up, down: where each merged tensor starts, the bytes of one expert of it) and resident "
            "(expert ids kept in RAM). cache_slots: experts of any layer kept after a read, 'lru' or 'lfu' out.")
@@ -198,6 +198,12 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              s.fetch(layer, route.data(), route.shape(0), k, route.shape(1));
            }, py::arg("layer"), py::arg("route"), py::arg("k"), "Tests: make the experts a route chose readable.")
+      .def("prefetch", [](ExpertStore& s, int layer, F32Array route, int k) {
+             if (route.ndim() != 2 || route.shape(1) != 2 * k) throw GraphError("route is [n_tok, 2k]");
+             py::gil_scoped_release release;
+             s.prefetch(layer, route.data(), route.shape(0), k, route.shape(1));
+           }, py::arg("layer"), py::arg("route"), py::arg("k"),
+           "Tests: start reading the experts a predicted route names; the next fetch or prefetch waits for them.")
       .def("expert", [](const ExpertStore& s, int layer, int part, int expert) -> py::object {
              if (layer < 0 || layer >= s.n_layers() || part < 0 || part >= kExpertParts || expert < 0 ||
                  expert >= s.layer(layer).n_expert)
@@ -214,6 +220,11 @@ PYBIND11_MODULE(_core, m) {
              d["bytes_read"] = st.bytes_read; d["read_seconds"] = st.read_seconds;
              d["resident_bytes"] = st.resident_bytes; d["cache_bytes"] = st.cache_bytes;
              d["cache_slots"] = st.cache_slots; d["io_engine"] = std::string(st.io_engine);
+             d["direct_io"] = st.direct_io;
+             d["predicted"] = st.predicted; d["predicted_right"] = st.predicted_right;
+             d["prefetched"] = st.prefetched; d["prefetch_used"] = st.prefetch_used;
+             d["prefetch_bytes"] = st.prefetch_bytes; d["prefetch_failures"] = st.prefetch_failures;
+             d["prefetch_wait_seconds"] = st.prefetch_wait_seconds;
              return d;
            }, "Fetches, hits, misses and bytes read since the last reset_stats().")
       .def("chosen", [](const ExpertStore& s) { return s.chosen(); },

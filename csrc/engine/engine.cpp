@@ -302,6 +302,7 @@ void Engine::check_row_coverage() {
       case OpKind::DownAxpy: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
       case OpKind::Copy: covers(n.dst, n.src[0]); break;
       case OpKind::MoeRoute: covers(n.dst, n.src[0]); break;
+      case OpKind::MoeRouteSplit: covers(n.dst, n.src[0]); break;
       case OpKind::ExpertFetch: break;  // reads the route rows the run has, writes one marker
       case OpKind::MoeMatMul: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
       case OpKind::MoeCombine:

@@ -199,7 +199,7 @@ void Graph::validate() const {
                " and cannot be read by this op");
     }
     const bool moe_op = n.op == OpKind::MoeRoute || n.op == OpKind::MoeMatMul || n.op == OpKind::MoeCombine ||
-                        n.op == OpKind::ExpertFetch;
+                        n.op == OpKind::ExpertFetch || n.op == OpKind::MoeRouteSplit;
     if (moe_op && (n.guard.run_if != RunIf::Always || n.guard.max_tokens || n.guard.min_tokens || n.guard.when_list >= 0))
       c.fail("Mixture-of-Experts nodes run in every run (a skipped route would leave its readers stale ids)");
     if (n.guard.when_list >= 0) {  // checked before this node's own result counts (no node guards itself)
@@ -470,16 +470,34 @@ void Graph::validate() const {
         c.type(n.dst, DType::I32);
         if (d.storage != Storage::State) c.fail("the fetch marker is state");
         if (n.p.expert_fetch.layer < 0) c.fail("the layer must not be negative");
+        if (n.p.expert_fetch.prefetch != 0 && n.p.expert_fetch.prefetch != 1) c.fail("prefetch is 0 or 1");
         c.t(src[ExpertFetchSrc::route]);  // range check
         if (route_k[size_t(origin(src[ExpertFetchSrc::route]))] < 1)
           c.fail("the route must be an earlier MoeRoute's result");
         break;
+      case OpKind::MoeRouteSplit: {
+        using S = MoeRouteSplitSrc;
+        const auto& P = n.p.moe;
+        c.type(n.dst, DType::F32); c.type(src[S::route], DType::F32); c.type(src[S::map], DType::I32);
+        if (P.n_expert < 1 || P.k < 1) c.fail("n_expert and k must be positive");
+        const int origin_route = origin(src[S::route]);
+        if (c.t(src[S::route]).cols != 2 * int64_t(P.k) || route_k[size_t(origin_route)] != P.k)
+          c.fail("the route must be an earlier MoeRoute's result of the same k");
+        if (c.t(src[S::map]).rows != 1 || c.t(src[S::map]).cols != route_n[size_t(origin_route)])
+          c.fail("the map is one row, an entry per expert of the route");  // its entries are checked as read
+        c.cols(n.dst, 2 * int64_t(P.k));
+        if (d.row_mode != RowMode::Tokens || d.view_of >= 0) c.fail("a route has one row of its own per token");
+        break;
+      }
       default:
         c.fail("unknown op");
     }
     if (n.op == OpKind::MoeRoute) {
       route_k[size_t(n.dst)] = n.p.moe_route.k;
       route_n[size_t(n.dst)] = n.p.moe_route.n_expert;
+    } else if (n.op == OpKind::MoeRouteSplit) {
+      route_k[size_t(n.dst)] = n.p.moe.k;
+      route_n[size_t(n.dst)] = n.p.moe.n_expert;
     } else if (n.op == OpKind::Copy && route_k[size_t(origin(n.src[CopySrc::x]))]) {  // a route carried across
       route_k[size_t(n.dst)] = route_k[size_t(origin(n.src[CopySrc::x]))];
       route_n[size_t(n.dst)] = route_n[size_t(origin(n.src[CopySrc::x]))];

@@ -83,6 +83,9 @@ enum class OpKind : int32_t {
   MoeCombine = 20,   // dst[t] = sum_s route[t].w[s] * experts[t][slot s] (+ sigmoid(shared_gate[t]) * shared[t])
   ExpertFetch = 21,  // the experts a route chose for a layer become readable (offload/expert_store.h); dst: I32
                      //   state [1, 1], untouched (it orders the fetch before the layer's expert matmuls)
+  MoeRouteSplit = 22,  // dst = one backend's share of a route: slot s keeps its weight and becomes local id
+                       //   map[id] where the map has one (>= 0); else weight 0 and id -1, a slot the expert
+                       //   matmul leaves at 0 (experts placed on two backends: PowerInfer's split by expert)
   Count              // number of op kinds (not an op)
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);

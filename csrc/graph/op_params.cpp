@@ -29,7 +29,7 @@ constexpr ParamField kNeuronFetch[] = {PYI_I32(neuron_fetch, layer), PYI_I32(neu
 constexpr ParamField kMoeRoute[] = {PYI_I32(moe_route, n_expert), PYI_I32(moe_route, k), PYI_I32(moe_route, gating),
                                     PYI_I32(moe_route, norm), PYI_F32(moe_route, scale)};
 constexpr ParamField kMoe[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k)};
-constexpr ParamField kExpertFetch[] = {PYI_I32(expert_fetch, layer)};
+constexpr ParamField kExpertFetch[] = {PYI_I32(expert_fetch, layer), PYI_I32(expert_fetch, prefetch)};
 
 #undef PYI_I32
 #undef PYI_F32
@@ -64,6 +64,7 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::MoeMatMul, "moe_mat_mul", "MOE_MAT_MUL", {"weight", "x", "route"}, kMoe, count(kMoe)},
     {OpKind::MoeCombine, "moe_combine", "MOE_COMBINE", {"experts", "route", "shared", "shared_gate"}, kMoe, count(kMoe)},
     {OpKind::ExpertFetch, "expert_fetch", "EXPERT_FETCH", {"route"}, kExpertFetch, count(kExpertFetch)},
+    {OpKind::MoeRouteSplit, "moe_route_split", "MOE_ROUTE_SPLIT", {"route", "map"}, kMoe, count(kMoe)},
 };
 static_assert(sizeof(kSignatures) / sizeof(kSignatures[0]) == kOpKinds,
               "an op was added or removed: give it a row here, and a case in every backend's compute and supports");

@@ -67,6 +67,8 @@ struct MoeRouteSrc { enum : int { logits = 0 }; };
 struct MoeMatMulSrc { enum : int { weight = 0, x = 1, route = 2 }; };
 struct MoeCombineSrc { enum : int { experts = 0, route = 1, shared = 2, shared_gate = 3 }; };
 struct ExpertFetchSrc { enum : int { route = 0 }; };
+// `map`: I32 [1, n_expert of the route] -> this side's local expert id, or -1 (another side's).
+struct MoeRouteSplitSrc { enum : int { route = 0, map = 1 }; };
 
 // ---- scalar parameters -----------------------------------------------------------------------------
 struct GetRowsParams { float scale; };            // rows times scale (0: unscaled)
@@ -95,7 +97,7 @@ enum class MoeGating : int32_t { Softmax = 0, Sigmoid = 1 };
 // `norm`: the k weights are divided by their sum (Mixtral, Qwen3-MoE); `scale` multiplies them (0: 1).
 struct MoeRouteParams { int32_t n_expert, k; MoeGating gating; int32_t norm; float scale; };
 struct MoeParams { int32_t n_expert, k; };  // MoeMatMul and MoeCombine (n_expert unused by the combine)
-struct ExpertFetchParams { int32_t layer; };
+struct ExpertFetchParams { int32_t layer, prefetch; };  // prefetch 1: start reading, do not wait
 
 union OpParams {
   GetRowsParams get_rows;

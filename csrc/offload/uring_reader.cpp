@@ -141,7 +141,7 @@ void UringReader::read_all(const std::vector<ReadRange>& ranges) {
       } else if (c.res < 0) {
         if (error.empty()) error = "reading bundle file " + path_ + ": " + std::strerror(-c.res);
       } else if (c.res == 0) {
-        if (error.empty()) error = "bundle file " + path_ + " is shorter than its layout (truncated?)";
+        if (error.empty()) error = path_ + " is shorter than its layout (truncated?)";
       } else {
         done_[i] += uint64_t(c.res);
         if (done_[i] < ranges[i].bytes) pending_.push_back(i);  // a short read: the rest, again

@@ -5,8 +5,10 @@ embedding rows and the output head: its "shared" weights) in the file's memory m
 its own: per layer the hottest experts of a routing profile stay resident, and a cache of slots shared by
 every layer holds the others a token chose (least recently used out, or least frequently used). An expert a
 token chooses that is in neither is read from the file with many requests in flight, right after its layer's
-router has run. llama.cpp leaves all of this to the kernel's page cache, which reads ahead around every fault
-and cannot tell an expert from its neighbours.
+router has run. Reads also start a layer early: right after a layer's fetch, the next layer's router is applied
+to this layer's hidden state (pre-gated MoE, ProMoE) and the experts it picks are read on a thread of the store's
+own while this layer computes. llama.cpp leaves all of this to the kernel's page cache, which reads ahead around
+every fault and cannot tell an expert from its neighbours.
 
 The resident set: experts are equal-sized items, so the knapsack the placement program would solve is the
 greedy fill by routing frequency; without a profile, none stay resident and the cache takes the whole budget."""
@@ -23,9 +25,10 @@ from ..model.gguf_file import GGUFModelFile
 from .offloaded_ffn import fmt_size
 
 PARTS = ("gate", "up", "down")
-SLOT_ALIGN = 64  # each part of a slot starts on its own cache line (expert_store.cpp)
+PAGE = 4096  # each part of a slot starts on a page, with a page to spare (expert_store.cpp: O_DIRECT reads)
 CACHE_SHARE = 0.25  # of the expert budget kept for the cache when a profile names resident experts
 POLICY = "lru"      # the cache's eviction policy under a memory limit ("lfu": bench/moe_synthetic.py compares)
+PREFETCH = True     # read the next layer's predicted experts ahead (bench/moe_synthetic.py --prefetch compares)
 
 
 def expert_names(il: int) -> list[str]:
@@ -38,9 +41,10 @@ def expert_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
 
 
 def slot_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
-    """RAM one expert takes in the store: its three parts, each rounded up to a cache line, in the layer whose
-    experts are largest (a file may quantize layers differently; every slot fits any layer's expert)."""
-    return max(sum(-(-gguf.tensors[n].data.nbytes // cfg.n_expert // SLOT_ALIGN) * SLOT_ALIGN for n in expert_names(il))
+    """RAM one expert takes in the store: its three parts, each rounded up to pages plus one (the page-aligned
+    range around its bytes, read with O_DIRECT), in the layer whose experts are largest (a file may quantize
+    layers differently; every slot fits any layer's expert)."""
+    return max(sum(-(-gguf.tensors[n].data.nbytes // cfg.n_expert // PAGE) * PAGE + PAGE for n in expert_names(il))
                for il in range(cfg.n_layers))
 
 
@@ -84,7 +88,8 @@ def plan_experts(gguf: GGUFModelFile, cfg: LlamaConfig, budget: int, max_tokens:
 class ExpertOffload:
     """A model's experts in an ExpertStore; the graph reads them as paged weights after each layer's fetch."""
 
-    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: ExpertPlan, io_threads: int = 8):
+    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: ExpertPlan, io_threads: int = 8,
+                 prefetch: bool = True, direct_io: bool = True):
         layers = []
         for il in range(cfg.n_layers):
             offsets, sizes = [], []
@@ -94,9 +99,10 @@ class ExpertOffload:
                 sizes.append(nbytes // cfg.n_expert)
             layers.append({"n_expert": cfg.n_expert, "file_offsets": offsets, "expert_bytes": sizes,
                            "resident": plan.resident[il]})
-        self.plan, self.n_expert = plan, cfg.n_expert
+        self.plan, self.n_expert, self.prefetch = plan, cfg.n_expert, prefetch
         try:
-            self.store = _core.ExpertStore(str(gguf.path), layers, plan.cache_slots, plan.policy, io_threads)
+            self.store = _core.ExpertStore(str(gguf.path), layers, plan.cache_slots, plan.policy, io_threads,
+                                           direct_io=direct_io)
         except (RuntimeError, ValueError) as e:
             raise PyinferError(f"{gguf.path.name}: {e}") from None
         self._gguf = gguf
@@ -113,7 +119,9 @@ class ExpertOffload:
         asked = max(st["requests"], 1)
         st.update(self.plan.summary(), hit_rate=(st["resident_hits"] + st["cache_hits"]) / asked,
                   resident_hit_rate=st["resident_hits"] / asked,
-                  bytes_read_per_token=st["bytes_read"] / tokens if tokens else None)
+                  bytes_read_per_token=st["bytes_read"] / tokens if tokens else None, prefetch=self.prefetch,
+                  prediction_accuracy=st["predicted_right"] / st["predicted"] if st["predicted"] else None,
+                  prefetch_used_share=st["prefetch_used"] / st["prefetched"] if st["prefetched"] else None)
         return st
 
 
@@ -226,4 +234,4 @@ def make_expert_offload(session, progress: bool = True) -> ExpertOffload | None:
               f"{cfg.n_layers * cfg.n_expert} resident, a cache of {eplan.cache_slots} "
               f"({fmt_size(eplan.cache_slots * eplan.slot)}); {fmt_size(shared)} of shared weights stay mapped",
               file=sys.stderr)
-    return ExpertOffload(gguf, cfg, eplan)
+    return ExpertOffload(gguf, cfg, eplan, prefetch=PREFETCH)

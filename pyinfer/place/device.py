@@ -106,6 +106,30 @@ def resolve_placement(kind: str, index: int, vram_budget, gguf, cfg, plan, n_ctx
     return place(gguf, cfg, plan, parse_size(vram_budget), n_ctx, costs, cache_type=cache_type).summary()
 
 
+def resolve_expert_placement(session, vram_budget, n_ctx: int, cache_type: str = "f16",
+                             progress: bool = True) -> dict:
+    """A Mixture of Experts' placement (as `pyinfer place` writes it) for this load: a file, or solved now from
+    the model's routing profile (offload/experts.py, measured once and cached) under a VRAM budget."""
+    import os
+
+    from ..offload import parse_size
+    from ..offload.experts import cached_profile
+    from ..tools.json_file import read_bound_json
+    from .expert_placement import FORMAT, check_expert_placement, place_experts
+    from .gpu_placement import GpuCosts
+
+    if isinstance(vram_budget, (str, os.PathLike)) and os.path.isfile(vram_budget):
+        d = read_bound_json(str(vram_budget), FORMAT, session.gguf.fingerprint(), "expert placement", "pyinfer place")
+        return check_expert_placement(d, session.config, n_ctx, cache_type, str(vram_budget))
+    if vram_budget is None:
+        raise PyinferError("device='standin' needs a vram_budget (a size, or a file from `pyinfer place`)")
+    costs = GpuCosts(DEFAULT_CPU_SECONDS_PER_BYTE, 0.0, {"cpu_seconds_per_byte": "default (pyinfer place measures "
+                                                          "it)", "sync_seconds": "stand-in: no transfer cost"})
+    counts = cached_profile(session, progress)["counts"]
+    return place_experts(session.gguf, session.config, parse_size(vram_budget), n_ctx, costs, counts,
+                         cache_type=cache_type).summary()
+
+
 def engine_backends(kind: str, index: int, n_threads: int, placement: list[int]) -> dict:
     """The engine's backends for a device: backend 0 is the CPU; backend 1, in memory space 1, is the GPU
     (or a one-thread CPU backend standing in for it)."""

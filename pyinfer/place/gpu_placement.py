@@ -89,10 +89,14 @@ def fixed_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None
     """What must be on the GPU before any neuron: attention and norms of every block, the KV cache of n_ctx
     positions (f16, or q8_0: 34 bytes per 32 elements), the predictors, a scratch reserve."""
     attention = sum(int(t.data.nbytes) for n, t in gguf.tensors.items() if _BLOCK.match(n) and not _FFN.match(n))
-    per_elem = 34 / 32 if cache_type == "q8_0" else 2
-    kv = int(cfg.n_layers * n_ctx * 2 * cfg.n_kv_heads * cfg.head_dim * per_elem)
-    return {"attention": attention, "kv_cache": kv, "predictors": plan.predictor_bytes() if plan else 0,
+    return {"attention": attention, "kv_cache": kv_cache_bytes(cfg, n_ctx, cache_type), "predictors": plan.predictor_bytes() if plan else 0,
             "scratch": SCRATCH_BYTES}
+
+
+def kv_cache_bytes(cfg: LlamaConfig, n_ctx: int, cache_type: str = "f16") -> int:
+    """The KV cache of n_ctx positions: f16, or q8_0 (34 bytes per 32 elements)."""
+    per_elem = 34 / 32 if cache_type == "q8_0" else 2
+    return int(cfg.n_layers * n_ctx * 2 * cfg.n_kv_heads * cfg.head_dim * per_elem)
 
 
 def head_bytes(gguf: GGUFModelFile) -> int:

@@ -138,8 +138,8 @@ def _rows(p: PrefixKnapsack, xcol: list[list[int]], ycol: list[int], inf: float)
 
 
 def solve_highs(p: PrefixKnapsack, time_limit: float = 10.0) -> KnapsackAnswer:
-    """The program, solved by HiGHS. Falls back to the greedy answer (and says why in `info`) when HiGHS is
-    missing or does not reach an optimum in `time_limit` seconds."""
+    """The program, solved by HiGHS. Without an optimum in `time_limit` seconds it answers with the best of
+    HiGHS's incumbent (its gap in `info`) and the greedy fill; without HiGHS, the greedy fill (saying why)."""
     t0 = time.perf_counter()
     try:
         import highspy
@@ -190,12 +190,20 @@ def solve_highs(p: PrefixKnapsack, time_limit: float = 10.0) -> KnapsackAnswer:
     lp.sense_ = highspy.ObjSense.kMaximize
     h.passModel(lp)
     h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    kept = None
+    if optimal or h.getInfo().primal_solution_status == 2:  # 2: a feasible incumbent
+        x = np.round(np.asarray(h.getSolution().col_value)).astype(int)
+        kept = [int(x[cols].sum()) for cols in xcol]
+    if not optimal:
         a = solve_greedy(p)
-        a.info["fallback"] = f"HiGHS: {h.modelStatusToString(h.getModelStatus())}"
-        return a
-    x = np.round(np.asarray(h.getSolution().col_value)).astype(int)
-    kept = [int(x[cols].sum()) for cols in xcol]
+        why = f"HiGHS: {h.modelStatusToString(h.getModelStatus())}"
+        if kept is None or not p.check(kept) or p.value(kept) < a.value:
+            a.info["fallback"] = why
+            return a
+        return KnapsackAnswer(kept, p.value(kept), p.used(kept), "highs", time.perf_counter() - t0,
+                              {"variables": n_col, "constraints": len(rows), "stopped": why,
+                               "gap": float(h.getInfo().mip_gap)})
     return KnapsackAnswer(kept, p.value(kept), p.used(kept), "highs", time.perf_counter() - t0,
                           {"variables": n_col, "constraints": len(rows)})
 

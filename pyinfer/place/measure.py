@@ -28,6 +28,10 @@ def cpu_seconds_per_byte(model, tokens: int = 16) -> float:
     weights = sum(int(t.data.nbytes) for n, t in model.gguf.tensors.items() if _MATMUL_WEIGHT.match(n))
     if "output.weight" not in names:  # a tied head reads token_embd
         weights += int(model.gguf.tensors["token_embd.weight"].data.nbytes)
+    if model.config.is_moe:  # a token reads k of each layer's experts
+        c = model.config
+        weights += sum(int(t.data.nbytes) for n, t in model.gguf.tensors.items() if n.endswith("_exps.weight")) \
+            * c.n_expert_used // c.n_expert
     matmul_s = sum(s for op, (s, _) in timing.items() if "mat" in op or "gather" in op or "axpy" in op)
     return matmul_s / tokens / max(weights, 1)
 

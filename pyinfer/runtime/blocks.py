@@ -32,6 +32,7 @@ class ModelGraph:
     kv_dtype: DType = DType.F16
     seq_ctx: int = 0                 # the most positions one sequence can hold (n_ctx, or a paged table's)
     embedding: T | None = None       # the stream's first tensor (the embedding lookup's output)
+    stream: T | None = None          # the residual stream after the latest residual add (the FFN's input, unnormed)
     _weights: dict[str, T] = field(default_factory=dict)
 
     # ---- weights --------------------------------------------------------------------------------------
@@ -103,5 +104,7 @@ class ModelGraph:
         """x + y, in place on the residual stream; its first add makes the stream a tensor of its own, so the
         stream is written where the layers run, not where the embedding lookup ran."""
         if self.embedding is not None and x.id == self.embedding.id:
-            return self.b.add(x, y, name="x_stream")
-        return self.b.add(x, y, out=x)
+            self.stream = self.b.add(x, y, name="x_stream")
+        else:
+            self.stream = self.b.add(x, y, out=x)
+        return self.stream

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import UnsupportedModelError
 from .graph_builder import T
 from .hybrid_ffn import hybrid_ffn
-from .moe_ffn import moe_ffn
+from .moe_ffn import moe_ffn, split_moe_ffn
 from .sparse_ffn import SparseRuns, dense_ffn, sparse_ffn
 
 
@@ -20,7 +20,7 @@ class DenseFfn:
 
     def __call__(self, m, h: T, il: int) -> T:
         if m.cfg.is_moe:
-            return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts)
+            return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts, stream=m.stream)
         return dense_ffn(m.b, m.w, h, il, m.cfg)
 
 
@@ -53,15 +53,17 @@ class SparseFfn:
 
 
 class SplitFfn:
-    """Each layer's FFN split between the CPU and a device by a GPU placement (runtime/hybrid_ffn.py); the
-    split places its own nodes, the only FFN that does."""
+    """Each layer's FFN split between the CPU and a device by a GPU placement (runtime/hybrid_ffn.py; a Mixture
+    of Experts by an expert placement, runtime/moe_ffn.py); the split places its own nodes, the only FFN that
+    does."""
 
     def __init__(self, hybrid: dict, plan=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto"):
         self.hybrid, self.plan, self.runs, self.down_type = hybrid, plan, runs, down_type
 
     def __call__(self, m, h: T, il: int) -> T:
-        _dense_only(m, "GPU placement")
         hy = self.hybrid
+        if m.cfg.is_moe:  # an expert placement (place/expert_placement.py): whole experts on each side
+            return split_moe_ffn(m.b, m.w, m.gguf, h, il, m.cfg, hy["gpu_experts"][il], hy["device"])
         return hybrid_ffn(m.b, m.gguf, h, il, m.cfg, hy["gpu_blocks"][il], hy["block"], hy["device"], self.plan,
                           self.runs, self.down_type, m.w)
 

@@ -84,10 +84,11 @@ class GraphBuilder:
         dt = DType(dtype)
         return T(self.graph.add_expert_weight(name, dt, cols, rows, store, layer, part), cols, dt, RowMode.FIXED, rows)
 
-    def expert_fetch(self, route: T, layer: int) -> T:
-        """The experts `route` chose in `layer` become readable (read from the file where they are not in RAM)."""
-        dst = self.state(f"blk.{layer}.experts.fetched", 1, 1, DType.I32)
-        return self._node(Op.EXPERT_FETCH, dst, {"route": route}, {"layer": layer})
+    def expert_fetch(self, route: T, layer: int, prefetch: bool = False) -> T:
+        """The experts `route` chose in `layer` become readable (read from the file where they are not in RAM);
+        with `prefetch`, `route` is a prediction: their reads start and nothing waits (the layer's fetch does)."""
+        dst = self.state(f"blk.{layer}.experts.{'prefetched' if prefetch else 'fetched'}", 1, 1, DType.I32)
+        return self._node(Op.EXPERT_FETCH, dst, {"route": route}, {"layer": layer, "prefetch": int(prefetch)})
 
     def neuron_fetch(self, layer: int, release: bool = False, union: T | None = None, dense_down: bool = False,
                      run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
@@ -257,6 +258,13 @@ class GraphBuilder:
         then their ids as floats."""
         return self._node(Op.MOE_ROUTE, self.activation(name, 2 * k, rows=logits.rows), {"logits": logits},
                           {"n_expert": logits.cols, "k": k, "gating": gating, "norm": int(norm), "scale": scale})
+
+    def moe_route_split(self, route: T, expert_map: T, n_local: int, k: int, name: str) -> T:
+        """F32 [T, 2k]: one backend's share of `route`: slots whose expert `expert_map` (I32 [1, n_expert], a
+        weight) maps to a local id keep their weight and take that id; the others get weight 0 and id -1, which
+        the expert matmul leaves at 0."""
+        return self._node(Op.MOE_ROUTE_SPLIT, self.activation(name, 2 * k, rows=route.rows),
+                          {"route": route, "map": expert_map}, {"n_expert": n_local, "k": k})
 
     def moe_matmul(self, experts: T, x: T, route: T, n_expert: int, k: int, name: str) -> T:
         """F32 [T, k * rows_e]: slot s of token t is x[t] (or, when x has k segments, its segment s) times

@@ -1,36 +1,117 @@
 """The Mixture-of-Experts FFN (llama.cpp's build_moe_ffn): the router's logits, each token's top k experts and
 their weights, the chosen experts' gate, up and down (only theirs: the merged *_exps tensors are read by
-expert), and the weighted sum; plus Qwen2-MoE's shared expert, which every token runs."""
+expert), and the weighted sum; plus Qwen2-MoE's shared expert, which every token runs.
+
+Split by an expert placement (place/expert_placement.py), the layer's experts run on two backends at once:
+each side computes the chosen experts it holds (the route cut to its share: others' slots weigh 0 and stay 0),
+and the two weighted sums meet in one add on the device, where the residual stream lives."""
 from __future__ import annotations
 
+import numpy as np
+
+from .._core import DType
 from ..model.config import LlamaConfig
 from .graph_builder import GraphBuilder, T
 
 
-def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, record: bool = False) -> T:
+def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, record: bool = False,
+            stream: T | None = None) -> T:
     """h: F32 [T, d_model], the FFN's input; returns F32 [T, d_model]. `experts`: an offload.ExpertOffload whose
-    store holds the experts (fetched right after the router); `record`: the route stays readable after a run
-    (b.records[layer] = route id: the routing profile's view)."""
+    store holds the experts (fetched right after the router; with its `prefetch`, the next layer's are read
+    ahead from `stream`, the residual stream h was normalized from); `record`: the route stays readable after a
+    run (b.records[layer] = route id: the routing profile's view)."""
     p, n, k = f"blk.{il}.", cfg.n_expert, cfg.n_expert_used
-    logits = b.matmul(w(p + "ffn_gate_inp.weight"), h, "router")          # F32 [T, n_expert]
-    route = b.moe_route(logits, k, norm=cfg.expert_norm, gating=cfg.expert_gating)  # F32 [T, 2k]
+    route = _route(b, w, h, il, cfg)                                       # F32 [T, 2k]
     if record:
         b.graph.pin(route.id)
         b.records.append(route.id)
     if experts is not None:
         b.expert_fetch(route, il)
+        if experts.prefetch and il + 1 < cfg.n_layers:
+            predict_next(b, w, h if stream is None else stream, il + 1, cfg, stream is not None)
         weight = lambda part: experts.weight(b, il, part)  # noqa: E731
     else:
         weight = lambda part: w(p + f"ffn_{part}_exps.weight")  # noqa: E731
-    gate = b.moe_matmul(weight("gate"), h, route, n, k, "gate_exps")      # F32 [T, k * d_ff_expert]
-    up = b.moe_matmul(weight("up"), h, route, n, k, "up_exps")
+    return _experts(b, w, h, il, cfg, route, weight, n, "")
+
+
+def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
+    """Each token's top k experts and their weights, F32 [T, 2k]."""
+    logits = b.matmul(w(f"blk.{il}.ffn_gate_inp.weight"), h, "router")    # F32 [T, n_expert]
+    return b.moe_route(logits, cfg.n_expert_used, norm=cfg.expert_norm, gating=cfg.expert_gating)
+
+
+def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weight, n: int, tag: str,
+             shared: bool = True) -> T:
+    """The route's experts among the `n` that weight(part) holds, weighted and summed (with the shared expert
+    when the model has one and `shared`): F32 [T, d_model]."""
+    p, k = f"blk.{il}.", cfg.n_expert_used
+    gate = b.moe_matmul(weight("gate"), h, route, n, k, "gate_exps" + tag)  # F32 [T, k * d_ff_expert]
+    up = b.moe_matmul(weight("up"), h, route, n, k, "up_exps" + tag)
     act = b.gated_mul(gate, up, out=gate, act=cfg.activation)
-    out = b.moe_matmul(weight("down"), act, route, n, k, "down_exps")     # F32 [T, k * d_model]
-    shared = shared_gate = None
-    if cfg.d_ff_shared:
-        sg = b.matmul(w(p + "ffn_gate_shexp.weight"), h, "shexp_gate")    # F32 [T, d_ff_shared]
+    out = b.moe_matmul(weight("down"), act, route, n, k, "down_exps" + tag)  # F32 [T, k * d_model]
+    sh = shared_gate = None
+    if cfg.d_ff_shared and shared:
+        sg = b.matmul(w(p + "ffn_gate_shexp.weight"), h, "shexp_gate")      # F32 [T, d_ff_shared]
         su = b.matmul(w(p + "ffn_up_shexp.weight"), h, "shexp_up")
         sa = b.gated_mul(sg, su, out=sg, act=cfg.activation)
-        shared = b.matmul(w(p + "ffn_down_shexp.weight"), sa, "shexp")     # F32 [T, d_model]
+        sh = b.matmul(w(p + "ffn_down_shexp.weight"), sa, "shexp")           # F32 [T, d_model]
         shared_gate = b.matmul(w(p + "ffn_gate_inp_shexp.weight"), h, "shexp_gate_logit")  # F32 [T, 1]
-    return b.moe_combine(out, route, k, shared=shared, shared_gate=shared_gate)
+    return b.moe_combine(out, route, k, "moe_out" + tag, shared=sh, shared_gate=shared_gate)
+
+
+def split_moe_ffn(b: GraphBuilder, w, gguf, h: T, il: int, cfg: LlamaConfig, gpu_experts: list[int],
+                  device: int) -> T:
+    """The layer's experts split by a placement: `gpu_experts` on backend `device` (their rows copied into
+    merged tensors of their own), the rest on the CPU from the model's merged tensors; router and shared
+    expert on the device. h: F32 [T, d_model] on the device; returns F32 [T, d_model] there."""
+    from .placement import CPU
+
+    p, n, k = f"blk.{il}.", cfg.n_expert, cfg.n_expert_used
+    gpu = sorted(set(int(e) for e in gpu_experts))
+    if len(gpu) == n:  # wholly on the device: the plain layer, its weights made under the device's scope
+        return moe_ffn(b, w, h, il, cfg)
+    route = _route(b, w, h, il, cfg)
+    on_gpu = np.full(n, -1, np.int32)
+    on_gpu[gpu] = np.arange(len(gpu), dtype=np.int32)
+    # The CPU's nodes first (as runtime/hybrid_ffn.py orders them): the copy of the input they read closes the
+    # device's segment there, so the device's experts are a segment of their own that runs beside the CPU's.
+    with b.weights_on(CPU):
+        cpu_route = route
+        if gpu:
+            cpu_map = np.where(on_gpu < 0, np.arange(n, dtype=np.int32), -1).astype(np.int32)[None, :]
+            cpu_route = b.moe_route_split(route, b.weight(p + "ffn_exps.cpu_map", int(DType.I32), n, 1, cpu_map),
+                                          n, k, "route.cpu")
+        # With none of its experts on the device, the layer runs whole on the CPU, a shared expert too.
+        cpu_out = _experts(b, w, h, il, cfg, cpu_route, lambda part: w(p + f"ffn_{part}_exps.weight"), n, ".cpu",
+                           shared=not gpu)
+    if not gpu:
+        return cpu_out
+    with b.weights_on(device):
+        dev_route = b.moe_route_split(route, b.weight(p + "ffn_exps.gpu_map", int(DType.I32), n, 1, on_gpu[None, :]),
+                                      len(gpu), k, "route.gpu")
+        dev_out = _experts(b, w, h, il, cfg, dev_route, lambda part: _gpu_experts(b, gguf, il, part, gpu, n),
+                           len(gpu), ".gpu")
+    return b.add(dev_out, cpu_out, out=dev_out)  # the merge, on the device's sum: the CPU's comes up
+
+
+def _gpu_experts(b: GraphBuilder, gguf, il: int, part: str, experts: list[int], n: int) -> T:
+    """The listed experts of one part (of n), merged in their order into a weight of their own (the stored
+    bytes, copied)."""
+    t = gguf.tensor(f"blk.{il}.ffn_{part}_exps.weight")
+    rows_e = t.rows // n
+    data = np.ascontiguousarray(np.asarray(t.data).reshape(n, -1)[experts]).reshape(len(experts) * rows_e, -1)
+    return b.weight(f"blk.{il}.ffn_{part}_exps.gpu", t.dtype_id, t.cols, len(experts) * rows_e, data)
+
+
+def predict_next(b: GraphBuilder, w, x: T, nl: int, cfg: LlamaConfig, normalize: bool) -> T:
+    """Layer nl's router applied to this layer's hidden state (pre-gated MoE, ProMoE): the residual stream
+    changes little from one layer to the next, so the experts it picks are mostly the ones nl will choose.
+    Their reads start now and run while this layer's experts compute. x: F32 [T, d_model], the stream
+    (normalized with nl's own FFN norm when `normalize`, else already normalized)."""
+    p = f"blk.{nl}."
+    if normalize:
+        x = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps, "next_ffn_in")   # F32 [T, d_model]
+    logits = b.matmul(w(p + "ffn_gate_inp.weight"), x, "next_router")             # F32 [T, n_expert]
+    guess = b.moe_route(logits, cfg.n_expert_used, "next_route", norm=cfg.expert_norm, gating=cfg.expert_gating)
+    return b.expert_fetch(guess, nl, prefetch=True)

@@ -200,11 +200,17 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       if (ith == 0) {
         if (!experts_) throw GraphError("the graph reads offloaded experts but no expert store is attached");
         const Tensor& route = g.tensors[size_t(n.src[ExpertFetchSrc::route])];
-        experts_->fetch(n.p.expert_fetch.layer, static_cast<const float*>(route.data), rows_in_run(route, shape),
-                        int32_t(route.cols / 2), f32_stride(route));
+        const auto* rows = static_cast<const float*>(route.data);
+        if (n.p.expert_fetch.prefetch)  // a prediction for a later layer: reads start, nothing waits
+          experts_->prefetch(n.p.expert_fetch.layer, rows, rows_in_run(route, shape), int32_t(route.cols / 2),
+                             f32_stride(route));
+        else
+          experts_->fetch(n.p.expert_fetch.layer, rows, rows_in_run(route, shape), int32_t(route.cols / 2),
+                          f32_stride(route));
       }
       return;
     case OpKind::MoeCombine: return cpu_moe_combine(g, n, shape, ith, nth);
+    case OpKind::MoeRouteSplit: return cpu_moe_route_split(g, n, shape, ith, nth);
     case OpKind::MoeMatMul: {
       int32_t* ints = moe_ints_.data() + ith * (moe_size_.order + moe_size_.start);
       return cpu_moe_matmul(kernels_, g, n, shape, ith, nth,

@@ -12,11 +12,16 @@ namespace pyinfer {
 
 namespace {
 
-// Expert `s` of token row `r` of a route (F32 [T, 2k]: weights, then ids as floats); -1 when it is no id of
-// [0, n) (checked as a float first: converting NaN or a huge value to an integer is undefined).
+constexpr int32_t kNotHere = -1;  // a split route's slot whose expert another backend computes
+constexpr int32_t kBadId = -2;
+
+// Expert `s` of token row `r` of a route (F32 [T, 2k]: weights, then ids as floats): kNotHere for exactly -1,
+// kBadId when it is no id of [0, n) (checked as a float first: converting NaN or a huge value to an integer is
+// undefined).
 inline int32_t route_id(const float* r, int32_t k, int32_t s, int32_t n) {
   const float v = r[k + s];
-  return v >= 0.f && v < float(n) ? int32_t(v) : -1;
+  if (v == -1.f) return kNotHere;
+  return v >= 0.f && v < float(n) ? int32_t(v) : kBadId;
 }
 
 inline float finite_or_lowest(float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; }
@@ -104,9 +109,9 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
     return paged[e];
   };
   auto x_of = [&](int64_t t, int32_t s) { return row_ptr<const uint8_t>(x, t) + (per_slot ? size_t(s) * seg_bytes : 0); };
-  auto expert_of = [&](int64_t t, int32_t s) {
+  auto expert_of = [&](int64_t t, int32_t s) {  // kNotHere: another backend's expert (its slot stays 0)
     const int32_t e = route_id(row_ptr<const float>(route, t), k, s, n_expert);
-    if (e < 0) throw GraphError("a route names an expert outside [0, " + std::to_string(n_expert) + ")");
+    if (e == kBadId) throw GraphError("a route names an expert outside [0, " + std::to_string(n_expert) + ")");
     return e;
   };
   // Each thread computes the same rows of every chosen expert: a weight row is read once per run.
@@ -114,6 +119,10 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
   thread_share(rows_e, ith, nth, 16, r0, r1);
   if (r0 >= r1) return;
   auto run = [&](int32_t e, const void* xs, size_t x_stride, int64_t tokens, float* out, int64_t ldd) {
+    if (e == kNotHere) {  // this thread's rows of the slot are 0, so the combine's sum is this side's share
+      std::fill(out + r0, out + r1, 0.f);
+      return;
+    }
     MatMulArgs a{w.type, expert_rows(e), w.row_stride, w.cols, r0, r1, xs, x_stride, tokens, out, ldd};
     kt.matmul(a);
   };
@@ -126,10 +135,20 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
   int32_t* start = scratch.start;
   std::fill(start, start + n_expert + 1, 0);
   for (int64_t t = 0; t < n_tok; ++t)
-    for (int32_t s = 0; s < k; ++s) ++start[expert_of(t, s) + 1];
+    for (int32_t s = 0; s < k; ++s) {
+      const int32_t e = expert_of(t, s);
+      if (e == kNotHere) {
+        run(e, nullptr, 0, 1, row_ptr<float>(dst, t) + s * rows_e, rows_e);
+        continue;
+      }
+      ++start[e + 1];
+    }
   for (int32_t e = 0; e < n_expert; ++e) start[e + 1] += start[e];
   for (int64_t t = 0; t < n_tok; ++t)  // fill, then shift back: start[e] ends where e + 1 began
-    for (int32_t s = 0; s < k; ++s) scratch.order[start[expert_of(t, s)]++] = int32_t(t * k + s);
+    for (int32_t s = 0; s < k; ++s) {
+      const int32_t e = expert_of(t, s);
+      if (e != kNotHere) scratch.order[start[e]++] = int32_t(t * k + s);
+    }
   for (int32_t e = n_expert; e > 0; --e) start[e] = start[e - 1];
   start[0] = 0;
   for (int32_t e = 0; e < n_expert; ++e) {
@@ -179,6 +198,31 @@ void cpu_moe_combine(const Graph& g, const Node& n, const RunShape& shape, int i
       const float sg = 1.f / (1.f + std::exp(-row_ptr<const float>(*gate, t)[0]));
       const float* sh = row_ptr<const float>(*shared, t);
       for (int64_t c = c0; c < c1; ++c) y[c] += sg * sh[c];
+    }
+  }
+}
+
+void cpu_moe_route_split(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth) {
+  using S = MoeRouteSplitSrc;
+  const Tensor& dst = g.tensors[size_t(n.dst)];
+  const Tensor& route = g.tensors[size_t(n.src[S::route])];
+  const Tensor& map_t = g.tensors[size_t(n.src[S::map])];
+  const auto* map = static_cast<const int32_t*>(map_t.data);
+  const int32_t k = n.p.moe.k, n_local = n.p.moe.n_expert;
+  const int32_t n_route = int32_t(map_t.cols);
+  int64_t r0, r1;
+  thread_share(rows_in_run(dst, shape), ith, nth, 1, r0, r1);
+  for (int64_t t = r0; t < r1; ++t) {
+    const float* r = row_ptr<const float>(route, t);
+    float* out = row_ptr<float>(dst, t);
+    for (int32_t s = 0; s < k; ++s) {
+      const int32_t e = route_id(r, k, s, n_route);
+      if (e == kBadId || e == kNotHere) throw GraphError("a route names an expert outside [0, " + std::to_string(n_route) + ")");
+      const int32_t local = map[e];
+      if (local < -1 || local >= n_local)
+        throw GraphError("the expert map names a local expert outside [0, " + std::to_string(n_local) + ")");
+      out[s] = local >= 0 ? r[s] : 0.f;
+      out[k + s] = float(local);
     }
   }
 }

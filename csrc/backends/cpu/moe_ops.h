@@ -1,4 +1,4 @@
-// The CPU side of the Mixture-of-Experts ops (graph.h: MoeRoute, MoeMatMul, MoeCombine). Each function
+// The CPU side of the Mixture-of-Experts ops (graph.h: MoeRoute, MoeMatMul, MoeCombine, MoeRouteSplit). Each function
 // computes thread ith's share of one node; the backend puts a barrier after it.
 #pragma once
 #include <cstdint>
@@ -27,5 +27,6 @@ void cpu_moe_route(const Graph& g, const Node& n, const RunShape& shape, int ith
 void cpu_moe_matmul(const KernelTable& k, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,
                     MoeScratch scratch);
 void cpu_moe_combine(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth);
+void cpu_moe_route_split(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth);
 
 }  // namespace pyinfer

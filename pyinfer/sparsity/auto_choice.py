@@ -1,0 +1,120 @@
+"""`sparsity="auto"` never decodes slower than dense: the first time a calibrated plan loads on a machine, decode
+is timed with it and without it (teacher-forced decode steps, the two interleaved in alternating rounds), and
+the plan is kept only where it is clearly faster. Each engine's speed is read from the 20th percentile of its
+step times: what another process or a noisy neighbour does to a step only adds time, and on a shared 2-core
+machine whole-run totals of two identical engines differ by up to 28% where this percentile stays within 3%. Where a whole model sits in the CPU's last-level cache, skipping a
+share of the FFN bytes can save less than the sparse path's own work costs (issue 28: 0.93x of dense on
+SmolLM2 on a 480 MB L3), and a user who asked for `auto` should not get a slower model without a word.
+
+The choice, both speeds and the machine they were measured on are stored in the cached plan (measured again on
+another machine or thread count), printed when measured, and shown by `pyinfer info` and `bench --json`. An
+explicit target, a plan file, and offload (where sparse decode saves reads, not compute) keep the plan without
+asking."""
+from __future__ import annotations
+
+import platform
+import sys
+import time
+
+import numpy as np
+
+DECODE_TOKENS = 24
+ROUNDS = 6
+PERCENTILE = 20
+KEEP_AT = 1.03  # sparse decode must beat dense by this much to be worth its approximation
+
+
+def machine_key(n_threads: int) -> str:
+    """Where a choice holds: the CPU's model name, the kernel tables it offers and the thread count."""
+    from .. import _core
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name} | {_core.available_isas()} | {n_threads} threads"
+
+
+def stored_choice(plan, key: str) -> dict | None:
+    c = plan.info.get("auto_choice") if plan is not None else None
+    return c if isinstance(c, dict) and c.get("machine") == key and c.get("chose") in ("sparse", "dense") else None
+
+
+def step_seconds(running, ids: np.ndarray, prompt: int, tokens: int) -> list[float]:
+    """Seconds of each of `tokens` one-token runs after a `prompt`-token prefill (ids fed in: no sampling)."""
+    running.run(prompt, ids[:prompt], np.arange(prompt, dtype=np.int32), np.array([prompt - 1], np.int32))
+    out = []
+    for i in range(prompt, prompt + tokens):
+        t0 = time.perf_counter()
+        running.run(1, ids[i:i + 1], np.array([i], np.int32), np.array([0], np.int32))
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def interleaved_tok_s(engines: dict, ids: np.ndarray, prompt: int, tokens: int, rounds: int) -> dict[str, float]:
+    """Decode tok/s of each engine: rounds of `tokens` steps, the engines in turn (order reversed every other
+    round), from the PERCENTILE-th percentile of each one's step times."""
+    names = list(engines)
+    steps: dict[str, list[float]] = {n: [] for n in names}
+    for n in names:  # warm: pages faulted in, caches filled
+        step_seconds(engines[n], ids, prompt, min(4, tokens))
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            steps[n] += step_seconds(engines[n], ids, prompt, tokens)
+    return {n: 1.0 / float(np.percentile(v, PERCENTILE)) for n, v in steps.items()}
+
+
+def measure_choice(session, plan, tokens: int = DECODE_TOKENS, rounds: int = ROUNDS) -> dict:
+    """Decode tok/s with `plan` and without it on this machine (engines built as the session builds its own),
+    alternating rounds and flipping their order; the choice is "sparse" only at KEEP_AT times dense or more."""
+    from ..runtime.sparse_ffn import SparseRuns
+    from ..session import build_running
+    from .calibrate import bundled_calibration_text
+
+    prompt = 16
+    ids = np.asarray(session.tokenizer.encode(bundled_calibration_text())[:prompt + tokens], np.int32)
+    if len(ids) < prompt + tokens:
+        ids = np.resize(ids, prompt + tokens)
+    ids = np.clip(ids, 0, session.config.vocab_size - 1).astype(np.int32)
+    n_ctx = prompt + tokens
+    engines = {name: build_running(session.gguf, session.config, n_ctx, prompt, session.n_threads,
+                                   p, SparseRuns(), session.neuron_down, session.cache_type)
+               for name, p in (("dense", None), ("sparse", plan))}
+    rate = interleaved_tok_s(engines, ids, prompt, tokens, rounds)
+    dense, sparse = rate["dense"], rate["sparse"]
+    return {"chose": "sparse" if sparse >= KEEP_AT * dense else "dense", "sparse_tok_s": sparse,
+            "dense_tok_s": dense, "ratio": sparse / dense, "tokens": tokens, "rounds": rounds,
+            "percentile": PERCENTILE,
+            "keep_at": KEEP_AT, "machine": machine_key(session.n_threads), "isa": engines["dense"].isa,
+            "measured": time.strftime("%Y-%m-%d")}
+
+
+def describe(choice: dict) -> str:
+    kept = "keeps the sparse plan" if choice["chose"] == "sparse" else "decodes dense"
+    return (f"sparse decode {choice['sparse_tok_s']:.1f} tok/s against dense {choice['dense_tok_s']:.1f} here "
+            f"({choice['ratio']:.2f}x): auto {kept}")
+
+
+def keep_if_faster(session, plan, path, progress: bool = True):
+    """(the plan or None, the choice): the stored choice for this machine, or one measured now and stored in
+    the cached plan at `path` (None: not cached, measured each load)."""
+    from ..tools.atomic_file import file_lock
+
+    choice = stored_choice(plan, machine_key(session.n_threads))
+    if choice is None:
+        choice = measure_choice(session, plan)
+        if progress:
+            print(f"pyinfer: {describe(choice)} (measured once, cached with the plan)", file=sys.stderr)
+        if path is not None:
+            plan.info["auto_choice"] = choice
+            try:
+                with file_lock(path):
+                    plan.save(path)
+            except OSError as e:
+                print(f"pyinfer: warning: could not cache the sparsity choice at {path}: {e}", file=sys.stderr)
+    return (plan if choice["chose"] == "sparse" else None), choice
