@@ -1,5 +1,5 @@
 """Expert placement (issue 26): which experts of a Mixture of Experts a GPU computes under a VRAM budget, the
-program (HiGHS: time saved net of one synchronization per split layer, place/expert_placement.py) against
+program (HiGHS: time saved net of one synchronization per layer not placed whole, place/expert_placement.py) against
 the greedy fill by value per byte (PowerInfer's released solver: no communication term), and the split run on
 the stand-in device (a second CPU backend with memory of its own standing in for the GPU): its greedy tokens
 against the CPU's, decode tok/s beside the CPU alone, and per split layer how much of the CPU's and the
@@ -135,12 +135,13 @@ def main() -> int:
     (RESULTS / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "program": program, "standin": runs,
                                                           "overlap_per_layer": per_layer}, indent=1))
     lines = [f"# Expert placement: {meta['model']}", "",
-             "The program (HiGHS, time saved net of one synchronization per split layer) against the greedy fill by "
-             "value per byte (no communication term), from the model's routing profile; CPU cost 1e-10 s per weight "
-             "byte (pyinfer's default). `net` = CPU time per token the GPU takes over, less the split layers' "
-             "synchronizations.", "",
-             "| VRAM budget | sync us | experts on GPU (program / greedy) | split layers (program / greedy, greedy's "
-             "losing time) | routes on GPU | net ms/token (program / greedy) | solver, s |",
+             "The program (HiGHS, time saved net of one synchronization per layer not placed whole: attention "
+             "and the stream live on the device) against the greedy fill by value per byte (no communication "
+             "term), from the model's routing profile; CPU cost 1e-10 s per weight byte (pyinfer's default). `net` "
+             "= CPU time per token the GPU takes over, less those synchronizations.", "",
+             "| VRAM budget | sync us | experts on GPU (program / greedy) | split layers (program / greedy; greedy's "
+             "whose missing experts are worth less than their sync) | routes on GPU | net ms/token (program / "
+             "greedy) | solver, s |",
              "|---|---|---|---|---|---|---|"]
     for r in program:
         lines.append(f"| {r['budget']} | {r['sync_us']:.0f} | {r['experts_on_gpu']} / {r['greedy_experts_on_gpu']} | "

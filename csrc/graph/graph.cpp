@@ -184,6 +184,7 @@ void Graph::validate() const {
   std::vector<bool> union_written(nt, false);
   std::vector<int> route_k(nt, 0);  // tensor -> k of the MoeRoute node that wrote it (expert ids come only from there)
   std::vector<int> route_n(nt, 0);  // ... and the experts it chose among
+  std::vector<uint8_t> route_split(nt, 0);  // ... 1: one backend's share (MoeRouteSplit: ids -1 are another's)
   int paged_block = 0;
   for (size_t k = 0; k < nodes.size(); ++k) {
     const Node& n = nodes[k];
@@ -440,7 +441,10 @@ void Graph::validate() const {
         if (w.row_mode != RowMode::Fixed) c.fail("the experts must be a weight of fixed rows");
         if (w.paged && w.experts != P.n_expert) c.fail("the expert store's layer has a different expert count");
         if (d.row_mode != RowMode::Tokens) c.fail("the expert matmul writes one row per token");
-        if (P.n_expert < 1 || P.k < 1 || P.k > P.n_expert || w.rows % P.n_expert)
+        c.t(src[S::route]);  // range check
+        // A backend's share of a route may hold fewer experts than a token chooses (its other slots are -1).
+        const bool share = route_split[size_t(origin(src[S::route]))] != 0;
+        if (P.n_expert < 1 || P.k < 1 || (!share && P.k > P.n_expert) || w.rows % P.n_expert)
           c.fail("the experts' rows must split into n_expert equal matrices, k in [1, n_expert]");
         c.type(src[S::x], dtype_is_integer_dot(w.type) ? DType::Q8A : DType::F32);
         const int64_t xc = c.t(src[S::x]).cols;
@@ -474,15 +478,19 @@ void Graph::validate() const {
         c.t(src[ExpertFetchSrc::route]);  // range check
         if (route_k[size_t(origin(src[ExpertFetchSrc::route]))] < 1)
           c.fail("the route must be an earlier MoeRoute's result");
+        if (route_split[size_t(origin(src[ExpertFetchSrc::route]))])
+          c.fail("a fetch reads a whole route, not one backend's share of it");
         break;
       case OpKind::MoeRouteSplit: {
         using S = MoeRouteSplitSrc;
         const auto& P = n.p.moe;
         c.type(n.dst, DType::F32); c.type(src[S::route], DType::F32); c.type(src[S::map], DType::I32);
         if (P.n_expert < 1 || P.k < 1) c.fail("n_expert and k must be positive");
+        c.t(src[S::route]);  // range check
         const int origin_route = origin(src[S::route]);
         if (c.t(src[S::route]).cols != 2 * int64_t(P.k) || route_k[size_t(origin_route)] != P.k)
           c.fail("the route must be an earlier MoeRoute's result of the same k");
+        if (route_split[size_t(origin_route)]) c.fail("a route is split once, from the whole route");
         if (c.t(src[S::map]).rows != 1 || c.t(src[S::map]).cols != route_n[size_t(origin_route)])
           c.fail("the map is one row, an entry per expert of the route");  // its entries are checked as read
         c.cols(n.dst, 2 * int64_t(P.k));
@@ -495,14 +503,18 @@ void Graph::validate() const {
     if (n.op == OpKind::MoeRoute) {
       route_k[size_t(n.dst)] = n.p.moe_route.k;
       route_n[size_t(n.dst)] = n.p.moe_route.n_expert;
+      route_split[size_t(n.dst)] = 0;
     } else if (n.op == OpKind::MoeRouteSplit) {
       route_k[size_t(n.dst)] = n.p.moe.k;
       route_n[size_t(n.dst)] = n.p.moe.n_expert;
+      route_split[size_t(n.dst)] = 1;
     } else if (n.op == OpKind::Copy && route_k[size_t(origin(n.src[CopySrc::x]))]) {  // a route carried across
       route_k[size_t(n.dst)] = route_k[size_t(origin(n.src[CopySrc::x]))];
       route_n[size_t(n.dst)] = route_n[size_t(origin(n.src[CopySrc::x]))];
+      route_split[size_t(n.dst)] = route_split[size_t(origin(n.src[CopySrc::x]))];
     } else if (n.dst >= 0) {
       route_k[size_t(origin(n.dst))] = route_n[size_t(origin(n.dst))] = 0;  // rewritten by another op: no route
+      route_split[size_t(origin(n.dst))] = 0;
     }
   }
 }

@@ -199,8 +199,12 @@ void ExpertStore::read_with(std::unique_ptr<RangeReader>& io, std::vector<std::u
     // Exact ranges (an expert in the file's last page) go through the page cache here; the rest as usual.
     std::vector<ReadRange> aligned;
     for (const ReadRange& r : ranges) {
-      if (page_aligned(r)) aligned.push_back(r);
-      else read_exact(fd_, r.dst, r.offset, r.bytes);
+      if (page_aligned(r)) {
+        aligned.push_back(r);
+      } else {
+        read_exact(fd_, r.dst, r.offset, r.bytes);
+        posix_fadvise(fd_, off_t(r.offset), off_t(r.bytes), POSIX_FADV_DONTNEED);  // no second copy kept
+      }
     }
     read_with(io, retired, aligned);
     return;
@@ -309,6 +313,8 @@ void ExpertStore::fetch(int layer, const float* route, int64_t n_tok, int32_t k,
       }
     }
   stats_.requests += uint64_t(needed);
+  for (Slot& c : slots_)  // read-ahead for this layer that this run did not choose was not used
+    if (c.layer == layer) c.ahead = false;
   // Room first: a run that needs more slots than are free of its own experts changes nothing and fails.
   int64_t misses = 0, free_slots = 0;
   for (int32_t e = 0; e < L.n_expert; ++e) misses += seen_[size_t(e)] && slot_of[size_t(e)] == -1;
@@ -428,6 +434,7 @@ void ExpertStore::reset_stats() {
   stats_.cache_bytes = keep.cache_bytes;
   stats_.cache_slots = keep.cache_slots;
   stats_.io_engine = keep.io_engine;
+  stats_.direct_io = keep.direct_io;
   for (auto& c : chosen_) std::fill(c.begin(), c.end(), 0);
 }
 

@@ -23,8 +23,8 @@ compared with is printed beside it.
 
 A Mixture-of-Experts model is placed by whole experts: what every token reads (attention, routers, shared
 experts) comes first, then each layer's most-chosen experts from its routing profile (measured once and
-cached, or `pyinfer profile`), the program maximizing the CPU time moved net of the split layers'
-synchronizations. Such a placement runs with --device standin today (MoE has no CUDA kernels yet)."""
+cached, or `pyinfer profile`), the program maximizing the CPU time moved net of a synchronization for every
+layer not placed whole. Such a placement runs with --device standin today (MoE has no CUDA kernels yet)."""
 
 
 def add_parser(sub, model_args, sparsity_args) -> None:
@@ -59,6 +59,10 @@ def cmd_place(args, load) -> int:
     if args.group < 1:
         raise PyinferError(f"--group must be at least 1, got {args.group}")
     budget = parse_size(args.vram_budget)
+    if args.sparsity == "auto" and args.target is None:  # the plan a device load of `auto` keeps (untimed there)
+        from ..sparsity.resolve import AUTO_TARGET
+
+        args.target = AUTO_TARGET
     model = load(args, device="cpu", vram_budget=None)  # --vram-budget is the placement's, not this load's
     if model.config.is_moe:
         return _place_experts(args, model, budget)

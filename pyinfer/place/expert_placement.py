@@ -5,11 +5,12 @@ What every token reads comes first: attention, norms, routers and shared experts
 for the context and a scratch reserve. What is left holds experts and, as one more item, the output head.
 Each layer's experts are taken in order of a routing profile (offload/experts.py: how often each was chosen),
 and each is worth the CPU time per token it takes over: the share of tokens that choose it times its bytes at
-the CPU's seconds per byte. A layer whose experts sit on both sides pays one synchronization and transfer of
-the hidden vector. The program (place/knapsack.py's prefix knapsack, solved by HiGHS) maximizes the time saved
-net of those synchronizations: a layer's first placed expert carries the cost, and placing the whole layer
-earns it back (the knapsack's whole-layer bonus), so it splits a layer only where that pays. The greedy fill
-it is compared with (PowerInfer's released solver) fills by value per byte and never asks."""
+the CPU's seconds per byte. Attention, router and the residual stream live on the device, so every layer with
+any expert on the CPU pays one synchronization and transfer of the hidden vector (down and back up); only a
+layer placed whole avoids it. The program (place/knapsack.py's prefix knapsack, solved by HiGHS) maximizes the
+time saved net of those synchronizations: placing a layer whole earns its synchronization back (the knapsack's
+whole-layer bonus). The greedy fill it is compared with (PowerInfer's released solver) fills by value per byte
+and never asks."""
 from __future__ import annotations
 
 import re
@@ -43,7 +44,7 @@ class ExpertPlacement:
     mass_on_gpu: float              # share of the profile's routes that land on the GPU
     cpu_seconds_moved: float        # expected CPU time per token the GPU takes over
     cpu_seconds_total: float        # the experts' and head's CPU time per token without a GPU
-    net_seconds: float              # moved, less one synchronization per split layer
+    net_seconds: float              # moved, less one synchronization per layer not placed whole
     solver: str
     solve_seconds: float
     costs: dict
@@ -103,28 +104,26 @@ def place_experts(gguf: GGUFModelFile, cfg: LlamaConfig, vram_budget: int, n_ctx
     head = head_bytes(gguf)
     head_s = head * costs.cpu_seconds_per_byte
     sync = costs.sync_seconds
-    # The head is one more "layer" of one item, never split. Net of synchronizations: a layer's first expert
-    # costs one, a whole layer earns it back.
+    # The head is one more "layer" of one item. Net of synchronizations: every layer pays one unless placed
+    # whole, which earns it back (the constant n_layers * sync is left out of the objective).
     items = [[float(b)] * cfg.n_expert for b in per_expert] + [[float(head)]]
-    net_value = [[v[0] - sync] + v[1:] for v in value] + [[head_s]]
-    program = PrefixKnapsack(group_bytes=items, group_value=net_value, capacity=float(vram_budget - minimum),
-                             whole_bonus=[sync] * cfg.n_layers + [0.0], split_saving=value + [[head_s]],
-                             split_cost=[sync] * cfg.n_layers + [0.0])
+    program = PrefixKnapsack(group_bytes=items, group_value=value + [[head_s]], capacity=float(vram_budget - minimum),
+                             whole_bonus=[sync] * cfg.n_layers + [0.0])
     answer = solve_highs(program, time_limit)
     plain = PrefixKnapsack(items, value + [[head_s]], program.capacity)
     greedy = solve_greedy(plain)
 
-    def net(kept: list[int]) -> float:
-        splits = sum(0 < k < cfg.n_expert for k in kept[:-1])
-        return plain.value(kept) - splits * sync
+    def net(kept: list[int]) -> float:  # CPU time moved, less a synchronization per layer not wholly placed
+        return plain.value(kept) - sync * sum(k < cfg.n_expert for k in kept[:-1])
 
     if answer.solver != "highs" and net(greedy.kept) > net(answer.kept):
-        # No HiGHS optimum or incumbent: the greedy fill is the better answer to give (the program's own
-        # greedy ranks by net value, which charges a layer's first expert its synchronization).
+        # No HiGHS optimum or incumbent, and the program's own greedy fallback (which ignores the whole-layer
+        # bonus) did worse: the plain greedy fill is the better answer to give.
         answer = KnapsackAnswer(greedy.kept, 0.0, greedy.used, "greedy", answer.seconds + greedy.seconds,
                                 answer.info)
     gpu = [sorted(int(e) for e in o[:k]) for o, k in zip(order, answer.kept)]
-    losing = [il for il, k in enumerate(greedy.kept[:-1]) if 0 < k < cfg.n_expert and sum(value[il][:k]) < sync]
+    # Greedy's split layers whose missing experts are worth less than the synchronization finishing them saves.
+    losing = [il for il, k in enumerate(greedy.kept[:-1]) if 0 < k < cfg.n_expert and sum(value[il][k:]) < sync]
     return ExpertPlacement(
         fingerprint=gguf.fingerprint(), vram_budget=int(vram_budget), fixed=fixed, minimum=int(minimum),
         n_expert=cfg.n_expert, gpu_experts=gpu, head_on_gpu=bool(answer.kept[-1]),
