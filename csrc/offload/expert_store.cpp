@@ -26,6 +26,22 @@ uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 // A part's room in a slot: its bytes rounded up to pages, and one page more for where they start in a page.
 uint64_t part_span(uint64_t n) { return round_up(n, kPage) + kPage; }
 
+// Calls f(e) once for each distinct expert that route rows [0, n_tok) name (ids after the k weights, rows
+// `stride` floats apart), marking it in `mark` (cleared by the caller); an id outside the layer's is refused.
+template <class F>
+void each_distinct_expert(int32_t n_expert, const float* route, int64_t n_tok, int32_t k, int64_t stride,
+                          std::vector<uint8_t>& mark, F&& f) {
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int32_t s = 0; s < k; ++s) {
+      const float v = route[t * stride + k + s];
+      if (!(v >= 0.f && v < float(n_expert))) throw GraphError("a route names an expert outside the layer's");
+      const int32_t e = int32_t(v);
+      if (mark[size_t(e)]) continue;
+      mark[size_t(e)] = 1;
+      f(e);
+    }
+}
+
 bool page_aligned(const ReadRange& r) {
   return ((reinterpret_cast<uintptr_t>(r.dst) | r.offset | r.bytes) % kPage) == 0;
 }
@@ -290,28 +306,22 @@ void ExpertStore::fetch(int layer, const float* route, int64_t n_tok, int32_t k,
   const bool predicted = has_prediction_[size_t(layer)] != 0;
   has_prediction_[size_t(layer)] = 0;
   int32_t needed = 0;
-  for (int64_t t = 0; t < n_tok; ++t)
-    for (int32_t s = 0; s < k; ++s) {
-      const float v = route[t * stride + k + s];
-      if (!(v >= 0.f && v < float(L.n_expert))) throw GraphError("a route names an expert outside the layer's");
-      const int32_t e = int32_t(v);
-      if (seen_[size_t(e)]) continue;
-      seen_[size_t(e)] = 1;
-      ++needed;
-      ++chosen_[size_t(layer)][size_t(e)];
-      ++uses_[size_t(layer)][size_t(e)];
-      if (predicted) {
-        ++stats_.predicted;
-        stats_.predicted_right += predicted_[size_t(layer)][size_t(e)];
-      }
-      const int32_t slot = slot_of[size_t(e)];
-      if (slot >= 0) {
-        Slot& c = slots_[size_t(slot)];
-        c.used = now;
-        if (c.ahead) ++stats_.prefetch_used;
-        c.ahead = false;
-      }
+  each_distinct_expert(L.n_expert, route, n_tok, k, stride, seen_, [&](int32_t e) {
+    ++needed;
+    ++chosen_[size_t(layer)][size_t(e)];
+    ++uses_[size_t(layer)][size_t(e)];
+    if (predicted) {
+      ++stats_.predicted;
+      stats_.predicted_right += predicted_[size_t(layer)][size_t(e)];
     }
+    const int32_t slot = slot_of[size_t(e)];
+    if (slot >= 0) {
+      Slot& c = slots_[size_t(slot)];
+      c.used = now;
+      if (c.ahead) ++stats_.prefetch_used;
+      c.ahead = false;
+    }
+  });
   stats_.requests += uint64_t(needed);
   for (Slot& c : slots_)  // read-ahead for this layer that this run did not choose was not used
     if (c.layer == layer) c.ahead = false;
@@ -352,15 +362,9 @@ void ExpertStore::prefetch(int layer, const float* route, int64_t n_tok, int32_t
   std::vector<uint8_t>& named = predicted_[size_t(layer)];
   std::fill(named.begin(), named.end(), 0);
   want_.clear();
-  for (int64_t t = 0; t < n_tok; ++t)
-    for (int32_t s = 0; s < k; ++s) {
-      const float v = route[t * stride + k + s];
-      if (!(v >= 0.f && v < float(L.n_expert))) throw GraphError("a route names an expert outside the layer's");
-      const int32_t e = int32_t(v);
-      if (named[size_t(e)]) continue;
-      named[size_t(e)] = 1;
-      if (slot_of_[size_t(layer)][size_t(e)] == -1) want_.push_back(e);
-    }
+  each_distinct_expert(L.n_expert, route, n_tok, k, stride, named, [&](int32_t e) {
+    if (slot_of_[size_t(layer)][size_t(e)] == -1) want_.push_back(e);
+  });
   has_prediction_[size_t(layer)] = 1;
   if (want_.empty()) return;
   if (!pf_thread_.joinable()) {  // before any slot changes hands: a failure here leaves the cache as it was
