@@ -166,7 +166,21 @@ VARIANTS = {  # --policies / --prefetch: pyinfer alone, one of its expert option
     "policies": ("expert_policy", ("lru", "lfu"), "moe_policies", "The expert cache's policy (LRU against LFU)"),
     "prefetch": ("expert_prefetch", ("on", "off"), "moe_prefetch",
                  "Reading the next layer's predicted experts ahead (on against off)"),
+    "sources": ("expert_source", ("bundle", "gguf"), "moe_bundle",
+                "Reading experts from the expert bundle file (one page-aligned read each) against the model "
+                "file's merged tensors (three reads each)"),
 }
+
+
+def prepare_bundle(model: Path) -> None:
+    """Writes the expert bundle file now, outside any limit and timing (a first run under a limit would)."""
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.pull import cache_dir
+    from pyinfer.offload.expert_bundles import open_or_write_expert_bundles
+
+    gguf = GGUFModelFile(model)
+    layout = open_or_write_expert_bundles(cache_dir(), gguf, gguf.llama_config())
+    print(f"expert bundle file {layout.path} ({layout.file_bytes / 2**30:.2f} GiB)", file=sys.stderr)
 
 
 def compare_variants(model: str, args, which: str) -> int:
@@ -255,6 +269,12 @@ def main() -> int:
     ap.add_argument("--prefetch", action="store_true",
                     help="pyinfer alone: reading the next layer's predicted experts ahead, on against off "
                          "(bench/results/moe_prefetch.*)")
+    ap.add_argument("--sources", action="store_true",
+                    help="pyinfer alone: experts read from the expert bundle file against from the model file "
+                         "(bench/results/moe_bundle.*)")
+    ap.add_argument("--expert-source", default="bundle", choices=["bundle", "gguf"],
+                    help="where pyinfer reads streamed experts from: the expert bundle file (written once into "
+                         "the cache before timing) or the model file")
     ap.add_argument("--expert-policy", default="lru", choices=["lru", "lfu"],
                     help="pyinfer's expert cache policy (least recently or least frequently used out)")
     ap.add_argument("--expert-prefetch", default="on", choices=["on", "off"],
@@ -270,12 +290,15 @@ def main() -> int:
         print(f"writing {model} ...", file=sys.stderr)
         write_model(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
-    if args.policies or args.prefetch:
-        return compare_variants(str(model), args, "policies" if args.policies else "prefetch")
+    if args.sources or args.expert_source == "bundle":
+        prepare_bundle(model)
+    which = "policies" if args.policies else "prefetch" if args.prefetch else "sources" if args.sources else None
+    if which:
+        return compare_variants(str(model), args, which)
     rows = ob.compare(str(model), ob.parse_limits(args.limits), args)
     meta = {"model": model.name, "file_bytes": model.stat().st_size, "shape": SHAPE, "classes": CLASSES,
             "alpha": ALPHA, "reuse": REUSE, "expert_policy": args.expert_policy,
-            "expert_prefetch": args.expert_prefetch, "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx,
+            "expert_prefetch": args.expert_prefetch, "expert_source": args.expert_source, "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx,
             "rounds": args.rounds, "llamacpp_repack": args.repack}
     print(ob.write_results(args.tag, f"Qwen3-30B-A3B-shaped synthetic MoE ({model.stat().st_size / 2**30:.2f} GiB, "
                            "Q4_0, 8 of 128 experts per token): decode under one memory limit",

@@ -78,6 +78,7 @@ def child(args) -> None:
 
         experts.POLICY = args.expert_policy  # a Mixture of Experts' cache policy (bench/moe_synthetic.py)
         experts.PREFETCH = args.expert_prefetch == "on"  # and its read-ahead of the next layer's experts
+        experts.SOURCE = args.expert_source  # and where it reads them from (bundle file or model file)
 
         try:
             m = pyinfer.load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=args.sparsity,
@@ -143,6 +144,7 @@ def child_cmd(engine: str, path: str, args, limit: int = 0) -> list[str]:
             "--tokens", str(args.tokens), "--ctx", str(args.ctx), "--mem-limit", str(limit),
             "--sparsity", args.sparsity, "--expert-policy", getattr(args, "expert_policy", "lru"),
             "--expert-prefetch", getattr(args, "expert_prefetch", "on"),
+            "--expert-source", getattr(args, "expert_source", "bundle"),
             *(["--repack"] if args.repack else [])]
 
 
@@ -279,6 +281,7 @@ def main() -> int:
     ap.add_argument("--engine", default="pyinfer", help=argparse.SUPPRESS)
     ap.add_argument("--expert-policy", default="lru", choices=["lru", "lfu"], help=argparse.SUPPRESS)
     ap.add_argument("--expert-prefetch", default="on", choices=["on", "off"], help=argparse.SUPPRESS)
+    ap.add_argument("--expert-source", default="bundle", choices=["bundle", "gguf"], help=argparse.SUPPRESS)
     ap.add_argument("--mem-limit", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

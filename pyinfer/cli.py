@@ -67,7 +67,9 @@ def _sparsity_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ram-budget", default=None, metavar="SIZE",
                    help="most bytes of weights kept in RAM, e.g. 80M or 1.5G (with --sparsity): each layer's "
                         "hottest FFN neurons stay, the rest are streamed from a bundle file on disk while the "
-                        "model computes; results are identical to the in-RAM run")
+                        "model computes; a Mixture-of-Experts model (no --sparsity) keeps its hottest experts and "
+                        "a cache, and streams the others from an expert bundle file; results are identical to the "
+                        "in-RAM run")
     p.add_argument("--mem-limit", default=None, metavar="SIZE",
                    help="the most memory the whole process may use, e.g. 2G (what you have free, or a memory "
                         "cgroup's limit): runtime, KV cache, buffers, weights kept in RAM and page cache together. "
@@ -414,7 +416,8 @@ def cmd_bench(args) -> int:
         e = r.experts
         print(f"experts  {e['resident_experts']} resident, cache of {e['cache_slots']}: {e['hit_rate']:.0%} of chosen "
               f"experts in RAM ({e['resident_hit_rate']:.0%} resident), {e['bytes_read_per_token'] / 1e6:.1f} MB "
-              f"read per token ({e['io_engine']})")
+              f"read per token from the {'expert bundle file' if e['source'] == 'bundle' else 'model file'} "
+              f"({e['io_engine']}{', O_DIRECT' if e['direct_io'] else ''})")
         if e.get("prediction_accuracy") is not None:
             print(f"prefetch the next layer's router picked {e['prediction_accuracy']:.0%} of the chosen experts; "
                   f"{e['prefetch_used_share'] or 0:.0%} of what it read ahead was used; decode waited "

@@ -86,13 +86,19 @@ class Session:
                 self, self.sparsity, auto_plan_path(self.gguf.fingerprint(), AUTO_TARGET), progress)
         if self.memory is not None and self.memory.offload and ram_budget is None and not self.config.is_moe:
             ram_budget = max(self.memory.weights, 1)
+        expert_budget = None  # a Mixture of Experts streams whole experts (offload/experts.py), not FFN neurons
+        if self.config.is_moe and ram_budget is not None:
+            if neuron_cache is not None or neuron_window is not None:
+                raise PyinferError("neuron cache and read-ahead window shares split a neuron offload; a "
+                                   "Mixture-of-Experts model's expert cache takes what its RAM budget leaves")
+            expert_budget, ram_budget = ram_budget, None
         self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
                                     neuron_window, progress, self.memory)
-        self.experts = None  # a Mixture of Experts whose experts do not fit the limit: they stream (offload/experts.py)
-        if self.config.is_moe and self.memory is not None:
+        self.experts = None  # a Mixture of Experts whose experts do not fit the limit or budget: they stream
+        if self.config.is_moe and (self.memory is not None or expert_budget is not None):
             from .offload.experts import make_expert_offload
 
-            self.experts = make_expert_offload(self, progress)
+            self.experts = make_expert_offload(self, expert_budget, progress)
         self.device = str(device)
         self.kind, self.index = parse_device(device)
         self.placement = None
@@ -104,7 +110,7 @@ class Session:
         if self.kind != "cpu":
             if self.kind == "cuda":
                 check_cuda(self.index)
-            if self.offload is not None:
+            if self.offload is not None or self.experts is not None:
                 raise PyinferError("a device and a RAM budget together are not supported yet (the GPU split "
                                    "keeps the CPU's neurons in RAM)")
             if self.config.is_moe:  # whole experts on each side (place/expert_placement.py)

@@ -241,7 +241,7 @@ def _streamed(path, monkeypatch, slots: int, resident=None, policy="lru", prefet
     memory limit too small for the model sets it up."""
     from pyinfer.offload import experts as ex
 
-    def make(session, progress=True):
+    def make(session, ram_budget=None, progress=True):
         cfg = session.config
         plan = ex.ExpertPlan(0, ex.slot_bytes(session.gguf, cfg), resident or [[] for _ in range(cfg.n_layers)],
                              slots, policy)
@@ -341,9 +341,139 @@ def test_cuda_is_refused_by_name_and_the_standin_needs_a_budget(paths):
         pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, device="standin", progress=False)
 
 
-def test_a_ram_budget_is_refused_by_name(paths):
-    with pytest.raises(pyinfer.PyinferError, match="streams its experts under a memory limit"):
-        pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, ram_budget="1M", progress=False)
+# ---- --ram-budget: experts streamed from the expert bundle file --------------------------------------------
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """qwen3moe with experts of 2048 neurons (Q8_0, 136 KiB a part): a slot is many pages, so a budget can hold
+    one layer's choice of a run and still be below the model."""
+    return str(write_tiny_arch(tmp_path_factory.mktemp("moe-wide") / "wide.gguf", "qwen3moe", seed=3, qtype=Q.Q8_0,
+                               config={"d_ff_expert": 2048}))
+
+
+def _shared_and_slot(path):
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.offload import experts as ex
+
+    f = GGUFModelFile(path)
+    cfg = f.llama_config()
+    return f.weight_bytes - ex.expert_bytes(f, cfg), ex.slot_bytes(f, cfg)
+
+
+def test_a_ram_budget_streams_experts_from_the_bundle_file(wide, tmp_path, monkeypatch):
+    """A RAM budget below the model's weights: the experts stream from an expert bundle file written once into
+    the cache (each expert one page-aligned read of exactly its pages), and prefill and decode equal the in-RAM
+    run bit for bit; a second load finds the file and does not write it again."""
+    from pyinfer.offload import expert_bundles as eb
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    path = wide
+    shared, slot = _shared_and_slot(path)
+    budget = shared + 10 * slot  # 10 of the 16 experts, a layer's 8 among them
+    ram = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
+    want_prefill = ram.eval(IDS[:20], all_logits=True)
+    want_decode = np.stack([ram.eval(IDS[:i + 1]) for i in range(10)])
+    m = pyinfer.load(path, n_ctx=64, n_threads=2, ram_budget=budget, progress=False)
+    off = m.session.experts
+    assert off is not None and off.source == "bundle"
+    bundle = eb.expert_bundle_path(tmp_path, m.session.gguf)
+    assert bundle.is_file() and bundle.stat().st_size == eb.bundle_bytes(m.session.gguf, m.config)
+    np.testing.assert_array_equal(m.eval(IDS[:20], all_logits=True), want_prefill)
+    off.store.reset_stats()
+    np.testing.assert_array_equal(np.stack([m.eval(IDS[:i + 1]) for i in range(10)]), want_decode)
+    st = off.report(tokens=10)
+    assert st["misses"] > 0 and st["source"] == "bundle"
+    layout = eb.read_expert_layout(bundle, m.session.gguf, m.config)
+    per_expert = sum(-(-n // 4096) * 4096 for n in layout.layers[0]["expert_bytes"])  # every layer alike here
+    assert st["bytes_read"] == (st["misses"] + st["prefetched"]) * per_expert
+    assert st["expert_slot_bytes"] == per_expert < slot  # no spare pages: every expert starts on one
+    mtime = bundle.stat().st_mtime_ns
+    pyinfer.load(path, n_ctx=64, n_threads=2, ram_budget=budget, progress=False)
+    assert bundle.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_the_bundle_file_holds_each_experts_bytes(paths, tmp_path, direct_io):
+    """Read through the store from the bundle file, each expert's bytes are the slice of the merged tensor in
+    the GGUF, with O_DIRECT or through the page cache; a bundle expert is one read of its pages."""
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.offload import expert_bundles as eb
+    from pyinfer.offload import experts as ex
+
+    f = GGUFModelFile(paths["mixtral", Q.Q8_0])
+    cfg = f.llama_config()
+    layout = eb.open_or_write_expert_bundles(tmp_path, f, cfg, progress=False)
+    slot = ex.slot_bytes(f, cfg, layout.store_layers())
+    off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, slot, [[5], []], 2, "lru"), direct_io=direct_io, bundle=layout)
+    off.store.fetch(1, np.array([[0.6, 0.4, 3, 6]], np.float32), 2)
+    pages = sum(-(-n // 4096) * 4096 for n in layout.layers[1]["expert_bytes"])
+    exact = sum(layout.layers[1]["expert_bytes"])
+    assert off.store.stats()["bytes_read"] == 2 * (pages if off.store.stats()["direct_io"] else exact)
+    for part_i, part in enumerate(ex.PARTS):
+        t = np.asarray(f.tensors[f"blk.1.ffn_{part}_exps.weight"].data).reshape(cfg.n_expert, -1)
+        for e in (3, 6):
+            assert off.store.expert(1, part_i, e) == t[e].tobytes()
+        assert off.store.expert(1, part_i, 4) is None
+    t = np.asarray(f.tensors["blk.0.ffn_down_exps.weight"].data).reshape(cfg.n_expert, -1)
+    assert off.store.expert(0, 2, 5) == t[5].tobytes()
+
+
+def test_a_foreign_or_truncated_bundle_file_is_rebuilt(paths, tmp_path):
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.offload import expert_bundles as eb
+
+    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
+    cfg = f.llama_config()
+    path = eb.expert_bundle_path(tmp_path, f)
+    good = eb.open_or_write_expert_bundles(tmp_path, f, cfg, progress=False)
+    data = path.read_bytes()
+    path.write_bytes(data[:-4096])  # truncated
+    assert eb.read_expert_layout(path, f, cfg) is None
+    assert eb.open_or_write_expert_bundles(tmp_path, f, cfg, progress=False).layers == good.layers
+    assert path.read_bytes() == data
+    path.write_bytes(b"PYINFEXP" + b"\xff" * 100)  # foreign
+    assert eb.read_expert_layout(path, f, cfg) is None
+    other = GGUFModelFile(paths["mixtral", Q.Q8_0])  # another model's bundle file at this model's path
+    path.write_bytes(eb.open_or_write_expert_bundles(tmp_path / "o", other, other.llama_config(), False)
+                     .path.read_bytes())
+    assert eb.read_expert_layout(path, f, cfg) is None
+
+
+def test_no_room_for_the_bundle_file_reads_the_model_file(wide, tmp_path, monkeypatch, capsys):
+    """Where the bundle file cannot be written (its size checked against the free disk first), the experts are
+    read from the GGUF's merged tensors instead, with a one-line warning, and give the same answer."""
+    import collections
+
+    from pyinfer.offload import expert_bundles as eb
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(eb.shutil, "disk_usage", lambda p: collections.namedtuple("u", "total used free")(1, 1, 10))
+    path = wide
+    shared, slot = _shared_and_slot(path)
+    want = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False).eval(IDS[:12])
+    m = pyinfer.load(path, n_ctx=64, n_threads=2, ram_budget=shared + 10 * slot)
+    assert m.session.experts.source == "gguf"
+    assert "experts are read from the model file instead" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.experts*"))
+    np.testing.assert_array_equal(m.eval(IDS[:12]), want)
+
+
+def test_ram_budget_edges_for_experts(wide, tmp_path, monkeypatch):
+    """Below the minimum (the shared weights and one layer's choice of a run): a one-line error naming it; at
+    or above the model's weights: nothing streams; a neuron plan file or neuron shares: refused by name."""
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    path = wide
+    shared, slot = _shared_and_slot(path)
+    with pytest.raises(pyinfer.PyinferError, match="below this model's minimum of") as e:
+        pyinfer.load(path, n_ctx=64, ram_budget=shared + 3 * slot, progress=False)
+    assert "\n" not in str(e.value)
+    from pyinfer.model.gguf_file import GGUFModelFile
+
+    whole = GGUFModelFile(path).weight_bytes
+    assert pyinfer.load(path, n_ctx=64, ram_budget=whole, progress=False).session.experts is None
+    with pytest.raises(pyinfer.PyinferError, match="give a Mixture-of-Experts model its RAM budget as a size"):
+        pyinfer.load(path, n_ctx=64, ram_budget=str(tmp_path / "plan.json"), progress=False)
+    with pytest.raises(pyinfer.PyinferError, match="expert cache takes what its RAM budget leaves"):
+        pyinfer.load(path, n_ctx=64, ram_budget="1G", neuron_cache=0.5, progress=False)
 
 
 def test_expert_paged_weights_are_read_only_by_the_expert_matmul(paths):

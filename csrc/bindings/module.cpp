@@ -180,6 +180,11 @@ PYBIND11_MODULE(_core, m) {
                  throw GraphError("file_offsets and expert_bytes need 3 entries (gate, up, down)");
                std::copy(offs.begin(), offs.end(), l.file_offset.begin());
                std::copy(bytes.begin(), bytes.end(), l.expert_bytes.begin());
+               if (d.contains("expert_strides")) {
+                 const auto strides = d["expert_strides"].cast<std::vector<uint64_t>>();
+                 if (strides.size() != size_t(kExpertParts)) throw GraphError("expert_strides needs 3 entries");
+                 std::copy(strides.begin(), strides.end(), l.expert_stride.begin());
+               }
                l.resident = d["resident"].cast<std::vector<int32_t>>();
                ls.push_back(std::move(l));
              }
@@ -191,8 +196,9 @@ PYBIND11_MODULE(_core, m) {
            }), py::arg("path"), py::arg("layers"), py::arg("cache_slots"), py::arg("policy") = "lru",
            py::arg("io_threads") = 8, py::arg("io_uring") = true, py::arg("direct_io") = true,
            "Opens a model file and reads each layer's resident experts. layers: dicts of n_expert, file_offsets and "
-           "expert_bytes (gate, up, down: where each merged tensor starts, the bytes of one expert of it) and resident "
-           "(expert ids kept in RAM). cache_slots: experts of any layer kept after a read, 'lru' or 'lfu' out.")
+           "expert_bytes (gate, up, down: where expert 0 of each part starts, the bytes of one expert of it), optional "
+           "expert_strides (bytes from one expert to the next; default expert_bytes, a GGUF's merged tensors) and "
+           "resident (expert ids kept in RAM). cache_slots: experts of any layer kept after a read, 'lru' or 'lfu' out.")
       .def("fetch", [](ExpertStore& s, int layer, F32Array route, int k) {
              if (route.ndim() != 2 || route.shape(1) != 2 * k) throw GraphError("route is [n_tok, 2k]");
              py::gil_scoped_release release;

@@ -23,8 +23,22 @@ constexpr uint64_t kPage = 4096;  // O_DIRECT's alignment of buffer, offset and 
 
 uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-// A part's room in a slot: its bytes rounded up to pages, and one page more for where they start in a page.
-uint64_t part_span(uint64_t n) { return round_up(n, kPage) + kPage; }
+uint64_t stride_of(const ExpertLayer& L, int p) {
+  return L.expert_stride[size_t(p)] ? L.expert_stride[size_t(p)] : L.expert_bytes[size_t(p)];
+}
+
+// Every expert of every part starts on a page (an expert bundle file).
+bool starts_on_pages(const ExpertLayer& L) {
+  for (int p = 0; p < kExpertParts; ++p)
+    if (L.file_offset[size_t(p)] % kPage || stride_of(L, p) % kPage) return false;
+  return true;
+}
+
+// A part's room in a slot: its bytes rounded up to pages, and one page more for where they start in a page
+// (none where every expert starts on one).
+uint64_t part_span(const ExpertLayer& L, int p) {
+  return round_up(L.expert_bytes[size_t(p)], kPage) + (starts_on_pages(L) ? 0 : kPage);
+}
 
 // Calls f(e) once for each distinct expert that route rows [0, n_tok) name (ids after the k weights, rows
 // `stride` floats apart), marking it in `mark` (cleared by the caller); an id outside the layer's is refused.
@@ -64,7 +78,11 @@ ExpertStore::ExpertStore(const std::string& path, std::vector<ExpertLayer> layer
   for (const ExpertLayer& l : layers_) {
     if (l.n_expert < 1) throw std::runtime_error("every layer of an expert store has experts");
     uint64_t b = 0;
-    for (uint64_t e : l.expert_bytes) b += part_span(e);
+    for (int p = 0; p < kExpertParts; ++p) {
+      if (l.expert_stride[size_t(p)] && l.expert_stride[size_t(p)] < l.expert_bytes[size_t(p)])
+        throw std::runtime_error("an expert stride is shorter than the expert");
+      b += part_span(l, p);
+    }
     slot_bytes_ = std::max(slot_bytes_, b);
     widest = std::max(widest, l.n_expert);
     for (int32_t e : l.resident)
@@ -161,10 +179,9 @@ void ExpertStore::point(int layer, int expert, const uint8_t* base) {
   const ExpertLayer& L = layers_[size_t(layer)];
   uint64_t off = 0;
   for (int p = 0; p < kExpertParts; ++p) {
-    const uint64_t n = L.expert_bytes[size_t(p)];
-    const uint64_t lead = (L.file_offset[size_t(p)] + uint64_t(expert) * n) % kPage;  // where it starts in its page
+    const uint64_t lead = (L.file_offset[size_t(p)] + uint64_t(expert) * stride_of(L, p)) % kPage;  // in its page
     tables_[size_t(layer)][size_t(p)][size_t(expert)] = base ? base + off + lead : nullptr;
-    off += part_span(n);
+    off += part_span(L, p);
   }
 }
 
@@ -173,14 +190,19 @@ void ExpertStore::add_ranges(int layer, int expert, uint8_t* base, std::vector<R
   uint64_t off = 0;
   for (int p = 0; p < kExpertParts; ++p) {
     const uint64_t n = L.expert_bytes[size_t(p)];
-    const uint64_t at = L.file_offset[size_t(p)] + uint64_t(expert) * n;
+    const uint64_t at = L.file_offset[size_t(p)] + uint64_t(expert) * stride_of(L, p);
     const uint64_t lead = at % kPage;
     const uint64_t whole = round_up(lead + n, kPage);
-    if (direct_fd_ >= 0 && at - lead + whole <= file_size_)
-      out.push_back({base + off, at - lead, whole});  // the pages around it, straight into the slot
+    ReadRange r = direct_fd_ >= 0 && at - lead + whole <= file_size_
+        ? ReadRange{base + off, at - lead, whole}  // the pages around it, straight into the slot
+        : ReadRange{base + off + lead, at, n};     // exactly its bytes (no O_DIRECT, or the file's last page)
+    ReadRange* last = p > 0 ? &out.back() : nullptr;
+    if (last && last->offset + last->bytes == r.offset && last->dst + last->bytes == r.dst &&
+        page_aligned(*last) == page_aligned(r))
+      last->bytes += r.bytes;  // side by side in the file as in the slot (an expert bundle): one read
     else
-      out.push_back({base + off + lead, at, n});      // exactly its bytes (no O_DIRECT, or the file's last page)
-    off += part_span(n);
+      out.push_back(r);
+    off += part_span(L, p);
   }
 }
 

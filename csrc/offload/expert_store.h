@@ -7,7 +7,9 @@
 // the store are "paged": their `data` is a table of n_expert pointers, each the start of an expert's rows.
 // Reads bypass the page cache (O_DIRECT) where the file system allows: each part of a slot starts on a page
 // with a page to spare, so the page-aligned range around an expert's bytes lands there whole (no copy out of
-// the page cache, no cache pages for a memory limit to reclaim).
+// the page cache, no cache pages for a memory limit to reclaim). A layer whose experts all start on pages (an
+// expert bundle file) needs no spare page, and an expert whose parts lie side by side in the file as in the
+// slot is one read.
 // A prefetch, run with the experts the next layer's router picks from this layer's hidden state (pre-gated MoE,
 // ProMoE), starts reading them on a thread of its own while this layer computes; the next fetch waits for it.
 #pragma once
@@ -27,10 +29,12 @@ constexpr int kExpertParts = 3;  // gate, up, down
 
 struct ExpertLayer {
   int32_t n_expert = 0;
-  // Where part p's merged tensor ([n_expert * rows, cols], experts one after another) lies in the file, and
-  // the bytes of one expert of it.
+  // Where expert 0 of part p lies in the file, the bytes of one expert of it, and the bytes from one expert
+  // of part p to the next (0: expert_bytes, a merged tensor [n_expert * rows, cols] of a GGUF; an expert
+  // bundle file keeps each expert's three parts together, so its stride is the whole bundle's).
   std::array<uint64_t, kExpertParts> file_offset{};
   std::array<uint64_t, kExpertParts> expert_bytes{};
+  std::array<uint64_t, kExpertParts> expert_stride{};
   std::vector<int32_t> resident;  // experts kept in RAM (read once, never evicted)
 };
 
@@ -98,8 +102,9 @@ class ExpertStore {
   };
   void point(int layer, int expert, const uint8_t* base);
   void read_exact(int fd, uint8_t* dst, uint64_t offset, uint64_t bytes) const;
-  // The reads that bring expert `expert` of `layer` into the slot at `base` (one per part): page-aligned for
-  // O_DIRECT where the file allows, else the exact bytes (read through the page cache).
+  // The reads that bring expert `expert` of `layer` into the slot at `base` (one per part, or one for parts
+  // that lie side by side in the file as in the slot): page-aligned for O_DIRECT where the file allows, else
+  // the exact bytes (read through the page cache).
   void add_ranges(int layer, int expert, uint8_t* base, std::vector<struct ReadRange>& out) const;
   std::unique_ptr<class RangeReader> make_reader();
   // Reads `ranges` with `io`, falling back to pread threads (old ring kept in `retired`) if the ring broke.

@@ -69,21 +69,42 @@ def settle(f, upto: int) -> None:
         pass
 
 
-def read_layout(path: Path, fingerprint: str, pid: str) -> BundleLayout | None:
-    """The layout of a valid bundle file for this model and plan, or None (missing, foreign, stale,
-    truncated)."""
+def read_header(path: Path, magic: bytes, header_bytes: int, version: int, fingerprint: str) -> dict | None:
+    """The JSON header of a sidecar file (magic, u32 length, JSON) of this format version and model whose size
+    is the one it states, or None (missing, foreign, stale, truncated; what follows checks its own fields)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(HEADER_BYTES)
-        if len(head) < 12 or head[:8] != MAGIC:
+            head = f.read(header_bytes)
+        if len(head) < 12 or head[:8] != magic:
             return None
         n = int.from_bytes(head[8:12], "little")
         meta = json.loads(head[12:12 + n].decode())
-        if (meta.get("version") != FORMAT_VERSION or meta.get("fingerprint") != fingerprint
-                or meta.get("plan_id") != pid or path.stat().st_size != meta.get("file_bytes")):
+        if (not isinstance(meta, dict) or meta.get("version") != version or meta.get("fingerprint") != fingerprint
+                or path.stat().st_size != meta.get("file_bytes")):
+            return None
+        return meta
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def write_header(f, magic: bytes, header_bytes: int, meta: dict) -> None:
+    """read_header's header, written over the zeros reserved at the file's start once its layout is known."""
+    text = json.dumps(meta).encode()
+    if 12 + len(text) > header_bytes:
+        raise PyinferError(f"too many layers for the {meta['format']} header")
+    f.seek(0)
+    f.write(magic + len(text).to_bytes(4, "little") + text)
+
+
+def read_layout(path: Path, fingerprint: str, pid: str) -> BundleLayout | None:
+    """The layout of a valid bundle file for this model and plan, or None (missing, foreign, stale,
+    truncated)."""
+    meta = read_header(path, MAGIC, HEADER_BYTES, FORMAT_VERSION, fingerprint)
+    try:
+        if meta is None or meta.get("plan_id") != pid:
             return None
         return BundleLayout(path, meta["layers"], int(meta["file_bytes"]))
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -135,12 +156,9 @@ def write_bundles(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig, plan: Spars
             settle(f, offset)
             for part in ("gate", "up", "down"):
                 gguf.release(f"blk.{il}.ffn_{part}.weight")
-        meta = json.dumps({"format": "pyinfer-bundles", "version": FORMAT_VERSION, "fingerprint": fp,
-                           "plan_id": pid, "down": down_type, "layers": layers, "file_bytes": offset}).encode()
-        if 12 + len(meta) > HEADER_BYTES:
-            raise PyinferError("too many layers for the bundle file header")
-        f.seek(0)
-        f.write(MAGIC + len(meta).to_bytes(4, "little") + meta)
+        write_header(f, MAGIC, HEADER_BYTES, {"format": "pyinfer-bundles", "version": FORMAT_VERSION,
+                                              "fingerprint": fp, "plan_id": pid, "down": down_type,
+                                              "layers": layers, "file_bytes": offset})
 
     try:
         with gguf.read_ahead():

@@ -10,6 +10,14 @@ to this layer's hidden state (pre-gated MoE, ProMoE) and the experts it picks ar
 own while this layer computes. llama.cpp leaves all of this to the kernel's page cache, which reads ahead around
 every fault and cannot tell an expert from its neighbours.
 
+The experts are read from an expert bundle file (offload/expert_bundles.py: each expert's three matrices side by
+side on pages, one read each), written once into the cache next to the model's other sidecar files; where it
+cannot be written (no room), from the GGUF's merged tensors (three reads of the pages around each expert).
+
+Budgets: under `--mem-limit` the experts get what the limit leaves after the runtime, KV cache, buffers and
+the shared weights; under `--ram-budget SIZE` (weights in RAM, as for a dense model's neuron offload) what SIZE
+leaves after the shared weights.
+
 The resident set: experts are equal-sized items, so the knapsack the placement program would solve is the
 greedy fill by routing frequency; without a profile, none stay resident and the cache takes the whole budget."""
 from __future__ import annotations
@@ -29,6 +37,7 @@ PAGE = 4096  # each part of a slot starts on a page, with a page to spare (exper
 CACHE_SHARE = 0.25  # of the expert budget kept for the cache when a profile names resident experts
 POLICY = "lru"      # the cache's eviction policy under a memory limit ("lfu": bench/moe_synthetic.py compares)
 PREFETCH = True     # read the next layer's predicted experts ahead (bench/moe_synthetic.py --prefetch compares)
+SOURCE = "bundle"   # where experts are read from: "bundle" (the expert bundle file) or "gguf" (the model file)
 
 
 def expert_names(il: int) -> list[str]:
@@ -40,12 +49,36 @@ def expert_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
     return sum(gguf.tensors[n].data.nbytes for il in range(cfg.n_layers) for n in expert_names(il))
 
 
-def slot_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
-    """RAM one expert takes in the store: its three parts, each rounded up to pages plus one (the page-aligned
-    range around its bytes, read with O_DIRECT), in the layer whose experts are largest (a file may quantize
-    layers differently; every slot fits any layer's expert)."""
-    return max(sum(-(-gguf.tensors[n].data.nbytes // cfg.n_expert // PAGE) * PAGE + PAGE for n in expert_names(il))
-               for il in range(cfg.n_layers))
+def gguf_layers(gguf: GGUFModelFile, cfg: LlamaConfig) -> list[dict]:
+    """Where each layer's experts lie in the model file, as the expert store reads them: per part, where the
+    merged tensor starts and the bytes of one expert of it (experts one after another)."""
+    out = []
+    for il in range(cfg.n_layers):
+        offsets, sizes = [], []
+        for name in expert_names(il):
+            start, nbytes, _ = gguf._ranges[name]
+            offsets.append(int(start))
+            sizes.append(nbytes // cfg.n_expert)
+        out.append({"file_offsets": offsets, "expert_bytes": sizes})
+    return out
+
+
+def _page(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
+def slot_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, layers: list[dict] | None = None) -> int:
+    """RAM one expert takes in the store (expert_store.cpp's layout): its three parts, each rounded up to pages,
+    plus one page each where experts do not all start on a page (the page-aligned range around an unaligned
+    expert, read with O_DIRECT), in the layer whose experts are largest (a file may quantize layers
+    differently; every slot fits any layer's expert). `layers`: the store's view of the file read (default:
+    the GGUF's merged tensors)."""
+    total = 0
+    for layer in layers if layers is not None else gguf_layers(gguf, cfg):
+        strides = layer.get("expert_strides") or layer["expert_bytes"]
+        on_pages = all(o % PAGE == 0 and s % PAGE == 0 for o, s in zip(layer["file_offsets"], strides))
+        total = max(total, sum(_page(n) + (0 if on_pages else PAGE) for n in layer["expert_bytes"]))
+    return total
 
 
 @dataclass
@@ -63,10 +96,11 @@ class ExpertPlan:
 
 
 def plan_experts(gguf: GGUFModelFile, cfg: LlamaConfig, budget: int, max_tokens: int,
-                 profile: np.ndarray | None = None, policy: str = "lru") -> ExpertPlan:
+                 profile: np.ndarray | None = None, policy: str = "lru", slot: int | None = None) -> ExpertPlan:
     """Splits `budget` bytes between resident experts (the most often chosen of `profile`, [n_layers, n_expert]
-    counts) and cache slots, at least as many as one run of `max_tokens` tokens can choose in one layer."""
-    slot = slot_bytes(gguf, cfg)
+    counts) and cache slots of `slot` bytes (default: the GGUF's), at least as many as one run of `max_tokens`
+    tokens can choose in one layer."""
+    slot = slot or slot_bytes(gguf, cfg)
     need = min(cfg.n_expert, max_tokens * cfg.n_expert_used)
     total = budget // slot
     if total < need:
@@ -89,22 +123,19 @@ class ExpertOffload:
     """A model's experts in an ExpertStore; the graph reads them as paged weights after each layer's fetch."""
 
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: ExpertPlan, io_threads: int = 8,
-                 prefetch: bool = True, direct_io: bool = True):
-        layers = []
-        for il in range(cfg.n_layers):
-            offsets, sizes = [], []
-            for name in expert_names(il):
-                start, nbytes, _ = gguf._ranges[name]
-                offsets.append(int(start))
-                sizes.append(nbytes // cfg.n_expert)
-            layers.append({"n_expert": cfg.n_expert, "file_offsets": offsets, "expert_bytes": sizes,
-                           "resident": plan.resident[il]})
+                 prefetch: bool = True, direct_io: bool = True, bundle=None):
+        """`bundle`: an ExpertBundleLayout to read the experts from (default: the model file)."""
+        layers = bundle.store_layers() if bundle is not None else gguf_layers(gguf, cfg)
+        for il, layer in enumerate(layers):
+            layer.update(n_expert=cfg.n_expert, resident=plan.resident[il])
         self.plan, self.n_expert, self.prefetch = plan, cfg.n_expert, prefetch
+        path = bundle.path if bundle is not None else gguf.path
+        self.source = "bundle" if bundle is not None else "gguf"
         try:
-            self.store = _core.ExpertStore(str(gguf.path), layers, plan.cache_slots, plan.policy, io_threads,
+            self.store = _core.ExpertStore(str(path), layers, plan.cache_slots, plan.policy, io_threads,
                                            direct_io=direct_io)
         except (RuntimeError, ValueError) as e:
-            raise PyinferError(f"{gguf.path.name}: {e}") from None
+            raise PyinferError(f"{path.name}: {e}") from None
         self._gguf = gguf
 
     def weight(self, b, il: int, part: str):
@@ -120,6 +151,7 @@ class ExpertOffload:
         st.update(self.plan.summary(), hit_rate=(st["resident_hits"] + st["cache_hits"]) / asked,
                   resident_hit_rate=st["resident_hits"] / asked,
                   bytes_read_per_token=st["bytes_read"] / tokens if tokens else None, prefetch=self.prefetch,
+                  source=self.source,
                   prediction_accuracy=st["predicted_right"] / st["predicted"] if st["predicted"] else None,
                   prefetch_used_share=st["prefetch_used"] / st["prefetched"] if st["prefetched"] else None)
         return st
@@ -215,23 +247,61 @@ def cached_profile(session, progress: bool) -> dict:
     return prof
 
 
-def make_expert_offload(session, progress: bool = True) -> ExpertOffload | None:
-    """Under a memory limit that leaves less than the model for weights: the experts stream, the hottest of
-    the routing profile resident. None where the whole model fits."""
+def expert_bundle(session, progress: bool):
+    """The expert bundle file of the session's model (written once into the cache), or None where experts are
+    read from the model file: SOURCE says so, or the file cannot be written here (no room)."""
     import sys
 
-    gguf, cfg, plan = session.gguf, session.config, session.memory
-    if plan.weights >= plan.model_weights:
+    from ..model.pull import cache_dir
+    from .expert_bundles import open_or_write_expert_bundles
+
+    if SOURCE == "gguf":
         return None
-    shared = plan.model_weights - expert_bytes(gguf, cfg)  # stays mapped: every token reads it
-    need = min(cfg.n_expert, plan.max_batch * cfg.n_expert_used) * slot_bytes(gguf, cfg)
-    if plan.weights - shared < need:
-        raise plan.below_minimum(shared + need)
+    try:
+        return open_or_write_expert_bundles(cache_dir(), session.gguf, session.config, progress)
+    except PyinferError as e:
+        if progress:
+            print(f"pyinfer: warning: {e}; experts are read from the model file instead", file=sys.stderr)
+        return None
+
+
+def make_expert_offload(session, ram_budget=None, progress: bool = True) -> ExpertOffload | None:
+    """Under a memory limit (session.memory) that leaves less than the model for weights, or a RAM budget for
+    weights (`ram_budget`, bytes or a size) below the model's: the experts stream, the hottest of the routing
+    profile resident. None where the whole model fits."""
+    import sys
+
+    from .offloaded_ffn import BudgetBelowMinimum, parse_size
+
+    gguf, cfg, plan = session.gguf, session.config, session.memory
+    if ram_budget is not None:
+        if str(ram_budget).endswith(".json"):
+            raise PyinferError("a plan file from `pyinfer plan` splits FFN neurons; give a Mixture-of-Experts model "
+                               "its RAM budget as a size (--ram-budget 8G) or a memory limit (--mem-limit)")
+        weights = parse_size(ram_budget)
+        if plan is not None:  # a memory limit as well: the smaller of the two
+            weights = min(weights, plan.weights)
+    else:
+        weights = plan.weights
+    if weights >= gguf.weight_bytes:
+        return None
+    shared = gguf.weight_bytes - expert_bytes(gguf, cfg)  # stays mapped: every token reads it
+    # The smallest budget is known before the bundle file is written (its slots are never larger than the GGUF's).
+    need = min(cfg.n_expert, session.max_batch * cfg.n_expert_used) * slot_bytes(gguf, cfg)
+    if weights - shared < need:
+        if plan is not None:
+            raise plan.below_minimum(shared + need)
+        raise BudgetBelowMinimum(f"a RAM budget of {fmt_size(weights)} is below this model's minimum of "
+                                 f"{fmt_size(shared + need)} (shared weights {fmt_size(shared)}, and one layer of a "
+                                 f"run may choose {need // slot_bytes(gguf, cfg)} experts)", shared + need)
+    bundle = expert_bundle(session, progress)
+    slot = slot_bytes(gguf, cfg, bundle.store_layers() if bundle is not None else None)
     profile = cached_profile(session, progress)
-    eplan = plan_experts(gguf, cfg, plan.weights - shared, plan.max_batch, profile["counts"], POLICY)
+    eplan = plan_experts(gguf, cfg, weights - shared, session.max_batch, profile["counts"], POLICY, slot)
     if progress:
-        print(f"pyinfer: experts stream from {gguf.path.name}: {sum(map(len, eplan.resident))} of "
+        source = bundle.path.name if bundle is not None else gguf.path.name
+        print(f"pyinfer: experts stream from {source}: {sum(map(len, eplan.resident))} of "
               f"{cfg.n_layers * cfg.n_expert} resident, a cache of {eplan.cache_slots} "
               f"({fmt_size(eplan.cache_slots * eplan.slot)}); {fmt_size(shared)} of shared weights stay mapped",
               file=sys.stderr)
-    return ExpertOffload(gguf, cfg, eplan, prefetch=PREFETCH)
+    return ExpertOffload(gguf, cfg, eplan, prefetch=PREFETCH, bundle=bundle)

@@ -21,8 +21,8 @@ def make_offload(gguf, cfg, plan, neuron_down: str, ram_budget, neuron_cache: fl
     from .offloaded_ffn import BudgetBelowMinimum, OffloadedFfn, parse_size
 
     if cfg is not None and cfg.is_moe:
-        raise PyinferError("a RAM budget streams FFN neurons of a sparsity plan; a Mixture-of-Experts model streams "
-                           "its experts under a memory limit instead (--mem-limit)")
+        raise PyinferError("a Mixture-of-Experts model streams whole experts under its RAM budget "
+                           "(offload/experts.py, which Session sets up), not FFN neurons")
     if plan is None:
         raise PyinferError("a RAM budget streams FFN neurons and needs a sparsity plan (--sparsity auto or a file)")
     planned = None
