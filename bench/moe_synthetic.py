@@ -172,15 +172,19 @@ VARIANTS = {  # --policies / --prefetch: pyinfer alone, one of its expert option
 }
 
 
-def prepare_bundle(model: Path) -> None:
-    """Writes the expert bundle file now, outside any limit and timing (a first run under a limit would)."""
-    from pyinfer.model.gguf_file import GGUFModelFile
+def prepare(model: Path, bundle: bool) -> None:
+    """Measures the routing profile and writes the expert bundle file now, outside any limit and timing (the
+    first run under a limit would, through a page cache far smaller than the model)."""
+    import pyinfer
     from pyinfer.model.pull import cache_dir
     from pyinfer.offload.expert_bundles import open_or_write_expert_bundles
+    from pyinfer.offload.experts import cached_profile, describe_profile
 
-    gguf = GGUFModelFile(model)
-    layout = open_or_write_expert_bundles(cache_dir(), gguf, gguf.llama_config())
-    print(f"expert bundle file {layout.path} ({layout.file_bytes / 2**30:.2f} GiB)", file=sys.stderr)
+    m = pyinfer.load(str(model), n_ctx=64, n_threads=2)
+    print(f"routing profile: {describe_profile(cached_profile(m.session, True))}", file=sys.stderr)
+    if bundle:
+        layout = open_or_write_expert_bundles(cache_dir(), m.session.gguf, m.config)
+        print(f"expert bundle file {layout.path} ({layout.file_bytes / 2**30:.2f} GiB)", file=sys.stderr)
 
 
 def compare_variants(model: str, args, which: str) -> int:
@@ -290,8 +294,7 @@ def main() -> int:
         print(f"writing {model} ...", file=sys.stderr)
         write_model(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
-    if args.sources or args.expert_source == "bundle":
-        prepare_bundle(model)
+    prepare(model, bundle=args.sources or args.expert_source == "bundle")
     which = "policies" if args.policies else "prefetch" if args.prefetch else "sources" if args.sources else None
     if which:
         return compare_variants(str(model), args, which)

@@ -99,16 +99,23 @@ template <DType WT> struct KQuantBlock {
   static constexpr bool kSigned = false;
   static constexpr bool kSubScales = false;
   struct Cache { float d[8], m[8]; };
+  // The 12 packed bytes hold eight 6-bit scales and eight 6-bit mins: pieces 0..3 in the low 6 bits of bytes
+  // 0..3 (scales) and 4..7 (mins), pieces 4..7 in the nibbles of bytes 8..11 with their top two bits in the
+  // top bits of bytes 0..7. Rearranged four bytes at a time (32-bit words) into 8 scale bytes then 8 min
+  // bytes, they widen and convert as two vectors: in decode a super-block's scalar unpacking cost about as
+  // much as its eight pieces' dots (Q4_K ran at a third of Q4_0's bytes per second).
   static void prepare(const uint8_t* row, int64_t sb, Cache& c) {
     const auto& k4 = *reinterpret_cast<const BlockQ4_K*>(row + sb * kBytes);  // d, dmin, scales: same offsets
-    const float d = _cvtsh_ss(k4.d), dmin = _cvtsh_ss(k4.dmin);
-    const uint8_t* s = k4.scales;
-    for (int j = 0; j < 4; ++j) {  // 6-bit scale and min; pieces 4..7 borrow the top bits of bytes 0..7
-      c.d[j] = d * float(s[j] & 63);
-      c.m[j] = -dmin * float(s[j + 4] & 63);
-      c.d[j + 4] = d * float((s[j + 8] & 0x0f) | ((s[j] >> 6) << 4));
-      c.m[j + 4] = -dmin * float((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-    }
+    uint32_t w[3];
+    __builtin_memcpy(w, k4.scales, 12);
+    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
+    const uint32_t packed[4] = {w[0] & kLow6, (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4),   // scales 0..7
+                                w[1] & kLow6, ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4)};  // mins
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    _mm256_storeu_ps(c.d, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(k4.d)), sc));
+    _mm256_storeu_ps(c.m, _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(k4.dmin)), mn));
   }
   static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
     const int j = int(b % 8);
@@ -200,12 +207,36 @@ inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int6
     for (int t = 0; t < NT; ++t) res[r][t] = hsum(acc[r][t]) + off[r][t];
 }
 
-// NR weight rows x NT (2..8) tokens of consecutive activation rows `x_stride` bytes apart. Like tile(), but
-// the per-block float work is vectorised across the tokens: their activation scales and sums are gathered
-// as lanes once per block, so each (row, token) pair costs the integer dot, a lane permute and an FMA.
+// The activation scales of up to 8 tokens as the lanes of a vector, per block: d (the Q8A scale) and s (its
+// sum times d) of tokens 0..7, lanes past the tile's tokens 0. Built once per token tile and row chunk, they
+// are one aligned load per block in tile_tokens, where two 8-lane gathers were: on Zen 3 those cost about as
+// much as the block's integer dots.
+struct alignas(32) TokenScales {
+  float d[8], s[8];
+};
+
+template <int NT>
+inline void token_scales(const BlockQ8A* x0, int32_t x_stride, int64_t nb, TokenScales* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    TokenScales& o = out[b];
+    for (int t = 0; t < 8; ++t) {
+      if (t < NT) {
+        const BlockQ8A& xt = *reinterpret_cast<const BlockQ8A*>(reinterpret_cast<const uint8_t*>(x0 + b) + t * x_stride);
+        o.d[t] = xt.d;
+        o.s[t] = xt.s;
+      } else {
+        o.d[t] = o.s[t] = 0.f;
+      }
+    }
+  }
+}
+
+// NR weight rows x NT (2..8) tokens of consecutive activation rows `x_stride` bytes apart, their scales in
+// `xs` (token_scales). Like tile(), but the per-block float work is vectorised across the tokens, so each
+// (row, token) pair costs the integer dot, a lane permute and an FMA.
 template <typename P, int NR, int NT>
 inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t x_stride, int64_t nb,
-                        float (&res)[NR][NT]) {
+                        const TokenScales* xs, float (&res)[NR][NT]) {
   static_assert(NT >= 2 && NT <= 8, "tokens are lanes of one vector");
   __m256 acc[NR][NT];
   __m256 off[NR];
@@ -213,21 +244,15 @@ inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t
     off[r] = _mm256_setzero_ps();
     for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
   }
-  // Byte offsets of the tokens' rows, in floats for the gather; lanes >= NT stay masked off.
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i vindex = _mm256_mullo_epi32(lane, _mm256_set1_epi32(x_stride / 4));
-  const __m256 mask = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(NT), lane));
   typename P::Cache cache[NR];
   for (int64_t b = 0; b < nb; ++b) {
     Piece w[NR];
     load_pieces<P, NR>(wrows, b, cache, w);
-    const float* xb = &x0[b].d;  // BlockQ8A: d, then s
-    const __m256 dx = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xb, vindex, mask, 4);
-    const __m256 sx = P::kOffset ? _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xb + 1, vindex, mask, 4) : dx;
+    const __m256 dx = _mm256_load_ps(xs[b].d);
     __m256 dd[NR];
     for (int r = 0; r < NR; ++r) {
       dd[r] = _mm256_mul_ps(dx, _mm256_set1_ps(w[r].d));
-      if (P::kOffset) off[r] = _mm256_fmadd_ps(sx, _mm256_set1_ps(w[r].m), off[r]);
+      if (P::kOffset) off[r] = _mm256_fmadd_ps(_mm256_load_ps(xs[b].s), _mm256_set1_ps(w[r].m), off[r]);
     }
     for (int t = 0; t < NT; ++t) {
       const BlockQ8A& xt = *reinterpret_cast<const BlockQ8A*>(reinterpret_cast<const uint8_t*>(x0 + b) + t * x_stride);
@@ -246,6 +271,10 @@ inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t
   }
 }
 
+// Blocks per row whose token scales fit the stack (a row of 16,384 elements); the decoded path never has
+// more (its 48 KiB of decoded pieces hold at least two rows), longer rows take tile() when not decoded.
+constexpr int64_t kMaxScaleBlocks = 512;
+
 constexpr int64_t kAhead = 16;  // tiles; 8 and 16 measured alike
 
 template <DType WT, int NR, int NT>
@@ -255,6 +284,9 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   for (int t = 0; t < NT; ++t)
     xr[t] = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_row_bytes);
   auto row = [&](int64_t i) -> int64_t { return a.row_ids ? a.row_ids[i] : i; };
+  TokenScales xs[NT > 1 ? kMaxScaleBlocks : 1];
+  if constexpr (NT > 1)
+    if (nb <= kMaxScaleBlocks) token_scales<NT>(xr[0], int32_t(a.x_row_bytes), nb, xs);
   int64_t r = r0;
   for (; r + NR <= r1; r += NR) {
     const uint8_t* wr[NR];
@@ -269,10 +301,14 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
       }
     }
     float res[NR][NT];
-    if constexpr (NT > 1)
-      tile_tokens<WeightBlock<WT>, NR, NT>(wr, xr[0], int32_t(a.x_row_bytes), nb, res);
-    else
+    if constexpr (NT > 1) {
+      if (nb <= kMaxScaleBlocks)
+        tile_tokens<WeightBlock<WT>, NR, NT>(wr, xr[0], int32_t(a.x_row_bytes), nb, xs, res);
+      else
+        tile<WT, NR, NT>(wr, xr, nb, res);
+    } else {
       tile<WT, NR, NT>(wr, xr, nb, res);
+    }
     for (int i = 0; i < NR; ++i)
       for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r + i)] = res[i][t];
   }
@@ -343,6 +379,8 @@ void decoded_rows_for_tokens(const MatMulArgs& a, const DecodedPiece* chunk, int
   using D = DecodedBlock<WeightBlock<WT>>;
   const auto* x0 = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + t0 * a.x_row_bytes);
   auto row = [&](int64_t i) -> int64_t { return a.row_ids ? a.row_ids[i] : i; };
+  TokenScales xs[kMaxScaleBlocks];
+  token_scales<NT>(x0, int32_t(a.x_row_bytes), nb, xs);
   int64_t r = c0;
   for (; r < c1; r += NR) {
     const int nr = int(c1 - r < NR ? c1 - r : NR);
@@ -350,7 +388,7 @@ void decoded_rows_for_tokens(const MatMulArgs& a, const DecodedPiece* chunk, int
     for (int i = 0; i < NR; ++i)  // a short last tile repeats its last row and drops the copies
       wr[i] = reinterpret_cast<const uint8_t*>(chunk + (r + (i < nr ? i : nr - 1) - c0) * nb);
     float res[NR][NT];
-    tile_tokens<D, NR, NT>(wr, x0, int32_t(a.x_row_bytes), nb, res);
+    tile_tokens<D, NR, NT>(wr, x0, int32_t(a.x_row_bytes), nb, xs, res);
     for (int i = 0; i < nr; ++i)
       for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r + i)] = res[i][t];
   }
@@ -364,7 +402,7 @@ void matmul_typed(const MatMulArgs& a) {
   constexpr int64_t kRowChunk = 64;
   constexpr int64_t kDecodedPieces = (48 << 10) / sizeof(DecodedPiece);  // 48 KiB on the stack
   const int64_t decoded_rows = nb > 0 ? kDecodedPieces / nb : 0;
-  if (a.n_tok >= 2 * S::tokens && decoded_rows >= S::rows) {
+  if (a.n_tok >= 2 * S::tokens && decoded_rows >= S::rows && nb <= kMaxScaleBlocks) {
     DecodedPiece chunk[kDecodedPieces];
     const int64_t rows = decoded_rows < kRowChunk ? decoded_rows - decoded_rows % S::rows : kRowChunk;
     for (int64_t c0 = a.r0; c0 < a.r1; c0 += rows) {
