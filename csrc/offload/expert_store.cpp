@@ -77,12 +77,15 @@ ExpertStore::ExpertStore(const std::string& path, std::vector<ExpertLayer> layer
   uint64_t resident_bytes = 0;
   for (const ExpertLayer& l : layers_) {
     if (l.n_expert < 1) throw std::runtime_error("every layer of an expert store has experts");
+    std::array<uint64_t, kExpertParts> at{};
     uint64_t b = 0;
     for (int p = 0; p < kExpertParts; ++p) {
       if (l.expert_stride[size_t(p)] && l.expert_stride[size_t(p)] < l.expert_bytes[size_t(p)])
         throw std::runtime_error("an expert stride is shorter than the expert");
+      at[size_t(p)] = b;
       b += part_span(l, p);
     }
+    part_at_.push_back(at);
     slot_bytes_ = std::max(slot_bytes_, b);
     widest = std::max(widest, l.n_expert);
     for (int32_t e : l.resident)
@@ -177,18 +180,16 @@ ExpertStore::~ExpertStore() {
 
 void ExpertStore::point(int layer, int expert, const uint8_t* base) {
   const ExpertLayer& L = layers_[size_t(layer)];
-  uint64_t off = 0;
   for (int p = 0; p < kExpertParts; ++p) {
     const uint64_t lead = (L.file_offset[size_t(p)] + uint64_t(expert) * stride_of(L, p)) % kPage;  // in its page
-    tables_[size_t(layer)][size_t(p)][size_t(expert)] = base ? base + off + lead : nullptr;
-    off += part_span(L, p);
+    tables_[size_t(layer)][size_t(p)][size_t(expert)] = base ? base + part_at_[size_t(layer)][size_t(p)] + lead : nullptr;
   }
 }
 
 void ExpertStore::add_ranges(int layer, int expert, uint8_t* base, std::vector<ReadRange>& out) const {
   const ExpertLayer& L = layers_[size_t(layer)];
-  uint64_t off = 0;
   for (int p = 0; p < kExpertParts; ++p) {
+    const uint64_t off = part_at_[size_t(layer)][size_t(p)];
     const uint64_t n = L.expert_bytes[size_t(p)];
     const uint64_t at = L.file_offset[size_t(p)] + uint64_t(expert) * stride_of(L, p);
     const uint64_t lead = at % kPage;
@@ -202,7 +203,6 @@ void ExpertStore::add_ranges(int layer, int expert, uint8_t* base, std::vector<R
       last->bytes += r.bytes;  // side by side in the file as in the slot (an expert bundle): one read
     else
       out.push_back(r);
-    off += part_span(L, p);
   }
 }
 

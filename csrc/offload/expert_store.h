@@ -119,6 +119,7 @@ class ExpertStore {
   void prefetch_loop();
 
   std::vector<ExpertLayer> layers_;
+  std::vector<std::array<uint64_t, kExpertParts>> part_at_;  // [layer][part]: where the part starts in a slot
   std::vector<std::array<std::vector<const uint8_t*>, kExpertParts>> tables_;
   std::vector<std::vector<int32_t>> slot_of_;  // [layer][expert]: cache slot, -1 (not cached) or -2 (resident)
   std::vector<std::vector<uint64_t>> chosen_;
