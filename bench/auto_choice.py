@@ -1,10 +1,10 @@
 """`--sparsity auto` never decodes slower than dense (issue 28): on SmolLM2-135M and Gemma 3 270M, what `auto`
-chose on this machine (its own timing, made once on first load and cached with the plan), then decode of the
-model as `auto` loads it against `--sparsity off`: steps of the two interleaved in rounds with the order flipped,
-each engine's speed from the 20th percentile of its step times (auto_choice.interleaved_tok_s: on a shared
-machine whole-run totals of two identical engines differ by up to 28%), the ratio per round's median and its
-lowest; and the perplexity of the calibrated plan's sparse path against dense on WikiText-2 (what a user
-would pay had it been kept).
+chose on this machine (its own timing of the threshold plan, its gate-first candidate and dense, made
+once on first load and cached with the plan), then decode of the model as `auto` loads it, of each candidate
+plan, and of `--sparsity off`: steps interleaved in rounds with the order flipped, each engine's speed from the
+20th percentile of its step times (auto_choice.interleaved_tok_s: on a shared machine whole-run totals of two
+identical engines differ by up to 28%), each ratio to off as the median of comparisons and the lowest; and
+the perplexity of each candidate's sparse path against dense on WikiText-2 (what a user pays where it is kept).
 
     python bench/auto_choice.py --rounds 3 --tokens 128 --ppl-windows 8
 """
@@ -44,6 +44,7 @@ def main() -> int:
     import pyinfer
     from pyinfer.runtime.sparse_ffn import SparseRuns
     from pyinfer.sparsity.auto_choice import interleaved_tok_s
+    from pyinfer.sparsity.resolve import AUTO_TARGET, auto_plan_path, gate_candidate_path
     from pyinfer.tools.perplexity import perplexity
 
     text = (DATA / "wikitext-2-raw-test.txt").read_text() if args.ppl_windows else ""
@@ -53,27 +54,40 @@ def main() -> int:
         choice = auto.session.auto_choice
         dense = pyinfer.load(path, n_threads=args.threads, n_ctx=1024, sparsity="off", progress=False)
         assert auto.generate("Once upon a time", max_tokens=8, temperature=0) and choice is not None
+        plan_path = auto_plan_path(dense.gguf.fingerprint(), AUTO_TARGET)
+        plans = {"threshold": str(plan_path), "gate": str(gate_candidate_path(plan_path))}
+        plans = {k: p for k, p in plans.items() if Path(p).is_file()}
         ids = np.asarray(auto.tokenize("Once upon a time, in a small village by the sea, " * 20)[:16 + args.tokens],
                          np.int32)
         engines = {"auto": auto.session.build(16 + args.tokens, 16, SparseRuns()),
                    "off": dense.session.build(16 + args.tokens, 16, SparseRuns())}
-        rates: dict[str, list[float]] = {"auto": [], "off": []}
+        for k, p in plans.items():  # each candidate as a plan file: kept whatever auto chose
+            engines[k] = pyinfer.load(path, n_threads=args.threads, n_ctx=1024, sparsity=p,
+                                      progress=False).session.build(16 + args.tokens, 16, SparseRuns())
+        rates: dict[str, list[float]] = {k: [] for k in engines}
         for _ in range(args.rounds):  # each a comparison of its own: the spread across them is the figure's
             r = interleaved_tok_s(engines, ids, 16, args.tokens // 4, 4)
             for k in rates:
                 rates[k].append(r[k])
-        ratios = [a / o for a, o in zip(rates["auto"], rates["off"])]
         row = {"model": name, "chose": choice["chose"], "timed_sparse_tok_s": choice["sparse_tok_s"],
                "timed_dense_tok_s": choice["dense_tok_s"], "timed_ratio": choice["ratio"],
-               "auto_tok_s": statistics.median(rates["auto"]), "off_tok_s": statistics.median(rates["off"]),
-               "auto_vs_off": statistics.median(ratios), "auto_vs_off_lowest": min(ratios), "rates": rates}
+               "timed_gate_tok_s": choice.get("gate_tok_s"), "timed_gate_ratio": choice.get("gate_ratio"),
+               "off_tok_s": statistics.median(rates["off"]), "rates": rates}
+        for k in rates:
+            if k != "off":
+                ratios = [a / o for a, o in zip(rates[k], rates["off"])]
+                row.update({f"{k}_tok_s": statistics.median(rates[k]), f"{k}_vs_off": statistics.median(ratios),
+                            f"{k}_vs_off_lowest": min(ratios)})
         if args.ppl_windows:
-            plan = pyinfer.load(path, n_threads=args.threads, n_ctx=1024, sparsity="auto", target=0.4,
-                                emulate_prefill=True, progress=False)  # the plan itself, kept by the target
-            p_sparse = perplexity(plan, text, 512, args.ppl_windows, progress=False).perplexity
             p_dense = perplexity(dense, text, 512, args.ppl_windows, progress=False).perplexity
-            row.update(ppl_plan=p_sparse, ppl_dense=p_dense, ppl_delta=p_sparse / p_dense - 1,
-                       ppl_as_loaded=p_sparse if choice["chose"] == "sparse" else p_dense)
+            row.update(ppl_dense=p_dense)
+            for k, p in plans.items():  # the plan itself, every token through the sparse path
+                m = pyinfer.load(path, n_threads=args.threads, n_ctx=1024, sparsity=p, emulate_prefill=True,
+                                 progress=False)
+                pk = perplexity(m, text, 512, args.ppl_windows, progress=False).perplexity
+                row.update({f"ppl_{k}": pk, f"ppl_{k}_delta": pk / p_dense - 1})
+            row["ppl_as_loaded"] = row.get({"sparse": "ppl_threshold", "gate": "ppl_gate"}.get(choice["chose"], ""),
+                                            p_dense)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "rates"}), file=sys.stderr)
     meta = {"threads": args.threads, "tokens": args.tokens, "rounds": args.rounds, "ppl_windows": args.ppl_windows,
@@ -82,18 +96,28 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# `--sparsity auto` against dense decode ({meta['machine']})", "",
-             "`auto`'s own timing at first load (6 interleaved rounds of 24 steps, 20th percentile of step times), "
-             f"then the model as `auto` loaded it against `--sparsity off`: {args.rounds} comparisons, each 4 "
-             f"interleaved rounds of {args.tokens // 4} steps per engine, 20th percentile of step times; median "
-             "ratio and the lowest. Perplexity: WikiText-2, "
-             f"{args.ppl_windows} windows of 512, the calibrated plan's sparse path against dense.", "",
-             "| model | auto chose | its timing: sparse / dense tok/s | auto / off decode (lowest) | "
-             "plan's perplexity delta | perplexity as loaded |", "|---|---|---|---|---|---|"]
+             "`auto`'s own timing at first load (2 measurements of 6 interleaved rounds of 24 steps, 20th percentile "
+             "of step times; the plans' lowest ratio to dense decides), "
+             f"then the model as `auto` loaded it and each candidate plan against `--sparsity off`: {args.rounds} "
+             f"comparisons, each 4 interleaved rounds of {args.tokens // 4} steps per engine, 20th percentile of step "
+             "times; median ratio and the lowest. Threshold: |act(gate) * up| cut at 40% (gate and up dense, down "
+             "sparse); gate-first: the same plan behind a |act(gate)| cut that keeps 96% of its neurons (gate dense, up "
+             "and down read only where the cut passes). Perplexity: "
+             f"WikiText-2, {args.ppl_windows} windows of 512, each plan's sparse path against dense.", "",
+             "| model | auto chose | its timing: threshold / gate-first / dense tok/s | auto / off (lowest) | "
+             "threshold / off (lowest) | gate-first / off (lowest) | threshold ΔPPL | gate-first ΔPPL | "
+             "PPL as loaded |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def vs(r, k):
+        return f"{r[k + '_vs_off']:.3f}x ({r[k + '_vs_off_lowest']:.3f})" if k + "_vs_off" in r else "-"
+
     for r in rows:
-        ppl = (f"{r['ppl_delta']:+.2%}", f"{r['ppl_as_loaded']:.3f}") if "ppl_delta" in r else ("-", "-")
-        lines.append(f"| {r['model']} | {r['chose']} | {r['timed_sparse_tok_s']:.1f} / {r['timed_dense_tok_s']:.1f} "
-                     f"({r['timed_ratio']:.2f}x) | {r['auto_vs_off']:.3f}x ({r['auto_vs_off_lowest']:.3f}) | {ppl[0]} | "
-                     f"{ppl[1]} |")
+        gate = f"{r['timed_gate_tok_s']:.1f}" if r.get("timed_gate_tok_s") else "-"
+        d = {k: (f"{r[f'ppl_{k}_delta']:+.2%}" if f"ppl_{k}_delta" in r else "-") for k in ("threshold", "gate")}
+        loaded = f"{r['ppl_as_loaded']:.3f}" if "ppl_as_loaded" in r else "-"
+        lines.append(f"| {r['model']} | {r['chose']} | {r['timed_sparse_tok_s']:.1f} / {gate} / "
+                     f"{r['timed_dense_tok_s']:.1f} | {vs(r, 'auto')} | {vs(r, 'threshold')} | {vs(r, 'gate')} | "
+                     f"{d['threshold']} | {d['gate']} | {loaded} |")
     (RESULTS / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("-f", "--file", default=None, help="calibration text (default: the bundled public-domain excerpt)")
     pr.add_argument("--tokens", type=int, default=16384, help="calibration tokens (default 16384)")
     pr.add_argument("--mode", choices=["contrib", "gate", "relu"], default=None,
-                    help="criterion: contrib |SiLU(gate)*up| (SwiGLU default), gate |SiLU(gate)| (CATS), "
+                    help="criterion: contrib |act(gate)*up| (SwiGLU/GeGLU default), gate |act(gate)| (CATS), "
                          "relu gate>0 (ReLU models' default)")
     pr.add_argument("-o", "--output", required=True, help="profile file to write (.npz)")
     pr.add_argument("--plot", default=None, help="also draw the power law to this PNG (needs matplotlib)")
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--no-predictors", action="store_true",
                     help="thresholds only (gate and up stay dense in decode, down is sparse)")
     tp.add_argument("--gate-recall", type=float, default=None,
-                    help="without predictors: run up/down only where |SiLU(gate)| keeps this share of active neurons")
+                    help="without predictors: run up/down only where |act(gate)| keeps this share of active neurons")
     tp.add_argument("-o", "--output", required=True, help="sparsity file to write (.npz)")
 
     sv = sub.add_parser("serve", help="OpenAI-compatible server with continuous batching under a KV budget",

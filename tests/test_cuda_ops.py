@@ -12,6 +12,7 @@ from test_quant_types import random_blocks
 
 from pyinfer import _core
 from pyinfer._core import DType
+from pyinfer.model.config import Activation
 from pyinfer.place.device import cuda_devices
 from pyinfer.runtime.graph_builder import GraphBuilder
 
@@ -246,7 +247,7 @@ def test_down_axpy_q4t(variant, src_type, monkeypatch):
     close(*both(build, n), 1e-4)
 
 
-@pytest.mark.parametrize("mode", ["predictor", "silu"])
+@pytest.mark.parametrize("mode", ["predictor", "silu", "gelu"])
 def test_active_set_modes(mode):
     n_ff, hot, n = 300, 20, 4  # more neurons than one block of threads
     cut = RNG.standard_normal((1, n_ff - hot)).astype(np.float32)
@@ -255,7 +256,8 @@ def test_active_set_modes(mode):
         if mode == "predictor":
             return b.active_set(f32(b, "s", n, n_ff - hot), n_ff, "lists", cut=f32(b, "cut", 1, n_ff - hot, cut),
                                 hot=hot)
-        return b.active_set(f32(b, "s", n, n_ff), n_ff, "lists", threshold=0.2, silu=True)
+        act = Activation.SILU if mode == "silu" else Activation.GELU_TANH
+        return b.active_set(f32(b, "s", n, n_ff), n_ff, "lists", threshold=0.1, gate_act=act)
     cpu, gpu = both(build, n)
     np.testing.assert_array_equal(gpu[0], cpu[0])
 

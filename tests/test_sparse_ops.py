@@ -6,6 +6,7 @@ from gguf import quants
 
 from pyinfer import _core
 from pyinfer._core import DType
+from pyinfer.model.config import Activation
 from pyinfer.runtime.graph_builder import single_op_engine
 
 ISAS = _core.available_isas().split(",")
@@ -83,11 +84,12 @@ def test_gated_act_and_active_set_modes(relu):
         gate = b.add(G, b.weight("zero", int(DType.F32), n_ff, n_tok, np.zeros_like(g)), name="gate")
         pred = b.active_set(b.weight("l", int(DType.F32), n_ff - 8, n_tok, logits), n_ff, "pred",
                             cut=b.weight("c", int(DType.F32), n_ff - 8, 1, cut), hot=8)
-        cats = b.active_set(G, n_ff, "cats", threshold=0.2, silu=True)
+        cats = b.active_set(G, n_ff, "cats", threshold=0.2, gate_act=Activation.SILU)
+        cats_gelu = b.active_set(G, n_ff, "cats_gelu", threshold=0.1, gate_act=Activation.GELU_TANH)
         b.gated_act(gate, U, pred, 0.1, act=int(relu))
-        return gate, pred, cats
+        return gate, pred, cats, cats_gelu
 
-    eng, (gate, pred, cats) = single_op_engine(build, max_tokens=4, n_threads=2)
+    eng, (gate, pred, cats, cats_gelu) = single_op_engine(build, max_tokens=4, n_threads=2)
     eng.run(n_tok)
     act = (np.maximum(g, 0) if relu else g / (1 + np.exp(-g))) * u
     for t in range(n_tok):
@@ -98,6 +100,9 @@ def test_gated_act_and_active_set_modes(relu):
         np.testing.assert_allclose(eng.tensor(gate.id, n_tok)[t, ids], want, rtol=1e-5, atol=1e-6)
         c = eng.tensor(cats.id, n_tok)[t]
         np.testing.assert_array_equal(c[1:1 + c[0]], np.flatnonzero(np.abs(g[t] / (1 + np.exp(-g[t]))) > 0.2))
+        c = eng.tensor(cats_gelu.id, n_tok)[t]  # GELU's lobe bottoms out at -0.17: a cut of 0.1 crosses it
+        gelu = 0.5 * g[t] * (1 + np.tanh(0.7978845608 * (g[t] + 0.044715 * g[t] ** 3)))
+        np.testing.assert_array_equal(c[1:1 + c[0]], np.flatnonzero(np.abs(gelu) > 0.1))
 
 
 def test_bad_permutation_is_refused():

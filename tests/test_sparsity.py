@@ -187,8 +187,12 @@ def test_auto_calibrates_once_then_uses_the_cache(tiny_model_path, tmp_path, mon
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
     assert m.sparsity is not None and m.sparsity.mode == "contrib"
     assert m.sparsity.target == 0.4 and all(lp.threshold > 0 for lp in m.sparsity.layers)
-    cached = list((tmp_path / "sparsity").glob("*.npz"))
-    assert len(cached) == 1
+    cached = sorted((tmp_path / "sparsity").glob("*.npz"), key=lambda p: len(p.name))
+    assert len(cached) == 2 and cached[1].name == cached[0].stem + "-gate.npz"  # and its gate-first candidate
+    gate = SparsityPlan.load(cached[1])
+    assert gate.mode == "contrib" and gate.target == 0.4 and gate.info["auto_candidate"] == "gate"
+    assert [lp.threshold for lp in gate.layers] == [lp.threshold for lp in m.sparsity.layers]
+    assert all(lp.gate_threshold > 0 for lp in gate.layers) and gate.info["gate_recall"] == 0.96
     again = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
     assert [lp.threshold for lp in again.sparsity.layers] == [lp.threshold for lp in m.sparsity.layers]
     # The cached plan is the same plan: both models decode the same sparse tokens, which a dense model need not.
@@ -212,8 +216,9 @@ def test_auto_on_a_relu_model_trains_predictors(relu_model_path, tmp_path, monke
 
 # ---- GELU-gated FFNs (Gemma 3) ------------------------------------------------------------------
 def test_gelu_model_sparse_paths(tmp_path, monkeypatch):
-    """A GeGLU model: the all-active plans reproduce dense decode, and `auto` calibrates with the |GELU(g) u|
-    criterion (no SiLU gate cuts) and emulated prefill equals token-by-token sparse decode."""
+    """A GeGLU model: the all-active plans reproduce dense decode (a gate-first one too), `auto` calibrates with
+    the |GELU(g) u| criterion and emulated prefill equals token-by-token sparse decode, and so does its gate-first
+    (CATS) candidate, which cuts on |GELU(g)|."""
     from tiny_model import TINY_GEMMA3, write_tiny_gemma3
 
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
@@ -233,6 +238,10 @@ def test_gelu_model_sparse_paths(tmp_path, monkeypatch):
     ref = decode_logits(dense, TOKENS)
     # Only float summation order differs (axpy over neurons vs the dense down), through seven layers.
     np.testing.assert_allclose(decode_logits(sparse, TOKENS), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+    for lp in plan.layers:  # gate first, cut at 0: every neuron whose GELU is not exactly 0 runs
+        lp.predictor, lp.hot = None, 0
+    gate_all = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=SparsityPlan("gate", 0.0, layers, plan.fingerprint))
+    np.testing.assert_allclose(decode_logits(gate_all, TOKENS), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
 
     auto = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity="auto", target=0.5, progress=False)
     assert auto.sparsity.mode == "contrib" and all(lp.gate_threshold == 0 for lp in auto.sparsity.layers)
@@ -241,9 +250,17 @@ def test_gelu_model_sparse_paths(tmp_path, monkeypatch):
     got = decode_logits(auto, TOKENS)
     np.testing.assert_allclose(emu.eval(TOKENS, all_logits=True), got, rtol=1e-4, atol=1e-4)
     assert np.abs(got - decode_logits(dense, TOKENS)).max() > 1e-4  # it really is sparse
+    gate_file = next((tmp_path / "cache" / "sparsity").glob("*-gate.npz"))
+    gate = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=str(gate_file), progress=False)
+    assert all(lp.threshold > 0 and lp.gate_threshold > 0 for lp in gate.sparsity.layers)
+    emu = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=str(gate_file), progress=False, emulate_prefill=True)
+    got = decode_logits(gate, TOKENS)
+    np.testing.assert_allclose(emu.eval(TOKENS, all_logits=True), got, rtol=1e-4, atol=1e-4)
+    assert np.abs(got - decode_logits(dense, TOKENS)).max() > 1e-4
     with pytest.raises(PyinferError, match="CATS"):
+        from pyinfer.model.config import Activation
         from pyinfer.sparsity.recorder import criterion
-        criterion("gate", np.zeros((1, 4)), np.zeros((1, 4)), dense.config.activation)
+        criterion("gate", np.zeros((1, 4)), np.zeros((1, 4)), Activation.RELU2)
 
 
 # ---- PowerInfer's model files --------------------------------------------------------------------
@@ -356,7 +373,7 @@ def test_auto_decodes_dense_where_its_plan_is_not_faster_and_remembers_why(tiny_
     assert explicit.sparsity is not None and explicit.session.auto_choice is None
     assert pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=str(path), progress=False).sparsity is not None
     # Another machine (or thread count) measures again.
-    monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p: dict(c, chose="sparse", machine="x"))
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p, g=None: dict(c, chose="sparse", machine="x"))
     other = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", progress=False)
     assert other.sparsity is not None and other.session.auto_choice["chose"] == "sparse"
 
@@ -369,3 +386,45 @@ def test_auto_keeps_a_plan_that_decodes_faster(tiny_model_path, tmp_path, monkey
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
     assert m.sparsity is not None and m.session.auto_choice["chose"] == "sparse"
     assert m.session.auto_choice["machine"] == auto_choice.machine_key(2)
+
+
+def test_auto_choice_bars(monkeypatch):
+    """The threshold plan must beat dense by KEEP_AT; the gate-first plan, which costs more perplexity, must beat
+    the better of the other two by GATE_KEEP_AT (and dense by KEEP_AT)."""
+    from pyinfer.sparsity import auto_choice
+    from pyinfer.sparsity.auto_choice import choose
+
+    monkeypatch.setattr(auto_choice, "KEEP_AT", 1.03)  # the shipped bars (the test fixture lowers them)
+    monkeypatch.setattr(auto_choice, "GATE_KEEP_AT", 1.03)
+
+    assert choose({"sparse": 1.02}) == "dense"
+    assert choose({"sparse": 1.04}) == "sparse"
+    assert choose({"sparse": 1.04, "gate": 1.06}) == "sparse"  # not 3% above the threshold plan
+    assert choose({"sparse": 1.04, "gate": 1.08}) == "gate"
+    assert choose({"sparse": 0.90, "gate": 1.04}) == "gate"
+    assert choose({"sparse": 0.90, "gate": 1.02}) == "dense"
+
+
+def test_auto_keeps_its_gate_first_candidate_where_that_is_fastest(tiny_model_path, tmp_path, monkeypatch):
+    """The gate-first candidate is timed with the threshold plan; kept, it is the plan the model runs, and
+    the stored choice says so (and is not measured again). A cache from before the candidate existed keeps
+    its two-way choice."""
+    from pyinfer.sparsity import auto_choice
+    from pyinfer.sparsity.resolve import auto_plan_path, gate_candidate_path
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(auto_choice, "GATE_KEEP_AT", 0.0)
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    c = m.session.auto_choice
+    assert c["chose"] == "gate" and m.sparsity.layers[0].gate_threshold > 0 and c["gate_tok_s"] > 0
+    assert "gate-first" in auto_choice.describe(c)
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda *a: pytest.fail("measured again"))
+    again = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    assert again.sparsity.layers[0].gate_threshold > 0 and again.session.auto_choice == c
+    # An older cache: the plan without its candidate file weighs (and stored) only threshold against dense.
+    path = auto_plan_path(m.session.gguf.fingerprint(), 0.4)
+    gate_candidate_path(path).unlink()
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p, g=None: dict(
+        {k: v for k, v in c.items() if not k.startswith("gate")}, chose="sparse"))
+    old = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    assert old.sparsity.layers[0].gate_threshold == 0 and old.session.auto_choice["chose"] == "sparse"

@@ -339,6 +339,7 @@ void Graph::validate() const {
           c.cols(src[S::cut], int64_t(P.n_ff) - P.hot);
         } else if (P.mode == ActiveSetMode::Threshold) {
           c.cols(src[S::scores], P.n_ff);
+          if (int32_t(P.gate_fn) < 0 || int32_t(P.gate_fn) > int32_t(GateFn::GeluTanh)) c.fail("unknown gate function");
         } else {
           c.fail("unknown mode");
         }

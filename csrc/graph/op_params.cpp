@@ -20,7 +20,7 @@ constexpr ParamField kAttention[] = {PYI_I32(attention, heads), PYI_I32(attentio
                                  PYI_I32(attention, window), PYI_F32(attention, scale)};
 constexpr ParamField kGatedMul[] = {PYI_I32(gated_mul, act)};
 constexpr ParamField kActiveSet[] = {PYI_I32(active_set, n_ff), PYI_I32(active_set, hot), PYI_I32(active_set, mode),
-                                 PYI_I32(active_set, silu), PYI_F32(active_set, threshold)};
+                                 PYI_I32(active_set, gate_fn), PYI_F32(active_set, threshold)};
 constexpr ParamField kGatedAct[] = {PYI_I32(gated_act, act), PYI_F32(gated_act, threshold)};
 constexpr ParamField kActiveUnion[] = {PYI_I32(active_union, n_ff), PYI_I32(active_union, max_tokens),
                                    PYI_F32(active_union, max_density), PYI_F32(active_union, max_union),

@@ -28,8 +28,10 @@ enum class RopeMode : int32_t { Normal = 0, Neox = 1 };
 // How ActiveSet picks neurons.
 enum class ActiveSetMode : int32_t {
   Predictor = 0,  // [0, hot) + {hot + j : scores[j] > cut[j]}
-  Threshold = 1,  // {j : |f(scores[j])| > threshold}, f = identity, or SiLU with `silu`
+  Threshold = 1,  // {j : |f(scores[j])| > threshold}, f named by `gate_fn`
 };
+// The f of a threshold ActiveSet: gate-first (CATS) sets cut |act(gate)| of the FFN's own activation.
+enum class GateFn : int32_t { Identity = 0, SiLU = 1, GeluTanh = 2 };
 
 // ---- source slots ----------------------------------------------------------------------------------
 struct GetRowsSrc { enum : int { table = 0, ids = 1 }; };
@@ -83,7 +85,7 @@ struct AttentionParams {
   float scale;         // multiplies q.k
 };
 struct GatedMulParams { Activation act; };
-struct ActiveSetParams { int32_t n_ff, hot; ActiveSetMode mode; int32_t silu; float threshold; };
+struct ActiveSetParams { int32_t n_ff, hot; ActiveSetMode mode; GateFn gate_fn; float threshold; };
 struct GatedActParams { Activation act; float threshold; };  // 0 where |act(gate) * up| <= threshold
 // Count -1 ("run dense") when the run has more than max_tokens tokens, when the mean list density exceeds
 // max_density or the union's density max_union (one token: its list's density max_single).

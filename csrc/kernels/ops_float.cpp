@@ -29,18 +29,23 @@ void dequantize_row(DType type, const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
-SiluCut::SiluCut(float t) {
-  auto solve = [t](float a, float b, bool rising) {  // SiLU magnitude crosses t once in [a, b]
+GateCut::GateCut(GateFn fn, float t) {
+  const bool gelu = fn == GateFn::GeluTanh;
+  auto f = [gelu](float x) {  // the exact function: the profile's cut-offs were measured on it
+    return gelu ? 0.5f * x * (1.f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x))) : silu(x);
+  };
+  auto solve = [t, &f](float a, float b, bool rising) {  // |f| crosses t once in [a, b]
     for (int it = 0; it < 40; ++it) {
       const float m = 0.5f * (a + b);
-      ((std::fabs(silu(m)) > t) == rising ? b : a) = m;
+      ((std::fabs(f(m)) > t) == rising ? b : a) = m;
     }
     return 0.5f * (a + b);
   };
+  const float x_min = gelu ? -0.7525f : -1.2785f, f_min = gelu ? 0.1700f : 0.2784f;  // the lobe's bottom
   hi = solve(0.f, 64.f + t, true);
-  if (t < 0.2784f) {
-    lo = solve(-80.f, -1.2785f, true);
-    mid = solve(-1.2785f, 0.f, false);
+  if (t < f_min) {
+    lo = solve(-80.f, x_min, true);
+    mid = solve(x_min, 0.f, false);
   }
 }
 

@@ -13,13 +13,13 @@ namespace pyinfer {
 
 // Shared by the dense and sparse FFN ops so both paths round alike.
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
-// |SiLU(g)| > t as plain comparisons on g: g > hi, or lo < g < mid on SiLU's negative lobe (its minimum
-// is -0.2785 at g = -1.2785), found by bisection once per call instead of an exp per neuron. The CPU's
-// active sets and the CUDA backend's use the same cut-offs. The constructor lives in ops_float.cpp (built
-// without ISA flags).
-struct SiluCut {
+// |f(g)| > t for f = SiLU or GELU (tanh) as plain comparisons on g: g > hi, or lo < g < mid on f's negative
+// lobe (SiLU's minimum is -0.2785 at g = -1.2785, GELU's -0.1700 at g = -0.7525), found by bisection once per
+// call instead of an exp or tanh per neuron. The CPU's active sets and the CUDA backend's use the same
+// cut-offs. The constructor lives in ops_float.cpp (built without ISA flags).
+struct GateCut {
   float hi = 0.f, lo = 0.f, mid = 0.f;
-  explicit SiluCut(float t);
+  GateCut(GateFn fn, float t);
   bool above(float g) const { return (g > hi) | ((g > lo) & (g < mid)); }
 };
 // GELU (tanh approximation) of every fp16 value, indexed by its bits: the activation costs a rounding to

@@ -51,9 +51,9 @@ struct AttentionRows {
 void attention(const AttentionRows& a, const AttentionParams& p, cudaStream_t s);
 
 // ---- neuron-aware ops (kernels/sparse.cu; csrc/backends/cpu/sparse_ops.cpp is the reference)
-// |SiLU(g)| > t as comparisons (the CPU's SiluCut): g > hi, or lo < g < mid.
-struct SiluThreshold { float hi, lo, mid; };
-SiluThreshold silu_threshold(float t);
+// |act(g)| > t as comparisons (the CPU's GateCut): g > hi, or lo < g < mid.
+struct GateThreshold { float hi, lo, mid; };
+GateThreshold gate_threshold(GateFn fn, float t);
 // Each token's active list: I32 [n_ff + 1], a count then ascending ids.
 void active_set(const Rows& scores, const float* cut, const Rows& lists, const ActiveSetParams& p, cudaStream_t s);
 // y[t][id] = dot(w[id], x[t]) for the ids of token t's list (`shared`: one list, a batch's union, for all).

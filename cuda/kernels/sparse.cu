@@ -14,7 +14,7 @@ constexpr int kThreads = 256;
 constexpr int kTokenTile = 8;
 
 // One block per token: flags in chunks of the block size, an in-order compaction through a block scan.
-__global__ void active_set_kernel(Rows scores, const float* cut, Rows lists, ActiveSetParams p, SiluThreshold sc) {
+__global__ void active_set_kernel(Rows scores, const float* cut, Rows lists, ActiveSetParams p, GateThreshold sc) {
   const int64_t t = blockIdx.x;
   const float* s = at<const float>(scores, t);
   int32_t* list = at<int32_t>(lists, t);
@@ -28,7 +28,7 @@ __global__ void active_set_kernel(Rows scores, const float* cut, Rows lists, Act
     bool on = false;
     if (j < p.n_ff) {
       if (predictor) on = j < p.hot || s[j - p.hot] > cut[j - p.hot];
-      else if (p.silu) on = (s[j] > sc.hi) | ((s[j] > sc.lo) & (s[j] < sc.mid));
+      else if (p.gate_fn != GateFn::Identity) on = (s[j] > sc.hi) | ((s[j] > sc.lo) & (s[j] < sc.mid));
       else on = fabsf(s[j]) > p.threshold;
     }
     scan[threadIdx.x] = on;
@@ -144,14 +144,14 @@ unsigned col_blocks(int64_t cols) {
 
 }  // namespace
 
-SiluThreshold silu_threshold(float t) {
-  const SiluCut cut(t);  // the CPU's cut-offs (kernels/ops_float.h)
-  return SiluThreshold{cut.hi, cut.lo, cut.mid};
+GateThreshold gate_threshold(GateFn fn, float t) {
+  const GateCut cut(fn, t);  // the CPU's cut-offs (kernels/ops_float.h)
+  return GateThreshold{cut.hi, cut.lo, cut.mid};
 }
 
 void active_set(const Rows& scores, const float* cut, const Rows& lists, const ActiveSetParams& p, cudaStream_t s) {
   if (lists.rows > 0)
-    active_set_kernel<<<unsigned(lists.rows), kThreads, 0, s>>>(scores, cut, lists, p, silu_threshold(p.threshold));
+    active_set_kernel<<<unsigned(lists.rows), kThreads, 0, s>>>(scores, cut, lists, p, gate_threshold(p.gate_fn, p.threshold));
 }
 
 void gather_matmul(const Rows& w, const Rows& x, const Rows& y, const Rows& lists, bool shared, cudaStream_t s) {

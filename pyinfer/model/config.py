@@ -26,6 +26,11 @@ class Activation(enum.IntEnum):
         return aliases[key]
 
 
+# Activations whose |act(gate)| a gate-first (CATS) active set can cut on, as the engine's GateFn values
+# (graph/op_params.h): both have one negative lobe, which the engine's cut-offs assume.
+GATE_FIRST = {Activation.SILU: 1, Activation.GELU_TANH: 2}
+
+
 # Model families whose GGUFs say "llama" but whose FFN is ReLU-gated; recognised by general.name /
 # general.basename, since llama.cpp's converters write no activation key for them.
 _RELU_FAMILY = re.compile(r"(?<![a-z])relu|prosparse|bamboo", re.IGNORECASE)  # not "Prelude"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .. import _core
 from .._core import DType, Op, RowMode, RunIf, Storage
+from ..model.config import GATE_FIRST, Activation
 
 INTEGER_DOT_WEIGHTS = {DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K,
                        DType.Q6_K}
@@ -211,13 +212,15 @@ class GraphBuilder:
         return self._node(Op.BIAS_RELU, x, {"x": x, "bias": bias}, run_if=run_if)
 
     def active_set(self, scores: T, n_ff: int, name: str, cut: T | None = None, hot: int = 0,
-                   threshold: float = 0.0, silu: bool = False, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
+                   threshold: float = 0.0, gate_act: Activation | None = None,
+                   run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """Predictor mode when `cut` is given (logits > cut, hot prefix always on), else
-        |scores| > threshold (|SiLU(scores)| with `silu`)."""
+        |scores| > threshold (|act(scores)| with `gate_act`, SiLU or GELU: gate-first sets)."""
         dst = self.activation(name, n_ff + 1, DType.I32, scores.rows)
         mode = 0 if cut is not None else 1
         return self._node(Op.ACTIVE_SET, dst, {"scores": scores, "cut": cut},
-                          {"n_ff": n_ff, "hot": hot, "mode": mode, "silu": int(silu), "threshold": threshold},
+                          {"n_ff": n_ff, "hot": hot, "mode": mode,
+                           "gate_fn": 0 if gate_act is None else GATE_FIRST[gate_act], "threshold": threshold},
                           run_if=run_if)
 
     def gated_act(self, gate: T, up: T, active: T, threshold: float, act: int = 0,

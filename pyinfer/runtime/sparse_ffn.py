@@ -245,11 +245,11 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     if pred is not None:
         lists = predicted_lists(b, h, pred, lp.hot, n_ff, p, "", few)  # I32 [T, n_ff + 1]
     elif gate_first:
-        # CATS stops at |SiLU(gate)| > cut; the contrib mode then also drops neurons whose
-        # |SiLU(gate) * up| is below its threshold.
+        # CATS stops at |act(gate)| > cut (SiLU or GELU); the contrib mode then also drops neurons whose
+        # |act(gate) * up| is below its threshold.
         gate = b.matmul(gate_w, h, "gate")  # F32 [T, n_ff], hot-first order
         lists = b.active_set(gate, n_ff, "active", threshold=lp.threshold if cats else lp.gate_threshold,
-                             silu=True, run_if=few)
+                             gate_act=act_kind, run_if=few)
     else:  # threshold only: gate and up dense, down over the active neurons
         gate = b.matmul(gate_w, h, "gate")
         up = b.matmul(up_w, h, "up")

@@ -1,6 +1,10 @@
 """`sparsity="auto"` never decodes slower than dense: the first time a calibrated plan loads on a machine, decode
-is timed with it and without it (teacher-forced decode steps, the two interleaved in alternating rounds), and
-the plan is kept only where it is clearly faster. Each engine's speed is read from the 20th percentile of its
+is timed with it, with its gate-first candidate where the model has one, and without either (teacher-forced
+decode steps, interleaved in alternating rounds; SETS independent measurements, each plan judged by its lowest
+ratio to dense), and a plan is kept only where it is clearly faster: the threshold plan at KEEP_AT times dense,
+the gate-first plan (which also skips up rows, at a little more perplexity) at GATE_KEEP_AT times the better of
+the other two. One measurement was not enough: on Gemma 3 one timed the plan at 1.06x of dense where three
+later comparisons found 0.97x (bench/results/auto_choice_pure_cats.md). Each engine's speed is read from the 20th percentile of its
 step times: what another process or a noisy neighbour does to a step only adds time, and on a shared 2-core
 machine whole-run totals of two identical engines differ by up to 28% where this percentile stays within 3%. Where a whole model sits in the CPU's last-level cache, skipping a
 share of the FFN bytes can save less than the sparse path's own work costs (issue 28: 0.93x of dense on
@@ -20,8 +24,11 @@ import numpy as np
 
 DECODE_TOKENS = 24
 ROUNDS = 6
+SETS = 2  # independent measurements; a plan must clear its bar in each
 PERCENTILE = 20
 KEEP_AT = 1.03  # sparse decode must beat dense by this much to be worth its approximation
+GATE_KEEP_AT = 1.03  # gate-first must beat both others by this much to be worth its larger one
+CHOICES = ("sparse", "gate", "dense")  # sparse: the threshold plan; gate: its gate-first (CATS) candidate
 
 
 def machine_key(n_threads: int) -> str:
@@ -40,9 +47,12 @@ def machine_key(n_threads: int) -> str:
     return f"{name} | {_core.available_isas()} | {n_threads} threads"
 
 
-def stored_choice(plan, key: str) -> dict | None:
+def stored_choice(plan, key: str, gate_plan) -> dict | None:
+    """The choice measured on this machine, if it weighed the candidates there are now."""
     c = plan.info.get("auto_choice") if plan is not None else None
-    return c if isinstance(c, dict) and c.get("machine") == key and c.get("chose") in ("sparse", "dense") else None
+    if not isinstance(c, dict) or c.get("machine") != key or c.get("chose") not in CHOICES:
+        return None
+    return c if ("gate_tok_s" in c) == (gate_plan is not None) else None
 
 
 def step_seconds(running, ids: np.ndarray, prompt: int, tokens: int) -> list[float]:
@@ -69,9 +79,20 @@ def interleaved_tok_s(engines: dict, ids: np.ndarray, prompt: int, tokens: int, 
     return {n: 1.0 / float(np.percentile(v, PERCENTILE)) for n, v in steps.items()}
 
 
-def measure_choice(session, plan, tokens: int = DECODE_TOKENS, rounds: int = ROUNDS) -> dict:
-    """Decode tok/s with `plan` and without it on this machine (engines built as the session builds its own),
-    alternating rounds and flipping their order; the choice is "sparse" only at KEEP_AT times dense or more."""
+def choose(ratio: dict[str, float]) -> str:
+    """From each plan's decode speed as a multiple of dense: "sparse" at KEEP_AT or more; "gate" at KEEP_AT and
+    at GATE_KEEP_AT times the better of the two others."""
+    chose = "sparse" if ratio["sparse"] >= KEEP_AT else "dense"
+    if "gate" in ratio and ratio["gate"] >= KEEP_AT and ratio["gate"] >= GATE_KEEP_AT * max(1.0, ratio["sparse"]):
+        chose = "gate"
+    return chose
+
+
+def measure_choice(session, plan, gate_plan=None, tokens: int = DECODE_TOKENS, rounds: int = ROUNDS,
+                   sets: int = SETS) -> dict:
+    """Decode tok/s with `plan`, with `gate_plan` (if any) and without either on this machine (engines built as
+    the session builds its own), alternating rounds and flipping their order, `sets` times; choose() picks from
+    each plan's lowest ratio to dense."""
     from ..runtime.sparse_ffn import SparseRuns
     from ..session import build_running
     from .calibrate import bundled_calibration_text
@@ -82,32 +103,41 @@ def measure_choice(session, plan, tokens: int = DECODE_TOKENS, rounds: int = ROU
         ids = np.resize(ids, prompt + tokens)
     ids = np.clip(ids, 0, session.config.vocab_size - 1).astype(np.int32)
     n_ctx = prompt + tokens
+    plans = [("dense", None), ("sparse", plan)] + ([("gate", gate_plan)] if gate_plan is not None else [])
     engines = {name: build_running(session.gguf, session.config, n_ctx, prompt, session.n_threads,
                                    p, SparseRuns(), session.neuron_down, session.cache_type)
-               for name, p in (("dense", None), ("sparse", plan))}
-    rate = interleaved_tok_s(engines, ids, prompt, tokens, rounds)
-    dense, sparse = rate["dense"], rate["sparse"]
-    return {"chose": "sparse" if sparse >= KEEP_AT * dense else "dense", "sparse_tok_s": sparse,
-            "dense_tok_s": dense, "ratio": sparse / dense, "tokens": tokens, "rounds": rounds,
-            "percentile": PERCENTILE,
-            "keep_at": KEEP_AT, "machine": machine_key(session.n_threads), "isa": engines["dense"].isa,
-            "measured": time.strftime("%Y-%m-%d")}
+               for name, p in plans}
+    measured = [interleaved_tok_s(engines, ids, prompt, tokens, rounds) for _ in range(sets)]
+    rate = {k: float(np.median([m[k] for m in measured])) for k in engines}
+    ratio = {k: min(m[k] / m["dense"] for m in measured) for k in engines if k != "dense"}
+    out = {"chose": choose(ratio), "sparse_tok_s": rate["sparse"], "dense_tok_s": rate["dense"],
+           "ratio": ratio["sparse"]}
+    if "gate" in rate:
+        out.update(gate_tok_s=rate["gate"], gate_ratio=ratio["gate"], gate_keep_at=GATE_KEEP_AT)
+    return dict(out, tokens=tokens, rounds=rounds, sets=sets, percentile=PERCENTILE, keep_at=KEEP_AT,
+                machine=machine_key(session.n_threads), isa=engines["dense"].isa, measured=time.strftime("%Y-%m-%d"))
 
 
 def describe(choice: dict) -> str:
-    kept = "keeps the sparse plan" if choice["chose"] == "sparse" else "decodes dense"
-    return (f"sparse decode {choice['sparse_tok_s']:.1f} tok/s against dense {choice['dense_tok_s']:.1f} here "
-            f"({choice['ratio']:.2f}x): auto {kept}")
+    kept = {"sparse": "keeps the threshold plan", "gate": "keeps the gate-first plan",
+            "dense": "decodes dense"}[choice["chose"]]
+    gate = (f", gate-first {choice['gate_tok_s']:.1f} ({choice['gate_ratio']:.2f}x)" if "gate_tok_s" in choice
+            else "")
+    return (f"sparse decode {choice['sparse_tok_s']:.1f} tok/s ({choice['ratio']:.2f}x){gate} against dense "
+            f"{choice['dense_tok_s']:.1f} here (each plan's lowest of {choice.get('sets', 1)} measurements): "
+            f"auto {kept}")
 
 
 def keep_if_faster(session, plan, path, progress: bool = True):
-    """(the plan or None, the choice): the stored choice for this machine, or one measured now and stored in
-    the cached plan at `path` (None: not cached, measured each load)."""
+    """(the plan kept, its gate-first candidate, or None; the choice): the stored choice for this machine, or one
+    measured now and stored in the cached plan at `path` (None: not cached, measured each load)."""
     from ..tools.atomic_file import file_lock
+    from .resolve import gate_candidate
 
-    choice = stored_choice(plan, machine_key(session.n_threads))
+    gate_plan = gate_candidate(path, plan.fingerprint, session.config) if path is not None else None
+    choice = stored_choice(plan, machine_key(session.n_threads), gate_plan)
     if choice is None:
-        choice = measure_choice(session, plan)
+        choice = measure_choice(session, plan, gate_plan)
         if progress:
             print(f"pyinfer: {describe(choice)} (measured once, cached with the plan)", file=sys.stderr)
         if path is not None:
@@ -117,4 +147,4 @@ def keep_if_faster(session, plan, path, progress: bool = True):
                     plan.save(path)
             except OSError as e:
                 print(f"pyinfer: warning: could not cache the sparsity choice at {path}: {e}", file=sys.stderr)
-    return (plan if choice["chose"] == "sparse" else None), choice
+    return {"sparse": plan, "gate": gate_plan, "dense": None}[choice["chose"]], choice

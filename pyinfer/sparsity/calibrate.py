@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PyinferError
-from ..model.config import Activation, LlamaConfig
+from ..model.config import GATE_FIRST, LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from .plan import LayerPlan, SparsityPlan
 from .predictor import TrainConfig, train_layer
 from .profile import Profile
-from .recorder import Recorder, criterion
+from .recorder import Recorder, criterion, gate_criterion
 
 
 def default_mode(cfg: LlamaConfig) -> str:
@@ -41,11 +41,11 @@ def profile_model(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int], max_tok
     mode = mode or default_mode(cfg)
     prof = Profile.empty(mode, cfg.n_layers, cfg.d_ff, gguf.fingerprint(), dict(info or {}))
 
-    # The |SiLU(gate)| histogram feeds gate-first (CATS-style) cuts, which the engine runs for SiLU only.
-    gate_first = cfg.activation == Activation.SILU and mode != "relu"
+    # The |act(gate)| histogram feeds gate-first (CATS) cuts, which the engine runs for SiLU and GELU.
+    gate_first = cfg.activation in GATE_FIRST and mode != "relu"
 
     def on_layer(il, h, gate, up):
-        gate_crit = np.abs(gate / (1.0 + np.exp(-gate))) if gate_first else None
+        gate_crit = gate_criterion(cfg.activation, gate) if gate_first else None
         prof.add(il, criterion(mode, gate, up, cfg.activation), gate_crit)
 
     prof.tokens = Recorder(gguf, cfg, n_threads).run(ids, max_tokens, on_layer, "profiling", progress)
@@ -78,12 +78,15 @@ def build_plan(gguf: GGUFModelFile, cfg: LlamaConfig, profile: Profile, target: 
         raise PyinferError(f"target sparsity must be in [0, 1), got {target}")
     mode = criterion_name or profile.mode
     thr = profile.thresholds(target, "gate" if mode == "gate" else None)
-    perms = profile.hot_first_order(thr)
-    freq_sorted = np.take_along_axis(profile.frequencies(thr), perms, axis=1).astype(np.float32)
+    # Each neuron's firing counts are kept for the profile's own criterion: a gate-first plan cut from a contrib
+    # profile orders its neurons by how often they pass the contrib cut at the same target.
+    freq_thr = profile.thresholds(target) if mode != profile.mode else thr
+    perms = profile.hot_first_order(freq_thr)
+    freq_sorted = np.take_along_axis(profile.frequencies(freq_thr), perms, axis=1).astype(np.float32)
     layers = [LayerPlan(perms[il], float(thr[il]), freq=freq_sorted[il]) for il in range(cfg.n_layers)]
     # Expected share of neurons active per token (for ReLU models the target says nothing about it).
-    info = dict(info or {}, density=float(profile.frequencies(thr).mean()))
-    if train is None and gate_recall is not None and mode == "contrib" and cfg.activation == Activation.SILU:
+    info = dict(info or {}, density=float(profile.frequencies(freq_thr).mean()))
+    if train is None and gate_recall is not None and mode == "contrib" and cfg.activation in GATE_FIRST:
         for lp, cut in zip(layers, profile.gate_cuts(thr, gate_recall)):
             lp.gate_threshold = float(cut)
         info = dict(info or {}, gate_recall=gate_recall)

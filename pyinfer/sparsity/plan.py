@@ -19,7 +19,7 @@ from ..tools.atomic_file import atomic_write
 
 FORMAT = "pyinfer-sparsity"
 FORMAT_VERSION = 1
-# contrib: |SiLU(gate) * up| > t (ours); gate: |SiLU(gate)| > t (CATS baseline); relu: gate > 0 (ReLU models)
+# contrib: |act(gate) * up| > t (ours); gate: |act(gate)| > t (CATS, SiLU or GELU); relu: gate > 0 (ReLU models)
 MODES = ("contrib", "gate", "relu")
 
 
@@ -70,7 +70,7 @@ class LayerPlan:
     hot: int = 0                     # perm[:hot] always run (only with a predictor)
     predictor: Predictor | None = None
     # Without a predictor, contrib mode can filter candidates first: up and down run only where
-    # |SiLU(gate)| > gate_threshold (0: gate and up dense, only down sparse).
+    # |act(gate)| > gate_threshold (0: gate and up dense, only down sparse).
     gate_threshold: float = 0.0
     # F32 [n_ff] in perm order: how often each neuron fired in calibration (None: not recorded). Offload keeps
     # the neurons that save the most reads.

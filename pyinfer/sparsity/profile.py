@@ -19,7 +19,7 @@ from .plan import MODES, SparsityFileError, read_npz
 
 LOG_LO, LOG_HI = -8.0, 3.0
 FINE_BINS, COARSE_BINS = 4096, 88   # 372 and 8 bins per decade
-JOINT_BINS = 220                    # 20 per decade, for the joint (|SiLU(gate)|, criterion) histogram
+JOINT_BINS = 220                    # 20 per decade, for the joint (|act(gate)|, criterion) histogram
 PROFILE_FORMAT, PROFILE_VERSION = "pyinfer-profile", 1
 
 
@@ -39,7 +39,7 @@ class Profile:
     mode: str
     tokens: int
     hist: np.ndarray                  # I64 [L, FINE_BINS] per layer, all neurons
-    gate_hist: np.ndarray             # I64 [L, FINE_BINS] of |SiLU(gate)| (the CATS baseline), SwiGLU only
+    gate_hist: np.ndarray             # I64 [L, FINE_BINS] of |act(gate)| (CATS), SwiGLU and GeGLU only
     neuron_hist: np.ndarray           # I64 [L, d_ff, COARSE_BINS]
     joint_hist: np.ndarray            # I64 [L, JOINT_BINS (gate), JOINT_BINS (criterion)]
     fingerprint: str
@@ -85,7 +85,7 @@ class Profile:
         return np.array([self._quantile(h, target) for h in hist])
 
     def gate_cuts(self, thresholds: np.ndarray, recall: float) -> np.ndarray:
-        """Per layer: the largest cut on |SiLU(gate)| that keeps at least `recall` of the neurons whose
+        """Per layer: the largest cut on |act(gate)| that keeps at least `recall` of the neurons whose
         criterion exceeds the layer's threshold (the gate-first candidate filter)."""
         out = np.zeros(len(thresholds))
         for il, t in enumerate(thresholds):

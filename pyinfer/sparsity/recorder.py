@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import PyinferError
-from ..model.config import Activation, LlamaConfig
+from ..model.config import GATE_FIRST, Activation, LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..runtime.model_graph import build_model_graph
 
@@ -52,12 +52,21 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))
+
+
+def gate_criterion(act: Activation, gate: np.ndarray) -> np.ndarray:
+    """|act(gate)|: what a gate-first (CATS) active set cuts on, for the activations in GATE_FIRST."""
+    return np.abs(silu(gate) if act == Activation.SILU else gelu_tanh(gate))
+
+
 def gated(act: Activation, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """act(gate) * up, as the engine's gated_mul computes it (GELU there goes through an fp16 table)."""
     if act == Activation.SILU:
         return silu(gate) * up
     if act == Activation.GELU_TANH:
-        return 0.5 * gate * (1.0 + np.tanh(0.7978845608 * (gate + 0.044715 * gate ** 3))) * up
+        return gelu_tanh(gate) * up
     if act == Activation.RELU:
         return np.maximum(gate, 0.0) * up
     if act == Activation.RELU2:
@@ -67,14 +76,14 @@ def gated(act: Activation, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 def criterion(mode: str, gate: np.ndarray, up: np.ndarray, act: Activation = Activation.SILU) -> np.ndarray:
     """The per-neuron activation criterion (bigger = more active). F32 [T, d_ff]. contrib: |act(gate) * up|
-    for any gated FFN (SwiGLU, GeGLU); gate: |SiLU(gate)| (CATS, SwiGLU only); relu: ReLU models."""
+    for any gated FFN (SwiGLU, GeGLU); gate: |act(gate)| (CATS, SwiGLU and GeGLU); relu: ReLU models."""
     if mode == "contrib":
         return np.abs(gated(act, gate, up))
     if mode == "gate":
-        if act != Activation.SILU:
-            raise PyinferError(f"the 'gate' criterion (CATS) is defined for SiLU models; this one uses "
+        if act not in GATE_FIRST:
+            raise PyinferError(f"the 'gate' criterion (CATS) is defined for SiLU and GELU models; this one uses "
                                f"{act.name} (use contrib)")
-        return np.abs(silu(gate))
+        return gate_criterion(act, gate)
     if mode == "relu":
         return np.maximum(gate, 0.0) * np.abs(up)
     raise PyinferError(f"unknown sparsity mode {mode!r}")

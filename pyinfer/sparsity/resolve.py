@@ -3,10 +3,14 @@
 "auto" looks for a plan cached for this model and target; when there is none it calibrates one on the
 bundled calibration text (under a minute on 2 cores, like PowerInfer solving its placement on first
 load) and caches it. What it calibrates follows the measurements in bench/results/sparsity_curve.md:
-- SwiGLU models: the |SiLU(gate) * up| criterion at 40% FFN sparsity, thresholds only (gate and up run
-  dense, down only for active neurons): on SmolLM2 +0.8% perplexity at about 1.04x our dense decode
-  (bench/results/sparse_decode.md). Gate-first
-  candidate filtering and trained predictors both measured worse there (quality and speed).
+- SwiGLU and GeGLU models: the |act(gate) * up| criterion at 40% FFN sparsity, thresholds only (gate and up
+  run dense, down only for active neurons): on SmolLM2 +0.8% perplexity at about 1.04x our dense decode
+  (bench/results/sparse_decode.md). Trained predictors measured worse there (quality and speed).
+  From the same profile, a second candidate: the same plan run gate-first (CATS's |act(gate)| cut first, so up
+  and down are read only for the neurons that pass it; the cut keeps AUTO_GATE_RECALL of the neurons the
+  threshold would keep). CATS's own plan (the gate cut alone at the same target) cost +12% perplexity on
+  SmolLM2 and +15% on Gemma 3 (bench/results/auto_choice_pure_cats.md), too much for a default. The candidate
+  is cached beside the plan; sparsity/auto_choice.py times both against dense and keeps what pays here.
 - ReLU models: exact sparsity (gate > 0) plus trained predictors, which then also skip the gate.
 """
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ..errors import PyinferError, UnsupportedModelError
-from ..model.config import LlamaConfig
+from ..model.config import GATE_FIRST, LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..model.pull import cache_dir
 from ..tools.atomic_file import file_lock
@@ -25,10 +29,21 @@ from .plan import SparsityFileError, SparsityPlan
 AUTO_TARGET = 0.4           # SwiGLU: FFN sparsity; ReLU models are exact at any target
 AUTO_PROFILE_TOKENS = 4096
 AUTO_TRAIN_TOKENS = 8192
+AUTO_GATE_RECALL = 0.96     # the gate-first candidate's cut keeps this share of the threshold plan's neurons
 
 
 def auto_plan_path(fingerprint: str, target: float) -> Path:
     return cache_dir() / "sparsity" / f"{fingerprint[:20]}-t{round(target * 100):02d}.npz"
+
+
+def gate_candidate_path(plan_path: Path) -> Path:
+    """Where `auto` caches its gate-first candidate, beside the threshold plan at `plan_path`."""
+    return plan_path.with_name(plan_path.stem + "-gate.npz")
+
+
+def gate_candidate(plan_path: Path, fingerprint: str, cfg: LlamaConfig) -> SparsityPlan | None:
+    """The cached gate-first candidate, or None (a model without one, or a cache from before it existed)."""
+    return _cached_plan(gate_candidate_path(plan_path), fingerprint, cfg)
 
 
 def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, target: float | None,
@@ -62,8 +77,10 @@ def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, targ
             plan = _cached_plan(path, fp, cfg)
             if plan is not None:
                 return plan
-            plan = calibrate_auto(gguf, cfg, tokenize, target, n_threads, progress)
+            plan, gate_plan = calibrate_auto(gguf, cfg, tokenize, target, n_threads, progress)
             try:
+                if gate_plan is not None:  # first: a threshold plan on disk means its candidate is there too
+                    gate_plan.save(gate_candidate_path(path))
                 plan.save(path)
             except OSError as e:  # a read-only cache only costs a recalibration next time
                 print(f"pyinfer: warning: could not cache the sparsity plan at {path}: {e}", file=sys.stderr)
@@ -86,7 +103,8 @@ def _cached_plan(path: Path, fingerprint: str, cfg: LlamaConfig) -> SparsityPlan
 
 
 def calibrate_auto(gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, target: float, n_threads: int,
-                   progress: bool = True) -> SparsityPlan:
+                   progress: bool = True) -> tuple[SparsityPlan, SparsityPlan | None]:
+    """(the plan, its gate-first candidate or None): one profile, both plans."""
     from .calibrate import build_plan, bundled_calibration_text, profile_model
     from .predictor import TrainConfig
 
@@ -99,5 +117,10 @@ def calibrate_auto(gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, target: floa
     info = {"calibration": "bundled", "auto": True}
     if prof.mode == "relu":
         return build_plan(gguf, cfg, prof, target, ids, AUTO_TRAIN_TOKENS, n_threads,
-                          TrainConfig(fixed_rank=64, epochs=8), progress=progress, info=info)
-    return build_plan(gguf, cfg, prof, target, None, 0, n_threads, None, progress=progress, info=info)
+                          TrainConfig(fixed_rank=64, epochs=8), progress=progress, info=info), None
+    plan = build_plan(gguf, cfg, prof, target, None, 0, n_threads, None, progress=progress, info=info)
+    gate_plan = None
+    if cfg.activation in GATE_FIRST:
+        gate_plan = build_plan(gguf, cfg, prof, target, None, 0, n_threads, None, progress=progress,
+                               info=dict(info, auto_candidate="gate"), gate_recall=AUTO_GATE_RECALL)
+    return plan, gate_plan

@@ -33,8 +33,8 @@ void cpu_active_set(const Graph& g, const Node& n, const RunShape& shape, int it
         ids[count] = int32_t(hot + j);
         count += s[j] > cut[j];
       }
-    } else if (p.silu) {  // gate first (CATS): |SiLU(gate)| > t
-      const SiluCut cut(p.threshold);
+    } else if (p.gate_fn != GateFn::Identity) {  // gate first (CATS): |act(gate)| > t
+      const GateCut cut(p.gate_fn, p.threshold);
       for (int64_t j = 0; j < n_ff; ++j) {
         ids[count] = int32_t(j);
         count += cut.above(s[j]);
