@@ -32,12 +32,18 @@ def bench(path: str, model: str, threads: int, prompt: int, gen: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_args(doc: str) -> argparse.ArgumentParser:
+    """The parser of an A/B script: the two builds and their labels (this one and ab_kernels.py)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, help="PYTHONPATH of build A (or 'site')")
     ap.add_argument("--b", required=True, help="PYTHONPATH of build B (or 'site')")
     ap.add_argument("--label-a", default="before")
     ap.add_argument("--label-b", default="after")
+    return ap
+
+
+def main() -> int:
+    ap = build_args(__doc__)
     ap.add_argument("--models", nargs="+", default=["smollm2-135m"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=256)

@@ -34,4 +34,5 @@ def test_neon_matches_scalar(tmp_path):
     for t in ("Q8_0", "Q4_1", "Q4T"):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"axpy {t} "))
         assert float(line.split()[-1]) < 1e-4, out
+    assert "axpy Q4T max diff 0\n" in out and "axpy Q4T full max diff 0\n" in out  # integer sums: the same bits
     assert "gather max diff 0" in out

@@ -114,6 +114,33 @@ def test_bad_permutation_is_refused():
         single_op_engine(build)
 
 
+def q4t_axpy_reference(a: np.ndarray, nibbles: np.ndarray, scales: np.ndarray, d: int) -> np.ndarray:
+    """y = a @ down through a Q4T down as every ISA computes it: per token and 32-neuron group, the group's
+    nonzero activations as two int8 digits (c ~= d q + d_lo q_lo, d = amax / 127, d_lo = d / 254, rounded half
+    to even, in float32), their integer dots with each column's nibbles, then scale * (d dot + d_lo dot_lo) +
+    offset * (sum of the float activations)."""
+    n_ff = a.shape[1]
+    q = np.stack([nibbles.reshape(n_ff, d // 32, 16) & 15, nibbles.reshape(n_ff, d // 32, 16) >> 4], 2)
+    q = q.reshape(n_ff, d).astype(np.int64)
+    sc = scales.astype(np.float64)
+    y = np.zeros((a.shape[0], d))
+    for t in range(a.shape[0]):
+        for g in range(n_ff // 32):
+            c = a[t, 32 * g:32 * g + 32].astype(np.float32)
+            amax = np.abs(c).max()
+            if amax == 0:
+                continue
+            inv = np.float32(127) / amax
+            dq = amax / np.float32(127)
+            qc = np.rint(c * inv)
+            rest = (c.astype(np.float64) - qc.astype(np.float64) * float(dq)).astype(np.float32)  # one rounding: fma
+            q_lo = np.clip(np.rint(rest * (inv * np.float32(254))), -127, 127)
+            nib = q[32 * g:32 * g + 32]
+            dot = qc.astype(np.int64) @ nib * float(dq) + q_lo.astype(np.int64) @ nib * float(dq / np.float32(254))
+            y[t] += sc[g, :d] * dot + sc[g, d:] * float(c.astype(np.float64).sum())
+    return y
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("src_type", [Q.Q4_1, Q.Q4_0])
 def test_q4t_down_is_lossless_and_matches_numpy(isa, src_type):
@@ -143,8 +170,51 @@ def test_q4t_down_is_lossless_and_matches_numpy(isa, src_type):
 
     eng, y = single_op_engine(build, max_tokens=4, n_threads=2, isa=isa)
     eng.run(n_tok)
-    want = a @ wd.T
-    np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+    got, want = eng.tensor(y.id, n_tok), q4t_axpy_reference(a, nibbles, scales, d)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    exact = a @ wd.T  # two int8 digits: as good as float coefficients
+    assert np.abs(got - exact).max() < 1e-4 * np.abs(exact).max()
+
+    # The integer sums' worst case: every neuron of every group active, all at the group's largest coefficient,
+    # and the largest nibbles (a column's sum is then 32 * 127 * 15, more than 16 bits hold).
+    full = np.ones((1, n_ff), np.float32)
+    nib15 = np.full_like(nibbles, 0xff)
+
+    def build_full(b):
+        A = b.weight("a", int(DType.F32), n_ff, 1, full)
+        act = b.active_set(A, n_ff, "act", threshold=0.0)
+        return b.down_axpy(b.weight("w", int(DType.Q4T), d, n_ff, nib15), A, act,
+                           scales=b.weight("s", int(DType.F16), 2 * d, n_ff // 32, scales))
+
+    eng, y = single_op_engine(build_full, max_tokens=1, n_threads=2, isa=isa)
+    eng.run(1)
+    want = q4t_axpy_reference(full, nib15, scales, d)
+    np.testing.assert_allclose(eng.tensor(y.id, 1), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_q4t_down_axpy_is_the_same_bits_on_every_isa():
+    """The Q4T axpy sums in integers and ends in the same fused multiply-adds on every ISA."""
+    from pyinfer.runtime.sparse_ffn import q4t_from_blocks
+
+    d, n_ff = 256, 512
+    rng = np.random.default_rng(5)
+    nib, sc = q4t_from_blocks(quants.quantize(rng.standard_normal((d, n_ff)).astype(np.float32), Q.Q4_1), "Q4_1",
+                              d, n_ff)
+    a = (rng.standard_normal((3, n_ff)) * (rng.random((3, n_ff)) < 0.6)).astype(np.float32)
+
+    def build(b):
+        A = b.weight("a", int(DType.F32), n_ff, 3, a)
+        act = b.active_set(A, n_ff, "act", threshold=0.0)
+        return b.down_axpy(b.weight("w", int(DType.Q4T), d, n_ff, nib), A, act,
+                           scales=b.weight("s", int(DType.F16), 2 * d, n_ff // 32, sc))
+
+    outs = []
+    for isa in ISAS:
+        eng, y = single_op_engine(build, max_tokens=4, n_threads=2, isa=isa)
+        eng.run(3)
+        outs.append(eng.tensor(y.id, 3).copy())
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -173,14 +243,17 @@ def test_batched_down_axpy_tiles_and_chunks_match_numpy(isa, wtype):
         return b.down_axpy(b.weight("w", int(wtype), d, n_ff, data), A, act)
 
     if wtype == "q4t":
-        wd = quants.dequantize(quants.quantize(w, Q.Q4_1), Q.Q4_1).reshape(d, n_ff).T
+        wd = None
     elif wtype == Q.F32:
         wd = w.T
     else:
         wd = quants.dequantize(quants.quantize(np.ascontiguousarray(w.T), wtype), wtype).reshape(n_ff, d)
     eng, y = single_op_engine(build, max_tokens=32, n_threads=2, isa=isa)
     eng.run(n_tok)
-    want = a @ wd
+    if wd is None:
+        want = q4t_axpy_reference(a, *q4t_from_blocks(quants.quantize(w, Q.Q4_1), "Q4_1", d, n_ff), d)
+    else:
+        want = a @ wd
     np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 

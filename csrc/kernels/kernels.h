@@ -40,10 +40,9 @@ struct AxpyRowsArgs {
   int64_t c0, c1;
   float* y;                  // [d], accumulated into
   // Q4T only: ids ascending; scales of neuron group g at scales + g * scales_stride (d scales, then d
-  // offsets); tmp: (c1 - c0) floats of scratch.
+  // offsets).
   const uint16_t* scales = nullptr;
   int64_t scales_stride = 0;
-  float* tmp = nullptr;
   // Paged weights (offload/neuron_store.h): row j lies at w_rows[j] instead of w + j * w_row_bytes.
   const uint8_t* const* w_rows = nullptr;
   const uint8_t* row(int64_t j) const { return w_rows ? w_rows[j] : w + j * int64_t(w_row_bytes); }

@@ -59,47 +59,72 @@ void axpy_group(const AxpyRowsArgs& a, int64_t k) {
   }
 }
 
-// Q4T: t[c0, c1) += sum of NN neurons' coef * nibbles, four 8-float vectors per 32-element block.
-template <int NN>
-void q4t_accumulate(const AxpyRowsArgs& a, int64_t k) {
-  const auto rows = active_rows<uint8_t, NN>(a, k);
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
-    float* t = a.tmp + b * kQuantBlock - a.c0;
-    __m256 acc[4];
-    for (int j = 0; j < 4; ++j) acc[j] = _mm256_loadu_ps(t + 8 * j);
-    for (int i = 0; i < NN; ++i) {
-      const __m256 c = _mm256_set1_ps(a.coef[k + i]);
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + 16 * b));
-      const __m128i lo = _mm_and_si128(raw, mask), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-      acc[0] = _mm256_fmadd_ps(u8x8(lo), c, acc[0]);
-      acc[1] = _mm256_fmadd_ps(u8x8(_mm_srli_si128(lo, 8)), c, acc[1]);
-      acc[2] = _mm256_fmadd_ps(u8x8(hi), c, acc[2]);
-      acc[3] = _mm256_fmadd_ps(u8x8(_mm_srli_si128(hi, 8)), c, acc[3]);
-    }
-    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(t + 8 * j, acc[j]);
-  }
+// Two rows' 16-byte blocks b as one vector: the first in the low lane, the second in the high lane.
+inline __m256i two_rows(const uint8_t* r0, const uint8_t* r1, int64_t b) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + 16 * b));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1 + 16 * b)), 1);
 }
 
+// Q4T in integers (quantize_group_coefs): four neurons at a time, their nibbles interleaved so that each
+// column's bytes pair (r0, r2) in the low lane and (r1, r3) in the high lane, multiplied by the matching int8
+// coefficient digits with maddubs and summed in int16 (at most 16 neurons per lane: |sum| <= 16 * 15 * 127 <
+// 2^15). The lanes are added in int32 (their sum may not fit 16 bits) and scaled once per group and block.
 void axpy_q4t(const AxpyRowsArgs& a) {
   const int64_t half = a.scales_stride / 2, width = a.c1 - a.c0;
+  const __m256i mask = _mm256_set1_epi8(0x0f);
   for_each_q4t_group(a, [&](const Q4TGroup& g) {
-    for (int64_t c = 0; c < width; c += 8) _mm256_storeu_ps(a.tmp + c, _mm256_setzero_ps());
     // Active rows are scattered: prefetch this thread's slice of the next group's rows while this one runs.
     for (int64_t p = g.end; p < a.n && a.ids[p] / kQuantBlock == g.group + 1; ++p) {
       const char* row = reinterpret_cast<const char*>(a.row(a.ids[p]) + a.c0 / 2);
       for (int64_t off = 0; off < width / 2; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
     }
-    for_rows_by4(g.begin, g.end, [&](int64_t k) { q4t_accumulate<4>(a, k); }, [&](int64_t k) { q4t_accumulate<1>(a, k); });
+    Q4TCoefs qc;
+    quantize_group_coefs(a, g, qc);
+    const uint8_t* rows[kQuantBlock];
+    group_rows(a, g, qc.n4, rows);
+    // Per quad and digit: (q0, q2) pairs in the low lane, (q1, q3) in the high lane.
+    __m256i coef[kQuantBlock / 4], coef_lo[kQuantBlock / 4];
+    for (int64_t k = 0; k < qc.n4; k += 4) {
+      const auto pairs = [&](const int8_t* q) {
+        const auto pair = [&](int i, int j) {
+          return _mm_set1_epi16(int16_t(uint16_t(uint8_t(q[k + i])) | uint16_t(uint16_t(uint8_t(q[k + j])) << 8)));
+        };
+        return _mm256_inserti128_si256(_mm256_castsi128_si256(pair(0, 2)), pair(1, 3), 1);
+      };
+      coef[k / 4] = pairs(qc.q);
+      coef_lo[k / 4] = pairs(qc.q_lo);
+    }
     const uint16_t* scale = a.scales + int64_t(g.group) * a.scales_stride;
     const uint16_t* offset = scale + half;
-    const __m256 cs = _mm256_set1_ps(g.coef_sum);
-    for (int64_t c = a.c0; c < a.c1; c += 8) {
-      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale + c)));
-      const __m256 o = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offset + c)));
-      __m256 y = _mm256_loadu_ps(a.y + c);
-      y = _mm256_fmadd_ps(s, _mm256_loadu_ps(a.tmp + c - a.c0), y);
-      _mm256_storeu_ps(a.y + c, _mm256_fmadd_ps(o, cs, y));
+    const __m256 d = _mm256_set1_ps(qc.d), d_lo = _mm256_set1_ps(qc.d_lo), cs = _mm256_set1_ps(g.coef_sum);
+    for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
+      // columns 0-7, 8-15, 16-23, 24-31 of the block, for each digit
+      __m256i acc[4], acc_lo[4];
+      for (int j = 0; j < 4; ++j) acc[j] = acc_lo[j] = _mm256_setzero_si256();
+      for (int64_t k = 0; k < qc.n4; k += 4) {
+        const __m256i x01 = two_rows(rows[k], rows[k + 1], b), x23 = two_rows(rows[k + 2], rows[k + 3], b);
+        const __m256i lo01 = _mm256_and_si256(x01, mask), hi01 = _mm256_and_si256(_mm256_srli_epi16(x01, 4), mask);
+        const __m256i lo23 = _mm256_and_si256(x23, mask), hi23 = _mm256_and_si256(_mm256_srli_epi16(x23, 4), mask);
+        const __m256i n[4] = {_mm256_unpacklo_epi8(lo01, lo23), _mm256_unpackhi_epi8(lo01, lo23),
+                              _mm256_unpacklo_epi8(hi01, hi23), _mm256_unpackhi_epi8(hi01, hi23)};
+        const __m256i c = coef[k / 4], c_lo = coef_lo[k / 4];
+        for (int j = 0; j < 4; ++j) {
+          acc[j] = _mm256_add_epi16(acc[j], _mm256_maddubs_epi16(n[j], c));
+          acc_lo[j] = _mm256_add_epi16(acc_lo[j], _mm256_maddubs_epi16(n[j], c_lo));
+        }
+      }
+      const auto lanes = [](__m256i v) {  // the two lanes' int16 sums added in int32, as floats
+        return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v)),
+                                                   _mm256_cvtepi16_epi32(_mm256_extracti128_si256(v, 1))));
+      };
+      for (int j = 0; j < 4; ++j) {
+        const int64_t col = b * kQuantBlock + 8 * j;
+        const __m256 t = _mm256_fmadd_ps(lanes(acc_lo[j]), d_lo, _mm256_mul_ps(lanes(acc[j]), d));
+        const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scale + col)));
+        const __m256 o = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(offset + col)));
+        const __m256 y = _mm256_fmadd_ps(s, t, _mm256_loadu_ps(a.y + col));
+        _mm256_storeu_ps(a.y + col, _mm256_fmadd_ps(o, cs, y));
+      }
     }
   });
 }

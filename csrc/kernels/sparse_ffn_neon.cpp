@@ -60,41 +60,49 @@ void axpy_group(const AxpyRowsArgs& a, int64_t k) {
   }
 }
 
-// Q4T: per 32-neuron group, t = sum_j c_j * nibbles_j over this thread's columns, then y += scale * t +
-// offset * sum_j c_j with the group's shared scales.
-void q4t_accumulate(const AxpyRowsArgs& a, int64_t i, uint8x16_t mask) {
-  const uint8_t* row = a.row(a.ids[i]);
-  const float c = a.coef[i];
-  for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
-    float* t = a.tmp + b * kQuantBlock - a.c0;
-    const uint8x16_t raw = vld1q_u8(row + 16 * b);
-    const uint8x16_t halves[2] = {vandq_u8(raw, mask), vshrq_n_u8(raw, 4)};
-    for (int h = 0; h < 2; ++h) {
-      const uint16x8_t lo = vmovl_u8(vget_low_u8(halves[h])), hi = vmovl_u8(vget_high_u8(halves[h]));
-      float* th = t + 16 * h;
-      vst1q_f32(th + 0, vfmaq_n_f32(vld1q_f32(th + 0), vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo))), c));
-      vst1q_f32(th + 4, vfmaq_n_f32(vld1q_f32(th + 4), vcvtq_f32_u32(vmovl_u16(vget_high_u16(lo))), c));
-      vst1q_f32(th + 8, vfmaq_n_f32(vld1q_f32(th + 8), vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi))), c));
-      vst1q_f32(th + 12, vfmaq_n_f32(vld1q_f32(th + 12), vcvtq_f32_u32(vmovl_u16(vget_high_u16(hi))), c));
-    }
-  }
-}
-
-// Q4T: per 32-neuron group, t = sum_j c_j * nibbles_j over this thread's columns, then y += scale * t +
-// offset * sum_j c_j with the group's shared scales.
+// Q4T in integers (quantize_group_coefs): each neuron's nibbles times its int8 coefficient digits, widened and
+// summed in int16, even and odd neurons apart (at most 16 each: |sum| <= 16 * 15 * 127 < 2^15); the two
+// sums are added in int32 and scaled once per group and block.
 void axpy_q4t(const AxpyRowsArgs& a) {
-  const int64_t half = a.scales_stride / 2, width = a.c1 - a.c0;
+  const int64_t half = a.scales_stride / 2;
   const uint8x16_t mask = vdupq_n_u8(0x0f);
   for_each_q4t_group(a, [&](const Q4TGroup& g) {
-    for (int64_t c = 0; c < width; c += 4) vst1q_f32(a.tmp + c, vdupq_n_f32(0.f));
-    for (int64_t i = g.begin; i < g.end; ++i) q4t_accumulate(a, i, mask);
+    Q4TCoefs qc;
+    quantize_group_coefs(a, g, qc);
+    const uint8_t* rows[kQuantBlock];
+    group_rows(a, g, qc.n4, rows);
     const uint16_t* scale = a.scales + int64_t(g.group) * a.scales_stride;
     const uint16_t* offset = scale + half;
-    for (int64_t c = a.c0; c < a.c1; c += 4) {
-      const float32x4_t s = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(scale + c)));
-      const float32x4_t o = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(offset + c)));
-      const float32x4_t y = vfmaq_f32(vld1q_f32(a.y + c), s, vld1q_f32(a.tmp + c - a.c0));
-      vst1q_f32(a.y + c, vfmaq_n_f32(y, o, g.coef_sum));
+    for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
+      int16x8_t acc[2][2][4];  // [digit][even, odd neurons][columns 0-7, 8-15, 16-23, 24-31]
+      for (auto& dg : acc)
+        for (auto& p : dg)
+          for (auto& v : p) v = vdupq_n_s16(0);
+      for (int64_t k = 0; k < qc.n4; ++k) {
+        const uint8x16_t raw = vld1q_u8(rows[k] + 16 * b);
+        const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(raw, mask)), hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+        const int8x8_t n[4] = {vget_low_s8(lo), vget_high_s8(lo), vget_low_s8(hi), vget_high_s8(hi)};
+        for (int dg = 0; dg < 2; ++dg) {
+          const int8x8_t q = vdup_n_s8(dg ? qc.q_lo[k] : qc.q[k]);
+          int16x8_t* p = acc[dg][k & 1];
+          for (int j = 0; j < 4; ++j) p[j] = vmlal_s8(p[j], n[j], q);
+        }
+      }
+      const auto sum = [&](int dg, int j, int h) {  // even and odd neurons' int16 sums added in int32
+        const int32x4_t s = h ? vaddl_high_s16(acc[dg][0][j], acc[dg][1][j])
+                              : vaddl_s16(vget_low_s16(acc[dg][0][j]), vget_low_s16(acc[dg][1][j]));
+        return vcvtq_f32_s32(s);
+      };
+      for (int j = 0; j < 4; ++j) {
+        for (int h = 0; h < 2; ++h) {
+          const int64_t col = b * kQuantBlock + 8 * j + 4 * h;
+          const float32x4_t t = vfmaq_n_f32(vmulq_n_f32(sum(0, j, h), qc.d), sum(1, j, h), qc.d_lo);
+          const float32x4_t s = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(scale + col)));
+          const float32x4_t o = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(offset + col)));
+          const float32x4_t y = vfmaq_f32(vld1q_f32(a.y + col), s, t);
+          vst1q_f32(a.y + col, vfmaq_n_f32(y, o, g.coef_sum));
+        }
+      }
     }
   });
 }

@@ -1,5 +1,7 @@
 // Reference neuron-major axpy for the sparse down projection; every ISA path is tested against it.
 // It is also the float-weight (F32/F16) path of every ISA, used by the exactness tests on float models.
+#include <cmath>
+
 #include "kernels/fp16.h"
 #include "kernels/kernels.h"
 #include "kernels/sparse_ffn_walk.h"
@@ -8,27 +10,35 @@ namespace pyinfer {
 
 namespace {
 
-// Q4T: per group of 32 neurons, t = sum_j c_j * q_j (the nibbles), then y += scale * t + offset * sum_j c_j.
+// Q4T: per group of 32 neurons, t = sum_j q_j * nibbles_j and t_lo likewise in integers (quantize_group_coefs),
+// then y += scale * (d * t + d_lo * t_lo) + offset * sum_j c_j.
 void axpy_q4t_scalar(const AxpyRowsArgs& a) {
   const int64_t half = a.scales_stride / 2;
   for_each_q4t_group(a, [&](const Q4TGroup& g) {
-    for (int64_t c = a.c0; c < a.c1; ++c) a.tmp[c - a.c0] = 0.f;
-    for (int64_t e = g.begin; e < g.end; ++e) {
-      const uint8_t* row = a.row(a.ids[e]);
-      const float c = a.coef[e];
-      for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
-        const uint8_t* qs = row + 16 * b;
-        float* t = a.tmp + b * kQuantBlock - a.c0;
-        for (int j = 0; j < 16; ++j) {
-          t[j] += c * float(qs[j] & 0x0f);
-          t[j + 16] += c * float(qs[j] >> 4);
-        }
-      }
-    }
+    Q4TCoefs qc;
+    quantize_group_coefs(a, g, qc);
     const uint16_t* scale = a.scales + int64_t(g.group) * a.scales_stride;
     const uint16_t* offset = scale + half;
-    for (int64_t c = a.c0; c < a.c1; ++c)
-      a.y[c] += fp16_to_fp32(scale[c]) * a.tmp[c - a.c0] + fp16_to_fp32(offset[c]) * g.coef_sum;
+    for (int64_t b = a.c0 / kQuantBlock; b < a.c1 / kQuantBlock; ++b) {
+      int32_t t[kQuantBlock] = {}, t_lo[kQuantBlock] = {};
+      for (int64_t e = g.begin; e < g.end; ++e) {
+        const uint8_t* qs = a.row(a.ids[e]) + 16 * b;
+        const int32_t q = qc.q[e - g.begin], q_lo = qc.q_lo[e - g.begin];
+        for (int j = 0; j < 16; ++j) {
+          const int32_t n0 = qs[j] & 0x0f, n1 = qs[j] >> 4;
+          t[j] += q * n0;
+          t[j + 16] += q * n1;
+          t_lo[j] += q_lo * n0;
+          t_lo[j + 16] += q_lo * n1;
+        }
+      }
+      for (int j = 0; j < kQuantBlock; ++j) {
+        const int64_t c = b * kQuantBlock + j;
+        const float sum = std::fma(float(t_lo[j]), qc.d_lo, float(t[j]) * qc.d);
+        const float y = std::fma(fp16_to_fp32(scale[c]), sum, a.y[c]);
+        a.y[c] = std::fma(fp16_to_fp32(offset[c]), g.coef_sum, y);
+      }
+    }
   });
 }
 

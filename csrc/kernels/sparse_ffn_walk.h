@@ -1,6 +1,7 @@
 // How every ISA walks the active neurons of a down axpy; the ISA files supply only the arithmetic.
 #pragma once
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -40,6 +41,41 @@ inline void for_each_q4t_group(const AxpyRowsArgs& a, F f) {
     f(g);
     k = g.end;
   }
+}
+
+// A Q4T group's coefficients as two int8 digits, c ~= d * q + d_lo * q_lo (d = amax / 127, d_lo = d / 254;
+// rounded half to even), so that every ISA sums nibble x coefficient products exactly, in integers, and all
+// ISAs agree bit for bit: y += scale * (d * sum_j q_j n_j + d_lo * sum_j q_lo_j n_j) + offset * sum_j c_j, each
+// step a fused multiply-add. Converting every nibble to float made the float axpy cost twice a dense GEMV's
+// integer dots (AVX2, bench/results/q4t_axpy_int8.md); one int8 digit alone cost SmolLM2's sparse path +0.7%
+// perplexity, the second brings the coefficients to within 1/64,000 of their largest. A group's ids are
+// distinct, so it has at most 32 entries; both digit arrays are padded with zeros to a multiple of 4.
+struct Q4TCoefs {
+  float d, d_lo;
+  int64_t n4;  // entries, rounded up to a multiple of 4
+  int8_t q[kQuantBlock], q_lo[kQuantBlock];
+};
+
+inline void quantize_group_coefs(const AxpyRowsArgs& a, const Q4TGroup& g, Q4TCoefs& out) {
+  const int64_t n = g.end - g.begin;
+  float amax = 0.f;
+  for (int64_t k = 0; k < n; ++k) amax = std::fmax(amax, std::fabs(a.coef[g.begin + k]));
+  const float id = amax > 0.f ? 127.f / amax : 0.f, id_lo = id * 254.f;
+  out.d = amax / 127.f;
+  out.d_lo = out.d / 254.f;
+  for (int64_t k = 0; k < n; ++k) {
+    const float c = a.coef[g.begin + k], q = std::nearbyint(c * id);
+    const float rest = std::fma(-q, out.d, c);  // fused on every ISA: the same residual everywhere
+    out.q[k] = int8_t(q);
+    out.q_lo[k] = int8_t(std::fmax(-127.f, std::fmin(127.f, std::nearbyint(rest * id_lo))));
+  }
+  out.n4 = (n + 3) & ~int64_t(3);
+  for (int64_t k = n; k < out.n4; ++k) out.q[k] = out.q_lo[k] = 0;
+}
+
+// The group's row pointers, padded like its coefficients (with its first row: a zero coefficient adds nothing).
+inline void group_rows(const AxpyRowsArgs& a, const Q4TGroup& g, int64_t n4, const uint8_t** rows) {
+  for (int64_t k = 0; k < n4; ++k) rows[k] = a.row(a.ids[g.begin + (g.begin + k < g.end ? k : 0)]);
 }
 
 // An ISA's entry point: Q4T, Q4_1 and Q8_0 by its kernels (q41 / q80 take a row index and the rows per

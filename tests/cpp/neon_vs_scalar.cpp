@@ -1,5 +1,6 @@
 // NEON kernels against the scalar reference, cross-compiled for aarch64 and run under qemu-user
 // (tests/test_neon_cross.py). Prints one line per check.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -67,12 +68,22 @@ int main() {
     std::vector<uint16_t> sc(n_ff / 32 * 2 * d); for (auto& s : sc) s = fp32_to_fp16(nd(rng) * 0.1f);
     std::vector<int32_t> ids = {0, 3, 7, 8, 31, 33, 40, 41, 42, 63};
     std::vector<float> coef(ids.size()); for (auto& c : coef) c = nd(rng);
-    std::vector<float> y1(d, 0.f), y2(d, 0.f), tmp(d);
+    std::vector<float> y1(d, 0.f), y2(d, 0.f);
     AxpyRowsArgs ax{wt, w.data(), rb, ids.data(), coef.data(), int64_t(ids.size()), 32, 96, y1.data()};
-    ax.scales = sc.data(); ax.scales_stride = 2 * d; ax.tmp = tmp.data();
+    ax.scales = sc.data(); ax.scales_stride = 2 * d;
     ne->axpy_rows(ax); ax.y = y2.data(); sc_axpy(ax);
     float md = 0; for (int i = 0; i < d; ++i) md = std::fmax(md, std::fabs(y1[i] - y2[i]));
     printf("axpy %s max diff %g\n", dtype_name(wt), md);
+    if (wt == DType::Q4T) {  // the integer sums' worst case: full groups, equal coefficients, nibbles of 15
+      std::fill(w.begin(), w.end(), uint8_t(0xff));
+      std::vector<int32_t> all(n_ff); for (int i = 0; i < n_ff; ++i) all[i] = i;
+      std::vector<float> ones(n_ff, 1.f);
+      ax.ids = all.data(); ax.coef = ones.data(); ax.n = n_ff;
+      std::fill(y1.begin(), y1.end(), 0.f); std::fill(y2.begin(), y2.end(), 0.f);
+      ax.y = y1.data(); ne->axpy_rows(ax); ax.y = y2.data(); sc_axpy(ax);
+      md = 0; for (int i = 0; i < d; ++i) md = std::fmax(md, std::fabs(y1[i] - y2[i]));
+      printf("axpy Q4T full max diff %g\n", md);
+    }
   }
   return 0;
 }

@@ -44,14 +44,12 @@ CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa
     if (n.op == OpKind::DownAxpy) {
       const Tensor& down = graph.tensors[size_t(n.src[DownAxpySrc::down])];
       max_neurons_ = std::max(max_neurons_, down.rows);
-      max_width_ = std::max(max_width_, down.cols);
     }
     if (n.op == OpKind::ActiveUnion) max_neurons_ = std::max(max_neurons_, int64_t(n.p.active_union.n_ff));
   }
   neuron_ids_.assign(size_t(kAxpyTokens * max_neurons_ * pool_.size()), 0);
   neuron_coef_.assign(size_t(kAxpyTokens * max_neurons_ * pool_.size()), 0.f);
   neuron_dense_.assign(size_t(max_neurons_ * pool_.size()), 0.f);
-  group_tmp_.assign(size_t(max_width_ * pool_.size()), 0.f);
   for (const Node& n : graph.nodes) moe_size_.grow(graph, n, max_tokens);
   moe_ints_.assign(size_t((moe_size_.order + moe_size_.start) * pool_.size()), 0);
   moe_x_.assign(size_t(moe_size_.x_bytes * pool_.size()), 0);
@@ -192,8 +190,7 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       const int64_t lists = kAxpyTokens * max_neurons_;
       return cpu_down_axpy(kernels_, g, n, shape, ith, nth,
                            SparseScratch{neuron_ids_.data() + ith * lists, neuron_coef_.data() + ith * lists,
-                                         max_neurons_, neuron_dense_.data() + ith * max_neurons_,
-                                         group_tmp_.data() + ith * max_width_});
+                                         max_neurons_, neuron_dense_.data() + ith * max_neurons_});
     }
     case OpKind::MoeRoute: return cpu_moe_route(g, n, shape, ith, nth);
     case OpKind::ExpertFetch:

@@ -68,8 +68,6 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> neuron_ids_;
   std::vector<float> neuron_coef_;
   std::vector<float> neuron_dense_;
-  int64_t max_width_ = 0;    // widest down output: Q4T group sums
-  std::vector<float> group_tmp_;
   MoeScratchSize moe_size_;  // per thread: MoeMatMul's grouping of tokens by expert (moe_ops.h)
   std::vector<int32_t> moe_ints_;
   std::vector<uint8_t> moe_x_;

@@ -201,7 +201,6 @@ void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const Ru
           const Tensor& sc = src(g, n, DownAxpySrc::scales);
           a.scales = static_cast<const uint16_t*>(sc.data);
           a.scales_stride = sc.cols;
-          a.tmp = scratch.tmp;
         }
         k.axpy_rows(a);
       }

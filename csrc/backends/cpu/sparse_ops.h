@@ -18,7 +18,6 @@ struct SparseScratch {
   float* coef;    // [kAxpyTokens, n_ff]: their activations
   int64_t stride; // n_ff
   float* dense;   // [n_ff]: activations by down row, to sort a mapped list
-  float* tmp;     // [d]: Q4T group sums
 };
 
 void cpu_active_set(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth);
