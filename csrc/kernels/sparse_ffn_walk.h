@@ -8,6 +8,9 @@
 #include "kernels/kernels.h"
 
 namespace pyinfer {
+// Internal linkage: each ISA file gets its own copy, compiled with its own flags (with one shared inline copy,
+// an unoptimised build could link an AVX2 copy into the scalar path).
+namespace {
 
 // Rows [begin, end) of the active list in fours (one load/store of the output slice per four rows),
 // then one by one.
@@ -60,11 +63,12 @@ inline void quantize_group_coefs(const AxpyRowsArgs& a, const Q4TGroup& g, Q4TCo
   const int64_t n = g.end - g.begin;
   float amax = 0.f;
   for (int64_t k = 0; k < n; ++k) amax = std::fmax(amax, std::fabs(a.coef[g.begin + k]));
-  const float id = amax > 0.f ? 127.f / amax : 0.f, id_lo = id * 254.f;
+  // Below 1e-30 (or not finite) a group adds nothing; the clamps keep every cast to int8 defined, NaN included.
+  const float id = amax > 1e-30f && amax <= 3e38f ? 127.f / amax : 0.f, id_lo = id * 254.f;
   out.d = amax / 127.f;
   out.d_lo = out.d / 254.f;
-  for (int64_t k = 0; k < n; ++k) {
-    const float c = a.coef[g.begin + k], q = std::nearbyint(c * id);
+  for (int64_t k = 0; k < n; ++k) {  // n <= 32: a group's ids are distinct (compact_token)
+    const float c = a.coef[g.begin + k], q = std::fmax(-127.f, std::fmin(127.f, std::nearbyint(c * id)));
     const float rest = std::fma(-q, out.d, c);  // fused on every ISA: the same residual everywhere
     out.q[k] = int8_t(q);
     out.q_lo[k] = int8_t(std::fmax(-127.f, std::fmin(127.f, std::nearbyint(rest * id_lo))));
@@ -92,4 +96,5 @@ inline void axpy_dispatch(const AxpyRowsArgs& a, Q4T q4t, Q41 q41, Q80 q80) {
   }
 }
 
+}  // namespace
 }  // namespace pyinfer

@@ -42,8 +42,17 @@ def gate_candidate_path(plan_path: Path) -> Path:
 
 
 def gate_candidate(plan_path: Path, fingerprint: str, cfg: LlamaConfig) -> SparsityPlan | None:
-    """The cached gate-first candidate, or None (a model without one, or a cache from before it existed)."""
-    return _cached_plan(gate_candidate_path(plan_path), fingerprint, cfg)
+    """The cached gate-first candidate, or None (a model without one, a cache from before it existed, or an
+    unusable file: the threshold plan is then weighed against dense alone)."""
+    path = gate_candidate_path(plan_path)
+    if not path.is_file():
+        return None
+    try:
+        return SparsityPlan.load(path, fingerprint, cfg.n_layers, cfg.d_ff)
+    except SparsityFileError as e:
+        print(f"pyinfer: warning: the cached gate-first sparsity candidate is unusable ({e}); auto weighs the "
+              "threshold plan against dense alone", file=sys.stderr)
+        return None
 
 
 def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, target: float | None,
