@@ -44,15 +44,8 @@ def gate_candidate_path(plan_path: Path) -> Path:
 def gate_candidate(plan_path: Path, fingerprint: str, cfg: LlamaConfig) -> SparsityPlan | None:
     """The cached gate-first candidate, or None (a model without one, a cache from before it existed, or an
     unusable file: the threshold plan is then weighed against dense alone)."""
-    path = gate_candidate_path(plan_path)
-    if not path.is_file():
-        return None
-    try:
-        return SparsityPlan.load(path, fingerprint, cfg.n_layers, cfg.d_ff)
-    except SparsityFileError as e:
-        print(f"pyinfer: warning: the cached gate-first sparsity candidate is unusable ({e}); auto weighs the "
-              "threshold plan against dense alone", file=sys.stderr)
-        return None
+    return _cached_plan(gate_candidate_path(plan_path), fingerprint, cfg, "gate-first sparsity candidate",
+                        "auto weighs the threshold plan against dense alone")
 
 
 def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, target: float | None,
@@ -99,15 +92,16 @@ def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, targ
     raise PyinferError(f"sparsity must be 'off', 'auto' or a path to a sparsity file, got {spec!r}")
 
 
-def _cached_plan(path: Path, fingerprint: str, cfg: LlamaConfig) -> SparsityPlan | None:
-    """The cached `auto` plan, or None when there is none or it is unreadable (then it is calibrated again and
-    replaced: a cache file is never a reason a model cannot load)."""
+def _cached_plan(path: Path, fingerprint: str, cfg: LlamaConfig, what: str = "sparsity plan",
+                 then: str = "calibrating it again") -> SparsityPlan | None:
+    """A cached `auto` plan, or None when there is none or it is unreadable (then, as `then` says, it is
+    calibrated again or done without: a cache file is never a reason a model cannot load)."""
     if not path.is_file():
         return None
     try:
         return SparsityPlan.load(path, fingerprint, cfg.n_layers, cfg.d_ff)
     except SparsityFileError as e:
-        print(f"pyinfer: warning: the cached sparsity plan is unusable ({e}); calibrating it again", file=sys.stderr)
+        print(f"pyinfer: warning: the cached {what} is unusable ({e}); {then}", file=sys.stderr)
         return None
 
 
