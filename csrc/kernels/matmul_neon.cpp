@@ -1,12 +1,16 @@
 // NEON kernels (aarch64, where NEON is baseline). Integer dot via widening multiplies, so no
-// dotprod extension is required.
+// dotprod extension is required. Every integer-dot weight type has its own piece decoder here (the 5-bit and
+// K-quant ones too: through the portable decode_piece they cost a scalar loop per element), and a piece is
+// decoded once for up to four tokens.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/fp16.h"
 #include "kernels/attention.h"
+#include "kernels/kquant_scales.h"
 #include "kernels/ops_float.h"
 #include "kernels/kernels.h"
 
@@ -19,45 +23,188 @@ inline int32_t dot_s8x16(int8x16_t a, int8x16_t b) {
   return vaddvq_s32(s);
 }
 
-// Integer dot of one 32-element weight block (as two int8x16 halves) with an activation block.
-inline int32_t block_dot(int8x16_t w_lo, int8x16_t w_hi, const BlockQ8A& x) {
-  return dot_s8x16(w_lo, vld1q_s8(x.qs)) + dot_s8x16(w_hi, vld1q_s8(x.qs + 16));
+// One 32-element weight piece: elements 0..15 in lo, 16..31 in hi. Element j is d * sc[j / 16] * q[j] + m
+// (sc only for kSubScales types, Q6_K; m multiplies the activation block's s).
+struct Piece {
+  int8x16_t lo, hi;
+  float d, m;
+  int32_t sc[2];
+};
+
+// 16 packed bytes -> low nibbles (elements 0..15) and high nibbles (16..31), GGML order.
+inline void nibbles(const uint8_t* qs, Piece& p) {
+  const uint8x16_t q = vld1q_u8(qs);
+  p.lo = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0f)));
+  p.hi = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
 }
 
-float row_dot(DType wt, const uint8_t* w, const BlockQ8A* x, int64_t nb) {
-  float sum = 0.f;
-  const uint8x16_t mask = vdupq_n_u8(0x0f);
-  for (int64_t b = 0; b < nb; ++b) {
-    if (wt == DType::Q8_0) {
-      const auto& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
-      const int32_t i = block_dot(vld1q_s8(blk.qs), vld1q_s8(blk.qs + 16), x[b]);
-      sum += fp16_to_fp32(blk.d) * x[b].d * float(i);
-    } else if (wt == DType::Q4_1) {
-      const auto& blk = reinterpret_cast<const BlockQ4_1*>(w)[b];
-      const uint8x16_t q = vld1q_u8(blk.qs);
-      const int32_t i = block_dot(vreinterpretq_s8_u8(vandq_u8(q, mask)), vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), x[b]);
-      sum += fp16_to_fp32(blk.d) * x[b].d * float(i) + fp16_to_fp32(blk.m) * x[b].s;
-    } else {  // Q4_0
-      const auto& blk = reinterpret_cast<const BlockQ4_0*>(w)[b];
-      const uint8x16_t q = vld1q_u8(blk.qs);
-      const int32_t i = block_dot(vreinterpretq_s8_u8(vandq_u8(q, mask)), vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), x[b]);
-      sum += fp16_to_fp32(blk.d) * (x[b].d * float(i) - 8.f * x[b].s);
+// Bit 4 of each of 16 bytes from two mask bytes: byte i takes bit i % 8 of mask byte i / 8.
+inline int8x16_t fifth_bits16(uint8_t m0, uint8_t m1) {
+  static const uint8_t kBit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  const uint8x16_t set = vtstq_u8(vcombine_u8(vdup_n_u8(m0), vdup_n_u8(m1)), vld1q_u8(kBit));
+  return vreinterpretq_s8_u8(vandq_u8(set, vdupq_n_u8(0x10)));
+}
+
+struct OnePiecePerBlock {
+  static constexpr int kPieces = 1;
+  static constexpr bool kSubScales = false;
+  struct Cache {};
+  static void prepare(const uint8_t*, int64_t, Cache&) {}
+};
+
+template <DType WT> struct WeightBlock;
+// Q4_0, Q4_1, Q5_0, Q5_1: nibbles (plus a fifth bit from qh), a scale, and an offset that is stored (the _1
+// types) or minus half the range times the scale (the _0 types: d * (q - 8) = d * q - 8d).
+template <typename Block, bool kFifthBit, bool kStoredMin>
+struct NibbleBlock : OnePiecePerBlock {
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
+    const Block& blk = reinterpret_cast<const Block*>(row)[b];
+    nibbles(blk.qs, p);
+    if constexpr (kFifthBit) {
+      p.lo = vorrq_s8(p.lo, fifth_bits16(blk.qh[0], blk.qh[1]));
+      p.hi = vorrq_s8(p.hi, fifth_bits16(blk.qh[2], blk.qh[3]));
+    }
+    p.d = fp16_to_fp32(blk.d);
+    if constexpr (kStoredMin)
+      p.m = fp16_to_fp32(blk.m);
+    else
+      p.m = (kFifthBit ? -16.f : -8.f) * p.d;
+  }
+};
+template <> struct WeightBlock<DType::Q4_0> : NibbleBlock<BlockQ4_0, false, false> {};
+template <> struct WeightBlock<DType::Q4_1> : NibbleBlock<BlockQ4_1, false, true> {};
+template <> struct WeightBlock<DType::Q5_0> : NibbleBlock<BlockQ5_0, true, false> {};
+template <> struct WeightBlock<DType::Q5_1> : NibbleBlock<BlockQ5_1, true, true> {};
+template <> struct WeightBlock<DType::Q8_0> : OnePiecePerBlock {
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
+    p.lo = vld1q_s8(blk.qs);
+    p.hi = vld1q_s8(blk.qs + 16);
+    p.d = fp16_to_fp32(blk.d);
+    p.m = 0.f;
+  }
+};
+// Q4_K and Q5_K: piece j = b % 8 of super-block b / 8, its scale d * sc[j] and offset -dmin * mn[j] decoded
+// once per super-block. Nibble pairs: piece 2i takes the low nibbles of qs[32i..32i+31], piece 2i+1 the high.
+template <DType WT> struct KQuantBlock {
+  static constexpr bool kFive = WT == DType::Q5_K;
+  static constexpr size_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  static constexpr int kPieces = 8;
+  static constexpr bool kSubScales = false;
+  struct Cache { float d[8], m[8]; };
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) {
+    const auto& k4 = *reinterpret_cast<const BlockQ4_K*>(row + sb * kBytes);  // d, dmin, scales: same offsets
+    const float d = fp16_to_fp32(k4.d), dmin = fp16_to_fp32(k4.dmin);
+    for (int j = 0; j < 8; ++j) {
+      int sc, mn;
+      unpack_kquant_scale_min(k4.scales, j, sc, mn);
+      c.d[j] = d * float(sc);
+      c.m[j] = -dmin * float(mn);
     }
   }
-  return sum;
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
+    const int j = int(b % 8);
+    const uint8_t* base = row + (b / 8) * kBytes;
+    const uint8_t* qs = (kFive ? reinterpret_cast<const BlockQ5_K*>(base)->qs : reinterpret_cast<const BlockQ4_K*>(base)->qs) + 32 * (j / 2);
+    uint8x16_t lo = vld1q_u8(qs), hi = vld1q_u8(qs + 16);
+    if (j & 1) {
+      lo = vshrq_n_u8(lo, 4);
+      hi = vshrq_n_u8(hi, 4);
+    } else {
+      lo = vandq_u8(lo, vdupq_n_u8(0x0f));
+      hi = vandq_u8(hi, vdupq_n_u8(0x0f));
+    }
+    if constexpr (kFive) {  // bit j of qh[l] is element l's fifth bit
+      const uint8_t* qh = reinterpret_cast<const BlockQ5_K*>(base)->qh;
+      const int8x16_t right = vdupq_n_s8(int8_t(-j));
+      const uint8x16_t one = vdupq_n_u8(1);
+      lo = vorrq_u8(lo, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), right), one), 4));
+      hi = vorrq_u8(hi, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), right), one), 4));
+    }
+    p.lo = vreinterpretq_s8_u8(lo);
+    p.hi = vreinterpretq_s8_u8(hi);
+    p.d = c.d[j];
+    p.m = c.m[j];
+  }
+};
+template <> struct WeightBlock<DType::Q4_K> : KQuantBlock<DType::Q4_K> {};
+template <> struct WeightBlock<DType::Q5_K> : KQuantBlock<DType::Q5_K> {};
+// Q6_K: piece j takes 32 bytes of ql (a nibble each) and 32 of qh (two bits each), minus 32; elements 0..15
+// and 16..31 have their own int8 scales.
+template <> struct WeightBlock<DType::Q6_K> {
+  static constexpr int kPieces = 8;
+  static constexpr bool kSubScales = true;
+  struct Cache { float d; };
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = fp16_to_fp32(reinterpret_cast<const BlockQ6_K*>(row)[sb].d); }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+    const int j = int(b % 8), half = j / 4, g = j % 4;
+    const uint8_t* ql = blk.ql + 64 * half + 32 * (g & 1);
+    const uint8_t* qh = blk.qh + 32 * half;
+    const int8x16_t lo_shift = vdupq_n_s8(int8_t(-(g >> 1) * 4)), hi_shift = vdupq_n_s8(int8_t(-2 * g));
+    const uint8x16_t m4 = vdupq_n_u8(0x0f), m2 = vdupq_n_u8(3);
+    const int8x16_t bias = vdupq_n_s8(32);
+    for (int h = 0; h < 2; ++h) {
+      const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(ql + 16 * h), lo_shift), m4);
+      const uint8x16_t hi = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * h), hi_shift), m2);
+      const int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))), bias);
+      (h ? p.hi : p.lo) = q;
+    }
+    p.sc[0] = blk.scales[8 * half + 2 * g];
+    p.sc[1] = blk.scales[8 * half + 2 * g + 1];
+    p.d = c.d;
+    p.m = 0.f;
+  }
+};
+
+// A piece against one activation block: d * dx * (integer dot, per half scaled for Q6_K) + m * s.
+template <typename P>
+inline float piece_dot(const Piece& w, const BlockQ8A& x) {
+  const int32_t lo = dot_s8x16(w.lo, vld1q_s8(x.qs)), hi = dot_s8x16(w.hi, vld1q_s8(x.qs + 16));
+  const int32_t i = P::kSubScales ? w.sc[0] * lo + w.sc[1] * hi : lo + hi;
+  return w.d * x.d * float(i) + w.m * x.s;
+}
+
+// Rows r0..r1 (or row_ids) against the tokens, up to kTokens at a time: each piece is decoded once for them.
+template <DType WT>
+void matmul_typed(const MatMulArgs& a) {
+  using P = WeightBlock<WT>;
+  constexpr int64_t kTokens = 4;
+  const int64_t nb = a.k / kQuantBlock;
+  for (int64_t t0 = 0; t0 < a.n_tok; t0 += kTokens) {
+    const int64_t nt = std::min(kTokens, a.n_tok - t0);
+    const BlockQ8A* x[kTokens];
+    for (int64_t t = 0; t < nt; ++t)
+      x[t] = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_row_bytes);
+    for (int64_t i = a.r0; i < a.r1; ++i) {
+      const int64_t r = a.row_ids ? a.row_ids[i] : i;
+      const uint8_t* w = a.row(r);
+      float sum[kTokens] = {0.f, 0.f, 0.f, 0.f};
+      typename P::Cache cache;
+      for (int64_t b = 0; b < nb; ++b) {
+        if (b % P::kPieces == 0) P::prepare(w, b / P::kPieces, cache);
+        Piece p;
+        P::load(w, b, cache, p);
+        for (int64_t t = 0; t < nt; ++t) sum[t] += piece_dot<P>(p, x[t][b]);
+      }
+      for (int64_t t = 0; t < nt; ++t) a.dst[(t0 + t) * a.ldd + r] = sum[t];
+    }
+  }
 }
 
 void matmul_neon(const MatMulArgs& a) {
-  if (!dtype_is_quantized(a.wtype)) return matmul_float_weights(a);
-  // The 5-bit and K-quant types have no NEON kernel yet: the portable one computes them.
-  if (a.wtype != DType::Q4_0 && a.wtype != DType::Q4_1 && a.wtype != DType::Q8_0) return matmul_scalar(a);
-  const int64_t nb = a.k / kQuantBlock;
-  for (int64_t t = 0; t < a.n_tok; ++t) {
-    const auto* x = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + t * a.x_row_bytes);
-    for (int64_t i = a.r0; i < a.r1; ++i) {
-      const int64_t r = a.row_ids ? a.row_ids[i] : i;
-      a.dst[t * a.ldd + r] = row_dot(a.wtype, a.row(r), x, nb);
-    }
+  switch (a.wtype) {
+    case DType::Q4_0: return matmul_typed<DType::Q4_0>(a);
+    case DType::Q4_1: return matmul_typed<DType::Q4_1>(a);
+    case DType::Q5_0: return matmul_typed<DType::Q5_0>(a);
+    case DType::Q5_1: return matmul_typed<DType::Q5_1>(a);
+    case DType::Q8_0: return matmul_typed<DType::Q8_0>(a);
+    case DType::Q4_K: return matmul_typed<DType::Q4_K>(a);
+    case DType::Q5_K: return matmul_typed<DType::Q5_K>(a);
+    case DType::Q6_K: return matmul_typed<DType::Q6_K>(a);
+    default:
+      if (!dtype_is_quantized(a.wtype)) return matmul_float_weights(a);
+      return matmul_scalar(a);  // any other quantized type: the portable decoder
   }
 }
 

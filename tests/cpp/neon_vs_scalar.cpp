@@ -12,7 +12,7 @@ using namespace pyinfer;
 static void sc_axpy(const AxpyRowsArgs& a) { kernels_scalar().axpy_rows(a); }
 int main() {
   std::mt19937 rng(1); std::normal_distribution<float> nd;
-  const int k = 256, rows = 37, nt = 3;  // k: one K-quant super-block
+  const int k = 512, rows = 37, nt = 5;  // k: two K-quant super-blocks; nt: a 4-token tile and one more
   std::vector<float> x(nt * k); for (auto& v : x) v = nd(rng);
   const KernelTable* ne = kernels_neon(); const KernelTable& sc = kernels_scalar();
   std::vector<BlockQ8A> qa(nt * k / 32), qb(nt * k / 32);
@@ -20,8 +20,8 @@ int main() {
   int bad = 0;
   for (size_t i = 0; i < qa.size(); ++i) for (int j = 0; j < 32; ++j) bad += qa[i].qs[j] != qb[i].qs[j];
   printf("quantize mismatches %d\n", bad);
-  // Every integer-dot weight type: NEON's own kernels (Q4_0, Q4_1, Q8_0) and its portable path (the 5-bit
-  // and K-quant types). Random bits, then sane fp16 scales where each type keeps them.
+  // Every integer-dot weight type has its own NEON piece decoder. Random bits, then sane fp16 scales where each
+  // type keeps them.
   for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
                    DType::Q6_K}) {
     const size_t rb = dtype_row_bytes(wt, k);
