@@ -17,20 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from ab_versions import build_args, runner
+
 BENCH = Path(__file__).parent
 RESULTS = BENCH / "results"
 
-# Runs pytest with `path` first on sys.path, and without an editable install's import redirect (which would
-# otherwise win over any path).
-RUNNER = """
-import sys
-path = sys.argv[1]
-if path != "site":
-    sys.meta_path = [f for f in sys.meta_path if "editable" not in type(f).__module__]
-    sys.path.insert(0, path)
-import pytest
-sys.exit(pytest.main(sys.argv[2:]))
-"""
+RUNNER = runner("import pytest\nsys.exit(pytest.main(sys.argv[2:]))\n")  # pytest with the build first
 
 
 def run(path: str, files: list[str], expr: str) -> dict[str, float]:
@@ -48,7 +40,6 @@ def run(path: str, files: list[str], expr: str) -> dict[str, float]:
 
 
 def main() -> int:
-    from ab_versions import build_args
 
     ap = build_args(__doc__)
     ap.add_argument("--files", nargs="+", default=["test_bench_sparse.py"], help="under bench/")

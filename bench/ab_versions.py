@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -20,12 +19,23 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
+def runner(then: str) -> str:
+    """Python source that puts the build at argv[1] first on sys.path ("site": the installed one), without an
+    editable install's import redirect (which would otherwise win over any path, so both sides of an A/B would
+    run the installed build), then runs `then` on argv[2:]."""
+    return ("import sys\n"
+            "path = sys.argv[1]\n"
+            "if path != 'site':\n"
+            "    sys.meta_path = [f for f in sys.meta_path if 'editable' not in type(f).__module__]\n"
+            "    sys.path.insert(0, path)\n") + then
+
+
+RUNNER = runner("from pyinfer.cli import main\nsys.exit(main(sys.argv[2:]))\n")  # pyinfer bench
+
+
 def bench(path: str, model: str, threads: int, prompt: int, gen: int) -> dict:
-    env = dict(os.environ)
-    if path != "site":
-        env["PYTHONPATH"] = path
-    r = subprocess.run([sys.executable, "-m", "pyinfer.cli", "bench", "-m", model, "-t", str(threads), "-p",
-                        str(prompt), "-g", str(gen), "--json"], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, "-c", RUNNER, path, "bench", "-m", model, "-t", str(threads), "-p",
+                        str(prompt), "-g", str(gen), "--json"], capture_output=True, text=True,
                        cwd=tempfile.gettempdir(), timeout=1200)  # never the source tree
     if r.returncode:
         raise SystemExit(f"pyinfer bench failed under {path}: {r.stderr.strip()[-400:]}")

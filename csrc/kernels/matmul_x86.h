@@ -293,12 +293,15 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
     for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
     // Decode streams each weight once from memory: ask for the rows kAhead tiles on well before they are
     // needed. One sequential stream per core leaves the hardware prefetcher short of misses in flight: on
-    // the 2-core test VM this took Gemma 3's Q8_0 output head from 15.5-18.7 ms to 9.2-11 ms. A gather-GEMV's
-    // rows (an active list) skip ahead where neurons are off, which the hardware prefetcher cannot follow.
+    // a 2-core Xeon VM this took Gemma 3's Q8_0 output head from 15.5-18.7 ms to 9.2-11 ms. Into L2 (T1), not
+    // L1: 16 tiles ahead is 43 KiB of that head's rows, more than a 32 KiB L1 holds, so on a Zen 4 VM a T0
+    // prefetch was evicted before use (head 11-17 ms, 10-13 GB/s); T1 took it to 5.0-6.4 ms (28-30 GB/s).
+    // A gather-GEMV's rows (an active list) skip ahead where neurons are off, which the hardware prefetcher
+    // cannot follow.
     if (NT == 1 && r + (kAhead + 1) * NR <= r1) {
       for (int i = 0; i < NR; ++i) {
         const char* next = reinterpret_cast<const char*>(a.row(row(r + kAhead * NR + i)));
-        for (size_t off = 0; off < a.w_row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+        for (size_t off = 0; off < a.w_row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
       }
     }
     float res[NR][NT];
