@@ -48,6 +48,7 @@ inline int8x16_t fifth_bits16(uint8_t m0, uint8_t m1) {
 struct OnePiecePerBlock {
   static constexpr int kPieces = 1;
   static constexpr bool kSubScales = false;
+  static constexpr bool kOffset = true;  // m != 0
   struct Cache {};
   static void prepare(const uint8_t*, int64_t, Cache&) {}
 };
@@ -76,6 +77,7 @@ template <> struct WeightBlock<DType::Q4_1> : NibbleBlock<BlockQ4_1, false, true
 template <> struct WeightBlock<DType::Q5_0> : NibbleBlock<BlockQ5_0, true, false> {};
 template <> struct WeightBlock<DType::Q5_1> : NibbleBlock<BlockQ5_1, true, true> {};
 template <> struct WeightBlock<DType::Q8_0> : OnePiecePerBlock {
+  static constexpr bool kOffset = false;
   static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
     p.lo = vld1q_s8(blk.qs);
@@ -91,6 +93,7 @@ template <DType WT> struct KQuantBlock {
   static constexpr size_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
   static constexpr int kPieces = 8;
   static constexpr bool kSubScales = false;
+  static constexpr bool kOffset = true;
   struct Cache { float d[8], m[8]; };
   static void prepare(const uint8_t* row, int64_t sb, Cache& c) {
     const auto& k4 = *reinterpret_cast<const BlockQ4_K*>(row + sb * kBytes);  // d, dmin, scales: same offsets
@@ -134,6 +137,7 @@ template <> struct WeightBlock<DType::Q5_K> : KQuantBlock<DType::Q5_K> {};
 template <> struct WeightBlock<DType::Q6_K> {
   static constexpr int kPieces = 8;
   static constexpr bool kSubScales = true;
+  static constexpr bool kOffset = false;
   struct Cache { float d; };
   static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = fp16_to_fp32(reinterpret_cast<const BlockQ6_K*>(row)[sb].d); }
   static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
@@ -162,7 +166,8 @@ template <typename P>
 inline float piece_dot(const Piece& w, const BlockQ8A& x) {
   const int32_t lo = dot_s8x16(w.lo, vld1q_s8(x.qs)), hi = dot_s8x16(w.hi, vld1q_s8(x.qs + 16));
   const int32_t i = P::kSubScales ? w.sc[0] * lo + w.sc[1] * hi : lo + hi;
-  return w.d * x.d * float(i) + w.m * x.s;
+  const float v = w.d * x.d * float(i);
+  return P::kOffset ? v + w.m * x.s : v;  // Q8_0 and Q6_K have no offset: no product with s per block
 }
 
 // Rows r0..r1 (or row_ids) against the tokens, up to kTokens at a time: each piece is decoded once for them.
