@@ -50,6 +50,64 @@ def test_matmul(benchmark, isa, n_tok, shape):
     benchmark(eng.run, n_tok)
 
 
+FLOAT_MATMULS = {  # name: (rows, k, weight type); the router is F32 in every MoE GGUF
+    "moe_router_f32": (128, 2048, Q.F32),  # Qwen3-30B-A3B's ffn_gate_inp
+    "ffn_up_f16": (FF, D, Q.F16),
+    "ffn_up_bf16": (FF, D, Q.BF16),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n_tok", [1, 64])
+@pytest.mark.parametrize("shape", list(FLOAT_MATMULS))
+def test_matmul_float(benchmark, isa, n_tok, shape):
+    rows, k, wt = FLOAT_MATMULS[shape]
+    w, x = RNG.standard_normal((rows, k)).astype(np.float32) * 0.05, _acts(n_tok, k)
+    data, wf = w, w
+    if wt == Q.F16:
+        data = w.astype(np.float16)
+        wf = data.astype(np.float32)
+    elif wt == Q.BF16:
+        data = (w.view(np.uint32) >> 16).astype(np.uint16)
+        wf = (data.astype(np.uint32) << 16).view(np.float32)
+    eng, y = single_op_engine(lambda b: b.matmul(b.weight("w", int(wt), k, rows, data),
+                                                 b.weight("x", int(DType.F32), k, n_tok, x), "y"),
+                              max_tokens=n_tok, n_threads=THREADS, isa=isa)
+    run_and_check(eng, n_tok, y.id, x @ wf.T, f"float matmul {shape}")
+    benchmark.extra_info.update(rows=rows, k=k, n_tok=n_tok, weight_bytes=int(data.nbytes))
+    benchmark(eng.run, n_tok)
+
+
+MOE = {"experts": 32, "k": 8, "rows": 768, "cols": 2048, "layers": 6}  # Qwen3-30B-A3B's gate experts, Q4_0
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_moe_matmul_decode(benchmark, isa):
+    """One decode token through 8 experts of 768 x 2048 in each of 6 layers (42 MiB a run, more than a 32 MiB
+    L3, so the weights come from memory as in a real decode): how the threads split the chosen rows."""
+    n_exp, k, rows, cols, n_layers = MOE["experts"], MOE["k"], MOE["rows"], MOE["cols"], MOE["layers"]
+    one = _weights(rows, cols, Q.Q4_0)  # every expert the same bytes (tiled copies), not 192 MiB of random draws
+    x = _acts(1, cols)
+    want = np.tile(q8a(x) @ deq(one, Q.Q4_0, rows, cols).T, (1, k))
+
+    def build(b):
+        X = b.weight("x", int(DType.F32), cols, 1, x)
+        outs = []
+        for layer in range(n_layers):
+            logits = np.zeros((1, n_exp), np.float32)
+            logits[0, RNG.choice(n_exp, k, replace=False)] = 4.0
+            route = b.moe_route(b.weight(f"logits{layer}", int(DType.F32), n_exp, 1, logits), k, f"route{layer}")
+            w = b.weight(f"experts{layer}", int(Q.Q4_0), cols, n_exp * rows, np.tile(one, (n_exp, 1)))
+            outs.append(b.moe_matmul(w, X, route, n_exp, k, f"y{layer}"))
+        return tuple(outs)
+
+    eng, ys = single_op_engine(build, max_tokens=1, n_threads=THREADS, isa=isa)
+    for y in ys:
+        run_and_check(eng, 1, y.id, want, "moe matmul decode")
+    benchmark.extra_info.update(rows=k * rows, k=cols, layers=n_layers, weight_bytes=int(n_layers * k * one.nbytes))
+    benchmark(eng.run, 1)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_quantize_rmsnorm_silu(benchmark, isa):
     n_tok = 64

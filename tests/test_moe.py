@@ -78,10 +78,12 @@ def _expert_weights(qtype: Q, n_exp: int, rows: int, cols: int) -> np.ndarray:
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K])
 @pytest.mark.parametrize("n_tok", [1, 2, 13])
 @pytest.mark.parametrize("per_slot", [False, True])
-def test_expert_matmul_equals_the_plain_matmul_on_each_chosen_expert(isa, qtype, n_tok, per_slot):
+@pytest.mark.parametrize("n_threads", [2, 3])
+def test_expert_matmul_equals_the_plain_matmul_on_each_chosen_expert(isa, qtype, n_tok, per_slot, n_threads):
     """Slot s of token t is exactly what MatMul gives on expert route[t].id[s]'s rows (the same kernel on the
     same bytes), whether a token runs alone (decode) or its expert's tokens are gathered (prefill); `per_slot`:
-    each slot reads its own segment of x (the down projection)."""
+    each slot reads its own segment of x (the down projection). Threads split the chosen experts' rows laid end
+    to end, so their cuts fall inside experts (40 rows, cut on 16-row boundaries)."""
     n_exp, k, rows, cols = 6, 3, 40, 256
     w = _expert_weights(qtype, n_exp, rows, cols)
     x = RNG.standard_normal((n_tok, k * cols if per_slot else cols)).astype(np.float32)
@@ -96,7 +98,7 @@ def test_expert_matmul_equals_the_plain_matmul_on_each_chosen_expert(isa, qtype,
         plain = tuple(b.matmul(experts[e], segments[s], f"plain{e}.{s}") for e in range(n_exp) for s in range(k))
         return (route, b.moe_matmul(W, X, route, n_exp, k, "moe")) + plain
 
-    eng, (route, got, *plain) = single_op_engine(build, max_tokens=n_tok, n_threads=2, isa=isa)
+    eng, (route, got, *plain) = single_op_engine(build, max_tokens=n_tok, n_threads=n_threads, isa=isa)
     eng.run(n_tok)
     ids = eng.tensor(route.id, n_tok)[:, k:].astype(int)
     y = eng.tensor(got.id, n_tok).reshape(n_tok, k, rows)

@@ -30,6 +30,10 @@ def test_neon_matches_scalar(tmp_path):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"{t} max diff "))
         diff, of = float(line.split()[3]), float(line.split()[5])
         assert of > 0 and diff <= 1e-5 * of, out  # only the float sums of block scales are ordered differently
+    for t in ("F32", "F16", "BF16"):  # float weights: the same products, summed in another order
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"float {t} max diff "))
+        diff, of = float(line.split()[4]), float(line.split()[6])
+        assert of > 0 and diff <= 1e-5 * of, out
     assert "f16 equal 1" in out
     for t in ("Q8_0", "Q4_1", "Q4T"):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"axpy {t} "))

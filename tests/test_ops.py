@@ -52,16 +52,28 @@ def test_matmul_quantized_exact(isa, wtype, n_tok):
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
 
 
+def _float_weights(w: np.ndarray, wtype: Q) -> tuple[np.ndarray, np.ndarray]:
+    """(stored data, its F32 value) of `w` as F32, F16 or BF16 (the top half of each F32, truncated)."""
+    if wtype == Q.F32:
+        return w, w
+    if wtype == Q.F16:
+        return w.astype(np.float16), w.astype(np.float16).astype(np.float32)
+    bf = (w.view(np.uint32) >> 16).astype(np.uint16)
+    return bf, (bf.astype(np.uint32) << 16).view(np.float32)
+
+
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("wtype", [Q.F32, Q.F16])
-def test_matmul_float_weights(isa, wtype):
-    rows, k, n_tok = 33, 64, 5
-    w = RNG.standard_normal((rows, k)).astype(np.float32)
-    wdata = w if wtype == Q.F32 else w.astype(np.float16)
+@pytest.mark.parametrize("wtype", [Q.F32, Q.F16, Q.BF16])
+@pytest.mark.parametrize("n_tok", [1, 2, 5, 9])
+@pytest.mark.parametrize("k", [64, 70])
+def test_matmul_float_weights(isa, wtype, n_tok, k):
+    """Every ISA's float-weight tiles (rows x tokens, a row tail, a k that is no multiple of 8) against numpy."""
+    rows = 33
+    wdata, wf = _float_weights(RNG.standard_normal((rows, k)).astype(np.float32), wtype)
     x = RNG.standard_normal((n_tok, k)).astype(np.float32)
     eng, y = run_single(lambda b: b.matmul(b.weight("w", int(wtype), k, rows, wdata),
                                            b.weight("x", int(DType.F32), k, n_tok, x), "y"), n_tok, isa)
-    np.testing.assert_allclose(eng.tensor(y.id, n_tok), x @ wdata.astype(np.float32).T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(eng.tensor(y.id, n_tok), x @ wf.T, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("isa", ISAS)

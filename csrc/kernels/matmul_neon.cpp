@@ -197,6 +197,66 @@ void matmul_typed(const MatMulArgs& a) {
   }
 }
 
+// Float weights (F32, F16, BF16), as matmul_float_x86.h: widened 4 at a time to F32, a tile of rows x tokens
+// with one accumulator per pair so a weight vector is loaded once for every token of the tile.
+template <DType WT>
+inline float32x4_t load_f32x4(const uint8_t* row, int64_t i) {
+  if constexpr (WT == DType::F32) {
+    return vld1q_f32(reinterpret_cast<const float*>(row) + i);
+  } else {
+    const uint16x4_t h = vld1_u16(reinterpret_cast<const uint16_t*>(row) + i);
+    if constexpr (WT == DType::F16) return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    return vreinterpretq_f32_u32(vshll_n_u16(h, 16));  // BF16: the high half of an F32
+  }
+}
+
+template <DType WT>
+inline float load_f32(const uint8_t* row, int64_t i) {
+  if constexpr (WT == DType::F32) return reinterpret_cast<const float*>(row)[i];
+  const uint16_t h = reinterpret_cast<const uint16_t*>(row)[i];
+  if constexpr (WT == DType::F16) return fp16_to_fp32(h);
+  return bf16_to_fp32(h);
+}
+
+template <DType WT, int NR, int NT>
+void float_rows(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
+  const float* xr[NT];
+  for (int t = 0; t < NT; ++t)
+    xr[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_row_bytes);
+  auto row = [&](int64_t i) -> int64_t { return a.row_ids ? a.row_ids[i] : i; };
+  for (int64_t r = r0; r < r1;) {
+    const int nr = r + NR <= r1 ? NR : 1;  // the rows past the last full tile go one at a time
+    const uint8_t* wr[NR];
+    for (int i = 0; i < nr; ++i) wr[i] = a.row(row(r + i));
+    float32x4_t acc[NR][NT];
+    for (int i = 0; i < NR; ++i)
+      for (int t = 0; t < NT; ++t) acc[i][t] = vdupq_n_f32(0.f);
+    int64_t j = 0;
+    for (; j + 4 <= a.k; j += 4) {
+      float32x4_t w[NR];
+      for (int i = 0; i < nr; ++i) w[i] = load_f32x4<WT>(wr[i], j);
+      for (int t = 0; t < NT; ++t) {
+        const float32x4_t x = vld1q_f32(xr[t] + j);
+        for (int i = 0; i < nr; ++i) acc[i][t] = vfmaq_f32(acc[i][t], w[i], x);
+      }
+    }
+    for (int i = 0; i < nr; ++i)
+      for (int t = 0; t < NT; ++t) {
+        float sum = vaddvq_f32(acc[i][t]);
+        for (int64_t e = j; e < a.k; ++e) sum += load_f32<WT>(wr[i], e) * xr[t][e];
+        a.dst[(t0 + t) * a.ldd + row(r + i)] = sum;
+      }
+    r += nr;
+  }
+}
+
+template <DType WT>
+void float_matmul_typed(const MatMulArgs& a) {
+  int64_t t = 0;
+  for (; t + 4 <= a.n_tok; t += 4) float_rows<WT, 4, 4>(a, a.r0, a.r1, t);
+  for (; t < a.n_tok; ++t) float_rows<WT, 8, 1>(a, a.r0, a.r1, t);  // 8 FMA chains per token, as on x86
+}
+
 void matmul_neon(const MatMulArgs& a) {
   switch (a.wtype) {
     case DType::Q4_0: return matmul_typed<DType::Q4_0>(a);
@@ -207,6 +267,9 @@ void matmul_neon(const MatMulArgs& a) {
     case DType::Q4_K: return matmul_typed<DType::Q4_K>(a);
     case DType::Q5_K: return matmul_typed<DType::Q5_K>(a);
     case DType::Q6_K: return matmul_typed<DType::Q6_K>(a);
+    case DType::F32: return float_matmul_typed<DType::F32>(a);
+    case DType::F16: return float_matmul_typed<DType::F16>(a);
+    case DType::BF16: return float_matmul_typed<DType::BF16>(a);
     default:
       if (!dtype_is_quantized(a.wtype)) return matmul_float_weights(a);
       return matmul_scalar(a);  // any other quantized type: the portable decoder

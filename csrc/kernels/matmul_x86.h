@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/kernels.h"
+#include "kernels/matmul_float_x86.h"
 #include "kernels/quant_blocks.h"
 
 namespace pyinfer {
@@ -275,7 +276,7 @@ inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t
 // more (its 48 KiB of decoded pieces hold at least two rows), longer rows take tile() when not decoded.
 constexpr int64_t kMaxScaleBlocks = 512;
 
-constexpr int64_t kAhead = 16;  // tiles; 8 and 16 measured alike
+constexpr int64_t kAheadRows = 64;  // decode's prefetch distance (32, 64 and 128 measured alike)
 
 template <DType WT, int NR, int NT>
 void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
@@ -288,21 +289,25 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   if constexpr (NT > 1)
     if (nb <= kMaxScaleBlocks) token_scales<NT>(xr[0], int32_t(a.x_row_bytes), nb, xs);
   int64_t r = r0;
+  int64_t ahead = r0 + NR;  // decode: the first row not yet prefetched (the first tile is loaded on demand)
   for (; r + NR <= r1; r += NR) {
     const uint8_t* wr[NR];
     for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
-    // Decode streams each weight once from memory: ask for the rows kAhead tiles on well before they are
+    // Decode streams each weight once from memory: ask for the rows kAheadRows on well before they are
     // needed. One sequential stream per core leaves the hardware prefetcher short of misses in flight: on
     // a 2-core Xeon VM this took Gemma 3's Q8_0 output head from 15.5-18.7 ms to 9.2-11 ms. Into L2 (T1), not
-    // L1: 16 tiles ahead is 43 KiB of that head's rows, more than a 32 KiB L1 holds, so on a Zen 4 VM a T0
+    // L1: 64 rows ahead is 43 KiB of that head's rows, more than a 32 KiB L1 holds, so on a Zen 4 VM a T0
     // prefetch was evicted before use (head 11-17 ms, 10-13 GB/s); T1 took it to 5.0-6.4 ms (28-30 GB/s).
     // A gather-GEMV's rows (an active list) skip ahead where neurons are off, which the hardware prefetcher
-    // cannot follow.
-    if (NT == 1 && r + (kAhead + 1) * NR <= r1) {
-      for (int i = 0; i < NR; ++i) {
-        const char* next = reinterpret_cast<const char*>(a.row(row(r + kAhead * NR + i)));
-        for (size_t off = 0; off < a.w_row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
-      }
+    // cannot follow. The distance ramps up from the call's first tile, two tiles per tile computed, so a
+    // short call (an expert's slice, a 512-row K projection: a few dozen tiles) is covered from its start.
+    if (NT == 1) {
+      const int64_t until = std::min(r + kAheadRows + NR, r1);
+      for (int n = 0; n < 2 && ahead + NR <= until; ++n, ahead += NR)
+        for (int i = 0; i < NR; ++i) {
+          const char* next = reinterpret_cast<const char*>(a.row(row(ahead + i)));
+          for (size_t off = 0; off < a.w_row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
+        }
     }
     float res[NR][NT];
     if constexpr (NT > 1) {
@@ -325,7 +330,10 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
 }
 
 // Tile shapes: rows x 1 token for decode, rows x tokens for prefill; an ISA with 32 vector registers
-// (AVX-512VL) holds bigger tiles.
+// (AVX-512VL) holds bigger tiles. Decode takes 2 rows a tile: each row is a stream from memory, and on a 2-core
+// Zen 4 VM fewer streams per core decoded faster (`pyinfer bench`, 128 tokens, 2-3 alternating runs each: 4 rows
+// 193-203 tok/s on SmolLM2 Q4_1, 87-103 on Gemma 3, 10.7-10.9 on the synthetic Qwen3-30B-A3B-shaped MoE;
+// 2 rows 194-218, 103-104, 12.6-13.5; 1 row 184-217, 96-99, 13.4-13.5; F16 and BF16 weights alike).
 template <int kDecodeRows, int kRows, int kTokens>
 struct TileShape {
   static constexpr int decode_rows = kDecodeRows, rows = kRows, tokens = kTokens;
@@ -429,7 +437,7 @@ void matmul_typed(const MatMulArgs& a) {
   }
 }
 
-// Every integer-dot type; float weights take the shared path.
+// Every integer-dot type, and the float weights (matmul_float_x86.h).
 template <typename S>
 void matmul_x86(const MatMulArgs& a) {
   switch (a.wtype) {
@@ -441,7 +449,8 @@ void matmul_x86(const MatMulArgs& a) {
     case DType::Q4_K: return matmul_typed<DType::Q4_K, S>(a);
     case DType::Q5_K: return matmul_typed<DType::Q5_K, S>(a);
     case DType::Q6_K: return matmul_typed<DType::Q6_K, S>(a);
-    default: return matmul_float_weights(a);
+    default:
+      if (!float_matmul_x86<S>(a)) matmul_float_weights(a);
   }
 }
 

@@ -40,6 +40,24 @@ int main() {
     for (size_t i = 0; i < ya.size(); ++i) md = std::fmax(md, std::fabs(ya[i] - yb[i])), mx = std::fmax(mx, std::fabs(yb[i]));
     printf("%s max diff %g of %g\n", dtype_name(wt), md, mx);
   }
+  for (DType wt : {DType::F32, DType::F16, DType::BF16}) {  // float weights; kf: no multiple of the 4-wide step
+    const int kf = 70;
+    const size_t rb = dtype_row_bytes(wt, kf);
+    std::vector<uint8_t> w(rows * rb);
+    for (int i = 0; i < rows * kf; ++i) {
+      const float v = nd(rng);
+      if (wt == DType::F32) memcpy(&w[size_t(i) * 4], &v, 4);
+      uint32_t bits; memcpy(&bits, &v, 4);
+      const uint16_t h = wt == DType::F16 ? fp32_to_fp16(v) : uint16_t(bits >> 16);
+      if (wt != DType::F32) memcpy(&w[size_t(i) * 2], &h, 2);
+    }
+    std::vector<float> ya(nt * rows), yb(nt * rows);
+    MatMulArgs a{wt, w.data(), rb, kf, 0, rows, x.data(), size_t(kf) * 4, nt, ya.data(), rows};
+    ne->matmul(a); a.dst = yb.data(); sc.matmul(a);
+    float md = 0, mx = 0;
+    for (size_t i = 0; i < ya.size(); ++i) md = std::fmax(md, std::fabs(ya[i] - yb[i])), mx = std::fmax(mx, std::fabs(yb[i]));
+    printf("float %s max diff %g of %g\n", dtype_name(wt), md, mx);
+  }
   std::vector<uint16_t> h(64); std::vector<float> f(64), y1(64, 0), y2(64, 0);
   for (int i = 0; i < 64; ++i) { f[i] = nd(rng); h[i] = fp32_to_fp16(nd(rng)); }
   printf("dot diff %g\n", ne->dot_f16_f32(h.data(), f.data(), 64) - sc.dot_f16_f32(h.data(), f.data(), 64));
