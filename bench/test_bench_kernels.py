@@ -31,7 +31,25 @@ MATMULS = {  # name: (rows, k, weight type)
     "ffn_down_q4_1": (D, FF, Q.Q4_1),
     "attn_q_q4_1": (D, D, Q.Q4_1),
     "output_head_q8_0": (VOCAB, D, Q.Q8_0),
+    "moe_router_f32": (128, 2048, Q.F32),  # Qwen3-30B-A3B's ffn_gate_inp (F32 in every MoE GGUF)
+    "ffn_up_f16": (FF, D, Q.F16),
+    "ffn_up_bf16": (FF, D, Q.BF16),
 }
+FLOAT = (Q.F32, Q.F16, Q.BF16)
+
+
+def _stored(rows, k, qtype):
+    """(the weight as stored, its F32 value) for a quantized or float type."""
+    w = RNG.standard_normal((rows, k)).astype(np.float32) * 0.05
+    if qtype == Q.F32:
+        return w, w
+    if qtype == Q.F16:
+        return w.astype(np.float16), w.astype(np.float16).astype(np.float32)
+    if qtype == Q.BF16:
+        bf = (w.view(np.uint32) >> 16).astype(np.uint16)
+        return bf, (bf.astype(np.uint32) << 16).view(np.float32)
+    q = quants.quantize(w, qtype)
+    return q, deq(q, qtype, rows, k)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -41,40 +59,13 @@ def test_matmul(benchmark, isa, n_tok, shape):
     rows, k, qt = MATMULS[shape]
     if shape == "output_head_q8_0" and n_tok > 1:
         pytest.skip("the output head only sees the rows that need logits")
-    w, x = _weights(rows, k, qt), _acts(n_tok, k)
+    (w, wf), x = _stored(rows, k, qt), _acts(n_tok, k)
     eng, y = single_op_engine(lambda b: b.matmul(b.weight("w", int(qt), k, rows, w),
                                                  b.weight("x", int(DType.F32), k, n_tok, x), "y"),
                               max_tokens=n_tok, n_threads=THREADS, isa=isa)
-    run_and_check(eng, n_tok, y.id, q8a(x) @ deq(w, qt, rows, k).T, f"matmul {shape}")
+    seen = x if qt in FLOAT else q8a(x)  # float weights multiply the activations as they are
+    run_and_check(eng, n_tok, y.id, seen @ wf.T, f"matmul {shape}")
     benchmark.extra_info.update(rows=rows, k=k, n_tok=n_tok, weight_bytes=int(w.nbytes))
-    benchmark(eng.run, n_tok)
-
-
-FLOAT_MATMULS = {  # name: (rows, k, weight type); the router is F32 in every MoE GGUF
-    "moe_router_f32": (128, 2048, Q.F32),  # Qwen3-30B-A3B's ffn_gate_inp
-    "ffn_up_f16": (FF, D, Q.F16),
-    "ffn_up_bf16": (FF, D, Q.BF16),
-}
-
-
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("n_tok", [1, 64])
-@pytest.mark.parametrize("shape", list(FLOAT_MATMULS))
-def test_matmul_float(benchmark, isa, n_tok, shape):
-    rows, k, wt = FLOAT_MATMULS[shape]
-    w, x = RNG.standard_normal((rows, k)).astype(np.float32) * 0.05, _acts(n_tok, k)
-    data, wf = w, w
-    if wt == Q.F16:
-        data = w.astype(np.float16)
-        wf = data.astype(np.float32)
-    elif wt == Q.BF16:
-        data = (w.view(np.uint32) >> 16).astype(np.uint16)
-        wf = (data.astype(np.uint32) << 16).view(np.float32)
-    eng, y = single_op_engine(lambda b: b.matmul(b.weight("w", int(wt), k, rows, data),
-                                                 b.weight("x", int(DType.F32), k, n_tok, x), "y"),
-                              max_tokens=n_tok, n_threads=THREADS, isa=isa)
-    run_and_check(eng, n_tok, y.id, x @ wf.T, f"float matmul {shape}")
-    benchmark.extra_info.update(rows=rows, k=k, n_tok=n_tok, weight_bytes=int(data.nbytes))
     benchmark(eng.run, n_tok)
 
 

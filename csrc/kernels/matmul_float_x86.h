@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "kernels/fp16.h"
+#include "kernels/float_weight.h"
 #include "kernels/kernels.h"
 
 namespace pyinfer {
@@ -36,14 +36,6 @@ inline __m256 load8(const uint8_t* row, int64_t i) {
   }
 }
 
-template <DType WT>
-inline float load1(const uint8_t* row, int64_t i) {
-  if constexpr (WT == DType::F32) return reinterpret_cast<const float*>(row)[i];
-  const uint16_t h = reinterpret_cast<const uint16_t*>(row)[i];
-  if constexpr (WT == DType::F16) return fp16_to_fp32(h);
-  return bf16_to_fp32(h);
-}
-
 // res[r][t] = dot(weight row wr[r], activation row xr[t]) over k elements.
 template <DType WT, int NR, int NT>
 inline void float_tile(const uint8_t* const* wr, const float* const* xr, int64_t k, float (&res)[NR][NT]) {
@@ -62,7 +54,7 @@ inline void float_tile(const uint8_t* const* wr, const float* const* xr, int64_t
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) {
       float s = hsum_ps(acc[r][t]);
-      for (int64_t j = i; j < k; ++j) s += load1<WT>(wr[r], j) * xr[t][j];
+      for (int64_t j = i; j < k; ++j) s += float_weight_at<WT>(wr[r], j) * xr[t][j];
       res[r][t] = s;
     }
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/float_weight.h"
 #include "kernels/fp16.h"
 #include "kernels/attention.h"
 #include "kernels/kquant_scales.h"
@@ -210,14 +211,6 @@ inline float32x4_t load_f32x4(const uint8_t* row, int64_t i) {
   }
 }
 
-template <DType WT>
-inline float load_f32(const uint8_t* row, int64_t i) {
-  if constexpr (WT == DType::F32) return reinterpret_cast<const float*>(row)[i];
-  const uint16_t h = reinterpret_cast<const uint16_t*>(row)[i];
-  if constexpr (WT == DType::F16) return fp16_to_fp32(h);
-  return bf16_to_fp32(h);
-}
-
 template <DType WT, int NR, int NT>
 void float_rows(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   const float* xr[NT];
@@ -243,7 +236,7 @@ void float_rows(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
     for (int i = 0; i < nr; ++i)
       for (int t = 0; t < NT; ++t) {
         float sum = vaddvq_f32(acc[i][t]);
-        for (int64_t e = j; e < a.k; ++e) sum += load_f32<WT>(wr[i], e) * xr[t][e];
+        for (int64_t e = j; e < a.k; ++e) sum += float_weight_at<WT>(wr[i], e) * xr[t][e];
         a.dst[(t0 + t) * a.ldd + row(r + i)] = sum;
       }
     r += nr;
