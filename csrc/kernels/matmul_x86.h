@@ -333,7 +333,10 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
 // (AVX-512VL) holds bigger tiles. Decode takes 2 rows a tile: each row is a stream from memory, and on a 2-core
 // Zen 4 VM fewer streams per core decoded faster (`pyinfer bench`, 128 tokens, 2-3 alternating runs each: 4 rows
 // 193-203 tok/s on SmolLM2 Q4_1, 87-103 on Gemma 3, 10.7-10.9 on the synthetic Qwen3-30B-A3B-shaped MoE;
-// 2 rows 194-218, 103-104, 12.6-13.5; 1 row 184-217, 96-99, 13.4-13.5; F16 and BF16 weights alike).
+// 2 rows 194-218, 103-104, 12.6-13.5; 1 row 184-217, 96-99, 13.4-13.5; F16 and BF16 weights alike). The AVX2
+// table takes 1 row: on a 2-core Zen 3 VM (AVX2 only) 1 row decoded Gemma 3 at 44.5-60.9 tok/s against 39.1-43.1
+// with 2, SmolLM2 at 80.8-108.3 against 73.8-83.1, an all-F16 SmolLM2 at 44.7-50.6 against 42.6-50.7 (5
+// alternating runs each); its Gemma 3 head (Q8_0, 262144 x 640) read at 15-21 GB/s against 9-17.
 template <int kDecodeRows, int kRows, int kTokens>
 struct TileShape {
   static constexpr int decode_rows = kDecodeRows, rows = kRows, tokens = kTokens;
