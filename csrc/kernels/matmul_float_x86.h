@@ -13,16 +13,10 @@
 
 #include "kernels/float_weight.h"
 #include "kernels/kernels.h"
+#include "kernels/x86_common.h"
 
 namespace pyinfer {
 namespace {
-
-float hsum_ps(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Elements [i, i + 8) of a weight row, as F32.
 template <DType WT>
@@ -53,18 +47,17 @@ inline void float_tile(const uint8_t* const* wr, const float* const* xr, int64_t
   }
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) {
-      float s = hsum_ps(acc[r][t]);
+      float s = hsum(acc[r][t]);
       for (int64_t j = i; j < k; ++j) s += float_weight_at<WT>(wr[r], j) * xr[t][j];
       res[r][t] = s;
     }
 }
 
 // Rows [r0, r1) for tokens [t0, t0 + NT); in decode (NT == 1) the rows ahead are prefetched into L2 with the
-// same ramped distance as the integer path (matmul_x86.h's rows_for_tokens: one stream per core leaves the
+// same ramped distance as the integer path (x86_common.h's prefetch_rows_ahead: one stream per core leaves the
 // hardware prefetcher short of misses in flight, and it stops at every 4 KiB page).
 template <DType WT, int NR, int NT>
 void float_rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
-  constexpr int64_t kAheadRows = 64;
   const float* xr[NT];
   for (int t = 0; t < NT; ++t)
     xr[t] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_row_bytes);
@@ -75,14 +68,7 @@ void float_rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t 
   int64_t ahead = r0 + NR;  // the first row not yet prefetched (the first tile is loaded on demand)
   int64_t r = r0;
   for (; r + NR <= r1; r += NR) {
-    if (NT == 1 && a.n_tok == 1) {
-      const int64_t until = std::min(r + far + NR, r1);
-      for (int n = 0; n < 2 && ahead + NR <= until; ++n, ahead += NR)
-        for (int i = 0; i < NR; ++i) {
-          const char* p = reinterpret_cast<const char*>(a.row(row(ahead + i)));
-          for (size_t off = 0; off < a.w_row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
-        }
-    }
+    if (NT == 1 && a.n_tok == 1) prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + far + NR, r1));
     const uint8_t* wr[NR];
     for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
     float res[NR][NT];

@@ -9,16 +9,10 @@
 #include "kernels/kernels.h"
 #include "kernels/matmul_float_x86.h"
 #include "kernels/quant_blocks.h"
+#include "kernels/x86_common.h"
 
 namespace pyinfer {
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // 16 packed nibbles -> 32 bytes 0..15, GGML order: low nibbles are elements 0..15, high ones 16..31.
 inline __m256i unpack_nibbles(const uint8_t* qs) {
@@ -276,8 +270,6 @@ inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t
 // more (its 48 KiB of decoded pieces hold at least two rows), longer rows take tile() when not decoded.
 constexpr int64_t kMaxScaleBlocks = 512;
 
-constexpr int64_t kAheadRows = 64;  // decode's prefetch distance (32, 64 and 128 measured alike)
-
 template <DType WT, int NR, int NT>
 void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   const int64_t nb = a.k / kQuantBlock;
@@ -293,22 +285,7 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   for (; r + NR <= r1; r += NR) {
     const uint8_t* wr[NR];
     for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
-    // Decode streams each weight once from memory: ask for the rows kAheadRows on well before they are
-    // needed. One sequential stream per core leaves the hardware prefetcher short of misses in flight: on
-    // a 2-core Xeon VM this took Gemma 3's Q8_0 output head from 15.5-18.7 ms to 9.2-11 ms. Into L2 (T1), not
-    // L1: 64 rows ahead is 43 KiB of that head's rows, more than a 32 KiB L1 holds, so on a Zen 4 VM a T0
-    // prefetch was evicted before use (head 11-17 ms, 10-13 GB/s); T1 took it to 5.0-6.4 ms (28-30 GB/s).
-    // A gather-GEMV's rows (an active list) skip ahead where neurons are off, which the hardware prefetcher
-    // cannot follow. The distance ramps up from the call's first tile, two tiles per tile computed, so a
-    // short call (an expert's slice, a 512-row K projection: a few dozen tiles) is covered from its start.
-    if (NT == 1) {
-      const int64_t until = std::min(r + kAheadRows + NR, r1);
-      for (int n = 0; n < 2 && ahead + NR <= until; ++n, ahead += NR)
-        for (int i = 0; i < NR; ++i) {
-          const char* next = reinterpret_cast<const char*>(a.row(row(ahead + i)));
-          for (size_t off = 0; off < a.w_row_bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
-        }
-    }
+    if (NT == 1) prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, r1));  // x86_common.h
     float res[NR][NT];
     if constexpr (NT > 1) {
       if (nb <= kMaxScaleBlocks)
