@@ -69,33 +69,47 @@ def test_matmul(benchmark, isa, n_tok, shape):
     benchmark(eng.run, n_tok)
 
 
-MOE = {"experts": 32, "k": 8, "rows": 768, "cols": 2048, "layers": 6}  # Qwen3-30B-A3B's gate experts, Q4_0
+# Qwen3-30B-A3B's gate experts, Q4_0: 8 chosen in each of 40 layers (264 MiB a run, 8x a 32 MiB L3, so the weights
+# come from memory as in a real decode, even when a cut reads a fraction of them)
+MOE = {"experts": 16, "k": 8, "rows": 768, "cols": 2048, "layers": 40}
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_moe_matmul_decode(benchmark, isa):
-    """One decode token through 8 experts of 768 x 2048 in each of 6 layers (42 MiB a run, more than a 32 MiB
-    L3, so the weights come from memory as in a real decode): how the threads split the chosen rows."""
+@pytest.mark.parametrize("cut", [0.0, 0.5, 0.7, 0.9])
+def test_moe_matmul_decode(benchmark, isa, cut):
+    """One decode token through 8 experts of 768 x 2048 in each of 40 layers (MOE): how the threads split the
+    chosen rows. `cut`:
+    the share of each expert's rows a gate cut skips (CATS inside the experts: up read for the rest only)."""
     n_exp, k, rows, cols, n_layers = MOE["experts"], MOE["k"], MOE["rows"], MOE["cols"], MOE["layers"]
     one = _weights(rows, cols, Q.Q4_0)  # every expert the same bytes (tiled copies), not 192 MiB of random draws
     x = _acts(1, cols)
+    gate = _acts(1, k * rows)
+    act = np.abs(silu(gate[0]))
+    thr = np.quantile(act, cut) if cut else 0.0
     want = np.tile(q8a(x) @ deq(one, Q.Q4_0, rows, cols).T, (1, k))
+    if cut:
+        want = np.where(act > thr, want, 0)
 
     def build(b):
         X = b.weight("x", int(DType.F32), cols, 1, x)
+        G = b.weight("gate", int(DType.F32), k * rows, 1, gate)
+        bounds = _core.gate_cut_bounds(1, np.full(n_exp, thr, np.float32))
         outs = []
         for layer in range(n_layers):
             logits = np.zeros((1, n_exp), np.float32)
             logits[0, RNG.choice(n_exp, k, replace=False)] = 4.0
             route = b.moe_route(b.weight(f"logits{layer}", int(DType.F32), n_exp, 1, logits), k, f"route{layer}")
             w = b.weight(f"experts{layer}", int(Q.Q4_0), cols, n_exp * rows, np.tile(one, (n_exp, 1)))
-            outs.append(b.moe_matmul(w, X, route, n_exp, k, f"y{layer}"))
+            cut_w = b.weight(f"cut{layer}", int(DType.F32), 3, n_exp, bounds) if cut else None
+            outs.append(b.moe_matmul(w, X, route, n_exp, k, f"y{layer}", gate=G if cut else None, cut=cut_w,
+                                     gate_fn=1 if cut else 0))
         return tuple(outs)
 
     eng, ys = single_op_engine(build, max_tokens=1, n_threads=THREADS, isa=isa)
     for y in ys:
         run_and_check(eng, 1, y.id, want, "moe matmul decode")
-    benchmark.extra_info.update(rows=k * rows, k=cols, layers=n_layers, weight_bytes=int(n_layers * k * one.nbytes))
+    benchmark.extra_info.update(rows=k * rows, k=cols, layers=n_layers, cut=cut,
+                                weight_bytes=int(n_layers * k * one.nbytes * (1 - cut)))
     benchmark(eng.run, 1)
 
 

@@ -20,8 +20,9 @@ def load(path_or_name: str | os.PathLike | None = None, n_threads: int | None = 
          isa: str = "auto", sparsity="off", target: float | None = None, **kwargs) -> "Model":
     """Loads a GGUF model. `path_or_name`: a file, or None / "smollm2" for the default model.
     `sparsity`: "off", "auto" (calibrate on first use, then cached) or a sparsity file from
-    `pyinfer train-predictors`; `target`: FFN sparsity for "auto" (default 0.5). Other keywords go to
-    `Model` (cache_type="q8_0", neuron_down, ...)."""
+    `pyinfer train-predictors`; `target`: FFN sparsity for "auto" (default 0.4; a Mixture of Experts: the share of
+    each chosen expert's neurons decode skips, none without a target). Other keywords go to `Model`
+    (cache_type="q8_0", neuron_down, ...)."""
     return Model(resolve_model(path_or_name), n_threads=n_threads, n_ctx=n_ctx, isa=isa, sparsity=sparsity,
                  target=target, **kwargs)
 

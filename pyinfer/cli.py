@@ -56,6 +56,12 @@ def _model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
                    help="read the weights into memory instead of mapping the file (llama.cpp's --no-mmap)")
 
 
+def _describe_cuts(cuts) -> str:
+    s = cuts.summary()
+    return (f"decode skips {s['target']:.0%} of each chosen expert's neurons (|act(gate)| under its cut; "
+            f"{s['experts_with_own_cut']:.0%} of experts calibrated on their own tokens, the rest on their layer's)")
+
+
 def _sparsity_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparsity", default="off", metavar="off|auto|FILE",
                    help="activation sparsity for decode: off (default), auto (calibrate on first use on bundled "
@@ -63,7 +69,9 @@ def _sparsity_args(p: argparse.ArgumentParser) -> None:
                         "machine, timed once), or a file from `pyinfer train-predictors`")
     p.add_argument("--target", type=float, default=None,
                    help="FFN sparsity that --sparsity auto calibrates for (default: 0.4 for SwiGLU models); "
-                        "an explicit target keeps the plan without timing it against dense")
+                        "an explicit target keeps the plan without timing it against dense. A Mixture-of-Experts "
+                        "model: the share of each chosen expert's neurons that decode skips (a cut on the expert's "
+                        "gate, calibrated per expert; no target: experts run whole)")
     p.add_argument("--ram-budget", default=None, metavar="SIZE",
                    help="most bytes of weights kept in RAM, e.g. 80M or 1.5G (with --sparsity): each layer's "
                         "hottest FFN neurons stay, the rest are streamed from a bundle file on disk while the "
@@ -394,8 +402,10 @@ def cmd_bench(args) -> int:
     sparsity = _measure_sparsity(model) if model.sparsity is not None and not limited else None
     device = _device_summary(model)
     if args.json:  # one object, whatever the options
+        cuts = model.session.expert_cuts
         print(json.dumps(dict(r.as_dict(), sparsity=sparsity, device=device, memory=memory,
-                              auto_choice=model.session.auto_choice)))
+                              auto_choice=model.session.auto_choice,
+                              expert_cuts=cuts.summary() if cuts is not None else None)))
         return 0
     print(f"model    {model.path}")
     if device is not None:
@@ -412,6 +422,8 @@ def cmd_bench(args) -> int:
     print(f"decode   {r.decode_tok_s:8.1f} tok/s  ({r.gen_tokens} tokens{at})")
     print(f"peak RSS {r.peak_rss_mb:8.1f} MB")
     print(memory_line(memory))
+    if model.session.expert_cuts is not None:
+        print(f"cuts     {_describe_cuts(model.session.expert_cuts)}")
     if r.experts is not None:
         e = r.experts
         print(f"experts  {e['resident_experts']} resident, cache of {e['cache_slots']}: {e['hit_rate']:.0%} of chosen "

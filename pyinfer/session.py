@@ -63,6 +63,15 @@ class Session:
         self.n_threads = n_threads or physical_cores()
         self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
                                          self.n_threads, progress)
+        self.expert_cuts = None  # a Mixture of Experts given a target: CATS inside its experts in decode
+        if self.config.is_moe and sparsity == "auto" and target:
+            from .sparsity.expert_cuts import resolve_expert_cuts
+
+            if str(device) != "cpu":
+                raise UnsupportedModelError("cuts inside the experts (--target with a Mixture of Experts) run on "
+                                            "the CPU only; an expert placement runs its experts whole")
+            self.expert_cuts = resolve_expert_cuts(self.gguf, self.config, self.tokenizer.encode, target,
+                                                   self.n_threads, progress)
         if mem_limit is not None and ram_budget is None and self.sparsity is not None and \
                 not any(selective_layers(self.sparsity)):
             # Gate and up run dense in a plan without predictors: a streamed layer reads its whole cold tail every
@@ -163,7 +172,7 @@ class Session:
         an engine running up to max_tokens tokens per run."""
         return build_running(self.gguf, self.config, n_ctx, max_tokens, self.n_threads, self.sparsity, runs,
                              self.neuron_down, self.cache_type, self.offload, paged, self.device, self.placement, isa,
-                             self.experts)
+                             self.experts, self.expert_cuts)
 
     def batch_engine(self, num_blocks: int, block_size: int, max_seq_len: int, max_batch_tokens: int = 512,
                      runs: SparseRuns = SparseRuns()):
@@ -172,7 +181,7 @@ class Session:
 
         return BatchEngine(self.gguf, self.config, num_blocks, block_size, max_seq_len, self.n_threads,
                            max_batch_tokens, self.sparsity, runs, self.cache_type, self.offload, self.device,
-                           self.placement, self.neuron_down, self.experts)
+                           self.placement, self.neuron_down, self.experts, self.expert_cuts)
 
     # ---- text -------------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
@@ -203,13 +212,14 @@ class Session:
 
 def build_running(gguf, cfg, n_ctx: int, max_tokens: int, n_threads: int, sparsity, runs: SparseRuns,
                   neuron_down: str = "auto", cache_type: str = "f16", offload=None, paged=None, device: str = "cpu",
-                  placement: dict | None = None, isa: str = "auto", experts=None) -> RunningModel:
+                  placement: dict | None = None, isa: str = "auto", experts=None, expert_cuts=None) -> RunningModel:
     """The one place a graph and its engine are made from a model's parts (Session.build, BatchEngine)."""
     kind, index = parse_device(device)
     try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line
         b = build_model_graph(gguf, cfg, n_ctx, sparsity, runs, down_type=neuron_down, paged=paged,
                               cache_type=cache_type, offload=offload,
-                              hybrid=dict(placement, device=1) if placement else None, experts=experts)
+                              hybrid=dict(placement, device=1) if placement else None, experts=experts,
+                              expert_cuts=expert_cuts)
         engine = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=n_threads, isa=isa,
                               **engine_backends(kind, index, n_threads, b.placement))
     except ValueError as e:

@@ -112,10 +112,12 @@ def head_norm(x, w, heads, eps):
     return rms_norm(x.reshape(T, heads, -1), w, eps).reshape(T, -1)
 
 
-def moe(h, W, p, act, k, norm, margins=None):
+def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None):
     """A Mixture-of-Experts FFN (llama.cpp's build_moe_ffn with softmax gating): each token's top k experts by
     softmax probability, their probabilities as weights (divided by their sum with `norm`); Qwen2-MoE's shared
-    expert times the sigmoid of its gate. W's merged experts are [n_expert, rows, cols]."""
+    expert times the sigmoid of its gate. W's merged experts are [n_expert, rows, cols]. `cuts` ([n_expert]):
+    CATS inside the experts, a neuron of expert e counts only where |act(gate)| > cuts[e] (`kept`, a list,
+    gets the share that did, per token and slot)."""
     logits = h @ W[p + "ffn_gate_inp.weight"].T                              # [T, n_expert]
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
@@ -132,7 +134,13 @@ def moe(h, W, p, act, k, norm, margins=None):
     for t in range(h.shape[0]):
         for s in range(k):
             e = chosen[t, s]
-            y[t] += weights[t, s] * ((gated_act(act, G[e] @ h[t]) * (U[e] @ h[t])) @ D[e].T)
+            a = gated_act(act, G[e] @ h[t])
+            if cuts is not None:
+                on = np.abs(a) > cuts[e]
+                a = np.where(on, a, 0)
+                if kept is not None:
+                    kept.append(on.mean())
+            y[t] += weights[t, s] * ((a * (U[e] @ h[t])) @ D[e].T)
     if p + "ffn_gate_shexp.weight" in W:
         shared = (gated_act(act, h @ W[p + "ffn_gate_shexp.weight"].T) * (h @ W[p + "ffn_up_shexp.weight"].T))
         gate = 1 / (1 + np.exp(-(h @ W[p + "ffn_gate_inp_shexp.weight"])))
@@ -140,7 +148,8 @@ def moe(h, W, p, act, k, norm, margins=None):
     return y
 
 
-def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margins: list | None = None) -> np.ndarray:
+def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margins: list | None = None,
+                     expert_cuts: np.ndarray | None = None, kept: list | None = None) -> np.ndarray:
     """F32 [len(tokens), vocab]. Per architecture:
       gemma3: embeddings times sqrt(d_model), QK-norm, five sliding-window layers (RoPE base 10000) per global
         one, norms after attention and after the FFN, GELU(tanh) gating;
@@ -151,7 +160,8 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         qwen3moe and qwen2moe: a Mixture of Experts FFN, weights renormalized except qwen2moe's;
       all but llama rotate NEOX pairs.
     `margins` (a list): each MoE layer appends, per token, the gap between its k-th and (k+1)-th expert
-    probability (a routing so near a tie that noise may choose the other expert)."""
+    probability (a routing so near a tie that noise may choose the other expert). `expert_cuts` ([n_layers,
+    n_expert]): each MoE layer cuts its experts' neurons as moe() says (`kept` collects the shares kept)."""
     c = f.llama_config()
     arch = f.architecture
     W = Weights(f.path)
@@ -203,7 +213,8 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         h = rms_norm(x, W[p + "ffn_norm.weight"], c.norm_eps)
         if p + "ffn_gate_inp.weight" in W:
             k = int(meta[f"{arch}.expert_used_count"])
-            x = x + moe(h, W, p, c.activation, k, norm=arch != "qwen2moe", margins=margins)
+            x = x + moe(h, W, p, c.activation, k, norm=arch != "qwen2moe", margins=margins,
+                        cuts=None if expert_cuts is None else expert_cuts[il], kept=kept)
             continue
         if arch == "phi3" and p + "ffn_gate.weight" not in W:  # gate rows first, then up
             gu = h @ W[p + "ffn_up.weight"].T

@@ -108,6 +108,75 @@ def test_expert_matmul_equals_the_plain_matmul_on_each_chosen_expert(isa, qtype,
             np.testing.assert_array_equal(y[t, s], want, err_msg=f"token {t} slot {s}")
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q4_0, Q.Q4_K])
+@pytest.mark.parametrize("n_tok", [1, 3])
+@pytest.mark.parametrize("n_threads", [1, 3])
+@pytest.mark.parametrize("gate_fn", [1, 2])
+def test_a_gate_cut_expert_matmul_computes_only_the_rows_that_pass(isa, qtype, n_tok, n_threads, gate_fn):
+    """CATS inside the experts: a one-token run computes exactly the rows whose |act(gate)| passes their expert's
+    cut (the plain matmul's numbers) and leaves the others 0; runs of more tokens compute every row."""
+    n_exp, k, rows, cols = 6, 3, 40, 256
+    w = _expert_weights(qtype, n_exp, rows, cols)
+    x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
+    gate = RNG.standard_normal((n_tok, k * rows)).astype(np.float32)
+    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32)
+    thr = RNG.uniform(0.05, 0.6, n_exp).astype(np.float32)
+    bounds = _core.gate_cut_bounds(gate_fn, thr)
+
+    def build(b):
+        W = b.weight("experts", int(qtype), cols, n_exp * rows, w)
+        X = b.weight("x", int(DType.F32), cols, n_tok, x)
+        G = b.weight("gate", int(DType.F32), k * rows, n_tok, gate)
+        cut = b.weight("cut", int(DType.F32), 3, n_exp, bounds)
+        route = b.moe_route(b.weight("logits", int(DType.F32), n_exp, n_tok, logits), k)
+        return (route, b.moe_matmul(W, X, route, n_exp, k, "cut", gate=G, cut=cut, gate_fn=gate_fn),
+                b.moe_matmul(W, X, route, n_exp, k, "plain"))
+
+    eng, (route, got, plain) = single_op_engine(build, max_tokens=n_tok, n_threads=n_threads, isa=isa)
+    eng.run(n_tok)
+    ids = eng.tensor(route.id, n_tok)[:, k:].astype(int)
+    y, want = eng.tensor(got.id, n_tok), eng.tensor(plain.id, n_tok)
+    if n_tok > 1:
+        np.testing.assert_array_equal(y, want)
+        return
+    act = gate[0] / (1 + np.exp(-gate[0])) if gate_fn == 1 else \
+        0.5 * gate[0] * (1 + np.tanh(0.7978845608 * (gate[0] + 0.044715 * gate[0] ** 3)))
+    on = np.abs(act) > np.repeat(thr[ids[0]], rows)
+    assert 0 < on.sum() < on.size
+    np.testing.assert_array_equal(y[0], np.where(on, want[0], 0))
+
+
+@pytest.mark.parametrize("bad,match", [("no_cut", "together"), ("cut_shape", r"\[n_expert, 3\]"),
+                                       ("gate_fn", "gate_fn"), ("gate_cols", "columns"), ("per_slot_x", "one input")])
+def test_a_bad_gate_cut_is_refused(bad, match):
+    n_exp, k, rows, cols = 4, 2, 8, 32
+
+    def build(b):
+        W = b.weight("experts", int(DType.F32), cols, n_exp * rows, np.zeros((n_exp * rows, cols), np.float32))
+        X = b.weight("x", int(DType.F32), k * cols if bad == "per_slot_x" else cols, 1,
+                     np.zeros((1, k * cols if bad == "per_slot_x" else cols), np.float32))
+        route = b.moe_route(b.weight("logits", int(DType.F32), n_exp, 1, np.zeros((1, n_exp), np.float32)), k)
+        gc = k * rows + (1 if bad == "gate_cols" else 0)
+        G = b.weight("gate", int(DType.F32), gc, 1, np.zeros((1, gc), np.float32))
+        n_cut = n_exp + (1 if bad == "cut_shape" else 0)
+        cut = None if bad == "no_cut" else b.weight("cut", int(DType.F32), 3, n_cut, np.zeros((n_cut, 3), np.float32))
+        return b.moe_matmul(W, X, route, n_exp, k, "y", gate=G, cut=cut, gate_fn=0 if bad == "gate_fn" else 1)
+
+    with pytest.raises(ValueError, match=match):
+        single_op_engine(build, max_tokens=1)
+
+
+def test_gate_cut_bounds_agree_with_the_activation():
+    g = np.linspace(-12, 12, 20001).astype(np.float32)
+    for fn, act in ((1, g / (1 + np.exp(-g))), (2, 0.5 * g * (1 + np.tanh(0.7978845608 * (g + 0.044715 * g ** 3))))):
+        for t in (0.01, 0.1, 0.2, 0.5, 2.0):
+            hi, lo, mid = _core.gate_cut_bounds(fn, [t])[0]
+            on = (g > hi) | ((g > lo) & (g < mid))
+            near = np.abs(np.abs(act) - t) < 1e-4  # bisection to float precision: the boundary itself may differ
+            assert (on == (np.abs(act) > t))[~near].all()
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_combine_weights_the_slots(shared):
     n_tok, k, d = 5, 3, 48
@@ -207,6 +276,42 @@ def test_neuron_sparsity_is_refused_by_name(paths, tmp_path, monkeypatch):
         pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, sparsity=str(tmp_path / "plan.npz"), progress=False)
 
 
+@pytest.mark.parametrize("kind", ["qwen3moe", "mixtral"])
+def test_cuts_inside_the_experts_follow_the_reference(paths, tmp_path, monkeypatch, kind):
+    """`auto` with a target: per-expert cuts calibrated on the bundled text; decode (one token a run) then
+    matches the reference forward that drops each chosen expert's neurons below their cut, and skips about the
+    target's share of them on other text."""
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    m = pyinfer.load(paths[kind, Q.F32], n_ctx=64, n_threads=2, sparsity="auto", target=0.5, progress=False)
+    cuts = m.session.expert_cuts
+    assert m.sparsity is None and cuts is not None and cuts.thresholds.shape == (m.config.n_layers, 8)
+    assert (cuts.thresholds > 0).all() and (cuts.tokens >= 8).mean() > 0.5
+    steps = np.concatenate([m.forward([IDS[i]], i, [0]) for i in range(24)])  # one token a run: decode
+    margins, kept = [], []
+    ref = reference_logits(m.gguf, IDS[:24], n_ctx=64, margins=margins, expert_cuts=cuts.thresholds, kept=kept)
+    dense = reference_logits(m.gguf, IDS[:24], n_ctx=64)
+    clear = np.min(margins, axis=0) > 1e-3
+    # A cut is a step: a neuron within float noise of its cut may fall either side (the reference sums in a
+    # different order), so a few positions may differ by more than noise. Most are the reference's.
+    err = np.abs(steps - ref).max(1) / np.abs(ref).max(1)
+    assert np.median(err[clear]) < 0.005 and (err[clear] < 0.01).mean() >= 0.85
+    assert (steps.argmax(1) == ref.argmax(1))[clear].mean() >= 0.9
+    assert rel_err(ref, dense) > 0.05  # the cuts change the answer: the comparison above is not dense vs dense
+    assert 0.3 < 1 - np.mean(kept) < 0.7
+    # Cached: a second load reads the same cuts; prefill (many tokens a run) stays dense.
+    again = pyinfer.load(paths[kind, Q.F32], n_ctx=64, n_threads=2, sparsity="auto", target=0.5, progress=False)
+    np.testing.assert_array_equal(again.session.expert_cuts.thresholds, cuts.thresholds)
+    full = again.eval(IDS[:24], all_logits=True)
+    assert rel_err(full[clear], dense[clear]) < 0.01
+
+
+def test_cuts_inside_the_experts_are_cpu_only(paths, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(pyinfer.PyinferError, match="CPU only"):
+        pyinfer.load(paths["qwen3moe", Q.F32], n_ctx=64, sparsity="auto", target=0.5, device="standin",
+                     vram_budget="1M", progress=False)
+
+
 def test_auto_sparsity_runs_the_experts_dense(paths, tmp_path, monkeypatch):
     """`auto` (the CLI's default) on a MoE model: its experts are the sparsity; no neuron plan is made."""
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
@@ -238,7 +343,7 @@ def test_the_old_per_expert_layout_is_refused_by_name(tmp_path):
 
 
 # ---- experts streamed from the model file -----------------------------------------------------------------
-def _streamed(path, monkeypatch, slots: int, resident=None, policy="lru", prefetch=True):
+def _streamed(path, monkeypatch, slots: int, resident=None, policy="lru", prefetch=True, **load):
     """A model whose experts come from an ExpertStore of `slots` cache slots (and `resident` per layer), as a
     memory limit too small for the model sets it up."""
     from pyinfer.offload import experts as ex
@@ -250,7 +355,20 @@ def _streamed(path, monkeypatch, slots: int, resident=None, policy="lru", prefet
         return ex.ExpertOffload(session.gguf, cfg, plan, prefetch=prefetch)
 
     monkeypatch.setattr(ex, "make_expert_offload", make)
-    return pyinfer.load(path, n_ctx=64, n_threads=2, mem_limit="4G", progress=False)
+    return pyinfer.load(path, n_ctx=64, n_threads=2, mem_limit="4G", progress=False, **load)
+
+
+def test_streamed_experts_with_cuts_give_the_in_ram_answer(paths, monkeypatch, tmp_path):
+    """Cuts inside the experts read the store's slots as they read the mapped tensors: decode logits equal."""
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    path = paths["qwen3moe", Q.Q8_0]
+    ram = pyinfer.load(path, n_ctx=64, n_threads=2, sparsity="auto", target=0.5, progress=False)
+    streamed = _streamed(path, monkeypatch, 8, sparsity="auto", target=0.5)
+    assert streamed.session.experts is not None and streamed.session.expert_cuts is not None
+    for m in (ram, streamed):
+        m.forward(IDS[:8], 0, [7])
+    for i in range(8, 20):
+        np.testing.assert_array_equal(streamed.forward([IDS[i]], i, [0]), ram.forward([IDS[i]], i, [0]))
 
 
 @pytest.mark.parametrize("policy,prefetch", [("lru", True), ("lfu", True), ("lru", False)])

@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 #include "kernels/kernels.h"
+#include "kernels/ops_float.h"
 #include "kernels/repack.h"
 #ifdef PYINFER_WITH_CUDA
 #include "cuda_backend.h"
@@ -136,6 +137,20 @@ PYBIND11_MODULE(_core, m) {
         }, py::arg("src"), py::arg("dtype"), py::arg("cols"), py::arg("perm"), py::arg("out"), py::arg("threads") = 1,
         "Rows k = column perm[k] of a [rows, cols] weight, as F32 [n, rows] or Q8_0 bytes [n, rows / 32 * 34] "
         "(load-time repacking of a down matrix for the sparse FFN).");
+  m.def("gate_cut_bounds", [](int gate_fn, py::array_t<float, py::array::c_style | py::array::forcecast> t) {
+          if (gate_fn != int(GateFn::SiLU) && gate_fn != int(GateFn::GeluTanh))
+            throw GraphError("gate_cut_bounds: gate_fn must be 1 (SiLU) or 2 (GELU)");
+          const int64_t n = t.size();
+          py::array_t<float> out({n, int64_t(3)});
+          float* o = out.mutable_data();
+          for (int64_t i = 0; i < n; ++i) {
+            const GateCut c(GateFn(gate_fn), t.data()[i]);
+            o[3 * i] = c.hi, o[3 * i + 1] = c.lo, o[3 * i + 2] = c.mid;
+          }
+          return out;
+        }, py::arg("gate_fn"), py::arg("thresholds"),
+        "F32 [n, 3]: for each threshold t, the bounds (hi, lo, mid) with |act(g)| > t exactly when g > hi or "
+        "lo < g < mid (act: SiLU for gate_fn 1, GELU for 2); the `cut` of an expert matmul with a gate.");
 #ifdef PYINFER_WITH_CUDA
   m.def("cuda_sync_seconds", [](size_t bytes, int reps, int device) {
     py::gil_scoped_release release;

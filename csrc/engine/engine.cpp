@@ -304,7 +304,7 @@ void Engine::check_row_coverage() {
       case OpKind::MoeRoute: covers(n.dst, n.src[0]); break;
       case OpKind::MoeRouteSplit: covers(n.dst, n.src[0]); break;
       case OpKind::ExpertFetch: break;  // reads the route rows the run has, writes one marker
-      case OpKind::MoeMatMul: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); break;
+      case OpKind::MoeMatMul: covers(n.dst, n.src[1]); covers(n.dst, n.src[2]); covers(n.dst, n.src[3]); break;
       case OpKind::MoeCombine:
         for (int s : n.src) covers(n.dst, s);
         break;

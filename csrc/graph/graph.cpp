@@ -455,6 +455,19 @@ void Graph::validate() const {
           c.fail("the route must be an earlier MoeRoute's result of the same k");
         if (route_n[size_t(origin(src[S::route]))] != P.n_expert) c.fail("the route chose among a different number of experts");
         if (c.t(src[S::route]).row_mode != RowMode::Tokens) c.fail("a route has one row per token");
+        if ((src[S::gate] >= 0) != (src[S::cut] >= 0)) c.fail("gate and cut come together (CATS inside the experts)");
+        if (src[S::gate] >= 0) {
+          c.type(src[S::gate], DType::F32);
+          c.cols(src[S::gate], P.k * (w.rows / P.n_expert));
+          if (c.g.origin(src[S::gate]) == c.g.origin(n.dst)) c.fail("the gate must be a tensor other than the output");
+          if (xc != w.cols) c.fail("a gate-cut expert matmul reads one input for every slot (up)");
+          const Tensor& cut = c.t(src[S::cut]);
+          c.type(src[S::cut], DType::F32);
+          if (cut.row_mode != RowMode::Fixed || cut.cols != 3 || cut.rows != P.n_expert)
+            c.fail("cut must be F32 [n_expert, 3]: each expert's gate bounds");
+          if (P.gate_fn != GateFn::SiLU && P.gate_fn != GateFn::GeluTanh)
+            c.fail("gate_fn must be 1 (SiLU) or 2 (GELU)");
+        }
         break;
       }
       case OpKind::MoeCombine: {

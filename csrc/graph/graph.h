@@ -79,7 +79,8 @@ enum class OpKind : int32_t {
   // ---- Mixture of Experts (a route is F32 [T, 2k]: each token's k expert weights, then their ids as floats)
   MoeRoute = 18,     // dst (route) = the top k experts of softmax or sigmoid(router logits), weights renormalized
   MoeMatMul = 19,    // dst[t][s*rows_e + r] = dot(expert route[t].id[s]'s row r, x[t] or its slot s segment):
-                     //   llama.cpp's mul_mat_id, only the chosen experts' rows, tokens grouped by expert
+                     //   llama.cpp's mul_mat_id, only the chosen experts' rows, tokens grouped by expert; with a
+                     //   gate and cuts, one token computes only the rows whose gate passes (op_params.h)
   MoeCombine = 20,   // dst[t] = sum_s route[t].w[s] * experts[t][slot s] (+ sigmoid(shared_gate[t]) * shared[t])
   ExpertFetch = 21,  // the experts a route chose for a layer become readable (offload/expert_store.h); dst: I32
                      //   state [1, 1], untouched (it orders the fetch before the layer's expert matmuls)

@@ -29,6 +29,7 @@ constexpr ParamField kNeuronFetch[] = {PYI_I32(neuron_fetch, layer), PYI_I32(neu
 constexpr ParamField kMoeRoute[] = {PYI_I32(moe_route, n_expert), PYI_I32(moe_route, k), PYI_I32(moe_route, gating),
                                     PYI_I32(moe_route, norm), PYI_F32(moe_route, scale)};
 constexpr ParamField kMoe[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k)};
+constexpr ParamField kMoeMatMul[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k), PYI_I32(moe, gate_fn)};
 constexpr ParamField kExpertFetch[] = {PYI_I32(expert_fetch, layer), PYI_I32(expert_fetch, prefetch)};
 
 #undef PYI_I32
@@ -61,7 +62,8 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::NeuronFetch, "neuron_fetch", "NEURON_FETCH", {"union_list"}, kNeuronFetch, count(kNeuronFetch)},
     {OpKind::Copy, "copy", "COPY", {"x"}, nullptr, 0},
     {OpKind::MoeRoute, "moe_route", "MOE_ROUTE", {"logits"}, kMoeRoute, count(kMoeRoute)},
-    {OpKind::MoeMatMul, "moe_mat_mul", "MOE_MAT_MUL", {"weight", "x", "route"}, kMoe, count(kMoe)},
+    {OpKind::MoeMatMul, "moe_mat_mul", "MOE_MAT_MUL", {"weight", "x", "route", "gate", "cut"}, kMoeMatMul,
+     count(kMoeMatMul)},
     {OpKind::MoeCombine, "moe_combine", "MOE_COMBINE", {"experts", "route", "shared", "shared_gate"}, kMoe, count(kMoe)},
     {OpKind::ExpertFetch, "expert_fetch", "EXPERT_FETCH", {"route"}, kExpertFetch, count(kExpertFetch)},
     {OpKind::MoeRouteSplit, "moe_route_split", "MOE_ROUTE_SPLIT", {"route", "map"}, kMoe, count(kMoe)},

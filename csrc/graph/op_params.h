@@ -66,7 +66,11 @@ struct CopySrc { enum : int { x = 0 }; };
 // with one segment per slot (down), `route`: a MoeRoute result. `shared` / `shared_gate` (optional, together):
 // a shared expert's output F32 [T, d] and its gate logit F32 [T, 1] (Qwen2-MoE).
 struct MoeRouteSrc { enum : int { logits = 0 }; };
-struct MoeMatMulSrc { enum : int { weight = 0, x = 1, route = 2 }; };
+// MoeMatMul's `gate` and `cut` (optional, together): CATS inside the experts. `gate`: F32 [T, k * rows_e], the same
+// route's gate MoeMatMul before its activation; `cut`: F32 [n_expert, 3], each expert's GateCut bounds (hi, lo, mid;
+// _core.gate_cut_bounds). A one-token run then computes only the rows whose |act(gate)| passes their expert's cut
+// and leaves the others 0, so up is read only for the neurons that fire; runs of more tokens compute every row.
+struct MoeMatMulSrc { enum : int { weight = 0, x = 1, route = 2, gate = 3, cut = 4 }; };
 struct MoeCombineSrc { enum : int { experts = 0, route = 1, shared = 2, shared_gate = 3 }; };
 struct ExpertFetchSrc { enum : int { route = 0 }; };
 // `map`: I32 [1, n_expert of the route] -> this side's local expert id, or -1 (another side's).
@@ -98,7 +102,9 @@ struct NeuronFetchParams { int32_t layer; NeuronFetchMode mode; };
 enum class MoeGating : int32_t { Softmax = 0, Sigmoid = 1 };
 // `norm`: the k weights are divided by their sum (Mixtral, Qwen3-MoE); `scale` multiplies them (0: 1).
 struct MoeRouteParams { int32_t n_expert, k; MoeGating gating; int32_t norm; float scale; };
-struct MoeParams { int32_t n_expert, k; };  // MoeMatMul and MoeCombine (n_expert unused by the combine)
+// MoeMatMul, MoeCombine and MoeRouteSplit (n_expert unused by the combine; gate_fn: the activation of MoeMatMul's
+// `gate`, SiLU or GeluTanh).
+struct MoeParams { int32_t n_expert, k; GateFn gate_fn; };
 struct ExpertFetchParams { int32_t layer, prefetch; };  // prefetch 1: start reading, do not wait
 
 union OpParams {

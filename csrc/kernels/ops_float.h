@@ -20,6 +20,7 @@ inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 struct GateCut {
   float hi = 0.f, lo = 0.f, mid = 0.f;
   GateCut(GateFn fn, float t);
+  GateCut(float hi_, float lo_, float mid_) : hi(hi_), lo(lo_), mid(mid_) {}  // bounds solved before (gate_cut_bounds)
   bool above(float g) const { return (g > hi) | ((g > lo) & (g < mid)); }
 };
 // GELU (tanh approximation) of every fp16 value, indexed by its bits: the activation costs a rounding to

@@ -177,36 +177,22 @@ def profile_routing(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int], n_thr
     """Runs `ids` in windows through a graph that keeps each layer's route readable: per layer and expert how
     often it was chosen ([n_layers, n_expert] counts), and per layer the share of a token's experts that the
     token before it also chose (what an expert cache can reuse from one decode step to the next)."""
-    import sys
+    from ..sparsity.recorder import Recorder
 
-    from tqdm import tqdm
-
-    from ..runtime.model_graph import build_model_graph
-
-    b = build_model_graph(gguf, cfg, PROFILE_WINDOW, record=True)
-    engine = _core.Engine(b.graph, max_tokens=PROFILE_WINDOW, max_outputs=1, n_threads=n_threads)
     k = cfg.n_expert_used
     counts = np.zeros((cfg.n_layers, cfg.n_expert))
     reused = np.zeros(cfg.n_layers)
-    pairs = seen = 0
-    n_win = max(1, min(len(ids), max_tokens) // PROFILE_WINDOW)
-    positions = np.arange(PROFILE_WINDOW, dtype=np.int32)
-    with tqdm(total=n_win, desc="routing profile", unit="window", disable=not progress, file=sys.stderr) as bar:
-        for w in range(n_win):
-            chunk = np.asarray(ids[w * PROFILE_WINDOW:(w + 1) * PROFILE_WINDOW], dtype=np.int32)
-            n = len(chunk)
-            if n == 0:
-                break
-            engine.run(n, chunk, positions[:n], np.zeros(0, np.int32))
-            for il, rid in enumerate(b.records):
-                chosen = engine.tensor(rid, n)[:, k:].astype(np.int64)  # [n, k]
-                np.add.at(counts[il], chosen.ravel(), 1)
-                same = (chosen[1:, :, None] == chosen[:-1, None, :]).any(-1).sum()
-                reused[il] += same / k
-            pairs += n - 1
-            seen += n
-            bar.update(1)
-    return {"counts": counts, "reuse": reused / max(pairs, 1), "tokens": seen}
+    pairs = [0]
+
+    def on_layer(il: int, route: np.ndarray, _gate: np.ndarray) -> None:
+        chosen = route[:, k:].astype(np.int64)  # [n, k]
+        np.add.at(counts[il], chosen.ravel(), 1)
+        reused[il] += (chosen[1:, :, None] == chosen[:-1, None, :]).any(-1).sum() / k
+        if il == 0:
+            pairs[0] += len(chosen) - 1
+
+    seen = Recorder(gguf, cfg, n_threads, PROFILE_WINDOW).run_experts(ids, max_tokens, on_layer, progress=progress)
+    return {"counts": counts, "reuse": reused / max(pairs[0], 1), "tokens": seen}
 
 
 def save_profile(prof: dict, path) -> None:

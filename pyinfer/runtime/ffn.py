@@ -1,7 +1,8 @@
 """The one FFN call every architecture makes (ModelGraph.ffn), and the choice of what it builds, made once per
 graph outside the model code: dense, neuron-aware (with its weights in RAM or streamed from a neuron store),
 split between the CPU and a device, or recorded for the profiler. A Mixture-of-Experts layer runs its chosen
-experts (runtime/moe_ffn.py) under the dense choice; the neuron-level choices do not take experts yet."""
+experts (runtime/moe_ffn.py) under the dense choice, with CATS inside the experts when given their cuts; the
+neuron-level plans of dense models do not take experts."""
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
@@ -15,12 +16,12 @@ class DenseFfn:
     """act(gate) * up, then down: every neuron (a Mixture of Experts: every neuron of the chosen experts, read
     through `experts`, an offload.ExpertOffload, when they stream from storage)."""
 
-    def __init__(self, experts=None):
-        self.experts = experts
+    def __init__(self, experts=None, cuts=None):
+        self.experts, self.cuts = experts, cuts
 
     def __call__(self, m, h: T, il: int) -> T:
         if m.cfg.is_moe:
-            return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts, stream=m.stream)
+            return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts, stream=m.stream, cuts=self.cuts)
         return dense_ffn(m.b, m.w, h, il, m.cfg)
 
 
@@ -69,11 +70,14 @@ class SplitFfn:
 
 
 def choose_ffn(sparsity=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto", offload=None,
-               hybrid: dict | None = None, record: bool = False, experts=None):
+               hybrid: dict | None = None, record: bool = False, experts=None, expert_cuts=None):
     if record:
         return RecordedFfn()
     if hybrid is not None:
+        if expert_cuts is not None:
+            raise UnsupportedModelError("cuts inside the experts (--target with a Mixture of Experts) run on the "
+                                        "CPU only; an expert placement runs its experts whole")
         return SplitFfn(hybrid, sparsity, runs, down_type)
     if sparsity is not None:
         return SparseFfn(sparsity, runs, down_type, offload)
-    return DenseFfn(experts)
+    return DenseFfn(experts, expert_cuts)

@@ -269,14 +269,17 @@ class GraphBuilder:
         return self._node(Op.MOE_ROUTE_SPLIT, self.activation(name, 2 * k, rows=route.rows),
                           {"route": route, "map": expert_map}, {"n_expert": n_local, "k": k})
 
-    def moe_matmul(self, experts: T, x: T, route: T, n_expert: int, k: int, name: str) -> T:
+    def moe_matmul(self, experts: T, x: T, route: T, n_expert: int, k: int, name: str, gate: T | None = None,
+                   cut: T | None = None, gate_fn: int = 0) -> T:
         """F32 [T, k * rows_e]: slot s of token t is x[t] (or, when x has k segments, its segment s) times
         expert route[t].id[s]'s rows of `experts` (the merged [n_expert * rows_e, cols] tensor). Only the
-        chosen experts run (llama.cpp's mul_mat_id)."""
+        chosen experts run (llama.cpp's mul_mat_id). With `gate` (the same route's gate matmul, F32 [T, k *
+        rows_e]) and `cut` (F32 [n_expert, 3] from _core.gate_cut_bounds for `gate_fn`), a one-token run computes
+        only the rows whose |act(gate)| passes their expert's cut and leaves the others 0 (CATS)."""
         src = self.quantize(x) if experts.dtype in INTEGER_DOT_WEIGHTS else x
         dst = self.activation(name, k * (experts.n_rows // n_expert), rows=x.rows)
-        return self._node(Op.MOE_MAT_MUL, dst, {"weight": experts, "x": src, "route": route},
-                          {"n_expert": n_expert, "k": k})
+        return self._node(Op.MOE_MAT_MUL, dst, {"weight": experts, "x": src, "route": route, "gate": gate, "cut": cut},
+                          {"n_expert": n_expert, "k": k, "gate_fn": gate_fn})
 
     def moe_combine(self, experts: T, route: T, k: int, name: str = "moe_out", shared: T | None = None,
                     shared_gate: T | None = None) -> T:

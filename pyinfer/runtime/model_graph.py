@@ -21,7 +21,7 @@ CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0}
 def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
                       runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
                       paged: tuple[int, int] | None = None, cache_type: str = "f16", offload=None,
-                      hybrid: dict | None = None, experts=None) -> GraphBuilder:
+                      hybrid: dict | None = None, experts=None, expert_cuts=None) -> GraphBuilder:
     """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
@@ -29,7 +29,8 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     `cache_type`: "f16" or "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token).
     `offload`: an offload.OffloadedFfn (with `sparsity`): the FFN rows come from its neuron store.
     `experts`: an offload.ExpertOffload (a Mixture of Experts under a memory limit): the experts come from its
-    expert store.
+    expert store. `expert_cuts`: a sparsity.expert_cuts.ExpertCuts (a Mixture of Experts): decode reads each
+    chosen expert's up only for the neurons whose gate passes the expert's cut.
     `hybrid`: a GPU placement (place/gpu_placement.py, as its summary) and "device", the engine backend that
     stands for the GPU: the residual stream, norms and attention, each layer's placed FFN blocks and, if
     placed, the output head run there. Only the embedding lookup and the CPU's FFN blocks run on the CPU, so
@@ -39,6 +40,7 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     arch = architecture(gguf.architecture)
     b = GraphBuilder()
     b.records = []
+    b.expert_gates = []  # a recorded Mixture of Experts: each layer's gate of its chosen experts
 
     tokens = b.input("tokens")                          # I32 [T]
     positions = b.input("positions")                    # I32 [T]
@@ -54,9 +56,9 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     def weight_source(name: str, data):
         return data if offload is None else offload.resident_copy(name, data)
 
-    m = ModelGraph(b, gguf, cfg, n_ctx, weight_source,
-                   choose_ffn(sparsity, runs, down_type, offload, hybrid, record, experts), positions, slots, kv_table,
-                   block_size, CACHE_TYPES[cache_type], seq_ctx=block_size * paged[1] if paged else n_ctx)
+    ffn = choose_ffn(sparsity, runs, down_type, offload, hybrid, record, experts, expert_cuts)
+    m = ModelGraph(b, gguf, cfg, n_ctx, weight_source, ffn, positions, slots, kv_table, block_size,
+                   CACHE_TYPES[cache_type], seq_ctx=block_size * paged[1] if paged else n_ctx)
     # Where weights live (a split graph only): the embedding table in host memory; attention, norms and the
     # placed FFN neurons on the device (the split FFN tags its own); the head where the placement put it.
     device = hybrid["device"] if hybrid is not None else None

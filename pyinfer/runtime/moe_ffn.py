@@ -15,11 +15,14 @@ from .graph_builder import GraphBuilder, T
 
 
 def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, record: bool = False,
-            stream: T | None = None) -> T:
+            stream: T | None = None, cuts=None) -> T:
     """h: F32 [T, d_model], the FFN's input; returns F32 [T, d_model]. `experts`: an offload.ExpertOffload whose
     store holds the experts (fetched right after the router; with its `prefetch`, the next layer's are read
-    ahead from `stream`, the residual stream h was normalized from); `record`: the route stays readable after a
-    run (b.records[layer] = route id: the routing profile's view)."""
+    ahead from `stream`, the residual stream h was normalized from); `record`: the route and the chosen
+    experts' gate stay readable after a run (b.records[layer] = route id: the routing profile's view;
+    b.expert_gates[layer] = gate id, before its activation: what sparsity/expert_cuts.py calibrates on).
+    `cuts`: a sparsity.expert_cuts.ExpertCuts: decode reads up only for the neurons whose gate passes their
+    expert's cut (CATS inside the experts)."""
     p, n, k = f"blk.{il}.", cfg.n_expert, cfg.n_expert_used
     route = _route(b, w, h, il, cfg)                                       # F32 [T, 2k]
     if record:
@@ -32,7 +35,11 @@ def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, r
         weight = lambda part: experts.weight(b, il, part)  # noqa: E731
     else:
         weight = lambda part: w(p + f"ffn_{part}_exps.weight")  # noqa: E731
-    return _experts(b, w, h, il, cfg, route, weight, n, "")
+    cut = None
+    if cuts is not None:
+        cut = b.weight(p + "ffn_exps.gate_cut", int(DType.F32), 3, n, cuts.bounds(il))   # F32 [n_expert, 3]
+    return _experts(b, w, h, il, cfg, route, weight, n, "", cut=cut, cut_fn=cuts.gate_fn if cuts else 0,
+                    record=record)
 
 
 def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
@@ -42,13 +49,17 @@ def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
 
 
 def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weight, n: int, tag: str,
-             shared: bool = True) -> T:
+             shared: bool = True, cut: T | None = None, cut_fn: int = 0, record: bool = False) -> T:
     """The route's experts among the `n` that weight(part) holds, weighted and summed (with the shared expert
-    when the model has one and `shared`): F32 [T, d_model]."""
+    when the model has one and `shared`): F32 [T, d_model]. `cut` (F32 [n, 3]): up only where the gate passes."""
     p, k = f"blk.{il}.", cfg.n_expert_used
     gate = b.moe_matmul(weight("gate"), h, route, n, k, "gate_exps" + tag)  # F32 [T, k * d_ff_expert]
-    up = b.moe_matmul(weight("up"), h, route, n, k, "up_exps" + tag)
-    act = b.gated_mul(gate, up, out=gate, act=cfg.activation)
+    up = b.moe_matmul(weight("up"), h, route, n, k, "up_exps" + tag, gate=gate if cut is not None else None,
+                      cut=cut, gate_fn=cut_fn)                               # 0 where the gate's cut says so
+    if record:
+        b.graph.pin(gate.id)
+        b.expert_gates.append(gate.id)
+    act = b.gated_mul(gate, up, out=None if record else gate, act=cfg.activation)
     out = b.moe_matmul(weight("down"), act, route, n, k, "down_exps" + tag)  # F32 [T, k * d_model]
     sh = shared_gate = None
     if cfg.d_ff_shared and shared:

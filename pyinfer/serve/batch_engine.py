@@ -29,7 +29,7 @@ class BatchEngine:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, num_blocks: int, block_size: int, max_seq_len: int,
                  n_threads: int, max_batch_tokens: int = 512, sparsity=None, runs: SparseRuns = SparseRuns(),
                  cache_type: str = "f16", offload=None, device: str = "cpu", placement: dict | None = None,
-                 neuron_down: str = "auto", experts=None):
+                 neuron_down: str = "auto", experts=None, expert_cuts=None):
         """`offload`: an offload.OffloadedFfn streaming the FFN neurons that do not fit a RAM budget. With
         `sparsity`, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the sparse FFN over
         the union of their active neurons while it is sparse enough (sparse_ffn.py). `device` and `placement`
@@ -42,7 +42,7 @@ class BatchEngine:
         self.max_batch_tokens = max_batch_tokens
         self.running = build_running(gguf, cfg, num_blocks * block_size, max_batch_tokens, n_threads, sparsity, runs,
                                      neuron_down, cache_type, offload, (block_size, self.max_blocks), device,
-                                     placement, experts=experts)
+                                     placement, experts=experts, expert_cuts=expert_cuts)
         self.engine = self.running.engine
 
     def sparse_layers(self) -> float:

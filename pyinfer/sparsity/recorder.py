@@ -19,33 +19,54 @@ from ..runtime.model_graph import build_model_graph
 # callback(layer, h F32 [T, d_model], gate F32 [T, d_ff] pre-activation, up F32 [T, d_ff]); views valid
 # until the next window
 LayerCallback = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
+# A Mixture of Experts: callback(layer, route F32 [T, 2k] (weights, then ids), gate F32 [T, k * d_ff_expert]
+# of the chosen experts, pre-activation)
+ExpertCallback = Callable[[int, np.ndarray, np.ndarray], None]
 
 
 class Recorder:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, n_threads: int, window: int = 256):
         self.cfg, self.window = cfg, window
         b = build_model_graph(gguf, cfg, window, record=True)
-        self._records = b.records
+        self._records, self._expert_gates = b.records, b.expert_gates
         self._engine = _core.Engine(b.graph, max_tokens=window, max_outputs=1, n_threads=n_threads)
 
     def run(self, ids: list[int], max_tokens: int, on_layer: LayerCallback, desc: str = "calibrating",
             progress: bool = True) -> int:
         """Feeds up to max_tokens of `ids` in windows; returns the number of tokens used."""
-        from tqdm import tqdm
-
         n_win = min(len(ids), max_tokens) // self.window
         if n_win < 1:
             raise PyinferError(f"calibration text is too short: {len(ids)} tokens, need at least {self.window}")
-        positions = np.arange(self.window, dtype=np.int32)
-        with tqdm(total=n_win * self.window, desc=desc, unit="tok", disable=not progress, file=sys.stderr) as bar:
-            for w in range(n_win):
-                chunk = np.asarray(ids[w * self.window:(w + 1) * self.window], dtype=np.int32)
-                self._engine.run(self.window, chunk, positions, np.zeros(0, np.int32))
-                for il, (h_id, g_id, u_id) in enumerate(self._records):
-                    on_layer(il, self._engine.tensor(h_id, self.window), self._engine.tensor(g_id, self.window),
-                             self._engine.tensor(u_id, self.window))
-                bar.update(self.window)
+        tensor = self._engine.tensor
+        for n in self._windows(ids, n_win * self.window, desc, progress):
+            for il, (h_id, g_id, u_id) in enumerate(self._records):
+                on_layer(il, tensor(h_id, n), tensor(g_id, n), tensor(u_id, n))
         return n_win * self.window
+
+    def run_experts(self, ids: list[int], max_tokens: int, on_layer: ExpertCallback, desc: str = "routing profile",
+                    progress: bool = True) -> int:
+        """A Mixture of Experts: feeds up to max_tokens of `ids` (a shorter text is one short window); returns the
+        number of tokens used."""
+        tensor, seen = self._engine.tensor, 0
+        for n in self._windows(ids, max(min(len(ids), max_tokens), 1), desc, progress):
+            for il, (r_id, g_id) in enumerate(zip(self._records, self._expert_gates)):
+                on_layer(il, tensor(r_id, n), tensor(g_id, n))
+            seen += n
+        return seen
+
+    def _windows(self, ids: list[int], total: int, desc: str, progress: bool):
+        """Runs the first `total` tokens of `ids` window by window; yields each window's token count."""
+        from tqdm import tqdm
+
+        positions = np.arange(self.window, dtype=np.int32)
+        with tqdm(total=total, desc=desc, unit="tok", disable=not progress, file=sys.stderr) as bar:
+            for w0 in range(0, total, self.window):
+                chunk = np.asarray(ids[w0:min(w0 + self.window, total)], dtype=np.int32)
+                if len(chunk) == 0:
+                    break
+                self._engine.run(len(chunk), chunk, positions[:len(chunk)], np.zeros(0, np.int32))
+                yield len(chunk)
+                bar.update(len(chunk))
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -52,13 +52,16 @@ def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, targ
                      n_threads: int, progress: bool = True) -> SparsityPlan | None:
     if spec is None or spec is False or spec == "off":
         return None
-    if cfg.is_moe:  # the router already skips all but k experts; neuron plans inside experts do not exist yet
+    if cfg.is_moe:  # the router already skips all but k experts; beneath it, cuts per expert (Session.expert_cuts)
         if spec != "auto":
-            raise UnsupportedModelError("neuron-level sparsity plans do not take Mixture-of-Experts models yet; "
-                                        "use --sparsity off or auto (each token runs only its chosen experts)")
+            raise UnsupportedModelError("neuron-level sparsity plans do not take Mixture-of-Experts models; use "
+                                        "--sparsity off, or auto with --target T (each chosen expert skips a share T "
+                                        "of its neurons in decode, by calibrated cuts on its gate)")
         if progress:
+            inside = (f"decode skips {target:.0%} of their neurons (cuts on each expert's gate)" if target else
+                      "their neurons run whole (--target T skips a share T of them in decode)")
             print(f"pyinfer: Mixture of Experts: each token runs {cfg.n_expert_used} of {cfg.n_expert} experts; "
-                  "no neuron-level plan is calibrated for experts", file=sys.stderr)
+                  f"{inside}", file=sys.stderr)
         return None
     fp = gguf.fingerprint()
     if isinstance(spec, SparsityPlan):

@@ -51,7 +51,7 @@ CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa
   neuron_coef_.assign(size_t(kAxpyTokens * max_neurons_ * pool_.size()), 0.f);
   neuron_dense_.assign(size_t(max_neurons_ * pool_.size()), 0.f);
   for (const Node& n : graph.nodes) moe_size_.grow(graph, n, max_tokens);
-  moe_ints_.assign(size_t((moe_size_.order + moe_size_.start) * pool_.size()), 0);
+  moe_ints_.assign(size_t((moe_size_.order + moe_size_.start + moe_size_.ids) * pool_.size()), 0);
   moe_x_.assign(size_t(moe_size_.x_bytes * pool_.size()), 0);
   moe_out_.assign(size_t(moe_size_.out * pool_.size()), 0.f);
 }
@@ -209,10 +209,11 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
     case OpKind::MoeCombine: return cpu_moe_combine(g, n, shape, ith, nth);
     case OpKind::MoeRouteSplit: return cpu_moe_route_split(g, n, shape, ith, nth);
     case OpKind::MoeMatMul: {
-      int32_t* ints = moe_ints_.data() + ith * (moe_size_.order + moe_size_.start);
+      int32_t* ints = moe_ints_.data() + ith * (moe_size_.order + moe_size_.start + moe_size_.ids);
       return cpu_moe_matmul(kernels_, g, n, shape, ith, nth,
                             MoeScratch{ints, ints + moe_size_.order, moe_x_.data() + ith * moe_size_.x_bytes,
-                                       moe_out_.data() + ith * moe_size_.out, std::max<int64_t>(moe_size_.tokens, 1)});
+                                       moe_out_.data() + ith * moe_size_.out, std::max<int64_t>(moe_size_.tokens, 1),
+                                       ints + moe_size_.order + moe_size_.start});
     }
     default: break;
   }

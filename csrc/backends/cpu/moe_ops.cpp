@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/cpu/sparse_ops.h"
+#include "kernels/ops_float.h"
 
 namespace pyinfer {
 
@@ -38,6 +39,7 @@ void MoeScratchSize::grow(const Graph& g, const Node& n, int64_t max_tokens) {
   start = std::max(start, int64_t(n.p.moe.n_expert) + 1);
   x_bytes = std::max(x_bytes, max_tokens * int64_t(dtype_row_bytes(x.type, w.cols)));
   out = std::max(out, max_tokens * rows_e);
+  if (n.src[MoeMatMulSrc::gate] >= 0) ids = std::max(ids, rows_e);
 }
 
 void cpu_moe_route(const Graph& g, const Node& n, const RunShape& shape, int ith, int nth) {
@@ -123,6 +125,26 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
     MatMulArgs a{w.type, expert_rows(e), w.row_stride, w.cols, r0, r1, xs, x_stride, tokens, out, ldd};
     kt.matmul(a);
   };
+  // CATS inside the experts (one token): only the rows whose gate passes the expert's cut; the others are 0, so
+  // act(gate) * up is 0 there and the neuron adds nothing to down.
+  const int gate_id = n.src[MoeMatMulSrc::gate];
+  const float* gate = gate_id >= 0 && n_tok == 1 ? row_ptr<const float>(g.tensors[size_t(gate_id)], 0) : nullptr;
+  auto run_cut_rows = [&](int32_t e, int32_t s, const void* xs, float* out, int64_t r0, int64_t r1) {
+    if (e == kNotHere) return std::fill(out + r0, out + r1, 0.f);
+    const Tensor& cut_t = g.tensors[size_t(n.src[MoeMatMulSrc::cut])];
+    const float* b = row_ptr<const float>(cut_t, e);  // [3]: this expert's bounds
+    const GateCut cut(b[0], b[1], b[2]);
+    const float* gs = gate + int64_t(s) * rows_e;
+    int64_t m = 0;
+    for (int64_t r = r0; r < r1; ++r) {  // branch-free: a coin flip near the calibrated density
+      scratch.ids[m] = int32_t(r);
+      m += cut.above(gs[r]);
+      out[r] = 0.f;
+    }
+    if (m == 0) return;
+    MatMulArgs a{w.type, expert_rows(e), w.row_stride, w.cols, 0, m, xs, seg_bytes, 1, out, rows_e, scratch.ids};
+    kt.matmul(a);
+  };
   if (n_tok == 1) {
     // Decode: the k chosen experts, nothing else. The k slots' rows laid end to end are split into one run per
     // thread, so a thread streams whole experts (k / nth of them) rather than a slice of every one: each slice
@@ -133,7 +155,10 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
     float* out = row_ptr<float>(dst, 0);
     for (int32_t s = int32_t(a0 / rows_e); s < k && int64_t(s) * rows_e < a1; ++s) {
       const int64_t lo = std::max(a0, s * rows_e) - s * rows_e, hi = std::min(a1, (s + 1) * rows_e) - s * rows_e;
-      run_rows(expert_of(0, s), x_of(0, s), seg_bytes, 1, out + s * rows_e, rows_e, lo, hi);
+      if (gate)
+        run_cut_rows(expert_of(0, s), s, x_of(0, s), out + s * rows_e, lo, hi);
+      else
+        run_rows(expert_of(0, s), x_of(0, s), seg_bytes, 1, out + s * rows_e, rows_e, lo, hi);
     }
     return;
   }

@@ -15,11 +15,12 @@ struct MoeScratch {
   uint8_t* x;       // [T, one segment of x]: a group's inputs gathered into consecutive rows
   float* out;       // [T, rows_e]: a group's outputs before they are scattered to their tokens' slots
   int64_t rows;     // T: how many of a group's tokens x and out hold at once
+  int32_t* ids;     // [rows_e]: a slot's rows that pass the gate's cut (MoeMatMul with `gate`)
 };
 
 // Sizes (per thread) MoeMatMul needs for a node in a run of at most max_tokens tokens.
 struct MoeScratchSize {
-  int64_t order = 0, start = 0, x_bytes = 0, out = 0, tokens = 0;
+  int64_t order = 0, start = 0, x_bytes = 0, out = 0, tokens = 0, ids = 0;
   void grow(const Graph& g, const Node& n, int64_t max_tokens);
 };
 
