@@ -63,7 +63,7 @@ bool page_aligned(const ReadRange& r) {
 // Anonymous memory for experts, faulted in now rather than by the reads that fill it. A page's first touch
 // costs a fault (and in a VM a second one in the host); a 2.6 MB expert read into fresh pages takes 648 of them,
 // and decode paid them for every cache slot on its first fill (a 12 GiB limit: 18,000 faults and 0.2 s a token
-// waiting on read-ahead for its first hundred tokens). Transparent huge pages where the kernel grants them
+// waiting on read-ahead over the 32 tokens measured). Transparent huge pages where the kernel grants them
 // (madvise mode): 512 times fewer faults and TLB entries for memory that only holds experts.
 uint8_t* map_anonymous(uint64_t bytes, const std::string& what) {
   if (bytes == 0) return nullptr;
