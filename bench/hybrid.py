@@ -228,7 +228,10 @@ def main() -> int:
                      f"{r['x_cpu']:.3f} | {checked} | {ov} | {ppl} |")
     lines += ["", "checked: pyinfer's greedy tokens against the CPU's; the peer's top token and largest logit "
               "difference (over the logits' scale) after the prompt against pyinfer's CPU logits. A peer at share s "
-              "holds round(s x layers) blocks on the GPU in fp16 (not the same bytes: its weights are not quantized)."]
+              "holds round(s x layers) blocks on the GPU in fp16 (not the same bytes: its weights are not quantized). "
+              "On a random-weight model greedy tokens part at near-ties for any change of summation order (the "
+              "SmolLM2-shaped one moves its logits by 14% of their scale for a 1e-6 change to one norm weight); "
+              "bench/gpu/parity.py compares position by position."]
     if args.device == "standin":
         lines += ["", "The stand-in is a second CPU backend: these rates check the path, not a GPU's speed."]
     print("\n".join(lines))

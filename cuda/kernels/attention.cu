@@ -9,7 +9,11 @@ namespace pyinfer::cuda {
 namespace {
 
 constexpr int kMaxDimsPerLane = 8;  // head_dim up to 256
+constexpr int kWarps = 4;
 
+// kVec: key rows 16-byte aligned and head_dim a multiple of 8, so a lane reads its key 8 halves at a time
+// (one load of 16 bytes, not 8 of 2: the scores' loop was most of a decode step's attention time on an H200).
+template <bool kVec>
 __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
   const int64_t t = blockIdx.x;  // tokens on grid.x (grid.y stops at 65535)
   const int h = int(blockIdx.y) * (blockDim.x / 32) + int(threadIdx.x / 32);
@@ -17,6 +21,10 @@ __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
   if (h >= p.heads) return;
   const int kvh = h / (p.heads / p.kv_heads);
   const float* q = reinterpret_cast<const float*>(a.q.data + t * a.q.stride) + int64_t(h) * p.head_dim;
+  __shared__ float q_shared[kWarps][32 * kMaxDimsPerLane];  // the warp's query, read by every lane
+  float* qw = q_shared[threadIdx.x / 32];
+  for (int d = lane; d < p.head_dim; d += 32) qw[d] = q[d];
+  __syncwarp();
   const int pos = a.positions[t];
   const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
   const int per_lane = (p.head_dim + 31) / 32;
@@ -30,7 +38,19 @@ __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
       row = a.table ? int64_t(a.table[t * a.table_cols + key / p.block_size]) * p.block_size + key % p.block_size : key;
       const __half* k = reinterpret_cast<const __half*>(a.k.data + row * a.k.stride) + int64_t(kvh) * p.head_dim;
       float s = 0.f;
-      for (int d = 0; d < p.head_dim; ++d) s += q[d] * __half2float(k[d]);
+      if (kVec) {
+        for (int d8 = 0; d8 < p.head_dim / 8; ++d8) {
+          const uint4 u = reinterpret_cast<const uint4*>(k)[d8];
+          const __half2* k2 = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 f = __half22float2(k2[i]);
+            s += qw[8 * d8 + 2 * i] * f.x + qw[8 * d8 + 2 * i + 1] * f.y;
+          }
+        }
+      } else {
+        for (int d = 0; d < p.head_dim; ++d) s += qw[d] * __half2float(k[d]);
+      }
       score = s * p.scale;
     }
     float chunk_max = score;
@@ -63,8 +83,10 @@ __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
 
 void attention(const AttentionRows& a, const AttentionParams& p, cudaStream_t s) {
   if (a.q.rows <= 0) return;
-  const int warps = 4;
-  attention_kernel<<<dim3(unsigned(a.q.rows), unsigned((p.heads + warps - 1) / warps)), 32 * warps, 0, s>>>(a, p);
+  const dim3 grid(unsigned(a.q.rows), unsigned((p.heads + kWarps - 1) / kWarps));
+  const bool vec = p.head_dim % 8 == 0 && a.k.stride % 16 == 0 && reinterpret_cast<uintptr_t>(a.k.data) % 16 == 0;
+  if (vec) attention_kernel<true><<<grid, 32 * kWarps, 0, s>>>(a, p);
+  else attention_kernel<false><<<grid, 32 * kWarps, 0, s>>>(a, p);
 }
 
 }  // namespace pyinfer::cuda

@@ -3,6 +3,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/dequant.cuh"
+#include "kernels/dot_q8a.cuh"
 
 namespace pyinfer::cuda {
 namespace {
@@ -26,6 +27,24 @@ __global__ void matmul_kernel(Rows w, Rows x, Rows y) {
   for (int t = 0; t < nt; ++t) {
     const float v = warp_sum(acc[t]);
     if (lane == 0) at<float>(y, t0 + t)[r] = v;
+  }
+}
+
+// The same against Q8A activations for the block types (dot_q8a.cuh): one warp per row, lanes over blocks.
+constexpr int kDotWarps = 4;  // 128 threads: a 576-row matrix still spreads over 144 blocks
+template <DType T>
+__global__ void matmul_q8a_kernel(Rows w, Rows x, Rows y) {
+  const int64_t r = int64_t(blockIdx.x) * kDotWarps + threadIdx.x / 32;
+  if (r >= w.rows) return;
+  const int64_t t0 = int64_t(blockIdx.y) * kTokenTile;
+  const int nt = int(x.rows - t0 < kTokenTile ? x.rows - t0 : kTokenTile);
+  float acc[kTokenTile] = {};
+  row_dot_q8a<T>(w.data + r * w.stride, w.cols / kQuantBlock, x, t0, nt, acc);
+#pragma unroll
+  for (int t = 0; t < kTokenTile; ++t) {
+    if (t >= nt) break;
+    const float v = warp_sum(acc[t]);
+    if (threadIdx.x % 32 == 0) at<float>(y, t0 + t)[r] = v;
   }
 }
 
@@ -150,9 +169,16 @@ dim3 row_grid(int64_t cols, int64_t rows) {
 
 void matmul(const Rows& w, const Rows& x, const Rows& y, cudaStream_t s) {
   if (x.rows <= 0) return;
+  const unsigned tiles = unsigned((x.rows + kTokenTile - 1) / kTokenTile);
+  if (x.type == DType::Q8A && has_block_dot(w.type)) {
+    const dim3 grid(unsigned((w.rows + kDotWarps - 1) / kDotWarps), tiles);
+#define PYINFER_LAUNCH(T) matmul_q8a_kernel<T><<<grid, kDotWarps * 32, 0, s>>>(w, x, y)
+    switch (w.type) { PYINFER_BLOCK_DOT_CASES(PYINFER_LAUNCH) default: break; }
+#undef PYINFER_LAUNCH
+    return;
+  }
   const int warps = kThreads / 32;
-  const dim3 grid(unsigned((w.rows + warps - 1) / warps), unsigned((x.rows + kTokenTile - 1) / kTokenTile));
-  matmul_kernel<<<grid, kThreads, 0, s>>>(w, x, y);
+  matmul_kernel<<<dim3(unsigned((w.rows + warps - 1) / warps), tiles), kThreads, 0, s>>>(w, x, y);
 }
 
 void get_rows(const Rows& table, const int32_t* ids, const Rows& y, float scale, cudaStream_t s) {

@@ -5,6 +5,7 @@
 // atomics (PowerInfer's way).
 #include "kernels/common.cuh"
 #include "kernels/dequant.cuh"
+#include "kernels/dot_q8a.cuh"
 #include "kernels/ops_float.h"
 
 namespace pyinfer::cuda {
@@ -67,6 +68,26 @@ __global__ void gather_matmul_kernel(Rows w, Rows x, Rows y, Rows lists, bool sh
     float v = acc[t];
     v = warp_sum(v);
     if (lane == 0) at<float>(y, t0 + t)[row] = v;
+  }
+}
+
+// The same against Q8A activations for the block types (dot_q8a.cuh).
+constexpr int kDotWarps = 4;
+template <DType T>
+__global__ void gather_matmul_q8a_kernel(Rows w, Rows x, Rows y, Rows lists, bool shared) {
+  const int64_t k = int64_t(blockIdx.x) * kDotWarps + threadIdx.x / 32;
+  const int32_t* list = at<const int32_t>(lists, shared ? 0 : blockIdx.y);
+  if (k >= list[0]) return;
+  const int64_t row = list[1 + k];
+  const int64_t t0 = shared ? int64_t(blockIdx.y) * kTokenTile : blockIdx.y;
+  const int nt = shared ? int(x.rows - t0 < kTokenTile ? x.rows - t0 : kTokenTile) : 1;
+  float acc[kTokenTile] = {};
+  row_dot_q8a<T>(w.data + row * w.stride, w.cols / kQuantBlock, x, t0, nt, acc);
+#pragma unroll
+  for (int t = 0; t < kTokenTile; ++t) {
+    if (t >= nt) break;
+    const float v = warp_sum(acc[t]);
+    if (threadIdx.x % 32 == 0) at<float>(y, t0 + t)[row] = v;
   }
 }
 
@@ -156,8 +177,15 @@ void active_set(const Rows& scores, const float* cut, const Rows& lists, const A
 
 void gather_matmul(const Rows& w, const Rows& x, const Rows& y, const Rows& lists, bool shared, cudaStream_t s) {
   if (y.rows <= 0) return;
-  const int warps = kThreads / 32;
   const unsigned tiles = shared ? unsigned((y.rows + kTokenTile - 1) / kTokenTile) : unsigned(y.rows);
+  if (x.type == DType::Q8A && has_block_dot(w.type)) {
+    const dim3 grid(unsigned((w.rows + kDotWarps - 1) / kDotWarps), tiles);
+#define PYINFER_LAUNCH(T) gather_matmul_q8a_kernel<T><<<grid, kDotWarps * 32, 0, s>>>(w, x, y, lists, shared)
+    switch (w.type) { PYINFER_BLOCK_DOT_CASES(PYINFER_LAUNCH) default: break; }
+#undef PYINFER_LAUNCH
+    return;
+  }
+  const int warps = kThreads / 32;
   gather_matmul_kernel<<<dim3(unsigned((w.rows + warps - 1) / warps), tiles), kThreads, 0, s>>>(w, x, y, lists, shared);
 }
 
