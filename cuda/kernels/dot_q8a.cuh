@@ -113,14 +113,26 @@ __device__ __forceinline__ float block_dot(const uint8_t* row, int64_t blk, cons
   }
 }
 
-// acc[t] += this lane's share of dot(row wr, token t0 + t of x) for t < nt: lanes take every 32nd block.
+// Warps per block of the block-dot matmuls: 128 threads, so a 576-row matrix still spreads over 144 blocks.
+constexpr int kDotWarps = 4;
+
+// y[t0 + t][row] = dot(weight row `row`, token t0 + t of x) for t < nt, by one warp: lanes take every 32nd
+// block, then a warp sum. The dense and the gathered matmuls differ only in which row a warp takes.
 template <DType T, int kTile>
-__device__ __forceinline__ void row_dot_q8a(const uint8_t* wr, int64_t n_blocks, const Rows& x, int64_t t0, int nt,
-                                            float (&acc)[kTile]) {
-  for (int64_t blk = threadIdx.x % 32; blk < n_blocks; blk += 32) {
+__device__ __forceinline__ void warp_row_dot_q8a(const Rows& w, int64_t row, const Rows& x, int64_t t0, int nt,
+                                                 const Rows& y) {
+  const uint8_t* wr = w.data + row * w.stride;
+  float acc[kTile] = {};
+  for (int64_t blk = threadIdx.x % 32; blk < w.cols / kQuantBlock; blk += 32) {
 #pragma unroll
     for (int t = 0; t < kTile; ++t)
       if (t < nt) acc[t] += block_dot<T>(wr, blk, x.data + (t0 + t) * x.stride + blk * kQ8A);
+  }
+#pragma unroll
+  for (int t = 0; t < kTile; ++t) {
+    if (t >= nt) break;
+    const float v = warp_sum(acc[t]);
+    if (threadIdx.x % 32 == 0) at<float>(y, t0 + t)[row] = v;
   }
 }
 

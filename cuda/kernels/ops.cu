@@ -31,21 +31,12 @@ __global__ void matmul_kernel(Rows w, Rows x, Rows y) {
 }
 
 // The same against Q8A activations for the block types (dot_q8a.cuh): one warp per row, lanes over blocks.
-constexpr int kDotWarps = 4;  // 128 threads: a 576-row matrix still spreads over 144 blocks
 template <DType T>
 __global__ void matmul_q8a_kernel(Rows w, Rows x, Rows y) {
   const int64_t r = int64_t(blockIdx.x) * kDotWarps + threadIdx.x / 32;
   if (r >= w.rows) return;
   const int64_t t0 = int64_t(blockIdx.y) * kTokenTile;
-  const int nt = int(x.rows - t0 < kTokenTile ? x.rows - t0 : kTokenTile);
-  float acc[kTokenTile] = {};
-  row_dot_q8a<T>(w.data + r * w.stride, w.cols / kQuantBlock, x, t0, nt, acc);
-#pragma unroll
-  for (int t = 0; t < kTokenTile; ++t) {
-    if (t >= nt) break;
-    const float v = warp_sum(acc[t]);
-    if (threadIdx.x % 32 == 0) at<float>(y, t0 + t)[r] = v;
-  }
+  warp_row_dot_q8a<T, kTokenTile>(w, r, x, t0, int(x.rows - t0 < kTokenTile ? x.rows - t0 : kTokenTile), y);
 }
 
 __global__ void get_rows_kernel(Rows table, const int32_t* ids, Rows y, float scale) {

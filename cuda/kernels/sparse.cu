@@ -72,23 +72,14 @@ __global__ void gather_matmul_kernel(Rows w, Rows x, Rows y, Rows lists, bool sh
 }
 
 // The same against Q8A activations for the block types (dot_q8a.cuh).
-constexpr int kDotWarps = 4;
 template <DType T>
 __global__ void gather_matmul_q8a_kernel(Rows w, Rows x, Rows y, Rows lists, bool shared) {
   const int64_t k = int64_t(blockIdx.x) * kDotWarps + threadIdx.x / 32;
   const int32_t* list = at<const int32_t>(lists, shared ? 0 : blockIdx.y);
   if (k >= list[0]) return;
-  const int64_t row = list[1 + k];
   const int64_t t0 = shared ? int64_t(blockIdx.y) * kTokenTile : blockIdx.y;
   const int nt = shared ? int(x.rows - t0 < kTokenTile ? x.rows - t0 : kTokenTile) : 1;
-  float acc[kTokenTile] = {};
-  row_dot_q8a<T>(w.data + row * w.stride, w.cols / kQuantBlock, x, t0, nt, acc);
-#pragma unroll
-  for (int t = 0; t < kTokenTile; ++t) {
-    if (t >= nt) break;
-    const float v = warp_sum(acc[t]);
-    if (threadIdx.x % 32 == 0) at<float>(y, t0 + t)[row] = v;
-  }
+  warp_row_dot_q8a<T, kTokenTile>(w, list[1 + k], x, t0, nt, y);
 }
 
 __global__ void gated_act_kernel(Rows gate, Rows up, Rows lists, Rows y, Activation act, float threshold) {
