@@ -1,5 +1,6 @@
 """pytest-benchmark entries for every weight type's matmul at one shape, so types compare in one run:
-GEMV (decode, 1 token) and GEMM (prefill, 64 tokens) of a 2048 x 2048 weight, per kernel ISA.
+GEMV (decode, 1 token) and GEMM (prefill, 64 and 256 tokens: AMX tiles take 16) of a 2048 x 2048 weight, per
+kernel ISA.
 
   pytest bench/test_bench_quant_types.py --benchmark-json bench/results/quant_kernels.json
   python bench/quant_kernels_table.py bench/results/quant_kernels.json > bench/results/quant_kernels.md
@@ -37,7 +38,7 @@ def weights(qt):
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "scalar"] or ISAS)
-@pytest.mark.parametrize("n_tok", [1, 64])
+@pytest.mark.parametrize("n_tok", [1, 64, 256])
 @pytest.mark.parametrize("qtype", [t.name for t in TYPES])
 def test_matmul_type(benchmark, isa, n_tok, qtype):
     qt = Q[qtype]

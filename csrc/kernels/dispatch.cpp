@@ -1,6 +1,14 @@
 // Picks a kernel table from what the running CPU supports.
+#include <cstdlib>
 #include <stdexcept>
 #include <vector>
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64))
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "kernels/kernels.h"
 
@@ -26,12 +34,36 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
+// AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25), and the kernel's grant of the 8 KiB tile state to
+// this process: Linux hands it out only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, since 5.16),
+// and a tile instruction without it dies of SIGILL. Asked once; a refusal leaves AMX off.
+bool cpu_has_amx_int8() {
+#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+  static const bool ok = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!((edx >> 24) & 1) || !((edx >> 25) & 1)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
 std::vector<const KernelTable*> usable() {
   std::vector<const KernelTable*> out;
   // The CPU is asked first: a table's own code (even the copy that builds it) is compiled for its ISA, so
   // calling kernels_avx512() on a CPU without AVX-512 dies of an illegal instruction.
   const bool avx2 = cpu_has_avx2_fma_f16c() && kernels_avx2();
-  if (avx2 && cpu_has_avx512_vnni() && kernels_avx512()) out.push_back(kernels_avx512());
+  const bool avx512 = avx2 && cpu_has_avx512_vnni() && kernels_avx512();
+#if defined(PYINFER_AMX_EMULATE)
+  if (avx2 && kernels_amx()) out.push_back(kernels_amx());  // a development build: AMX's arithmetic, emulated
+#else
+  if (avx512 && cpu_has_amx_int8() && kernels_amx()) out.push_back(kernels_amx());
+#endif
+  if (avx512) out.push_back(kernels_avx512());
   if (avx2) out.push_back(kernels_avx2());
   if (kernels_neon()) out.push_back(kernels_neon());
   out.push_back(&kernels_scalar());
@@ -42,10 +74,15 @@ std::vector<const KernelTable*> usable() {
 
 const KernelTable& select_kernels(const std::string& isa) {
   const auto tables = usable();
-  if (isa.empty() || isa == "auto") return *tables.front();
+  std::string want = isa;
+  if (want.empty() || want == "auto") {
+    const char* env = std::getenv("PYINFER_ISA");
+    if (!env || !*env || std::string(env) == "auto") return *tables.front();
+    want = env;
+  }
   for (const KernelTable* t : tables)
-    if (isa == t->isa) return *t;
-  throw std::invalid_argument("kernel ISA '" + isa + "' is not available on this CPU (available: " +
+    if (want == t->isa) return *t;
+  throw std::invalid_argument("kernel ISA '" + want + "' is not available on this CPU (available: " +
                               available_isas() + ")");
 }
 

@@ -72,8 +72,10 @@ const KernelTable& kernels_scalar();
 const KernelTable* kernels_avx2();     // nullptr when not compiled in
 const KernelTable* kernels_avx512();   // AVX2 table + AVX-512VL/VNNI matmul; nullptr when not compiled in
 const KernelTable* kernels_neon();     // nullptr when not compiled in
+const KernelTable* kernels_amx();      // AVX-512 table + AMX int8 tiles for many-token matmuls; nullptr when not compiled in
 
-// "auto" picks the best table this CPU supports; a named ISA that the CPU or build lacks throws.
+// "auto" picks the best table this CPU supports, or the one PYINFER_ISA names when it is set (so AMX can be
+// turned off without touching code); a named ISA that the CPU or build lacks throws.
 const KernelTable& select_kernels(const std::string& isa);
 // Comma-separated ISAs usable on this CPU, best first.
 std::string available_isas();

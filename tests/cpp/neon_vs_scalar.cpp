@@ -8,6 +8,7 @@
 #include <vector>
 #include "kernels/kernels.h"
 #include "kernels/fp16.h"
+#include "random_blocks.h"
 using namespace pyinfer;
 static void sc_axpy(const AxpyRowsArgs& a) { kernels_scalar().axpy_rows(a); }
 int main() {
@@ -22,17 +23,9 @@ int main() {
   printf("quantize mismatches %d\n", bad);
   // Every integer-dot weight type has its own NEON piece decoder. Random bits, then sane fp16 scales where each
   // type keeps them.
-  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
-                   DType::Q6_K}) {
+  for (DType wt : kIntegerDotTypes) {
     const size_t rb = dtype_row_bytes(wt, k);
-    const int64_t nb = k / dtype_block_elems(wt);
-    const size_t bb = rb / size_t(nb);
-    std::vector<int> scale_at = {0};
-    if (wt == DType::Q4_1 || wt == DType::Q5_1 || wt == DType::Q4_K || wt == DType::Q5_K) scale_at = {0, 2};
-    if (wt == DType::Q6_K) scale_at = {208};
-    std::vector<uint8_t> w(rows * rb); for (auto& b : w) b = rng() & 0xff;
-    for (int r = 0; r < rows; ++r) for (int64_t b = 0; b < nb; ++b)
-      for (int off : scale_at) { uint16_t d = fp32_to_fp16(0.01f); memcpy(&w[r * rb + b * bb + off], &d, 2); }
+    const auto w = random_rows(wt, rows, k, rng, [](int) { return 0.01f; });
     std::vector<float> ya(nt * rows), yb(nt * rows);
     MatMulArgs a{wt, w.data(), rb, k, 0, rows, qa.data(), dtype_row_bytes(DType::Q8A, k), nt, ya.data(), rows};
     ne->matmul(a); a.dst = yb.data(); sc.matmul(a);
