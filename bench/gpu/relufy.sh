@@ -22,20 +22,13 @@ OUT="${1:?usage: bash bench/gpu/relufy.sh OUTDIR [MINUTES]}"
 MINUTES="${2:-9}"
 mkdir -p "$OUT"
 exec > >(tee "$OUT/relufy.log") 2>&1
-PY="${PYTHON:-python3}"  # run with -P where it imports pyinfer: the built one, not ./pyinfer (no _core)
-export PYTHONUNBUFFERED=1
+# the wheels and the build come from setup.sh: a machine warm from check.sh reuses that build
+source bench/gpu/setup.sh
 MODEL="${MODEL:-/tmp/smollm2.gguf}"
 [ -f "$MODEL" ] || cat "$PARTS"/part-* > "$MODEL"
 echo "model $MODEL: $(sha256sum "$MODEL" | cut -c1-16)…, $(stat -c %s "$MODEL") bytes"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export CMAKE_ARGS="${CMAKE_ARGS:-} -DPYINFER_CUDA=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
-"$PY" -m pip install -q --no-build-isolation --no-deps --no-index --upgrade --target /tmp/pyinfer-site . || exit 1
-export PYTHONPATH=/tmp/pyinfer-site:$PYTHONPATH
 # Without a GPU (the script's CPU half): a short run on the CPU with small batches.
-DEVICE=cuda; SHAPE="--seq-len 512 --batch 32"; SELF=20000; THREADS=8
+DEVICE=cuda; SHAPE="--seq-len 512 --batch 32"; SELF=4000; THREADS=8
 if ! nvidia-smi --query-gpu=name --format=csv,noheader; then
   DEVICE=cpu; SHAPE="--seq-len 128 --batch 4"; SELF=0; THREADS=2
 fi
