@@ -310,3 +310,14 @@ def test_a_q4_model_on_the_device_alone_decodes_as_the_cpu_with_q4t_downs(tiny_m
     dev = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, device="standin", vram_budget="1G")
     assert sum(dev.placement["gpu_neurons"]) == sum(dev.placement["n_ff"])
     np.testing.assert_array_equal(decode(dev), decode(cpu))
+
+
+def test_default_threads_leave_a_core_for_the_device(monkeypatch):
+    """The CPU pool spins between nodes; with a device, one core stays for its executor thread."""
+    from pyinfer.runtime import threads
+
+    monkeypatch.setattr(threads, "physical_cores", lambda: 16)
+    assert threads.default_threads("cpu") == 16
+    assert threads.default_threads("cuda") == 15 and threads.default_threads("standin") == 15
+    monkeypatch.setattr(threads, "physical_cores", lambda: 1)
+    assert threads.default_threads("cuda:0") == 1
