@@ -52,6 +52,10 @@ def test_amx_kernel_emulated_matches_scalar(tmp_path):
         diff, of = float(line.split()[3]), float(line.split()[5])
         assert of > 0 and diff <= 1e-5 * of, out  # the same integer sums; only the float sums are ordered otherwise
     assert float(next(ln for ln in out.splitlines() if ln.startswith("gather max diff")).split()[-1]) < 1e-5, out
+    shapes = [ln.split() for ln in out.splitlines() if ln.startswith("shape ")]
+    assert len(shapes) == 7, out  # odd block counts, several packed chunks, paged rows, padded rows
+    for f in shapes:
+        assert float(f[-1]) > 0 and float(f[-3]) <= 1e-5 * float(f[-1]), out
     assert "integer sums differ 0 of 256" in out, out  # unit scales: the int32 tile sums themselves, bit for bit
 
 
@@ -114,3 +118,27 @@ def test_amx_model_logits_agree_with_avx512(tiny_model_path):
     a, b = logits["amx"], logits["avx512"]
     assert np.abs(a - b).max() <= 0.02 * np.abs(b).max()
     assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.95
+
+
+@pytest.mark.skipif(not {"avx2", "avx512"} <= set(ISAS), reason="needs a CPU with both the AVX2 and AVX-512 tables")
+@pytest.mark.parametrize("qtype", TYPES)
+def test_avx2_and_avx512_tables_give_the_same_bits(qtype):
+    """The emulated AMX build (-DPYINFER_AMX_EMULATE=ON) puts its tails and decode on the AVX2 table, the real one
+    on AVX-512: its figures are the hardware's only if those two agree bit for bit (tile shapes differ, the sums
+    per output do not)."""
+    qt = Q[qtype]
+    rng = np.random.default_rng(900 + int(qt))
+    rows, k = 37, 512
+    w = random_blocks(qt, rows, k, rng) if qt not in (Q.Q4_0, Q.Q4_1, Q.Q8_0) else \
+        quants.quantize(rng.standard_normal((rows, k)).astype(np.float32) * 0.05, qt)
+    for n_tok in (1, 2, 5, 15):
+        x = rng.standard_normal((n_tok, k)).astype(np.float32)
+
+        def build(b):
+            return b.matmul(b.weight("w", int(qt), k, rows, w), b.weight("x", int(DType.F32), k, n_tok, x), "y")
+
+        ys = []
+        for isa in ("avx2", "avx512"):
+            eng, y = run_single(build, n_tok, isa, max_tokens=n_tok)
+            ys.append(eng.tensor(y.id, n_tok).copy())
+        np.testing.assert_array_equal(ys[0], ys[1])

@@ -14,19 +14,14 @@
 # Without a GPU it runs its CPU half (a short CPU run; MODEL=path and DATA=folder point at local files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PARTS=/tmp/pyinfer-model-parts
-mkdir -p "$PARTS"
-cp -n .model/part-* "$PARTS"/ 2>/dev/null || true
-if [ "${1:-}" = "--stage" ]; then ls -la "$PARTS"; exit 0; fi
+source bench/gpu/model_parts.sh "$@"
 OUT="${1:?usage: bash bench/gpu/relufy.sh OUTDIR [MINUTES]}"
 MINUTES="${2:-9}"
 mkdir -p "$OUT"
 exec > >(tee "$OUT/relufy.log") 2>&1
 # the wheels and the build come from setup.sh: a machine warm from check.sh reuses that build
 source bench/gpu/setup.sh
-MODEL="${MODEL:-/tmp/smollm2.gguf}"
-[ -f "$MODEL" ] || cat "$PARTS"/part-* > "$MODEL"
-echo "model $MODEL: $(sha256sum "$MODEL" | cut -c1-16)…, $(stat -c %s "$MODEL") bytes"
+join_model
 # Without a GPU (the script's CPU half): a short run on the CPU with small batches.
 DEVICE=cuda; SHAPE="--seq-len 512 --batch 32"; SELF=4000; THREADS=8
 if ! nvidia-smi --query-gpu=name --format=csv,noheader; then

@@ -87,7 +87,10 @@ inline void scatter_dwords(int8_t* p, __m256i q) {
   for (int i = 0; i < 8; ++i) std::memcpy(p + 64 * i, &d[i], 4);
 }
 #else
-inline void tile_config(const TileConfig& c) { _tile_loadconfig(&c); }
+inline void tile_config(const TileConfig& c) {
+  asm volatile("" ::: "memory");  // the header declares 8 of the 64 bytes read
+  _tile_loadconfig(&c);
+}
 inline void tile_release() { _tile_release(); }
 // The compiler's tile macros paste their tile argument into the instruction text, so each tile number the
 // kernel uses gets its own function.
@@ -95,10 +98,19 @@ template <int T> void tile_zero();
 template <int T> void tile_load(const void* p, int64_t stride);
 template <int T> void tile_store(void* p, int64_t stride);
 template <int C, int A, int B> void tile_dpbssd();
+// GCC's tile load tells the compiler of no memory it reads (register operands only), and older headers' tile
+// store of none it writes: compiler barriers around them keep the packed blocks' stores before the loads and
+// the int32 tile's store before the vector reads of it.
 #define PYINFER_TILE(N)                                                                              \
   template <> inline void tile_zero<N>() { _tile_zero(N); }                                         \
-  template <> inline void tile_load<N>(const void* p, int64_t stride) { _tile_loadd(N, p, stride); } \
-  template <> inline void tile_store<N>(void* p, int64_t stride) { _tile_stored(N, p, stride); }
+  template <> inline void tile_load<N>(const void* p, int64_t stride) {                              \
+    asm volatile("" ::: "memory");                                                                   \
+    _tile_loadd(N, p, stride);                                                                       \
+  }                                                                                                  \
+  template <> inline void tile_store<N>(void* p, int64_t stride) {                                   \
+    _tile_stored(N, p, stride);                                                                      \
+    asm volatile("" ::: "memory");                                                                   \
+  }
 PYINFER_TILE(0)
 PYINFER_TILE(1)
 PYINFER_TILE(2)

@@ -195,7 +195,7 @@ inline bool amx_type(DType t) {
 inline void matmul_amx(const MatMulArgs& a, void (*fallback)(const MatMulArgs&)) {
   const int64_t n_tiles = a.n_tok / kAmxTile;
   const int64_t r_end = a.r0 + (a.r1 - a.r0) / kAmxTile * kAmxTile;
-  if (n_tiles == 0 || r_end == a.r0 || !amx_type(a.wtype)) return fallback(a);
+  if (n_tiles == 0 || r_end == a.r0 || a.k < kQuantBlock || !amx_type(a.wtype)) return fallback(a);
   switch (a.wtype) {
     case DType::Q4_0: amx_rows<DType::Q4_0>(a, r_end, n_tiles); break;
     case DType::Q4_1: amx_rows<DType::Q4_1>(a, r_end, n_tiles); break;

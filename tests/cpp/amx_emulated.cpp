@@ -65,6 +65,38 @@ int main() {
     printf("%s max diff %g of %g\n", dtype_name(wt), md, mx);
     printf("%s bits %016llx\n", dtype_name(wt), static_cast<unsigned long long>(bits_hash(ya)));
   }
+  {  // shapes the loop above does not reach: an odd block count (k = 96), rows past one packed chunk (k = 8192:
+     // one 16-row group per chunk, 3 chunks), paged rows (w_rows), padded activation and output rows
+    struct Shape { DType wt; int64_t k; int rows, n_tok; bool paged; size_t x_pad; int64_t ld_pad; };
+    const Shape shapes[] = {{DType::Q4_0, 96, 32, 20, false, 0, 0}, {DType::Q5_1, 96, 19, 33, false, 0, 0},
+                            {DType::Q8_0, 96, 16, 16, false, 0, 0}, {DType::Q4_K, 8192, 48, 17, false, 0, 0},
+                            {DType::Q6_K, 8192, 40, 16, false, 0, 0}, {DType::Q4_1, 512, 35, 40, true, 0, 0},
+                            {DType::Q5_0, 512, 33, 18, false, 40 * 3, 7}};
+    for (const Shape& sh : shapes) {
+      const size_t rb = dtype_row_bytes(sh.wt, sh.k);
+      const auto w = random_rows(sh.wt, sh.rows, sh.k, rng, [](int r) { return 0.01f + 0.001f * float(r % 5); });
+      std::vector<const uint8_t*> pages(size_t(sh.rows));
+      for (int r = 0; r < sh.rows; ++r) pages[r] = w.data() + size_t(sh.rows - 1 - r) * rb;  // reversed
+      const size_t xr = dtype_row_bytes(DType::Q8A, sh.k) + sh.x_pad;
+      std::vector<uint8_t> xq(size_t(sh.n_tok) * xr);
+      std::vector<float> xs(size_t(sh.k));
+      for (int t = 0; t < sh.n_tok; ++t) {
+        for (auto& v : xs) v = nd(rng);
+        sc.quantize_q8a(xs.data(), reinterpret_cast<BlockQ8A*>(xq.data() + t * xr), sh.k);
+      }
+      const int64_t ld = sh.rows + sh.ld_pad;
+      std::vector<float> ya(size_t(sh.n_tok) * ld, 0.f), yb(size_t(sh.n_tok) * ld, 0.f);
+      MatMulArgs a{sh.wt, w.data(), rb, sh.k, 0, sh.rows, xq.data(), xr, sh.n_tok, ya.data(), ld};
+      if (sh.paged) a.w_rows = pages.data();
+      matmul_amx(a, matmul_scalar);
+      a.dst = yb.data();
+      matmul_scalar(a);
+      float md = 0, mx = 0;
+      for (size_t i = 0; i < ya.size(); ++i) md = std::fmax(md, std::fabs(ya[i] - yb[i])), mx = std::fmax(mx, std::fabs(yb[i]));
+      printf("shape %s k=%lld rows=%d tokens=%d max diff %g of %g\n", dtype_name(sh.wt), static_cast<long long>(sh.k),
+             sh.rows, sh.n_tok, md, mx);
+    }
+  }
   {  // gathered rows (row_ids) over a row range that starts inside the matrix, as a thread's share does
     const DType wt = DType::Q4_1;
     const size_t rb = dtype_row_bytes(wt, k);
