@@ -1,6 +1,9 @@
 #include "executor/thread_pool.h"
 
 #include <chrono>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -15,9 +18,27 @@ namespace pyinfer {
 
 namespace {
 constexpr auto kSpinBeforeSleep = std::chrono::milliseconds(3);
+// Pauses before an oversubscribed waiter yields: about a microsecond, so a thread that is merely a little
+// behind is still waited for on the core, and one that was descheduled gets the core within a time slice.
+// Measured on a 2-core VM, SmolLM2, -t 4: decode 0.4 -> 78.5 tok/s, prefill 100 -> 859.
+constexpr int kYieldAfter = 256;
+}  // namespace
+
+int cores_available() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+#endif
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? int(n) : 1;
 }
 
-ThreadPool::ThreadPool(int n_threads) : n_(n_threads < 1 ? 1 : n_threads) {
+ThreadPool::ThreadPool(int n_threads)
+    : n_(n_threads < 1 ? 1 : n_threads), oversubscribed_(n_ > cores_available()) {
   threads_.reserve(size_t(n_ - 1));
   for (int i = 1; i < n_; ++i) threads_.emplace_back(&ThreadPool::worker, this, i);
 }
@@ -43,7 +64,16 @@ void ThreadPool::run(Task task, void* ctx) {
   }
   wake_.notify_all();
   task(ctx, 0, n_);
-  while (finished_.load(std::memory_order_acquire) != n_ - 1) cpu_relax();
+  int spins = 0;
+  while (finished_.load(std::memory_order_acquire) != n_ - 1) relax(spins);
+}
+
+void ThreadPool::relax(int& spins) const {
+  cpu_relax();
+  if (oversubscribed_ && ++spins >= kYieldAfter) {
+    spins = 0;
+    std::this_thread::yield();
+  }
 }
 
 void ThreadPool::barrier() {
@@ -53,7 +83,8 @@ void ThreadPool::barrier() {
     arrived_.store(0, std::memory_order_relaxed);
     phase_.fetch_add(1, std::memory_order_release);
   } else {
-    while (phase_.load(std::memory_order_acquire) == phase) cpu_relax();
+    int spins = 0;
+    while (phase_.load(std::memory_order_acquire) == phase) relax(spins);
   }
 }
 
@@ -63,8 +94,9 @@ void ThreadPool::worker(int ith) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
     if (gen == seen) {
       const auto until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+      int spins = 0;
       for (int spin = 0; gen == seen; ++spin) {
-        cpu_relax();
+        relax(spins);
         gen = generation_.load(std::memory_order_acquire);
         if ((spin & 1023) == 1023 && std::chrono::steady_clock::now() > until) {
           std::unique_lock<std::mutex> lock(mutex_);
