@@ -19,6 +19,7 @@
 #include "cuda_backend.h"
 #include "decode_graph.h"
 #include "executor/guards.h"
+#include "kernels/moe.cuh"
 #include "kernels/ops.cuh"
 
 namespace pyinfer {
@@ -87,6 +88,11 @@ class CudaBackend final : public Backend {
       case OpKind::KvStore: return g.tensors[size_t(n.dst)].type == DType::F16;
       case OpKind::RmsNorm: case OpKind::Quantize: case OpKind::Rope: case OpKind::Add: case OpKind::SiluMul:
       case OpKind::SelectRows: case OpKind::BiasRelu: case OpKind::ScatterCols: case OpKind::Copy: return true;
+      // Experts: whole merged tensors in device memory (streamed experts stay on the CPU).
+      case OpKind::MoeRoute: case OpKind::MoeCombine: case OpKind::MoeRouteSplit: return true;
+      case OpKind::MoeMatMul:
+        return !src(MoeMatMulSrc::weight).paged && weight_type_ok(src(MoeMatMulSrc::weight).type) &&
+               (src(MoeMatMulSrc::x).type == DType::F32 || src(MoeMatMulSrc::x).type == DType::Q8A);
       default: return false;
     }
   }
@@ -323,6 +329,32 @@ class CudaBackend final : public Backend {
         return cuda::down_axpy(rows_of(down, down.rows), rows_of(src(DownAxpySrc::act), rows),
                                rows_of(src(DownAxpySrc::active), rows), map >= 0 ? i32(DownAxpySrc::row_map) : nullptr,
                                rows_of(dst, rows), axpy_, stream_, q4t);
+      }
+      case OpKind::MoeRoute:
+        return cuda::moe_route(rows_of(src(MoeRouteSrc::logits), rows), rows_of(dst, rows), n.p.moe_route, stream_);
+      case OpKind::MoeMatMul: {
+        using S = MoeMatMulSrc;
+        const Tensor& w = src(S::weight);
+        const Tensor& x = src(S::x);
+        const bool cut = n.src[S::gate] >= 0;
+        cuda::MoeMatMulArgs a{rows_of(w, w.rows), rows_of(x, rows), rows_of(src(S::route), rows), rows_of(dst, rows),
+                              x.cols != w.cols, int64_t(dtype_row_bytes(x.type, w.cols)),
+                              cut ? static_cast<const float*>(src(S::gate).data) : nullptr,
+                              cut ? static_cast<const float*>(src(S::cut).data) : nullptr, n.p.moe, 0};
+        return cuda::moe_matmul(a, stream_);
+      }
+      case OpKind::MoeCombine: {
+        using S = MoeCombineSrc;
+        const bool shared = n.src[S::shared] >= 0;
+        const cuda::Rows sh = shared ? rows_of(src(S::shared), rows) : cuda::Rows{};
+        const cuda::Rows sg = shared ? rows_of(src(S::shared_gate), rows) : cuda::Rows{};
+        return cuda::moe_combine(rows_of(src(S::experts), rows), rows_of(src(S::route), rows), shared ? &sh : nullptr,
+                                 shared ? &sg : nullptr, rows_of(dst, rows), n.p.moe.k, stream_);
+      }
+      case OpKind::MoeRouteSplit: {
+        const Tensor& map = src(MoeRouteSplitSrc::map);
+        return cuda::moe_route_split(rows_of(src(MoeRouteSplitSrc::route), rows), static_cast<const int32_t*>(map.data),
+                                     int32_t(map.cols), n.p.moe.n_expert, rows_of(dst, rows), n.p.moe.k, stream_);
       }
       default: throw std::runtime_error(std::string("the CUDA backend has no kernel for ") + op_name(n.op));
     }

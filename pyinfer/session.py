@@ -117,9 +117,6 @@ class Session:
         self.placement = None
         if self.kind == "cpu" and vram_budget is not None:
             raise PyinferError("a VRAM budget (--vram-budget) needs a device: cuda or standin (--device)")
-        if self.kind == "cuda" and self.config.is_moe:
-            raise UnsupportedModelError("Mixture-of-Experts models have no CUDA kernels yet: run them on the CPU "
-                                        "(--device cpu), or check an expert placement with --device standin")
         if self.kind != "cpu":
             if self.kind == "cuda":
                 check_cuda(self.index)

@@ -291,3 +291,112 @@ def test_decode_steps_replayed_as_graphs_equal_launches(tiny_model_path, monkeyp
             out.append(m.forward([ids[-1]], len(ids) - 1, np.array([0]))[0])
         steps[graphs] = np.stack(out)
     np.testing.assert_array_equal(steps["1"], steps["0"])
+
+
+# ---- Mixture of Experts (kernels/moe.cu; csrc/backends/cpu/moe_ops.cpp is the reference) ------------------
+def expert_bytes(qtype, n_exp, rows, cols):
+    """n_exp experts of [rows, cols], merged as GGUF stores them (*_exps): [n_exp * rows, ...]."""
+    return weight_bytes(qtype, n_exp * rows, cols)
+
+
+# The route: ids exact (logits drawn apart from ties), weights within float rounding of exp in double.
+@pytest.mark.parametrize("gating,norm,scale", [(0, True, 0.0), (0, False, 0.0), (1, True, 2.5), (1, False, 0.0)])
+def test_moe_route(gating, norm, scale):
+    n_tok, n_exp, k = 7, 40, 4
+    logits = RNG.permutation(n_tok * n_exp).reshape(n_tok, n_exp).astype(np.float32) / 50
+    logits[2, 5] = np.nan  # ranks last, as on the CPU
+
+    cpu, gpu = both(lambda b: b.moe_route(f32(b, "logits", n_tok, n_exp, logits), k, norm=bool(norm), gating=gating,
+                                          scale=scale), n_tok)
+    np.testing.assert_array_equal(gpu[0][:, k:], cpu[0][:, k:])
+    np.testing.assert_allclose(gpu[0][:, :k], cpu[0][:, :k], rtol=1e-6)
+
+
+# The expert matmul: each slot the chosen expert's rows (its own x segment for down), within the dense matmul's
+# 1e-4; one token and several (prefill takes the same kernel here: a warp per expert row and token slot).
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("n_tok", [1, 5])
+@pytest.mark.parametrize("per_slot", [False, True])
+def test_moe_matmul(qtype, n_tok, per_slot):
+    n_exp, k, rows, cols = 6, 3, 40, 512
+    w = expert_bytes(qtype, n_exp, rows, cols)
+    x = RNG.standard_normal((n_tok, k * cols if per_slot else cols)).astype(np.float32)
+    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32)
+
+    def build(b):
+        route = b.moe_route(f32(b, "logits", n_tok, n_exp, logits), k)
+        return b.moe_matmul(b.weight("experts", int(qtype), cols, n_exp * rows, w), f32(b, "x", n_tok, x.shape[1], x),
+                            route, n_exp, k, "y")
+    close(*both(build, n_tok), 1e-4)
+
+
+# CATS inside the experts: one token computes only the rows whose gate passes their expert's cut (the others
+# exactly 0 on both sides); more tokens compute every row.
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q4_0, Q.Q4_K])
+@pytest.mark.parametrize("n_tok", [1, 3])
+def test_moe_matmul_with_gate_cuts(qtype, n_tok):
+    n_exp, k, rows, cols = 6, 3, 40, 256
+    w = expert_bytes(qtype, n_exp, rows, cols)
+    x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
+    gate = RNG.standard_normal((n_tok, k * rows)).astype(np.float32)
+    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32)
+    bounds = _core.gate_cut_bounds(1, RNG.uniform(0.05, 0.6, n_exp).astype(np.float32))
+
+    def build(b):
+        route = b.moe_route(f32(b, "logits", n_tok, n_exp, logits), k)
+        return b.moe_matmul(b.weight("experts", int(qtype), cols, n_exp * rows, w), f32(b, "x", n_tok, cols, x), route,
+                            n_exp, k, "y", gate=f32(b, "gate", n_tok, k * rows, gate),
+                            cut=f32(b, "cut", n_exp, 3, np.asarray(bounds, np.float32)), gate_fn=1)
+    cpu, gpu = both(build, n_tok)
+    if n_tok == 1:
+        assert 0 < (cpu[0] == 0).sum() < cpu[0].size
+        np.testing.assert_array_equal(gpu[0] == 0, cpu[0] == 0)
+    close(cpu, gpu, 1e-4)
+
+
+# The combine (with Qwen2-MoE's shared expert) and a route split between two sides' experts.
+@pytest.mark.parametrize("shared", [False, True])
+def test_moe_combine_and_route_split(shared):
+    n_tok, n_exp, k, d = 5, 8, 3, 300
+    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32)
+    experts = RNG.standard_normal((n_tok, k * d)).astype(np.float32)
+    local = np.array([[-1, 0, -1, 1, 2, -1, -1, 3]], np.int32)  # experts 1, 3, 4, 7 here; the rest elsewhere
+
+    def build(b):
+        route = b.moe_route(f32(b, "logits", n_tok, n_exp, logits), k)
+        split = b.moe_route_split(route, b.weight("map", int(DType.I32), n_exp, 1, local), 4, k, "split")
+        sh = f32(b, "shared", n_tok, d) if shared else None
+        sg = f32(b, "shared_gate", n_tok, 1) if shared else None
+        return split, b.moe_combine(f32(b, "experts", n_tok, k * d, experts), split, k, shared=sh, shared_gate=sg)
+    cpu, gpu = both(build, n_tok)
+    np.testing.assert_array_equal(gpu[0], cpu[0])
+    assert (cpu[0][:, k:] == -1).any() and (cpu[0][:, k:] >= 0).any()
+    close(cpu[1:], gpu[1:], 1e-5)
+
+
+# A tiny qwen3moe and qwen2moe (a shared expert) with every expert on the device, then about half of them (the
+# route split between the device and the CPU, both at once): logits within 1% of their scale on average and the
+# same greedy tokens, as the dense model above.
+@pytest.mark.parametrize("kind", ["qwen3moe", "qwen2moe"])
+def test_moe_model_whole_and_split(kind, tmp_path):
+    import pyinfer
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.place import expert_placement as ep
+    from tiny_model import write_tiny_arch
+
+    path = str(write_tiny_arch(tmp_path / f"{kind}.gguf", kind, seed=3, qtype=Q.Q8_0))
+    cpu = pyinfer.load(path, n_threads=2, n_ctx=64, progress=False)
+    ids = list(range(3, 23))
+    want = cpu.eval(ids, all_logits=True)
+    f = GGUFModelFile(path)
+    minimum = sum(ep.fixed_bytes(f, cpu.config, 64).values())
+    half = minimum + sum(ep.expert_bytes(f, cpu.config)) * cpu.config.n_expert // 2
+    device = "standin" if DEVICE == "standin" else DEVICE
+    for budget in ("4G", half):
+        m = pyinfer.load(path, n_threads=2, n_ctx=64, device=device, vram_budget=budget, progress=False)
+        if budget == half:
+            assert m.session.placement["split_layers"]
+        got = m.eval(ids, all_logits=True)
+        assert np.abs(got - want).mean() <= 0.01 * np.abs(want).mean()
+        assert m.generate("Once upon a time", max_tokens=8, temperature=0) == \
+            cpu.generate("Once upon a time", max_tokens=8, temperature=0)

@@ -24,7 +24,7 @@ compared with is printed beside it.
 A Mixture-of-Experts model is placed by whole experts: what every token reads (attention, routers, shared
 experts) comes first, then each layer's most-chosen experts from its routing profile (measured once and
 cached, or `pyinfer profile`), the program maximizing the CPU time moved net of a synchronization for every
-layer not placed whole. Such a placement runs with --device standin today (MoE has no CUDA kernels yet)."""
+layer not placed whole. Such a placement runs with --device cuda (kernels/moe.cu) or --device standin."""
 
 
 def add_parser(sub, model_args, sparsity_args) -> None:

@@ -80,6 +80,18 @@ def check_cuda(index: int) -> dict:
     return devices[index]
 
 
+def _default_budget(kind: str, index: int, vram_budget):
+    """The budget as given, or on a GPU its free memory less a margin; the stand-in has none of its own."""
+    if vram_budget is not None:
+        return vram_budget
+    if kind != "cuda":
+        raise PyinferError("device='standin' needs a vram_budget (a size, or a file from `pyinfer place`)")
+    free = check_cuda(index).get("free")
+    if free is None:
+        raise PyinferError("cannot read free GPU memory (install cuda-python); pass --vram-budget SIZE")
+    return max(free - MARGIN_BYTES, 1)
+
+
 def resolve_placement(kind: str, index: int, vram_budget, gguf, cfg, plan, n_ctx: int,
                       cache_type: str = "f16") -> dict:
     """The placement (as `pyinfer place` writes it) for this load."""
@@ -91,13 +103,7 @@ def resolve_placement(kind: str, index: int, vram_budget, gguf, cfg, plan, n_ctx
     if isinstance(vram_budget, (str, os.PathLike)) and os.path.isfile(vram_budget):
         return check_placement(read_placement(str(vram_budget), gguf.fingerprint()), cfg, plan, n_ctx, cache_type,
                                str(vram_budget))
-    if vram_budget is None:
-        if kind != "cuda":
-            raise PyinferError("device='standin' needs a vram_budget (a size, or a file from `pyinfer place`)")
-        free = check_cuda(index).get("free")
-        if free is None:
-            raise PyinferError("cannot read free GPU memory (install cuda-python); pass --vram-budget SIZE")
-        vram_budget = max(free - MARGIN_BYTES, 1)
+    vram_budget = _default_budget(kind, index, vram_budget)
     from .measure import sync_seconds
 
     sync, how = sync_seconds(index, 4 * cfg.d_model) if kind == "cuda" else (0.0, "stand-in: no transfer cost")
@@ -117,14 +123,17 @@ def resolve_expert_placement(session, vram_budget, n_ctx: int, cache_type: str =
     from ..tools.json_file import read_bound_json
     from .expert_placement import FORMAT, check_expert_placement, place_experts
     from .gpu_placement import GpuCosts
+    from .measure import sync_seconds
 
     if isinstance(vram_budget, (str, os.PathLike)) and os.path.isfile(vram_budget):
         d = read_bound_json(str(vram_budget), FORMAT, session.gguf.fingerprint(), "expert placement", "pyinfer place")
         return check_expert_placement(d, session.config, n_ctx, cache_type, str(vram_budget))
-    if vram_budget is None:
-        raise PyinferError("device='standin' needs a vram_budget (a size, or a file from `pyinfer place`)")
-    costs = GpuCosts(DEFAULT_CPU_SECONDS_PER_BYTE, 0.0, {"cpu_seconds_per_byte": "default (pyinfer place measures "
-                                                          "it)", "sync_seconds": "stand-in: no transfer cost"})
+    kind, index = session.kind, session.index
+    vram_budget = _default_budget(kind, index, vram_budget)
+    sync, how = sync_seconds(index, 4 * session.config.d_model) if kind == "cuda" else (0.0, "stand-in: no transfer "
+                                                                                           "cost")
+    costs = GpuCosts(DEFAULT_CPU_SECONDS_PER_BYTE, sync, {"cpu_seconds_per_byte": "default (pyinfer place measures "
+                                                          "it)", "sync_seconds": how})
     counts = cached_profile(session, progress)["counts"]
     return place_experts(session.gguf, session.config, parse_size(vram_budget), n_ctx, costs, counts,
                          cache_type=cache_type).summary()

@@ -1,0 +1,211 @@
+// Mixture-of-Experts ops on the device (csrc/backends/cpu/moe_ops.cpp is the reference): the router's top k,
+// the chosen experts' matmuls (CATS cuts inside them for one token), the weighted combine and a route's split
+// between the device's experts and the CPU's. A route is F32 [T, 2k]: k weights, best first, then the k expert
+// ids as floats (-1: another backend's expert, whose slot this side leaves 0).
+//
+// The CPU checks ids and throws; a kernel cannot, so here an id outside [0, n) is treated as another side's
+// expert (its slot 0). On the device the route always comes from MoeRoute or MoeRouteSplit run here, whose ids
+// are in range by construction, and the graph refuses any other writer of a route (graph.cpp).
+#include <cuda_runtime.h>
+
+#include "kernels/common.cuh"
+#include "kernels/dequant.cuh"
+#include "kernels/dot_q8a.cuh"
+#include "kernels/moe.cuh"
+
+namespace pyinfer::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxGridY = 65535;
+
+// Expert id of slot s of a route row, or -1 for another side's expert or an id outside [0, n).
+__device__ __forceinline__ int32_t route_expert(const float* r, int32_t k, int32_t s, int32_t n) {
+  const float v = r[k + s];
+  return v >= 0.f && v < float(n) ? int32_t(v) : -1;
+}
+
+__device__ __forceinline__ float finite_or_lowest(float v) { return isnan(v) ? -INFINITY : v; }
+
+// One thread per token: insertion of each logit into the top k (earlier experts first among equals, NaN last),
+// then softmax over all logits (in double, as the CPU) or sigmoid of the chosen, renormalized and scaled.
+__global__ void moe_route_kernel(Rows logits, Rows route, MoeRouteParams p) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= route.rows) return;
+  const float* l = at<const float>(logits, t);
+  float* w = at<float>(route, t);
+  float* ids = w + p.k;
+  int32_t chosen = 0;
+  for (int32_t e = 0; e < p.n_expert; ++e) {
+    const float v = finite_or_lowest(l[e]);
+    if (chosen == p.k && v <= w[p.k - 1]) continue;
+    int32_t pos = chosen < p.k ? chosen++ : p.k - 1;
+    while (pos > 0 && w[pos - 1] < v) {
+      w[pos] = w[pos - 1];
+      ids[pos] = ids[pos - 1];
+      --pos;
+    }
+    w[pos] = v;
+    ids[pos] = float(e);
+  }
+  const float top = w[0];
+  if (!isfinite(top)) {  // no usable logit: equal weights, not NaN
+    for (int32_t s = 0; s < p.k; ++s) w[s] = 1.f / float(p.k);
+    return;
+  }
+  if (p.gating == MoeGating::Softmax) {
+    double sum = 0;
+    for (int32_t e = 0; e < p.n_expert; ++e) sum += exp(double(finite_or_lowest(l[e])) - double(top));
+    for (int32_t s = 0; s < p.k; ++s) w[s] = float(exp(double(w[s]) - double(top)) / sum);
+  } else {
+    for (int32_t s = 0; s < p.k; ++s) w[s] = 1.f / (1.f + expf(-w[s]));
+  }
+  if (p.norm) {  // the sum clamped at the smallest normal fp16, as llama.cpp
+    float sum = 0;
+    for (int32_t s = 0; s < p.k; ++s) sum += w[s];
+    sum = fmaxf(sum, 6.103515625e-5f);
+    for (int32_t s = 0; s < p.k; ++s) w[s] /= sum;
+  }
+  if (p.scale != 0.f && p.scale != 1.f)
+    for (int32_t s = 0; s < p.k; ++s) w[s] *= p.scale;
+}
+
+// Where a warp of the expert matmul works: expert row `r` of slot s of token t, and whether it computes it.
+struct ExpertRow {
+  Rows w;      // the chosen expert's rows [rows_e, cols]
+  Rows x;      // token t's input (its slot's segment for down), one row
+  Rows y;      // token t's slot s outputs [rows_e], one row
+  bool skip;   // another side's expert, or a row its gate's cut leaves out: write 0
+};
+
+__device__ __forceinline__ ExpertRow expert_row(const MoeMatMulArgs& a, int64_t pair, int64_t r) {
+  const int32_t k = a.p.k;
+  const int64_t t = pair / k;
+  const int32_t s = int32_t(pair % k);
+  const int64_t rows_e = a.w.rows / a.p.n_expert;
+  const int32_t e = route_expert(at<const float>(a.route, t), k, s, a.p.n_expert);
+  ExpertRow out;
+  out.w = Rows{a.w.data + (e < 0 ? 0 : e) * rows_e * a.w.stride, rows_e, a.w.cols, a.w.stride, a.w.type};
+  out.x = Rows{a.x.data + t * a.x.stride + (a.per_slot ? s * a.seg_bytes : 0), 1, a.w.cols, a.x.stride, a.x.type};
+  out.y = Rows{a.y.data + t * a.y.stride + s * rows_e * int64_t(sizeof(float)), 1, rows_e, a.y.stride, DType::F32};
+  out.skip = e < 0;
+  if (!out.skip && a.gate != nullptr) {  // one token: CATS, the expert's bounds (hi, lo, mid)
+    const float* b = a.cut + 3 * e;
+    const float g = a.gate[s * rows_e + r];
+    out.skip = !((g > b[0]) | ((g > b[1]) & (g < b[2])));
+  }
+  return out;
+}
+
+// One warp per (expert row, token slot pair); x of any activation type, the weight's elements one by one.
+__global__ void moe_matmul_kernel(MoeMatMulArgs a) {
+  const int64_t rows_e = a.w.rows / a.p.n_expert;
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows_e) return;
+  for (int64_t pair = blockIdx.y; pair < a.pairs; pair += gridDim.y) {
+    const ExpertRow er = expert_row(a, pair, r);
+    if (er.skip) {
+      if (lane == 0) at<float>(er.y, 0)[r] = 0.f;
+      continue;
+    }
+    const uint8_t* wr = er.w.data + r * er.w.stride;
+    float acc = 0.f;
+    for (int64_t c = lane; c < er.w.cols; c += 32) acc += weight_elem(er.w.type, wr, c) * act_elem(er.x.type, er.x.data, c);
+    acc = warp_sum(acc);
+    if (lane == 0) at<float>(er.y, 0)[r] = acc;
+  }
+}
+
+// The same against Q8A activations for the block types: the dense matmul's warp dot on the expert's rows.
+template <DType T>
+__global__ void moe_matmul_q8a_kernel(MoeMatMulArgs a) {
+  const int64_t rows_e = a.w.rows / a.p.n_expert;
+  const int64_t r = int64_t(blockIdx.x) * kDotWarps + threadIdx.x / 32;
+  if (r >= rows_e) return;
+  for (int64_t pair = blockIdx.y; pair < a.pairs; pair += gridDim.y) {
+    const ExpertRow er = expert_row(a, pair, r);
+    if (er.skip) {
+      if (threadIdx.x % 32 == 0) at<float>(er.y, 0)[r] = 0.f;
+      continue;
+    }
+    warp_row_dot_q8a<T, 1>(er.w, r, er.x, 0, 1, er.y);
+  }
+}
+
+// One block per token (its columns over the threads): y = sum_s w[s] * experts[slot s] (+ sigmoid(gate) * shared),
+// in the CPU's order of additions.
+__global__ void moe_combine_kernel(Rows experts, Rows route, Rows shared, Rows shared_gate, Rows y, int32_t k) {
+  const int64_t t = blockIdx.x;
+  const float* w = at<const float>(route, t);
+  const float* e = at<const float>(experts, t);
+  float* out = at<float>(y, t);
+  const float sg = shared.data ? 1.f / (1.f + expf(-at<const float>(shared_gate, t)[0])) : 0.f;
+  for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.y) * blockDim.x) {
+    float v = w[0] * e[c];
+    for (int32_t s = 1; s < k; ++s) v += w[s] * e[s * y.cols + c];
+    if (shared.data) v += sg * at<const float>(shared, t)[c];
+    out[c] = v;
+  }
+}
+
+// One thread per token: slot s keeps its weight and becomes this side's local id, or weight 0 and -1.
+__global__ void moe_route_split_kernel(Rows route, const int32_t* map, int32_t n_route, int32_t n_local, Rows out,
+                                       int32_t k) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= out.rows) return;
+  const float* r = at<const float>(route, t);
+  float* o = at<float>(out, t);
+  for (int32_t s = 0; s < k; ++s) {
+    const int32_t e = route_expert(r, k, s, n_route);
+    int32_t local = e >= 0 ? map[e] : -1;
+    if (local < -1 || local >= n_local) local = -1;
+    o[s] = local >= 0 ? r[s] : 0.f;
+    o[k + s] = float(local);
+  }
+}
+
+unsigned col_blocks(int64_t cols) {
+  const int64_t b = (cols + kThreads - 1) / kThreads;
+  return unsigned(b < 64 ? b : 64);
+}
+
+}  // namespace
+
+void moe_route(const Rows& logits, const Rows& route, const MoeRouteParams& p, cudaStream_t s) {
+  if (route.rows > 0)
+    moe_route_kernel<<<unsigned((route.rows + 127) / 128), 128, 0, s>>>(logits, route, p);
+}
+
+void moe_matmul(MoeMatMulArgs a, cudaStream_t s) {
+  a.pairs = a.y.rows * a.p.k;
+  if (a.pairs <= 0) return;
+  if (a.y.rows != 1) a.gate = nullptr, a.cut = nullptr;  // cuts apply to one-token runs only, as on the CPU
+  const int64_t rows_e = a.w.rows / a.p.n_expert;
+  const unsigned pairs = unsigned(a.pairs < kMaxGridY ? a.pairs : kMaxGridY);
+  if (a.x.type == DType::Q8A && has_block_dot(a.w.type)) {
+    const dim3 grid(unsigned((rows_e + kDotWarps - 1) / kDotWarps), pairs);
+#define PYINFER_LAUNCH(T) moe_matmul_q8a_kernel<T><<<grid, kDotWarps * 32, 0, s>>>(a)
+    switch (a.w.type) { PYINFER_BLOCK_DOT_CASES(PYINFER_LAUNCH) default: break; }
+#undef PYINFER_LAUNCH
+    return;
+  }
+  const int warps = kThreads / 32;
+  moe_matmul_kernel<<<dim3(unsigned((rows_e + warps - 1) / warps), pairs), kThreads, 0, s>>>(a);
+}
+
+void moe_combine(const Rows& experts, const Rows& route, const Rows* shared, const Rows* shared_gate, const Rows& y,
+                 int32_t k, cudaStream_t s) {
+  if (y.rows <= 0) return;
+  const Rows none{nullptr, 0, 0, 0, DType::F32};
+  moe_combine_kernel<<<dim3(unsigned(y.rows), col_blocks(y.cols)), kThreads, 0, s>>>(
+      experts, route, shared ? *shared : none, shared_gate ? *shared_gate : none, y, k);
+}
+
+void moe_route_split(const Rows& route, const int32_t* map, int32_t n_route, int32_t n_local, const Rows& out,
+                     int32_t k, cudaStream_t s) {
+  if (out.rows > 0)
+    moe_route_split_kernel<<<unsigned((out.rows + 127) / 128), 128, 0, s>>>(route, map, n_route, n_local, out, k);
+}
+
+}  // namespace pyinfer::cuda
