@@ -857,6 +857,29 @@ def test_the_expert_program_is_optimal_and_splits_only_what_pays(paths):
         ep.place_experts(f, cfg, minimum - 1, 64, GpuCosts(spb, 0.0), counts)
 
 
+def test_room_left_holds_the_experts_the_profile_never_saw(paths):
+    """Experts no profiled token chose are worth nothing to the program, yet a later prompt may choose them: with
+    room for every expert, every expert is placed and no layer is split; with room for part, the room left after
+    the program's answer still takes whole layers first."""
+    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.place import expert_placement as ep
+    from pyinfer.place.gpu_placement import GpuCosts
+
+    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
+    cfg = f.llama_config()
+    counts = np.zeros((cfg.n_layers, cfg.n_expert))
+    counts[:, :3] = 10.0  # five of eight experts per layer never chosen
+    per = ep.expert_bytes(f, cfg)
+    minimum = sum(ep.fixed_bytes(f, cfg, 64).values())
+    everything = minimum + sum(per) * cfg.n_expert + ep.head_bytes(f) + 10
+    p = ep.place_experts(f, cfg, everything, 64, GpuCosts(1e-9, 0.0), counts)
+    assert all(len(g) == cfg.n_expert for g in p.gpu_experts) and not p.split_layers
+    one_layer_more = minimum + ep.head_bytes(f) + (3 * cfg.n_layers + cfg.n_expert - 3) * per[0] + 10
+    p = ep.place_experts(f, cfg, one_layer_more, 64, GpuCosts(1e-9, 0.0), counts)
+    assert sorted(map(len, p.gpu_experts)) == [3] * (cfg.n_layers - 1) + [cfg.n_expert]
+    assert p.mass_on_gpu == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize("kind", MOE_KINDS)
 @pytest.mark.parametrize("share", [0.0, 0.4, 1.0])
 def test_experts_split_with_the_standin_device_give_the_cpu_answer(paths, monkeypatch, kind, share):

@@ -85,6 +85,27 @@ def route_shares(cfg: LlamaConfig, counts: np.ndarray | None) -> np.ndarray:
     return c / np.maximum(c.sum(1, keepdims=True), 1e-30) * k
 
 
+def fill_leftover(kept: list[int], per_expert: list[int], n_expert: int, capacity: float, head: int) -> list[int]:
+    """The program's answer with the room it left filled by the experts it did not take: experts the profile
+    never saw chosen are worth nothing to it (value 0), yet a later prompt may choose them, and a layer made
+    whole needs no synchronization. Layers nearest to whole are completed first, then the rest take what still
+    fits, in profile order. Adds only experts that fit; the head (last item) is left as chosen."""
+    kept = list(kept)
+    per = [float(b) for b in per_expert]
+    room = capacity - sum(k * b for k, b in zip(kept[:-1], per)) - (head if kept[-1] else 0)
+    for il in sorted(range(len(per)), key=lambda i: (n_expert - kept[i]) * per[i]):
+        missing = (n_expert - kept[il]) * per[il]
+        if 0 < missing <= room:
+            kept[il] = n_expert
+            room -= missing
+    for il in range(len(per)):
+        extra = min(n_expert - kept[il], int(room // per[il]) if per[il] > 0 else 0)
+        if extra > 0:
+            kept[il] += extra
+            room -= extra * per[il]
+    return kept
+
+
 def place_experts(gguf: GGUFModelFile, cfg: LlamaConfig, vram_budget: int, n_ctx: int, costs: GpuCosts,
                   counts: np.ndarray | None = None, time_limit: float = 10.0,
                   cache_type: str = "f16") -> ExpertPlacement:
@@ -121,6 +142,10 @@ def place_experts(gguf: GGUFModelFile, cfg: LlamaConfig, vram_budget: int, n_ctx
         # bonus) did worse: the plain greedy fill is the better answer to give.
         answer = KnapsackAnswer(greedy.kept, 0.0, greedy.used, "greedy", answer.seconds + greedy.seconds,
                                 answer.info)
+    kept = fill_leftover(answer.kept, per_expert, cfg.n_expert, program.capacity, head)
+    if kept != answer.kept:
+        answer = KnapsackAnswer(kept, plain.value(kept), answer.used, answer.solver, answer.seconds,
+                                dict(answer.info, filled_leftover=int(sum(kept[:-1]) - sum(answer.kept[:-1]))))
     gpu = [sorted(int(e) for e in o[:k]) for o, k in zip(order, answer.kept)]
     # Greedy's split layers whose missing experts are worth less than the synchronization finishing them saves.
     losing = [il for il, k in enumerate(greedy.kept[:-1]) if 0 < k < cfg.n_expert and sum(value[il][k:]) < sync]
