@@ -22,8 +22,10 @@ pytestmark = pytest.mark.skipif(DEVICE != "standin" and not (_core.cuda_built() 
 RNG = np.random.default_rng(7)
 
 
-def both(build, n_tokens: int, max_tokens: int = 16, **run_kw):
-    """(CPU outputs, GPU outputs) of the graph `build(b)` returns, every node on the device for the second."""
+def both(build, n_tokens: int, max_tokens: int = 16, before: list[dict] | None = None, **run_kw):
+    """(CPU outputs, GPU outputs) of the graph `build(b)` returns, every node on the device for the second.
+    `before`: keyword arguments of earlier runs of the same engine (outputs then hold that run's values, so a
+    kernel that skips writing a 0 is caught; a fresh device buffer starts as zeros)."""
     global RNG
     outs = []
     for device in (False, True):
@@ -39,6 +41,8 @@ def both(build, n_tokens: int, max_tokens: int = 16, **run_kw):
             kw = {"placement": placement, "backend_threads": [1, 1], "backend_memory": [0, 1],
                   "backend_kinds": ["cpu", "cpu" if DEVICE == "standin" else DEVICE]}
         e = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=2, **kw)
+        for earlier in before or []:
+            e.run(n_tokens, **earlier)
         e.run(n_tokens, **run_kw)
         n_out = len(run_kw.get("out_ids", []))
         rows = {_core.RowMode.TOKENS: n_tokens, _core.RowMode.OUTPUTS: n_out}
@@ -299,6 +303,29 @@ def expert_bytes(qtype, n_exp, rows, cols):
     return weight_bytes(qtype, n_exp * rows, cols)
 
 
+def routed_logits(b, n_tok, n_exp, table=None):
+    """F32 [T, n_exp] router logits picked by the run's token ids from a table of 64 rows: each MoE test runs
+    twice (twice_routed), so a slot the second route leaves 0 held the first run's numbers."""
+    table = RNG.standard_normal((64, n_exp)).astype(np.float32) if table is None else table
+    return b.get_rows(f32(b, "logit_table", 64, n_exp, table), token_ids(b), "logits")
+
+
+def token_ids(b):
+    """The run's token ids (I32 [T]), one input tensor however often asked for."""
+    if b.graph.input_tokens < 0:
+        b.graph.input_tokens = b.input("tokens").id
+    from pyinfer.runtime.graph_builder import T
+
+    return T(b.graph.input_tokens, 1, DType.I32, _core.RowMode.TOKENS)
+
+
+def twice_routed(n_tok):
+    """Keyword arguments for both(): a first run of some token ids, then the compared run of others."""
+    ids = RNG.permutation(64)
+    return {"before": [{"tokens": np.resize(ids, n_tok).astype(np.int32)}],
+            "tokens": np.resize(ids[::-1], n_tok).astype(np.int32)}
+
+
 # The route: ids exact (logits drawn apart from ties), weights within float rounding of exp in double.
 @pytest.mark.parametrize("gating,norm,scale", [(0, True, 0.0), (0, False, 0.0), (1, True, 2.5), (1, False, 0.0)])
 def test_moe_route(gating, norm, scale):
@@ -313,7 +340,7 @@ def test_moe_route(gating, norm, scale):
 
 
 # The expert matmul: each slot the chosen expert's rows (its own x segment for down), within the dense matmul's
-# 1e-4; one token and several (prefill takes the same kernel here: a warp per expert row and token slot).
+# 1e-4; one token (a warp per expert row and slot) and several (grouped by expert).
 @pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K])
 @pytest.mark.parametrize("n_tok", [1, 5])
 @pytest.mark.parametrize("per_slot", [False, True])
@@ -321,13 +348,33 @@ def test_moe_matmul(qtype, n_tok, per_slot):
     n_exp, k, rows, cols = 6, 3, 40, 512
     w = expert_bytes(qtype, n_exp, rows, cols)
     x = RNG.standard_normal((n_tok, k * cols if per_slot else cols)).astype(np.float32)
-    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32)
 
     def build(b):
-        route = b.moe_route(f32(b, "logits", n_tok, n_exp, logits), k)
+        route = b.moe_route(routed_logits(b, n_tok, n_exp), k)
         return b.moe_matmul(b.weight("experts", int(qtype), cols, n_exp * rows, w), f32(b, "x", n_tok, x.shape[1], x),
                             route, n_exp, k, "y")
-    close(*both(build, n_tok), 1e-4)
+    close(*both(build, n_tok, **twice_routed(n_tok)), 1e-4)
+
+
+# Many tokens: more (token, slot) pairs than one pass of the grouped kernel gathers (1,024), and a split route
+# whose other side's slots (id -1) must come out 0, in decode and grouped alike.
+@pytest.mark.parametrize("n_tok", [1, 7, 300])
+def test_moe_matmul_many_pairs_and_a_split_route(n_tok):
+    n_exp, k, rows, cols = 6, 4, 40, 256
+    w = expert_bytes(Q.Q4_0, n_exp, rows, cols)
+    x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
+    local = np.array([[0, -1, 1, -1, 2, 3]], np.int32)  # experts 1 and 3 are the other side's
+    w_local = np.concatenate([w[e * rows:(e + 1) * rows] for e in (0, 2, 4, 5)])
+
+    def build(b):
+        route = b.moe_route(routed_logits(b, n_tok, n_exp), k)
+        split = b.moe_route_split(route, b.weight("map", int(DType.I32), n_exp, 1, local), 4, k, "split")
+        X = f32(b, "x", n_tok, cols, x)
+        return (b.moe_matmul(b.weight("experts", int(Q.Q4_0), cols, n_exp * rows, w), X, route, n_exp, k, "y"),
+                b.moe_matmul(b.weight("local", int(Q.Q4_0), cols, 4 * rows, w_local), X, split, 4, k, "y_local"))
+    cpu, gpu = both(build, n_tok, max_tokens=n_tok, **twice_routed(n_tok))
+    assert (cpu[1] == 0).any()
+    close(cpu, gpu, 1e-4)
 
 
 # CATS inside the experts: one token computes only the rows whose gate passes their expert's cut (the others
@@ -338,16 +385,16 @@ def test_moe_matmul_with_gate_cuts(qtype, n_tok):
     n_exp, k, rows, cols = 6, 3, 40, 256
     w = expert_bytes(qtype, n_exp, rows, cols)
     x = RNG.standard_normal((n_tok, cols)).astype(np.float32)
-    gate = RNG.standard_normal((n_tok, k * rows)).astype(np.float32)
-    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32)
+    gate = RNG.standard_normal((64, k * rows)).astype(np.float32)
     bounds = _core.gate_cut_bounds(1, RNG.uniform(0.05, 0.6, n_exp).astype(np.float32))
 
-    def build(b):
-        route = b.moe_route(f32(b, "logits", n_tok, n_exp, logits), k)
+    def build(b):  # the gate, like the route, picked by the run's tokens: the two runs cut different rows
+        route = b.moe_route(routed_logits(b, n_tok, n_exp), k)
+        g = b.get_rows(f32(b, "gate_table", 64, k * rows, gate), token_ids(b), "gate")
         return b.moe_matmul(b.weight("experts", int(qtype), cols, n_exp * rows, w), f32(b, "x", n_tok, cols, x), route,
-                            n_exp, k, "y", gate=f32(b, "gate", n_tok, k * rows, gate),
-                            cut=f32(b, "cut", n_exp, 3, np.asarray(bounds, np.float32)), gate_fn=1)
-    cpu, gpu = both(build, n_tok)
+                            n_exp, k, "y", gate=g, cut=f32(b, "cut", n_exp, 3, np.asarray(bounds, np.float32)),
+                            gate_fn=1)
+    cpu, gpu = both(build, n_tok, **twice_routed(n_tok))
     if n_tok == 1:
         assert 0 < (cpu[0] == 0).sum() < cpu[0].size
         np.testing.assert_array_equal(gpu[0] == 0, cpu[0] == 0)
