@@ -12,6 +12,7 @@
 #include "kernels/dequant.cuh"
 #include "kernels/dot_q8a.cuh"
 #include "kernels/moe.cuh"
+#include "kernels/moe_route_row.h"
 
 namespace pyinfer::cuda {
 namespace {
@@ -25,49 +26,10 @@ __device__ __forceinline__ int32_t route_expert(const float* r, int32_t k, int32
   return v >= 0.f && v < float(n) ? int32_t(v) : -1;
 }
 
-__device__ __forceinline__ float finite_or_lowest(float v) { return isnan(v) ? -INFINITY : v; }
-
-// One thread per token: insertion of each logit into the top k (earlier experts first among equals, NaN last),
-// then softmax over all logits (in double, as the CPU) or sigmoid of the chosen, renormalized and scaled.
+// One thread per token (kernels/moe_route_row.h, the CPU's own code).
 __global__ void moe_route_kernel(Rows logits, Rows route, MoeRouteParams p) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= route.rows) return;
-  const float* l = at<const float>(logits, t);
-  float* w = at<float>(route, t);
-  float* ids = w + p.k;
-  int32_t chosen = 0;
-  for (int32_t e = 0; e < p.n_expert; ++e) {
-    const float v = finite_or_lowest(l[e]);
-    if (chosen == p.k && v <= w[p.k - 1]) continue;
-    int32_t pos = chosen < p.k ? chosen++ : p.k - 1;
-    while (pos > 0 && w[pos - 1] < v) {
-      w[pos] = w[pos - 1];
-      ids[pos] = ids[pos - 1];
-      --pos;
-    }
-    w[pos] = v;
-    ids[pos] = float(e);
-  }
-  const float top = w[0];
-  if (!isfinite(top)) {  // no usable logit: equal weights, not NaN
-    for (int32_t s = 0; s < p.k; ++s) w[s] = 1.f / float(p.k);
-    return;
-  }
-  if (p.gating == MoeGating::Softmax) {
-    double sum = 0;
-    for (int32_t e = 0; e < p.n_expert; ++e) sum += exp(double(finite_or_lowest(l[e])) - double(top));
-    for (int32_t s = 0; s < p.k; ++s) w[s] = float(exp(double(w[s]) - double(top)) / sum);
-  } else {
-    for (int32_t s = 0; s < p.k; ++s) w[s] = 1.f / (1.f + expf(-w[s]));
-  }
-  if (p.norm) {  // the sum clamped at the smallest normal fp16, as llama.cpp
-    float sum = 0;
-    for (int32_t s = 0; s < p.k; ++s) sum += w[s];
-    sum = fmaxf(sum, 6.103515625e-5f);
-    for (int32_t s = 0; s < p.k; ++s) w[s] /= sum;
-  }
-  if (p.scale != 0.f && p.scale != 1.f)
-    for (int32_t s = 0; s < p.k; ++s) w[s] *= p.scale;
+  if (t < route.rows) moe_route_row(at<const float>(logits, t), at<float>(route, t), p);
 }
 
 // Where a warp of the expert matmul works: expert row `r` of slot s of token t, and whether it computes it.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/cpu/sparse_ops.h"
+#include "kernels/moe_route_row.h"
 #include "kernels/ops_float.h"
 
 namespace pyinfer {
@@ -24,8 +25,6 @@ inline int32_t route_id(const float* r, int32_t k, int32_t s, int32_t n) {
   if (v == -1.f) return kNotHere;
   return v >= 0.f && v < float(n) ? int32_t(v) : kBadId;
 }
-
-inline float finite_or_lowest(float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; }
 
 }  // namespace
 
@@ -48,46 +47,7 @@ void cpu_moe_route(const Graph& g, const Node& n, const RunShape& shape, int ith
   const MoeRouteParams& P = n.p.moe_route;
   int64_t r0, r1;
   thread_share(rows_in_run(dst, shape), ith, nth, 1, r0, r1);
-  for (int64_t t = r0; t < r1; ++t) {
-    const float* l = row_ptr<const float>(logits, t);
-    float* out = row_ptr<float>(dst, t);
-    float* w = out;           // [k] weights, best first
-    float* ids = out + P.k;   // [k] expert ids as floats
-    // Softmax and sigmoid are increasing: the top k probabilities are the top k logits (NaN ranks last).
-    int32_t chosen = 0;
-    for (int32_t e = 0; e < P.n_expert; ++e) {
-      const float v = finite_or_lowest(l[e]);
-      if (chosen == P.k && v <= w[P.k - 1]) continue;
-      int32_t pos = chosen < P.k ? chosen++ : P.k - 1;
-      while (pos > 0 && w[pos - 1] < v) {  // earlier experts first among equals, as a stable sort
-        w[pos] = w[pos - 1];
-        ids[pos] = ids[pos - 1];
-        --pos;
-      }
-      w[pos] = v;
-      ids[pos] = float(e);
-    }
-    const float top = w[0];
-    if (!std::isfinite(top)) {  // no usable logit (NaN or infinite everywhere): equal weights, not NaN
-      for (int32_t s = 0; s < P.k; ++s) w[s] = 1.f / float(P.k);
-      continue;
-    }
-    if (P.gating == MoeGating::Softmax) {
-      double sum = 0;
-      for (int32_t e = 0; e < P.n_expert; ++e) sum += std::exp(double(finite_or_lowest(l[e])) - top);
-      for (int32_t s = 0; s < P.k; ++s) w[s] = float(std::exp(double(w[s]) - top) / sum);
-    } else {
-      for (int32_t s = 0; s < P.k; ++s) w[s] = 1.f / (1.f + std::exp(-w[s]));
-    }
-    if (P.norm) {  // llama.cpp clamps the sum at the smallest normal fp16 before dividing
-      float sum = 0;
-      for (int32_t s = 0; s < P.k; ++s) sum += w[s];
-      sum = std::max(sum, 6.103515625e-5f);
-      for (int32_t s = 0; s < P.k; ++s) w[s] /= sum;
-    }
-    if (P.scale != 0.f && P.scale != 1.f)
-      for (int32_t s = 0; s < P.k; ++s) w[s] *= P.scale;
-  }
+  for (int64_t t = r0; t < r1; ++t) moe_route_row(row_ptr<const float>(logits, t), row_ptr<float>(dst, t), P);
 }
 
 void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,
