@@ -56,7 +56,7 @@ def test_prefill_chunk_at_depth(benchmark, isa, cache, depth):
     positions = np.arange(depth - 512, depth, dtype=np.int32)
     eng, T = _engine(depth, positions, cache, isa)
     benchmark.extra_info.update(tokens=T, depth=depth)
-    benchmark.pedantic(eng.run, args=(T,), kwargs={"positions": positions}, rounds=3, iterations=1)
+    benchmark.pedantic(eng.run, args=(T,), kwargs={"positions": positions}, rounds=5, iterations=1, warmup_rounds=1)
 
 
 @pytest.mark.parametrize("isa", ISAS)

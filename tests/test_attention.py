@@ -209,3 +209,22 @@ def test_a_key_a_row_cannot_see_never_reaches_it(isa):
                      np.arange(n - 1), heads, kv_heads, hd, 0)
     assert np.isfinite(got[:-1]).all()
     np.testing.assert_allclose(got[:-1], want, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.filterwarnings("ignore:overflow")
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("window", [5, 9])
+def test_a_key_that_left_the_window_never_reaches_it(isa, window):
+    """The window's lower edge: an inf value at position 0 reaches only the tokens whose window still holds
+    it. The kernels' register tiles hold rows of two or three tokens, so the rows of one tile disagree about
+    key 0; the ones that no longer see it must stay finite and exact."""
+    rng = np.random.default_rng(window)
+    heads, kv_heads, hd, n = 3, 1, 32, 40
+    q, k, v = data(rng, n, n, heads, kv_heads, hd)
+    v[0] = 1e6  # beyond fp16: inf in the cache
+    got = run_attention(q, k, v, np.arange(n), heads, kv_heads, hd, isa=isa, window=window)
+    late = np.arange(window, n)  # tokens whose window starts after position 0
+    want = reference(q[late], cache_round(k, "f16"), cache_round(v, "f16"), [np.arange(n)] * len(late), late,
+                     heads, kv_heads, hd, window)
+    assert np.isfinite(got[late]).all()
+    np.testing.assert_allclose(got[late], want, rtol=2e-4, atol=2e-5)

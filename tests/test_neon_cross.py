@@ -21,7 +21,7 @@ def test_neon_matches_scalar(tmp_path):
     files = [ROOT / "tests/cpp/neon_vs_scalar.cpp"] + [src / f for f in (
         "kernels/matmul_neon.cpp", "kernels/matmul_scalar.cpp", "kernels/matmul_avx2.cpp", "graph/dtype.cpp",
         "kernels/sparse_ffn_neon.cpp", "kernels/sparse_ffn_scalar.cpp", "kernels/sparse_ffn_avx2.cpp",
-        "kernels/attention.cpp", "kernels/attention_avx2.cpp", "kernels/quant_blocks.cpp", "kernels/ops_float.cpp")]
+        "kernels/attention.cpp", "kernels/attention_avx2.cpp", "kernels/attention_neon.cpp", "kernels/quant_blocks.cpp", "kernels/ops_float.cpp")]
     exe = tmp_path / "neon_vs_scalar"
     subprocess.run([CXX, "-O2", "-std=c++17", "-static", f"-I{src}", *map(str, files), "-o", str(exe)], check=True)
     out = subprocess.run([QEMU, str(exe)], capture_output=True, text=True, check=True, timeout=120).stdout
@@ -40,3 +40,7 @@ def test_neon_matches_scalar(tmp_path):
         assert float(line.split()[-1]) < 1e-4, out
     assert "axpy Q4T max diff 0\n" in out and "axpy Q4T full max diff 0\n" in out  # integer sums: the same bits
     assert "gather max diff 0" in out
+    for case in ("prefill", "decode", "window", "q8_0", "hd24"):  # float sums in another order, exp to ~1 ulp
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"attention {case} max diff "))
+        diff, of, finite = float(line.split()[4]), float(line.split()[6]), line.split()[8]
+        assert of > 0 and diff <= 1e-5 * of and finite == "1", out

@@ -15,18 +15,19 @@ size_t head_offset(DType type, int g, int head_dim) {
                              : size_t(g) * size_t(head_dim) * 2;
 }
 
-// Per-thread scratch, carved from the workspace slice in this order.
+// Per-thread scratch, carved from the workspace slice in this order. Per-row arrays hold the padded rows.
 struct ThreadScratch {
   float* q;       // [max rows, hd]
+  float* qt;      // [hd, padded max rows]
   float* k;       // [kAttnKeyTile, hd]
   float* v;       // [kAttnKeyTile, hd]
   float* acc;     // [max rows, hd]
-  float* m;       // [max rows]
-  float* l;       // [max rows]
-  float* scores;  // [2 * kAttnKeyTile]
-  int32_t* lo;    // [max rows]: absolute key ranges
+  float* m;       // [padded max rows]
+  float* l;       // [padded max rows]
+  float* scores;  // [attn_scores_floats(max rows)]
+  int32_t* lo;    // [padded max rows]: absolute key ranges
   int32_t* hi;
-  int32_t* tile_lo;  // [max rows]: ranges within the current tile
+  int32_t* tile_lo;  // [padded max rows]: ranges within the current tile
   int32_t* tile_hi;
 };
 
@@ -35,18 +36,26 @@ int64_t max_rows(int heads, int kv_heads) {
   return std::max<int64_t>(kAttnBlockRows / group, 1) * group;
 }
 
+int64_t scratch_floats(int64_t rows, int hd) {
+  const int64_t padded = attn_padded_rows(rows);
+  return 2 * rows * hd + padded * hd + 2 * int64_t(kAttnKeyTile) * hd + 6 * padded +
+         std::max<int64_t>(2 * kAttnKeyTile, attn_scores_floats(rows));
+}
+
 ThreadScratch carve(float* p, int64_t rows, int hd) {
+  const int64_t padded = attn_padded_rows(rows);
   ThreadScratch s;
   s.q = p; p += rows * hd;
+  s.qt = p; p += padded * hd;
   s.k = p; p += int64_t(kAttnKeyTile) * hd;
   s.v = p; p += int64_t(kAttnKeyTile) * hd;
   s.acc = p; p += rows * hd;
-  s.m = p; p += rows;
-  s.l = p; p += rows;
-  s.scores = p; p += 2 * kAttnKeyTile;
-  s.lo = reinterpret_cast<int32_t*>(p); p += rows;
-  s.hi = reinterpret_cast<int32_t*>(p); p += rows;
-  s.tile_lo = reinterpret_cast<int32_t*>(p); p += rows;
+  s.m = p; p += padded;
+  s.l = p; p += padded;
+  s.scores = p; p += std::max<int64_t>(2 * kAttnKeyTile, attn_scores_floats(rows));
+  s.lo = reinterpret_cast<int32_t*>(p); p += padded;
+  s.hi = reinterpret_cast<int32_t*>(p); p += padded;
+  s.tile_lo = reinterpret_cast<int32_t*>(p); p += padded;
   s.tile_hi = reinterpret_cast<int32_t*>(p);
   return s;
 }
@@ -71,20 +80,24 @@ class Runner {
 
   void run_item(int64_t t0, int64_t t1, int g, int64_t chunk, int64_t splits, int64_t slot) {
     const int hd = a_.head_dim, group = a_.heads / a_.kv_heads;
-    const int64_t rows = (t1 - t0) * group;
+    const int64_t rows = (t1 - t0) * group, padded = attn_padded_rows(rows);
     for (int64_t t = t0; t < t1; ++t) {
       const int32_t p = a_.positions[t];
       const int32_t lo = a_.window > 0 ? std::max(0, p - a_.window + 1) : 0;
       for (int hh = 0; hh < group; ++hh) {
         const int64_t r = (t - t0) * group + hh;
         const float* src = a_.q + t * a_.q_stride + int64_t(g * group + hh) * hd;
-        for (int d = 0; d < hd; ++d) s_.q[r * hd + d] = src[d] * a_.scale;
+        for (int d = 0; d < hd; ++d) s_.q[r * hd + d] = s_.qt[d * padded + r] = src[d] * a_.scale;
         s_.lo[r] = lo;
         s_.hi[r] = p + 1;
       }
     }
-    std::fill(s_.m, s_.m + rows, -INFINITY);
-    std::fill(s_.l, s_.l + rows, 0.f);
+    for (int64_t r = rows; r < padded; ++r) {  // padding rows: no keys, zero queries
+      s_.tile_lo[r] = s_.tile_hi[r] = 0;
+      for (int d = 0; d < hd; ++d) s_.qt[d * padded + r] = 0.f;
+    }
+    std::fill(s_.m, s_.m + padded, -INFINITY);
+    std::fill(s_.l, s_.l + padded, 0.f);
     std::fill(s_.acc, s_.acc + rows * hd, 0.f);
 
     // Keys this item covers: the block's whole range, or its chunk of it.
@@ -114,7 +127,7 @@ class Runner {
       const int padded = (n + 3) / 4 * 4;  // the kernels read keys in fours
       std::fill(s_.k + int64_t(n) * hd, s_.k + int64_t(padded) * hd, 0.f);
       std::fill(s_.v + int64_t(n) * hd, s_.v + int64_t(padded) * hd, 0.f);
-      k_.attn_tile(AttnTileArgs{s_.q, rows, hd, s_.k, s_.v, n, s_.tile_lo, s_.tile_hi, s_.m, s_.l, s_.acc, s_.scores});
+      k_.attn_tile(AttnTileArgs{s_.q, s_.qt, rows, hd, s_.k, s_.v, n, s_.tile_lo, s_.tile_hi, s_.m, s_.l, s_.acc, s_.scores});
     }
 
     if (splits == 1) return finish(t0, g, rows, hd);
@@ -175,8 +188,7 @@ class Runner {
 }  // namespace
 
 int64_t attention_thread_floats(int heads, int kv_heads, int head_dim) {
-  const int64_t rows = max_rows(heads, kv_heads);
-  return 2 * rows * head_dim + 2 * int64_t(kAttnKeyTile) * head_dim + 6 * rows + 2 * kAttnKeyTile;
+  return scratch_floats(max_rows(heads, kv_heads), head_dim);
 }
 
 int64_t attention_split_floats(int64_t items, int head_dim) { return items * kAttnSplitRows * (head_dim + 2); }

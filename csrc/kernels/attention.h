@@ -19,6 +19,8 @@ constexpr int kAttnKeyTile = 64;     // keys per tile
 constexpr int kAttnBlockRows = 128;  // query rows (tokens x heads of one group) per work item, at most
 constexpr int kAttnSplitRows = 16;   // split-K only for items of at most this many query rows (decode)
 constexpr int kAttnItemsPerThread = 4;  // split-K aims at this many items per thread
+constexpr int kAttnRowPad = 16;      // per-row arrays (m, l, ranges, qt's columns) hold whole 16-lane vectors
+constexpr int kAttnGemmRows = 16;    // blocks of at least this many query rows take the matrix-product tile
 
 struct AttentionArgs {
   const float* q = nullptr;          // F32 [T, heads * head_dim], RoPE applied
@@ -56,27 +58,38 @@ int64_t attention_split_floats(int64_t items, int head_dim);
 // This thread's share (ith of nth) of one attention node. Every thread must call it with the same args.
 void attention(const KernelTable& k, const AttentionArgs& a, const AttentionWorkspace& ws, int ith, int nth);
 
+// Rows rounded up to whole vectors of kAttnRowPad lanes.
+inline int64_t attn_padded_rows(int64_t rows) { return (rows + kAttnRowPad - 1) / kAttnRowPad * kAttnRowPad; }
+
 // Online-softmax update of `rows` query rows by one key tile (the per-ISA inner loop).
 struct AttnTileArgs {
   const float* q;       // [rows, head_dim], scale applied
-  int64_t rows;
+  const float* qt;      // [head_dim, padded rows]: q transposed, columns past `rows` zero (the matrix-product tile)
+  int64_t rows;         // padded rows = attn_padded_rows(rows)
   int head_dim;
   const float* k;       // [n_keys rounded up to 4, head_dim], rows past n_keys zero
   const float* v;       // [n_keys rounded up to 4, head_dim]
   int n_keys;
-  const int32_t* lo;    // [rows]: row r sees tile keys [lo[r], hi[r])
+  const int32_t* lo;    // [padded rows]: row r sees tile keys [lo[r], hi[r]); padding rows see none
   const int32_t* hi;
-  float* m;             // [rows] running max of scores
-  float* l;             // [rows] running sum of exp(score - m)
+  float* m;             // [padded rows] running max of scores
+  float* l;             // [padded rows] running sum of exp(score - m)
   float* acc;           // [rows, head_dim] running sum of exp(score - m) * v
-  float* scores;        // scratch: 2 * kAttnKeyTile floats
+  float* scores;        // scratch: attn_scores_floats(rows) floats
 };
+// Scratch floats of AttnTileArgs::scores for a block of `rows` query rows.
+inline int64_t attn_scores_floats(int64_t rows) {
+  return int64_t(kAttnKeyTile) * attn_padded_rows(rows) + attn_padded_rows(rows);
+}
 void attn_tile_generic(const AttnTileArgs& a);
 void attn_tile_avx2(const AttnTileArgs& a);
+void attn_tile_avx512(const AttnTileArgs& a);
+void attn_tile_neon(const AttnTileArgs& a);
 
 // A cache row's slice (n elements of F16 or Q8_0) as floats.
 void kv_to_f32_generic(DType type, const uint8_t* src, float* dst, int64_t n);
 void kv_to_f32_avx2(DType type, const uint8_t* src, float* dst, int64_t n);
+void kv_to_f32_neon(DType type, const uint8_t* src, float* dst, int64_t n);
 // A row of a Q8_0 cache, as llama.cpp quantizes it (d = amax / 127 stored as fp16, q = round(x / d)).
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n);
 

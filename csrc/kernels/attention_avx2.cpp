@@ -1,4 +1,5 @@
-// AVX2 inner loops of the tiled attention (attention.cpp has the tiling and the scalar reference).
+// AVX2 inner loops of the tiled attention (attention.cpp has the tiling and the scalar reference): the
+// dot-product tile for decode's few rows, and the matrix-product tile (attention_tile_gemm.h) for prefill.
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
@@ -6,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/attention.h"
+#include "kernels/attention_tile_gemm.h"
 
 namespace pyinfer {
 namespace {
@@ -179,10 +181,37 @@ void tile_rows(const AttnTileArgs& a, int64_t r) {
   accumulate<Two>(a, r, s0, s1, alpha0, alpha1);
 }
 
+// 8 float lanes for attention_tile_gemm.h.
+struct Avx2Lanes {
+  using V = __m256;
+  using I = __m256i;
+  using M = __m256;
+  static constexpr int W = 8;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V exp(V x) { return exp8(x); }
+  static I loadi(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static M visible(int j, I lo, I hi) {
+    const __m256i jj = _mm256_set1_epi32(j);
+    return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(lo, jj), _mm256_cmpgt_epi32(hi, jj)));
+  }
+  static V select(M m, V x, V fill) { return _mm256_blendv_ps(fill, x, m); }
+  static M below(V x, V y) { return _mm256_cmp_ps(x, y, _CMP_LT_OQ); }
+};
+
 }  // namespace
 
 void attn_tile_avx2(const AttnTileArgs& a) {
   if (a.head_dim % 8) return attn_tile_generic(a);
+  // keys x row vectors 4 x 2 and rows x value vectors 4 x 2: 8 accumulators each of the 16 registers
+  if (a.rows >= kAttnGemmRows) return attn_gemm::tile<Avx2Lanes, 4, 2, 4, 2>(a);
   int64_t r = 0;
   for (; r + 2 <= a.rows; r += 2) tile_rows<true>(a, r);
   if (r < a.rows) tile_rows<false>(a, r);

@@ -1,7 +1,9 @@
 // AVX-512 table: the AVX2 table with the integer-dot matmul rebuilt for AVX-512VL + VNNI (vpdpbusd for the
 // byte dots, 32 vector registers for bigger tiles). Compiled alone with those flags; select_kernels()
-// checks the CPU first. Every other entry is the AVX2 code, shared by pointer.
+// checks the CPU first. The prefill attention tile is 16-lane too (attention_avx512.cpp); every other entry is
+// the AVX2 code, shared by pointer.
 #if defined(__x86_64__) || defined(_M_X64)
+#include "kernels/attention.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul_x86.h"
 
@@ -13,6 +15,7 @@ const KernelTable* kernels_avx512() {
     t.isa = "avx512";
     // 4 rows x 4 tokens: of 4x4, 4x6, 6x4 and 8x2 (bench/results/quant_kernels.md) the best or tied; decode 2 rows.
     t.matmul = matmul_x86<TileShape<2, 4, 4>>;
+    t.attn_tile = attn_tile_avx512;
     return t;
   }();
   return &table;

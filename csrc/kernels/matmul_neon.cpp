@@ -324,7 +324,7 @@ void f32_to_f16_neon(const float* x, uint16_t* y, int64_t n) {
 const KernelTable* kernels_neon() {
   static const KernelTable table{"neon", matmul_neon, quantize_q8a_neon, dot_f16_f32_neon,
                                  axpy_f16_f32_neon, f32_to_f16_neon, axpy_rows_neon,
-                                 attn_tile_generic, kv_to_f32_generic, gelu_mul_generic};
+                                 attn_tile_neon, kv_to_f32_neon, gelu_mul_generic};
   return &table;
 }
 
