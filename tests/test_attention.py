@@ -228,3 +228,22 @@ def test_a_key_that_left_the_window_never_reaches_it(isa, window):
                      heads, kv_heads, hd, window)
     assert np.isfinite(got[late]).all()
     np.testing.assert_allclose(got[late], want, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("heads,kv_heads,hd", [(9, 3, 64), (4, 1, 256), (4, 2, 24), (4, 4, 48)])
+@pytest.mark.parametrize("window", [0, 6, 40])
+def test_a_token_gets_the_same_numbers_in_a_batch_of_any_size(isa, heads, kv_heads, hd, window):
+    """Bit for bit: a prompt's tokens attended all at once (prefill's matrix-product tile), in chunks, or one at a
+    time (decode's key-lane tile) give the same output, so greedy text never depends on how a server batched
+    it. Below split-K decode's depth (256 keys), whose merge of key chunks rounds on its own."""
+    rng = np.random.default_rng(hd + window)
+    n = 150
+    q, k, v = data(rng, n, n, heads, kv_heads, hd)
+    whole = run_attention(q, k, v, np.arange(n), heads, kv_heads, hd, isa=isa, window=window)
+    one = np.stack([run_attention(q[t:t + 1], k, v, [t], heads, kv_heads, hd, isa=isa, window=window)[0]
+                    for t in range(0, n, 7)])
+    np.testing.assert_array_equal(one, whole[::7])
+    for a, b in [(0, 5), (5, 50), (50, 121), (121, n)]:
+        part = run_attention(q[a:b], k, v, np.arange(a, b), heads, kv_heads, hd, isa=isa, window=window)
+        np.testing.assert_array_equal(part, whole[a:b])

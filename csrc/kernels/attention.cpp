@@ -21,6 +21,7 @@ struct ThreadScratch {
   float* qt;      // [hd, padded max rows]
   float* k;       // [kAttnKeyTile, hd]
   float* v;       // [kAttnKeyTile, hd]
+  float* kt;      // [hd, kAttnKeyTile]: the keys transposed (decode's tile)
   float* acc;     // [max rows, hd]
   float* m;       // [padded max rows]
   float* l;       // [padded max rows]
@@ -38,7 +39,7 @@ int64_t max_rows(int heads, int kv_heads) {
 
 int64_t scratch_floats(int64_t rows, int hd) {
   const int64_t padded = attn_padded_rows(rows);
-  return 2 * rows * hd + padded * hd + 2 * int64_t(kAttnKeyTile) * hd + 6 * padded +
+  return 2 * rows * hd + padded * hd + 3 * int64_t(kAttnKeyTile) * hd + 6 * padded +
          std::max<int64_t>(2 * kAttnKeyTile, attn_scores_floats(rows));
 }
 
@@ -49,6 +50,7 @@ ThreadScratch carve(float* p, int64_t rows, int hd) {
   s.qt = p; p += padded * hd;
   s.k = p; p += int64_t(kAttnKeyTile) * hd;
   s.v = p; p += int64_t(kAttnKeyTile) * hd;
+  s.kt = p; p += int64_t(kAttnKeyTile) * hd;
   s.acc = p; p += rows * hd;
   s.m = p; p += padded;
   s.l = p; p += padded;
@@ -100,8 +102,11 @@ class Runner {
     std::fill(s_.l, s_.l + padded, 0.f);
     std::fill(s_.acc, s_.acc + rows * hd, 0.f);
 
-    // Keys this item covers: the block's whole range, or its chunk of it.
-    int64_t kb = s_.lo[0], ke = s_.hi[rows - 1];
+    // Keys this item covers: the block's whole range, or its chunk of it. Tiles start at multiples of
+    // kAttnKeyTile wherever the block starts, so a token's tiles (and so its rounding) are the same in a batch
+    // of any size: a tile holding none of a row's keys leaves the row as it was.
+    const int64_t first = s_.lo[0];
+    int64_t kb = first / kAttnKeyTile * kAttnKeyTile, ke = s_.hi[rows - 1];
     if (splits > 1) {
       const int64_t per = ((ke - kb + splits - 1) / splits + kAttnKeyTile - 1) / kAttnKeyTile * kAttnKeyTile;
       kb = std::min(ke, kb + chunk * per);
@@ -118,16 +123,20 @@ class Runner {
         any |= s_.tile_lo[r] < s_.tile_hi[r];
       }
       if (!any) continue;
-      for (int j = 0; j < n; ++j) {
+      const int below = int(std::clamp<int64_t>(first - j0, 0, n));  // keys before every row's window
+      std::fill(s_.k, s_.k + int64_t(below) * hd, 0.f);
+      std::fill(s_.v, s_.v + int64_t(below) * hd, 0.f);
+      for (int j = below; j < n; ++j) {
         const int64_t key = j0 + j;
         const int64_t row = table ? int64_t(table[key / a_.block_size]) * a_.block_size + key % a_.block_size : key;
         k_.kv_to_f32(a_.k_type, a_.k + size_t(row) * a_.k_row_bytes + k_off, s_.k + int64_t(j) * hd, hd);
         k_.kv_to_f32(a_.v_type, a_.v + size_t(row) * a_.v_row_bytes + v_off, s_.v + int64_t(j) * hd, hd);
       }
-      const int padded = (n + 3) / 4 * 4;  // the kernels read keys in fours
+      const int padded = (n + kAttnKeyPad - 1) / kAttnKeyPad * kAttnKeyPad;  // the kernels read whole vectors of keys
       std::fill(s_.k + int64_t(n) * hd, s_.k + int64_t(padded) * hd, 0.f);
       std::fill(s_.v + int64_t(n) * hd, s_.v + int64_t(padded) * hd, 0.f);
-      k_.attn_tile(AttnTileArgs{s_.q, s_.qt, rows, hd, s_.k, s_.v, n, s_.tile_lo, s_.tile_hi, s_.m, s_.l, s_.acc, s_.scores});
+      k_.attn_tile(AttnTileArgs{s_.q, s_.qt, rows, hd, s_.k, s_.v, n, s_.tile_lo, s_.tile_hi, s_.m, s_.l, s_.acc, s_.scores,
+                                s_.kt});
     }
 
     if (splits == 1) return finish(t0, g, rows, hd);

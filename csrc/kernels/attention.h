@@ -21,6 +21,7 @@ constexpr int kAttnSplitRows = 16;   // split-K only for items of at most this m
 constexpr int kAttnItemsPerThread = 4;  // split-K aims at this many items per thread
 constexpr int kAttnRowPad = 16;      // per-row arrays (m, l, ranges, qt's columns) hold whole 16-lane vectors
 constexpr int kAttnGemmRows = 16;    // blocks of at least this many query rows take the matrix-product tile
+constexpr int kAttnKeyPad = 16;      // a tile's keys are zero-padded to whole 16-lane vectors
 
 struct AttentionArgs {
   const float* q = nullptr;          // F32 [T, heads * head_dim], RoPE applied
@@ -65,10 +66,10 @@ inline int64_t attn_padded_rows(int64_t rows) { return (rows + kAttnRowPad - 1) 
 struct AttnTileArgs {
   const float* q;       // [rows, head_dim], scale applied
   const float* qt;      // [head_dim, padded rows]: q transposed, columns past `rows` zero (the matrix-product tile)
-  int64_t rows;         // padded rows = attn_padded_rows(rows)
+  int64_t rows;         // query rows; the per-row arrays hold attn_padded_rows(rows)
   int head_dim;
-  const float* k;       // [n_keys rounded up to 4, head_dim], rows past n_keys zero
-  const float* v;       // [n_keys rounded up to 4, head_dim]
+  const float* k;       // [n_keys rounded up to kAttnKeyPad, head_dim], rows past n_keys zero
+  const float* v;       // [n_keys rounded up to kAttnKeyPad, head_dim]
   int n_keys;
   const int32_t* lo;    // [padded rows]: row r sees tile keys [lo[r], hi[r]); padding rows see none
   const int32_t* hi;
@@ -76,6 +77,7 @@ struct AttnTileArgs {
   float* l;             // [padded rows] running sum of exp(score - m)
   float* acc;           // [rows, head_dim] running sum of exp(score - m) * v
   float* scores;        // scratch: attn_scores_floats(rows) floats
+  float* kt = nullptr;  // scratch [head_dim, kAttnKeyTile]: the keys transposed (decode's tile); null: not used
 };
 // Scratch floats of AttnTileArgs::scores for a block of `rows` query rows.
 inline int64_t attn_scores_floats(int64_t rows) {
@@ -90,6 +92,8 @@ void attn_tile_neon(const AttnTileArgs& a);
 void kv_to_f32_generic(DType type, const uint8_t* src, float* dst, int64_t n);
 void kv_to_f32_avx2(DType type, const uint8_t* src, float* dst, int64_t n);
 void kv_to_f32_neon(DType type, const uint8_t* src, float* dst, int64_t n);
+// kt[d][j] = k[j][d] for keys j < n_keys and dims d < head_dim (both multiples of 8); kt rows hold kAttnKeyTile.
+void transpose_keys_avx2(const float* k, int head_dim, int n_keys, float* kt);
 // A row of a Q8_0 cache, as llama.cpp quantizes it (d = amax / 127 stored as fp16, q = round(x / d)).
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n);
 

@@ -1,5 +1,5 @@
-// AVX-512 tiled attention: the matrix-product tile (attention_tile_gemm.h) on 16 lanes for prefill's blocks;
-// decode's few rows and head sizes that are not a multiple of 16 take the AVX2 tile.
+// AVX-512 tiled attention: the matrix-product tile (attention_tile_gemm.h) on 16 lanes, for prefill's blocks and
+// (keys in the lanes) decode's few rows; head sizes that are not a multiple of 16 take the AVX2 tiles.
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
@@ -49,13 +49,15 @@ struct Avx512Lanes {
   }
   static V select(M m, V x, V fill) { return _mm512_mask_blend_ps(m, fill, x); }
   static M below(V x, V y) { return _mm512_cmp_ps_mask(x, y, _CMP_LT_OQ); }
+  static void transpose_keys(const float* k, int hd, int n, float* kt) { transpose_keys_avx2(k, hd, n, kt); }
 };
 
 }  // namespace
 
 void attn_tile_avx512(const AttnTileArgs& a) {
+  if (a.head_dim % 16) return attn_tile_avx2(a);
   // keys x row vectors 4 x 4 and rows x value vectors 4 x 4: 16 accumulators each of the 32 registers
-  if (a.rows >= kAttnGemmRows && a.head_dim % 16 == 0) return attn_gemm::tile<Avx512Lanes, 4, 4, 4, 4>(a);
+  if (a.rows >= kAttnGemmRows || !a.kt) return attn_gemm::tile<Avx512Lanes, 4, 4, 4, 4>(a);
   attn_tile_avx2(a);
 }
 
