@@ -92,8 +92,6 @@ void attn_tile_neon(const AttnTileArgs& a);
 void kv_to_f32_generic(DType type, const uint8_t* src, float* dst, int64_t n);
 void kv_to_f32_avx2(DType type, const uint8_t* src, float* dst, int64_t n);
 void kv_to_f32_neon(DType type, const uint8_t* src, float* dst, int64_t n);
-// kt[d][j] = k[j][d] for keys j < n_keys and dims d < head_dim (both multiples of 8); kt rows hold kAttnKeyTile.
-void transpose_keys_avx2(const float* k, int head_dim, int n_keys, float* kt);
 // A row of a Q8_0 cache, as llama.cpp quantizes it (d = amax / 127 stored as fp16, q = round(x / d)).
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n);
 
