@@ -1,6 +1,7 @@
 """`--sparsity auto` never decodes slower than dense (issue 28): on SmolLM2-135M and Gemma 3 270M, what `auto`
 chose on this machine (its own timing of the threshold plan, its gate-first candidate and dense, made
-once on first load and cached with the plan), then decode of the model as `auto` loads it, of each candidate
+once on first load and cached with the plan; where the whole threshold plan loses, each layer's FFN timed sparse
+and dense and a mix of the layers where sparse pays), then decode of the model as `auto` loads it, of each candidate
 plan, and of `--sparsity off`: steps interleaved in rounds with the order flipped, each engine's speed from the
 20th percentile of its step times (auto_choice.interleaved_tok_s: on a shared machine whole-run totals of two
 identical engines differ by up to 28%), each ratio to off as the median of comparisons and the lowest; and
@@ -28,6 +29,38 @@ def models() -> list[tuple[str, str]]:
 
     out = [("SmolLM2-135M Q4_1", installed_default_model()), ("Gemma 3 270M Q4_K_M", installed_gemma_model())]
     return [(n, str(p)) for n, p in out if p]
+
+
+def plot_layer_ratios(rows: list[dict], path: Path) -> bool:
+    """Per model, each layer's dense-over-sparse FFN time (above the bar: tried sparse in a mix)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    from pyinfer.sparsity.auto_choice import LAYER_KEEP_AT
+
+    rows = [r for r in rows if r.get("layer_ratios")]
+    if not rows:
+        return False
+    fig, axes = plt.subplots(1, len(rows), figsize=(5.5 * len(rows), 3.6), squeeze=False)
+    for ax, r in zip(axes[0], rows):
+        lr = r["layer_ratios"]
+        ax.bar(range(len(lr)), lr, color=["tab:green" if x >= LAYER_KEEP_AT else "tab:gray" for x in lr])
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.axhline(LAYER_KEEP_AT, color="tab:green", lw=0.8, ls="--", label=f"tried sparse at {LAYER_KEEP_AT}x")
+        ax.set_title(f"{r['model']}: auto chose {r['chose']}", fontsize=10)
+        ax.set_ylim(0, max(1.15, max(lr) + 0.05))
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("dense FFN time / sparse FFN time")
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def main() -> int:
@@ -72,6 +105,8 @@ def main() -> int:
         row = {"model": name, "chose": choice["chose"], "timed_sparse_tok_s": choice["sparse_tok_s"],
                "timed_dense_tok_s": choice["dense_tok_s"], "timed_ratio": choice["ratio"],
                "timed_gate_tok_s": choice.get("gate_tok_s"), "timed_gate_ratio": choice.get("gate_ratio"),
+               "layer_ratios": choice.get("layer_ratios"), "sparse_layers": choice.get("sparse_layers"),
+               "timed_layers_ratio": choice.get("layers_ratio"),
                "off_tok_s": statistics.median(rates["off"]), "rates": rates}
         for k in rates:
             if k != "off":
@@ -86,8 +121,13 @@ def main() -> int:
                                  progress=False)
                 pk = perplexity(m, text, 512, args.ppl_windows, progress=False).perplexity
                 row.update({f"ppl_{k}": pk, f"ppl_{k}_delta": pk / p_dense - 1})
-            row["ppl_as_loaded"] = row.get({"sparse": "ppl_threshold", "gate": "ppl_gate"}.get(choice["chose"], ""),
-                                            p_dense)
+            if choice["chose"] == "layers":  # the mix auto keeps, every token through its sparse layers
+                m = pyinfer.load(path, n_threads=args.threads, n_ctx=1024, sparsity=auto.sparsity,
+                                 emulate_prefill=True, progress=False)
+                row["ppl_as_loaded"] = perplexity(m, text, 512, args.ppl_windows, progress=False).perplexity
+            else:
+                row["ppl_as_loaded"] = row.get({"sparse": "ppl_threshold", "gate": "ppl_gate"}.get(
+                    choice["chose"], ""), p_dense)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "rates"}), file=sys.stderr)
     meta = {"threads": args.threads, "tokens": args.tokens, "rounds": args.rounds, "ppl_windows": args.ppl_windows,
@@ -118,6 +158,21 @@ def main() -> int:
         lines.append(f"| {r['model']} | {r['chose']} | {r['timed_sparse_tok_s']:.1f} / {gate} / "
                      f"{r['timed_dense_tok_s']:.1f} | {vs(r, 'auto')} | {vs(r, 'threshold')} | {vs(r, 'gate')} | "
                      f"{d['threshold']} | {d['gate']} | {loaded} |")
+    lines += ["", "Per layer (timed where the whole threshold plan lost): each layer's dense FFN time over its sparse "
+              "FFN time on the same decode steps (node timing, 4 alternating rounds, median; above "
+              f"{__import__('pyinfer.sparsity.auto_choice', fromlist=['x']).LAYER_KEEP_AT} the layer is tried sparse "
+              "in a mix).", ""]
+    for r in rows:
+        lr = r.get("layer_ratios")
+        if lr:
+            lines.append(f"- {r['model']}: lowest {min(lr):.2f}, median {statistics.median(lr):.2f}, highest "
+                         f"{max(lr):.2f} over {len(lr)} layers; tried sparse: {r.get('sparse_layers') or 'none'}"
+                         + (f" (mix timed at {r['timed_layers_ratio']:.3f}x dense)" if r.get("timed_layers_ratio")
+                            else ""))
+        else:
+            lines.append(f"- {r['model']}: not timed per layer (the whole plan cleared the bar)")
+    if plot_layer_ratios(rows, RESULTS / f"{args.tag}_layers.png"):
+        lines += ["", f"![per-layer FFN time, dense over sparse]({args.tag}_layers.png)"]
     (RESULTS / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -225,7 +225,7 @@ def build_running(gguf, cfg, n_ctx: int, max_tokens: int, n_threads: int, sparsi
                               **engine_backends(kind, index, n_threads, b.placement))
     except ValueError as e:
         raise PyinferError(f"{gguf.path.name}: {e}") from None
-    return RunningModel(engine, [t.id for t in b.unions])
+    return RunningModel(engine, [t.id for t in b.unions], b.ffn_nodes)
 
 
 @dataclass
@@ -234,6 +234,7 @@ class RunningModel:
     timing and copy counts. Nothing else holds the engine."""
     engine: object
     union_ids: list[int]
+    ffn_nodes: list[range] = field(default_factory=list)  # per layer: its FFN's node ids
 
     def run(self, n_tokens: int, tokens, positions, out_rows, slots=None, kv_table=None) -> None:
         try:
@@ -261,6 +262,11 @@ class RunningModel:
 
     def op_timing(self):
         return self.engine.op_timing()
+
+    def ffn_seconds(self) -> np.ndarray:
+        """F64 [layers]: each layer's FFN seconds since set_op_timing(True) (its nodes' wall time summed)."""
+        t = self.engine.node_timing()
+        return np.array([t[r.start:r.stop].sum() if r.start < len(t) else 0.0 for r in self.ffn_nodes])
 
     @property
     def n_copies(self) -> int:

@@ -388,6 +388,82 @@ def test_auto_keeps_a_plan_that_decodes_faster(tiny_model_path, tmp_path, monkey
     assert m.session.auto_choice["machine"] == auto_choice.machine_key(2)
 
 
+def test_a_plans_dense_layers_decode_dense_and_are_kept_in_its_file(tiny_model_path, tmp_path):
+    """A layer marked dense runs the dense FFN (all marked: the dense model's logits, bit for bit); the marks
+    survive the plan file."""
+    from test_offload import varying_predictor_plan
+
+    from pyinfer.sparsity.plan import SparsityPlan
+
+    dense = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    plan = varying_predictor_plan(dense.gguf.fingerprint())
+    n = len(plan.layers)
+    want = decode_logits(dense, TOKENS)
+    all_dense = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan.with_dense_layers(range(n)))
+    np.testing.assert_array_equal(decode_logits(all_dense, TOKENS), want)
+    assert plan.dense_layers == []  # the copy, not the plan, is marked
+    mixed = plan.with_dense_layers([1])
+    sparse = decode_logits(pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan), TOKENS)
+    got = decode_logits(pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=mixed), TOKENS)
+    assert not np.array_equal(got, want) and not np.array_equal(got, sparse)  # layer 0 sparse, layer 1 dense
+    loaded = SparsityPlan.load(mixed.save(tmp_path / "mixed.npz"))
+    assert loaded.dense_layers == [1]
+    np.testing.assert_array_equal(decode_logits(pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64,
+                                                             sparsity=loaded), TOKENS), got)
+
+
+def test_each_layers_ffn_is_timed_on_its_own(tiny_model_path):
+    """Node timing summed per layer: every FFN took time, and timing off then on starts again from zero."""
+    from pyinfer.sparsity.auto_choice import decode_ffn_seconds
+
+    from pyinfer.runtime.sparse_ffn import SparseRuns
+    from pyinfer.session import build_running
+
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
+    run = build_running(m.session.gguf, m.config, 32, 16, 2, None, SparseRuns())
+    ids = np.array(TOKENS * 3, np.int32)
+    seconds = decode_ffn_seconds(run, ids, 8, 6)
+    assert seconds.shape == (m.config.n_layers,) and np.all(seconds > 0)
+    run.set_op_timing(True)
+    assert np.all(run.ffn_seconds() == 0)
+
+
+def test_auto_keeps_sparse_decode_in_the_layers_where_it_pays(tiny_model_path, tmp_path, monkeypatch):
+    """The whole plan loses, one layer's sparse FFN beats its dense one: the mix (that layer sparse, the other
+    dense) is timed, kept, said, cached with the plan and not measured again."""
+    from pyinfer.sparsity import auto_choice
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(auto_choice, "KEEP_AT", 1.03)
+    speeds = {"dense": 100.0, "sparse": 90.0, "gate": 80.0, "layers": 110.0}  # tok/s by engine name
+    monkeypatch.setattr(auto_choice, "interleaved_tok_s",
+                        lambda engines, *a: {k: speeds[k] for k in engines})
+    monkeypatch.setattr(auto_choice, "layer_ratios", lambda *a, **k: np.array([1.3, 0.7]))
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    c = m.session.auto_choice
+    assert c["chose"] == "layers" and c["sparse_layers"] == [0] and c["layer_ratios"] == [1.3, 0.7]
+    assert c["layers_ratio"] == pytest.approx(1.1) and m.sparsity.dense_layers == [1]
+    assert "in 1 of 2 layers" in auto_choice.describe(c)
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda *a: pytest.fail("measured again"))
+    again = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    assert again.sparsity.dense_layers == [1] and again.session.auto_choice == c
+    # A mix slower than the bar: dense, and why.
+    monkeypatch.undo()
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "slow"))
+    monkeypatch.setattr(auto_choice, "KEEP_AT", 1.03)
+    speeds["layers"] = 101.0
+    monkeypatch.setattr(auto_choice, "interleaved_tok_s", lambda engines, *a: {k: speeds[k] for k in engines})
+    monkeypatch.setattr(auto_choice, "layer_ratios", lambda *a, **k: np.array([1.3, 0.7]))
+    slow = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    assert slow.sparsity is None and slow.session.auto_choice["chose"] == "dense"
+    # No layer pays: no mix is built or timed.
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "none"))
+    monkeypatch.setattr(auto_choice, "layer_ratios", lambda *a, **k: np.array([0.9, 0.8]))
+    none = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    c = none.session.auto_choice
+    assert c["chose"] == "dense" and "layers_tok_s" not in c and "no layer" in auto_choice.describe(c)
+
+
 def test_auto_choice_bars(monkeypatch):
     """The threshold plan must beat dense by KEEP_AT; the gate-first plan, which costs more perplexity, must beat
     the better of the other two by GATE_KEEP_AT (and dense by KEEP_AT)."""
@@ -403,6 +479,10 @@ def test_auto_choice_bars(monkeypatch):
     assert choose({"sparse": 1.04, "gate": 1.08}) == "gate"
     assert choose({"sparse": 0.90, "gate": 1.04}) == "gate"
     assert choose({"sparse": 0.90, "gate": 1.02}) == "dense"
+    assert choose({"sparse": 0.90, "layers": 1.04}) == "layers"  # the mix of the layers where sparse pays
+    assert choose({"sparse": 0.90, "layers": 1.02}) == "dense"
+    assert choose({"sparse": 1.05, "layers": 1.04}) == "sparse"
+    assert choose({"sparse": 0.90, "layers": 1.04, "gate": 1.06}) == "layers"
 
 
 def test_auto_keeps_its_gate_first_candidate_where_that_is_fastest(tiny_model_path, tmp_path, monkeypatch):

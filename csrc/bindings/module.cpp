@@ -613,6 +613,12 @@ PYBIND11_MODULE(_core, m) {
                if (calls[k]) out[op_name(OpKind(k))] = py::make_tuple(sec[k], calls[k]);
              return out;
            }, "{op name: (seconds, calls)} since set_op_timing(True).")
+      .def("node_timing", [](const PyEngine& e) {
+             const auto& sec = e.engine->cpu().node_seconds();
+             py::array_t<double> out(py::ssize_t(sec.size()));
+             std::copy(sec.begin(), sec.end(), out.mutable_data());
+             return out;
+           }, "F64 [nodes]: seconds per graph node (CPU nodes) since set_op_timing(True); empty before a timed run.")
       .def_property_readonly("isa", [](const PyEngine& e) { return std::string(e.engine->cpu().isa()); })
       .def_property_readonly("n_threads", [](const PyEngine& e) { return e.engine->cpu().n_threads(); })
       .def_property_readonly("max_tokens", [](const PyEngine& e) { return e.engine->config().max_tokens; })

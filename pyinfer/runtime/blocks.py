@@ -98,7 +98,10 @@ class ModelGraph:
 
     def ffn(self, h: T, il: int) -> T:
         """The layer's FFN on h (F32 [T, d_model]), as this graph's FFN builder makes it."""
-        return self.ffn_builder(self, h, il)
+        first = len(self.b.node_ops)
+        out = self.ffn_builder(self, h, il)
+        self.b.ffn_nodes.append(range(first, len(self.b.node_ops)))
+        return out
 
     def residual(self, x: T, y: T) -> T:
         """x + y, in place on the residual stream; its first add makes the stream a tensor of its own, so the

@@ -43,13 +43,17 @@ class RecordedFfn:
 
 class SparseFfn:
     """Neuron-aware decode from a sparsity plan (runtime/sparse_ffn.py). The neuron rows come from a source:
-    in RAM (sparse_ffn.InRamNeurons), or with `offload` its neuron store (a weight source, not a branch)."""
+    in RAM (sparse_ffn.InRamNeurons), or with `offload` its neuron store (a weight source, not a branch).
+    A layer the plan marks dense (`auto` timed it slower sparse here) runs the dense FFN, except under offload,
+    where its dense weights are not in RAM and sparse decode saves reads."""
 
     def __init__(self, plan, runs: SparseRuns, down_type: str = "auto", offload=None):
         self.plan, self.runs, self.down_type, self.offload = plan, runs, down_type, offload
 
     def __call__(self, m, h: T, il: int) -> T:
         _dense_only(m, "neuron-level sparsity")
+        if self.plan.layers[il].dense and self.offload is None:
+            return dense_ffn(m.b, m.w, h, il, m.cfg)
         return sparse_ffn(m.b, m.w, m.gguf, h, il, m.cfg, self.plan, self.runs, self.down_type, self.offload)
 
 

@@ -44,6 +44,7 @@ class GraphBuilder:
         # (f32 activation id, guard) -> its Q8A copy, valid until the activation is rewritten
         self._quantized: dict[tuple[int, Guard], T] = {}
         self.unions: list[T] = []  # ActiveUnion results, in layer order: which path each run took
+        self.ffn_nodes: list[range] = []  # per layer: the ids of the nodes its FFN built (timed per layer)
         self.node_ops: list[tuple[Op, str]] = []  # per node: its op and the name of the tensor it writes
         self.node_dst: list[int] = []             # per node: the id of the tensor it writes
         self.node_srcs: list[list[int]] = []      # per node: the ids of the tensors it reads

@@ -14,7 +14,12 @@ SmolLM2 on a 480 MB L3), and a user who asked for `auto` should not get a slower
 The choice, both speeds and the machine they were measured on are stored in the cached plan (measured again on
 another machine or thread count), printed when measured, and shown by `pyinfer info` and `bench --json`. An
 explicit target, a plan file, and offload (where sparse decode saves reads, not compute) keep the plan without
-asking."""
+asking.
+
+Where the whole plan loses, it may still pay in some layers (those whose FFN skips most, or whose rows miss the
+cache): each layer's FFN is timed node by node, sparse and dense in alternating rounds (the same decode
+steps), and the layers whose sparse FFN beats their dense one by LAYER_KEEP_AT make a mixed plan, the others
+decoding dense. The mix is timed against dense like a whole plan and kept ("layers") only at KEEP_AT."""
 from __future__ import annotations
 
 import platform
@@ -29,7 +34,11 @@ SETS = 2  # independent measurements; a plan must clear its bar in each
 PERCENTILE = 20
 KEEP_AT = 1.03  # sparse decode must beat dense by this much to be worth its approximation
 GATE_KEEP_AT = 1.03  # gate-first must beat both others by this much to be worth its larger one
-CHOICES = ("sparse", "gate", "dense")  # sparse: the threshold plan; gate: its gate-first (CATS) candidate
+LAYER_KEEP_AT = 1.05  # a layer's sparse FFN must beat its dense FFN by this much to be tried sparse in a mix
+LAYER_ROUNDS = 4  # alternating rounds of node-timed decode steps for the per-layer ratios
+# sparse: the threshold plan; layers: it in the layers where it pays, dense elsewhere; gate: its gate-first
+# (CATS) candidate
+CHOICES = ("sparse", "layers", "gate", "dense")
 
 
 def machine_key(n_threads: int) -> str:
@@ -49,9 +58,16 @@ def machine_key(n_threads: int) -> str:
 
 
 def stored_choice(plan, key: str, gate_plan) -> dict | None:
-    """The choice measured on this machine, if it weighed the candidates there are now."""
+    """The choice measured on this machine, if it weighed the candidates there are now (a choice from before
+    per-layer timing, which may have missed a mix that pays, is measured again)."""
     c = plan.info.get("auto_choice") if plan is not None else None
     if not isinstance(c, dict) or c.get("machine") != key or c.get("chose") not in CHOICES:
+        return None
+    if "layer_ratios" not in c and not c.get("ratio", 0.0) >= c.get("keep_at", KEEP_AT):
+        return None
+    layers = c.get("sparse_layers")
+    if c["chose"] == "layers" and not (isinstance(layers, list) and layers and all(
+            isinstance(i, int) and 0 <= i < len(plan.layers) for i in layers)):
         return None
     return c if ("gate_tok_s" in c) == (gate_plan is not None) else None
 
@@ -65,6 +81,31 @@ def step_seconds(running, ids: np.ndarray, prompt: int, tokens: int) -> list[flo
         running.run(1, ids[i:i + 1], np.array([i], np.int32), np.array([0], np.int32))
         out.append(time.perf_counter() - t0)
     return out
+
+
+def decode_ffn_seconds(running, ids: np.ndarray, prompt: int, tokens: int) -> np.ndarray:
+    """F64 [layers]: each layer's FFN seconds over `tokens` one-token runs after a `prompt`-token prefill (the
+    prefill, dense in every engine, is not counted)."""
+    running.run(prompt, ids[:prompt], np.arange(prompt, dtype=np.int32), np.array([prompt - 1], np.int32))
+    running.set_op_timing(True)  # (resets)
+    for i in range(prompt, prompt + tokens):
+        running.run(1, ids[i:i + 1], np.array([i], np.int32), np.array([0], np.int32))
+    seconds = running.ffn_seconds()
+    running.set_op_timing(False)
+    return seconds
+
+
+def layer_ratios(dense, sparse, ids: np.ndarray, prompt: int, tokens: int, rounds: int = LAYER_ROUNDS) -> np.ndarray:
+    """F64 [layers]: per layer, its dense FFN's time over its sparse FFN's on the same decode steps (above 1:
+    sparse pays there), the median over `rounds` alternating rounds."""
+    per_round = []
+    for r in range(rounds):
+        first, second = (dense, sparse) if r % 2 == 0 else (sparse, dense)
+        a = decode_ffn_seconds(first, ids, prompt, tokens)
+        b = decode_ffn_seconds(second, ids, prompt, tokens)
+        d, s = (a, b) if first is dense else (b, a)
+        per_round.append(d / np.maximum(s, 1e-12))
+    return np.median(np.array(per_round), axis=0)
 
 
 def interleaved_tok_s(engines: dict, ids: np.ndarray, prompt: int, tokens: int, rounds: int) -> dict[str, float]:
@@ -81,10 +122,12 @@ def interleaved_tok_s(engines: dict, ids: np.ndarray, prompt: int, tokens: int, 
 
 
 def choose(ratio: dict[str, float]) -> str:
-    """From each plan's decode speed as a multiple of dense: "sparse" at KEEP_AT or more; "gate" at KEEP_AT and
-    at GATE_KEEP_AT times the better of the two others."""
-    chose = "sparse" if ratio["sparse"] >= KEEP_AT else "dense"
-    if "gate" in ratio and ratio["gate"] >= KEEP_AT and ratio["gate"] >= GATE_KEEP_AT * max(1.0, ratio["sparse"]):
+    """From each plan's decode speed as a multiple of dense: the faster of "sparse" and "layers" (the mix, where
+    one was timed) at KEEP_AT or more; "gate" at KEEP_AT and at GATE_KEEP_AT times the best of the others."""
+    kept = [k for k in ("sparse", "layers") if k in ratio and ratio[k] >= KEEP_AT]
+    chose = max(kept, key=lambda k: ratio[k]) if kept else "dense"
+    best = max([1.0] + [ratio[k] for k in ("sparse", "layers") if k in ratio])
+    if "gate" in ratio and ratio["gate"] >= KEEP_AT and ratio["gate"] >= GATE_KEEP_AT * best:
         chose = "gate"
     return chose
 
@@ -92,10 +135,9 @@ def choose(ratio: dict[str, float]) -> str:
 def measure_choice(session, plan, gate_plan=None, tokens: int = DECODE_TOKENS, rounds: int = ROUNDS,
                    sets: int = SETS) -> dict:
     """Decode tok/s with `plan`, with `gate_plan` (if any) and without either on this machine (engines built as
-    the session builds its own), alternating rounds and flipping their order, `sets` times; choose() picks from
-    each plan's lowest ratio to dense."""
-    from ..runtime.sparse_ffn import SparseRuns
-    from ..session import build_running
+    the session builds its own), alternating rounds and flipping their order, `sets` times; where the whole
+    plan does not clear KEEP_AT, its FFN is timed per layer and a mix of the layers where it pays is timed too;
+    choose() picks from each plan's lowest ratio to dense."""
     from .calibrate import bundled_calibration_text
 
     prompt = 16
@@ -103,27 +145,54 @@ def measure_choice(session, plan, gate_plan=None, tokens: int = DECODE_TOKENS, r
     if len(ids) < prompt + tokens:
         ids = np.resize(ids, prompt + tokens)
     ids = np.clip(ids, 0, session.config.vocab_size - 1).astype(np.int32)
-    n_ctx = prompt + tokens
     plans = [("dense", None), ("sparse", plan)] + ([("gate", gate_plan)] if gate_plan is not None else [])
-    engines = {name: build_running(session.gguf, session.config, n_ctx, prompt, session.n_threads,
-                                   p, SparseRuns(), session.neuron_down, session.cache_type)
-               for name, p in plans}
+    engines = {name: _engine(session, p, prompt + tokens, prompt) for name, p in plans}
     measured = [interleaved_tok_s(engines, ids, prompt, tokens, rounds) for _ in range(sets)]
     rate = {k: float(np.median([m[k] for m in measured])) for k in engines}
     ratio = {k: min(m[k] / m["dense"] for m in measured) for k in engines if k != "dense"}
-    out = {"chose": choose(ratio), "sparse_tok_s": rate["sparse"], "dense_tok_s": rate["dense"],
-           "ratio": ratio["sparse"]}
+    out = {}
+    if ratio["sparse"] < KEEP_AT:  # the whole plan loses here: does it pay in some layers?
+        per_layer = layer_ratios(engines["dense"], engines["sparse"], ids, prompt, tokens)
+        out["layer_ratios"] = [round(float(r), 3) for r in per_layer]
+        pays = [il for il, r in enumerate(per_layer) if r >= LAYER_KEEP_AT]
+        if pays and len(pays) < len(per_layer):
+            pair = {"dense": engines["dense"],
+                    "layers": _engine(session, plan.with_dense_layers(
+                        [il for il in range(len(per_layer)) if il not in pays]), prompt + tokens, prompt)}
+            mixed = [interleaved_tok_s(pair, ids, prompt, tokens, rounds) for _ in range(sets)]
+            rate["layers"] = float(np.median([m["layers"] for m in mixed]))
+            ratio["layers"] = min(m["layers"] / m["dense"] for m in mixed)
+            out.update(sparse_layers=pays, layers_tok_s=rate["layers"], layers_ratio=ratio["layers"])
+    out.update(chose=choose(ratio), sparse_tok_s=rate["sparse"], dense_tok_s=rate["dense"], ratio=ratio["sparse"])
     if "gate" in rate:
         out.update(gate_tok_s=rate["gate"], gate_ratio=ratio["gate"], gate_keep_at=GATE_KEEP_AT)
     return dict(out, tokens=tokens, rounds=rounds, sets=sets, percentile=PERCENTILE, keep_at=KEEP_AT,
                 machine=machine_key(session.n_threads), isa=engines["dense"].isa, measured=time.strftime("%Y-%m-%d"))
 
 
+def _engine(session, plan, n_ctx: int, max_tokens: int):
+    """An engine for `plan` (None: dense) built as the session builds its own."""
+    from ..runtime.sparse_ffn import SparseRuns
+    from ..session import build_running
+
+    return build_running(session.gguf, session.config, n_ctx, max_tokens, session.n_threads, plan, SparseRuns(),
+                         session.neuron_down, session.cache_type)
+
+
 def describe(choice: dict) -> str:
-    kept = {"sparse": "keeps the threshold plan", "gate": "keeps the gate-first plan",
-            "dense": "decodes dense"}[choice["chose"]]
+    n_layers = len(choice.get("layer_ratios", []))
+    kept = {"sparse": "keeps the threshold plan", "gate": "keeps the gate-first plan", "dense": "decodes dense",
+            "layers": f"keeps the threshold plan in {len(choice.get('sparse_layers', []))} of {n_layers} layers"
+            }[choice["chose"]]
     gate = (f", gate-first {choice['gate_tok_s']:.1f} ({choice['gate_ratio']:.2f}x)" if "gate_tok_s" in choice
             else "")
+    if "layers_tok_s" in choice:
+        n = len(choice["sparse_layers"])
+        gate += f", sparse in {n} layer{'s' if n != 1 else ''} {choice['layers_tok_s']:.1f} " \
+                f"({choice['layers_ratio']:.2f}x)"
+    elif "layer_ratios" in choice:
+        gate += f", no layer {LAYER_KEEP_AT:.2f}x faster sparse" if not any(
+            r >= LAYER_KEEP_AT for r in choice["layer_ratios"]) else ", sparse pays in every layer"
     return (f"sparse decode {choice['sparse_tok_s']:.1f} tok/s ({choice['ratio']:.2f}x){gate} against dense "
             f"{choice['dense_tok_s']:.1f} here (each plan's lowest of {choice.get('sets', 1)} measurements): "
             f"auto {kept}")
@@ -148,4 +217,7 @@ def keep_if_faster(session, plan, path, progress: bool = True):
                     plan.save(path)
             except OSError as e:
                 print(f"pyinfer: warning: could not cache the sparsity choice at {path}: {e}", file=sys.stderr)
+    if choice["chose"] == "layers":
+        keep = set(choice["sparse_layers"])
+        return plan.with_dense_layers([il for il in range(len(plan.layers)) if il not in keep]), choice
     return {"sparse": plan, "gate": gate_plan, "dense": None}[choice["chose"]], choice

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +75,9 @@ class LayerPlan:
     # F32 [n_ff] in perm order: how often each neuron fired in calibration (None: not recorded). Offload keeps
     # the neurons that save the most reads.
     freq: np.ndarray | None = None
+    # Decode this layer dense: `auto` timed its sparse path slower than its dense FFN on this machine
+    # (sparsity/auto_choice.py; offload and a device split run every layer sparse all the same).
+    dense: bool = False
 
 
 @dataclass
@@ -89,6 +92,16 @@ class SparsityPlan:
     def has_predictors(self) -> bool:
         return all(lp.predictor is not None for lp in self.layers)
 
+    def with_dense_layers(self, dense: set[int] | list[int]) -> "SparsityPlan":
+        """A copy that decodes the layers in `dense` dense and the others sparse (arrays shared, not copied)."""
+        dense = set(int(i) for i in dense)
+        layers = [replace(lp, dense=il in dense) for il, lp in enumerate(self.layers)]
+        return replace(self, layers=layers, info=dict(self.info))
+
+    @property
+    def dense_layers(self) -> list[int]:
+        return [il for il, lp in enumerate(self.layers) if lp.dense]
+
     def predictor_bytes(self) -> int:
         return sum(lp.predictor.nbytes for lp in self.layers if lp.predictor is not None)
 
@@ -100,6 +113,7 @@ class SparsityPlan:
                   "info": self.info, "hot": [lp.hot for lp in self.layers],
                   "thresholds": [float(lp.threshold) for lp in self.layers],
                   "gate_thresholds": [float(lp.gate_threshold) for lp in self.layers],
+                  "dense_layers": self.dense_layers,
                   "predictor_stats": [lp.predictor.stats if lp.predictor else None for lp in self.layers]}
         arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)}
         for il, lp in enumerate(self.layers):
@@ -142,6 +156,11 @@ class SparsityPlan:
                 raise SparsityFileError(f"{path}: layer {il}'s firing frequencies do not match its neurons")
             if lp.predictor is not None and len(lp.predictor.cut) != n - lp.hot:
                 raise SparsityFileError(f"{path}: layer {il}'s predictor does not match its hot prefix")
+        dense = header.get("dense_layers", [])
+        if not isinstance(dense, list) or not all(isinstance(i, int) and 0 <= i < len(layers) for i in dense):
+            raise SparsityFileError(f"{path}: its dense layers are not layer numbers")
+        for il in dense:
+            layers[il].dense = True
         plan = cls(header["mode"], float(header["target"]), layers, header["fingerprint"], header.get("info", {}))
         if n_layers is not None and len(layers) != n_layers:
             raise SparsityFileError(f"{path} has {len(layers)} layers; the model has {n_layers}")

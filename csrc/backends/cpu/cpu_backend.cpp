@@ -72,6 +72,7 @@ void CpuBackend::copy(void* dst, const void* src, size_t bytes) { std::memcpy(ds
 
 void CpuBackend::compute(const Graph& graph, const std::vector<int>& nodes, const RunShape& shape) {
   Job job{this, &graph, &nodes, shape};
+  if (op_timing_ && node_seconds_.size() < graph.nodes.size()) node_seconds_.resize(graph.nodes.size(), 0.0);
   failed_step_.store(kNoFailure, std::memory_order_relaxed);
   error_ = nullptr;
   pool_.run(&CpuBackend::run_job, &job);
@@ -107,8 +108,10 @@ void CpuBackend::run_job(void* p, int ith, int nth) {
     // slower one reads the flag, so the test is "failed at this step or earlier": every thread agrees.
     if (self->failed_step_.load(std::memory_order_acquire) <= step) return;
     if (timed) {
-      self->op_seconds_[size_t(node.op)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      self->op_seconds_[size_t(node.op)] += seconds;
       self->op_calls_[size_t(node.op)] += 1;
+      self->node_seconds_[size_t(id)] += seconds;
     }
     ++step;
   }

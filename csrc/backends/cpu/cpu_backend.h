@@ -39,9 +39,16 @@ class CpuBackend final : public Backend {
   void inject_fault(int node, int thread) { fault_node_ = node; fault_thread_ = thread; }
 
   int n_threads() const { return pool_.size(); }
-  // Wall time per op kind (seconds, node start to the barrier after it), accumulated while enabled.
-  void set_op_timing(bool on) { op_timing_ = on; op_seconds_.assign(kOpKinds, 0.0); op_calls_.assign(kOpKinds, 0); }
+  // Wall time per op kind and per node (seconds, node start to the barrier after it), accumulated while
+  // enabled. Per node, so a caller can sum a layer's FFN (sparsity/auto_choice.py weighs it per layer).
+  void set_op_timing(bool on) {
+    op_timing_ = on;
+    op_seconds_.assign(kOpKinds, 0.0);
+    op_calls_.assign(kOpKinds, 0);
+    node_seconds_.assign(node_seconds_.size(), 0.0);
+  }
   const std::vector<double>& op_seconds() const { return op_seconds_; }
+  const std::vector<double>& node_seconds() const { return node_seconds_; }  // [graph nodes seen while timed]
   const std::vector<int64_t>& op_calls() const { return op_calls_; }
   const char* isa() const { return kernels_.isa; }
   // Where NeuronFetch nodes fetch from (the engine's; not owned).
@@ -80,6 +87,7 @@ class CpuBackend final : public Backend {
   bool op_timing_ = false;
   std::vector<double> op_seconds_ = std::vector<double>(kOpKinds, 0.0);
   std::vector<int64_t> op_calls_ = std::vector<int64_t>(kOpKinds, 0);
+  std::vector<double> node_seconds_;  // grown by compute() only while timing: untimed runs allocate nothing
 };
 
 }  // namespace pyinfer
