@@ -126,11 +126,18 @@ class Runner {
       const int below = int(std::clamp<int64_t>(first - j0, 0, n));  // keys before every row's window
       std::fill(s_.k, s_.k + int64_t(below) * hd, 0.f);
       std::fill(s_.v, s_.v + int64_t(below) * hd, 0.f);
-      for (int j = below; j < n; ++j) {
+      for (int j = below, run; j < n; j += run) {  // runs of consecutive cache rows: the tile, or a page's part
         const int64_t key = j0 + j;
-        const int64_t row = table ? int64_t(table[key / a_.block_size]) * a_.block_size + key % a_.block_size : key;
-        k_.kv_to_f32(a_.k_type, a_.k + size_t(row) * a_.k_row_bytes + k_off, s_.k + int64_t(j) * hd, hd);
-        k_.kv_to_f32(a_.v_type, a_.v + size_t(row) * a_.v_row_bytes + v_off, s_.v + int64_t(j) * hd, hd);
+        int64_t row = key;
+        run = n - j;
+        if (table) {
+          row = int64_t(table[key / a_.block_size]) * a_.block_size + key % a_.block_size;
+          run = int(std::min<int64_t>(run, a_.block_size - key % a_.block_size));
+        }
+        k_.kv_to_f32(a_.k_type, a_.k + size_t(row) * a_.k_row_bytes + k_off, a_.k_row_bytes, s_.k + int64_t(j) * hd,
+                     run, hd);
+        k_.kv_to_f32(a_.v_type, a_.v + size_t(row) * a_.v_row_bytes + v_off, a_.v_row_bytes, s_.v + int64_t(j) * hd,
+                     run, hd);
       }
       const int padded = (n + kAttnKeyPad - 1) / kAttnKeyPad * kAttnKeyPad;  // the kernels read whole vectors of keys
       std::fill(s_.k + int64_t(n) * hd, s_.k + int64_t(padded) * hd, 0.f);
@@ -267,7 +274,8 @@ void attn_tile_generic(const AttnTileArgs& a) {
   }
 }
 
-void kv_to_f32_generic(DType type, const uint8_t* src, float* dst, int64_t n) {
+namespace {
+void kv_row_to_f32(DType type, const uint8_t* src, float* dst, int64_t n) {
   if (type == DType::Q8_0) {
     const auto* blocks = reinterpret_cast<const BlockQ8_0*>(src);
     for (int64_t b = 0; b < n / kQuantBlock; ++b) {
@@ -278,6 +286,11 @@ void kv_to_f32_generic(DType type, const uint8_t* src, float* dst, int64_t n) {
   }
   const auto* h = reinterpret_cast<const uint16_t*>(src);
   for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+}
+}  // namespace
+
+void kv_to_f32_generic(DType type, const uint8_t* src, size_t stride, float* dst, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) kv_row_to_f32(type, src + size_t(r) * stride, dst + r * n, n);
 }
 
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n) {

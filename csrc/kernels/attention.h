@@ -89,9 +89,9 @@ void attn_tile_avx512(const AttnTileArgs& a);
 void attn_tile_neon(const AttnTileArgs& a);
 
 // A cache row's slice (n elements of F16 or Q8_0) as floats.
-void kv_to_f32_generic(DType type, const uint8_t* src, float* dst, int64_t n);
-void kv_to_f32_avx2(DType type, const uint8_t* src, float* dst, int64_t n);
-void kv_to_f32_neon(DType type, const uint8_t* src, float* dst, int64_t n);
+void kv_to_f32_generic(DType type, const uint8_t* src, size_t stride, float* dst, int64_t rows, int64_t n);
+void kv_to_f32_avx2(DType type, const uint8_t* src, size_t stride, float* dst, int64_t rows, int64_t n);
+void kv_to_f32_neon(DType type, const uint8_t* src, size_t stride, float* dst, int64_t rows, int64_t n);
 // A row of a Q8_0 cache, as llama.cpp quantizes it (d = amax / 127 stored as fp16, q = round(x / d)).
 void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t n);
 

@@ -20,7 +20,8 @@ void attn_tile_avx2(const AttnTileArgs& a) {
   attn_gemm::key_lane_tile<Avx2Lanes, 1, 4, 2>(a);
 }
 
-void kv_to_f32_avx2(DType type, const uint8_t* src, float* dst, int64_t n) {
+namespace {
+inline void kv_row_to_f32(DType type, const uint8_t* src, float* dst, int64_t n) {
   if (type == DType::Q8_0) {
     const auto* blocks = reinterpret_cast<const BlockQ8_0*>(src);
     for (int64_t b = 0; b < n / kQuantBlock; ++b) {
@@ -37,6 +38,11 @@ void kv_to_f32_avx2(DType type, const uint8_t* src, float* dst, int64_t n) {
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
   for (; i < n; ++i) dst[i] = _cvtsh_ss(h[i]);
+}
+}  // namespace
+
+void kv_to_f32_avx2(DType type, const uint8_t* src, size_t stride, float* dst, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) kv_row_to_f32(type, src + size_t(r) * stride, dst + r * n, n);
 }
 
 }  // namespace pyinfer

@@ -59,7 +59,8 @@ void attn_tile_neon(const AttnTileArgs& a) {
   attn_gemm::tile<NeonLanes, 4, 4, 4, 4>(a);
 }
 
-void kv_to_f32_neon(DType type, const uint8_t* src, float* dst, int64_t n) {
+namespace {
+inline void kv_row_to_f32(DType type, const uint8_t* src, float* dst, int64_t n) {
   if (type == DType::Q8_0) {
     const auto* blocks = reinterpret_cast<const BlockQ8_0*>(src);
     for (int64_t b = 0; b < n / kQuantBlock; ++b) {
@@ -77,6 +78,11 @@ void kv_to_f32_neon(DType type, const uint8_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + i))));
   for (; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+}
+}  // namespace
+
+void kv_to_f32_neon(DType type, const uint8_t* src, size_t stride, float* dst, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) kv_row_to_f32(type, src + size_t(r) * stride, dst + r * n, n);
 }
 
 }  // namespace pyinfer

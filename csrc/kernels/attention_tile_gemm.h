@@ -227,48 +227,72 @@ inline void key_lane_scores(const AttnTileArgs& a, int64_t r, float* sr) {
     for (int n = 0; n < N; ++n) S::store(sr + i * kAttnKeyTile + n * W, c[i][n]);
 }
 
-// Row r's scores s become exp(s - m_new) on its keys (lanes outside them are never read), and its state is
-// updated as softmax_state() does it; alpha[r]: its accumulator's factor.
-template <class S, int N>
-inline void key_lane_softmax(const AttnTileArgs& a, int64_t r, float* s, float* alpha) {
-  using V = typename S::V;
-  constexpr int W = S::W;
-  const int lo = a.lo[r], hi = a.hi[r];
-  if (lo >= hi) {  // no key here: m, l unchanged, factor 1 (exp(0) is exactly 1 in the row-vector form)
-    alpha[r] = 1.f;
-    return;
-  }
-  float mx = -INFINITY;
-  for (int j = lo; j < hi; ++j) mx = std::max(mx, s[j]);
-  const float m_old = a.m[r], m_new = std::max(m_old, mx);
-  const V vm = S::set1(m_new);
-  for (int n = lo / W; n < N; ++n) S::store(s + n * W, S::exp(S::sub(S::load(s + n * W), vm)));
-  float sum = 0.f;
-  for (int j = lo; j < hi; ++j) sum += s[j];
-  alignas(64) float e[W];
-  S::store(e, S::exp(S::set1(m_old - m_new)));
-  const float al = m_new < -FLT_MAX ? 1.f : e[0];
-  a.l[r] = std::fma(a.l[r], al, sum);
-  a.m[r] = m_new;
-  alpha[r] = al;
-}
-
-// Scores and softmax of every row against keys [0, N W), QR rows sharing each kt load; P row-major in p.
+// Rows r .. r + QR: each row's scores s (row-major, kAttnKeyTile apart) become exp(s - m_new) on its keys and 0
+// elsewhere in [0, N W), and its state is updated as softmax_state() does it; alpha[r ..]: the factors its
+// accumulator must be scaled by. The max is exact in any order, so it runs on vectors; each row's sum must add
+// its keys one by one in ascending order (the prefill tile's order; the zeros outside a row's keys change no
+// sum of non-negative terms), so the rows' sums run as interleaved chains instead of one after another.
 template <class S, int QR, int N>
-inline void key_lane_group(const AttnTileArgs& a, int64_t r, float* p, float* alpha) {
-  key_lane_scores<S, QR, N>(a, r, p + r * kAttnKeyTile);
-  for (int i = 0; i < QR; ++i) key_lane_softmax<S, N>(a, r + i, p + (r + i) * kAttnKeyTile, alpha);
+inline void key_lane_softmax(const AttnTileArgs& a, int64_t r, float* p, float* alpha) {
+  using V = typename S::V;
+  constexpr int W = S::W, NW = N * W;
+  int jlo = NW, jhi = 0;  // keys any of the rows sees
+  for (int i = 0; i < QR; ++i) {
+    const int lo = a.lo[r + i], hi = a.hi[r + i];
+    if (lo >= hi) continue;
+    jlo = std::min(jlo, lo), jhi = std::max(jhi, hi);
+    float* s = p + i * kAttnKeyTile;
+    std::fill(s, s + lo, -INFINITY);  // lanes outside the row's keys (past the last key: unset kt lanes)
+    std::fill(s + hi, s + NW, -INFINITY);
+    V vm = S::load(s);
+    for (int n = 1; n < N; ++n) vm = S::max(vm, S::load(s + n * W));
+    alignas(64) float lanes[W];
+    S::store(lanes, vm);
+    float mx = lanes[0];
+    for (int l = 1; l < W; ++l) mx = std::max(mx, lanes[l]);
+    const float m_new = std::max(a.m[r + i], mx);
+    const V vmn = S::set1(m_new);
+    for (int n = lo / W; n < (hi + W - 1) / W; ++n) S::store(s + n * W, S::exp(S::sub(S::load(s + n * W), vmn)));
+    std::fill(s, s + lo, 0.f);
+    std::fill(s + hi, s + NW, 0.f);
+    alpha[r + i] = m_new;  // until the state update below
+  }
+  float sum[QR] = {};
+  for (int j = jlo; j < jhi; ++j)
+    for (int i = 0; i < QR; ++i) sum[i] += p[i * kAttnKeyTile + j];
+  for (int i = 0; i < QR; ++i) {
+    if (a.lo[r + i] >= a.hi[r + i]) {  // no key here: m, l unchanged, factor 1 (exp(0) is exactly 1 there too)
+      alpha[r + i] = 1.f;
+      continue;
+    }
+    const float m_old = a.m[r + i], m_new = alpha[r + i];
+    alignas(64) float e[W];
+    S::store(e, S::exp(S::set1(m_old - m_new)));
+    const float al = m_new < -FLT_MAX ? 1.f : e[0];
+    a.l[r + i] = std::fma(a.l[r + i], al, sum[i]);
+    a.m[r + i] = m_new;
+    alpha[r + i] = al;
+  }
 }
 
+// Scores of every row against keys [0, N W), QR rows sharing each kt load, then their softmax, up to 4 rows'
+// sums at a time; P row-major in p.
 template <class S, int QR, int N>
 void key_lane_rows(const AttnTileArgs& a, float* p, float* alpha) {
   static_assert(QR >= 1 && QR <= 4, "a group of up to 4 rows, the rest in one smaller group");
   int64_t r = 0;
-  for (; r + QR <= a.rows; r += QR) key_lane_group<S, QR, N>(a, r, p, alpha);
+  for (; r + QR <= a.rows; r += QR) key_lane_scores<S, QR, N>(a, r, p + r * kAttnKeyTile);
   switch (a.rows - r) {  // GQA groups of 3 heads stay one group
-    case 3: if constexpr (QR > 3) key_lane_group<S, 3, N>(a, r, p, alpha); break;
-    case 2: if constexpr (QR > 2) key_lane_group<S, 2, N>(a, r, p, alpha); break;
-    case 1: if constexpr (QR > 1) key_lane_group<S, 1, N>(a, r, p, alpha); break;
+    case 3: if constexpr (QR > 3) key_lane_scores<S, 3, N>(a, r, p + r * kAttnKeyTile); break;
+    case 2: if constexpr (QR > 2) key_lane_scores<S, 2, N>(a, r, p + r * kAttnKeyTile); break;
+    case 1: if constexpr (QR > 1) key_lane_scores<S, 1, N>(a, r, p + r * kAttnKeyTile); break;
+    default: break;
+  }
+  for (r = 0; r + 4 <= a.rows; r += 4) key_lane_softmax<S, 4, N>(a, r, p + r * kAttnKeyTile, alpha);
+  switch (a.rows - r) {
+    case 3: key_lane_softmax<S, 3, N>(a, r, p + r * kAttnKeyTile, alpha); break;
+    case 2: key_lane_softmax<S, 2, N>(a, r, p + r * kAttnKeyTile, alpha); break;
+    case 1: key_lane_softmax<S, 1, N>(a, r, p + r * kAttnKeyTile, alpha); break;
     default: break;
   }
 }

@@ -61,7 +61,9 @@ struct KernelTable {
   void (*axpy_rows)(const AxpyRowsArgs& a);
   // Tiled attention (attention.h): one key tile against a block of query rows, and cache rows as floats.
   void (*attn_tile)(const AttnTileArgs& a);
-  void (*kv_to_f32)(DType type, const uint8_t* src, float* dst, int64_t n);
+  // `rows` cache rows of n values, `stride` bytes apart from src, to dst rows n floats apart (one call per run
+  // of consecutive cache rows: decode converts a whole key tile per call, not a key per call).
+  void (*kv_to_f32)(DType type, const uint8_t* src, size_t stride, float* dst, int64_t rows, int64_t n);
   // y = GELU(gate) * up through the fp16 table of gelu_fp16_table() (ops_float.h), the same values as the
   // portable gelu_tanh(); SIMD converts to fp16 and gathers 8 at a time.
   void (*gelu_mul)(const float* gate, const float* up, float* y, int64_t n);
