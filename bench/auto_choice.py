@@ -76,7 +76,7 @@ def main() -> int:
 
     import pyinfer
     from pyinfer.runtime.sparse_ffn import SparseRuns
-    from pyinfer.sparsity.auto_choice import interleaved_tok_s
+    from pyinfer.sparsity.auto_choice import LAYER_KEEP_AT, interleaved_tok_s, machine_key
     from pyinfer.sparsity.resolve import AUTO_TARGET, auto_plan_path, gate_candidate_path
     from pyinfer.tools.perplexity import perplexity
 
@@ -131,7 +131,7 @@ def main() -> int:
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "rates"}), file=sys.stderr)
     meta = {"threads": args.threads, "tokens": args.tokens, "rounds": args.rounds, "ppl_windows": args.ppl_windows,
-            "machine": rows and __import__("pyinfer.sparsity.auto_choice", fromlist=["x"]).machine_key(args.threads),
+            "machine": rows and machine_key(args.threads),
             "date": time.strftime("%Y-%m-%d")}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -160,7 +160,7 @@ def main() -> int:
                      f"{d['threshold']} | {d['gate']} | {loaded} |")
     lines += ["", "Per layer (timed where the whole threshold plan lost): each layer's dense FFN time over its sparse "
               "FFN time on the same decode steps (node timing, 4 alternating rounds, median; above "
-              f"{__import__('pyinfer.sparsity.auto_choice', fromlist=['x']).LAYER_KEEP_AT} the layer is tried sparse "
+              f"{LAYER_KEEP_AT} the layer is tried sparse "
               "in a mix).", ""]
     for r in rows:
         lr = r.get("layer_ratios")
