@@ -7,7 +7,10 @@ PyinferError (an OpenAI-shaped error from the server); crashes, hangs, traceback
 findings.
 
   python bench/fuzz_gguf.py --cases 10000            # -> bench/results/fuzz_gguf.{json,md}
-  python bench/fuzz_gguf.py --cases 300 --seed 1     # what CI runs (tests/test_fuzz_gguf.py)
+  python bench/fuzz_gguf.py --cases 300 --seed 1 --tiny tiny    # what CI runs (tests/test_fuzz_gguf.py)
+
+The tiny targets are the plain llama ("tiny") and one model of each other architecture the loader knows
+(qwen3moe, mixtral, qwen2moe, phi3, qwen3, qwen2, llama3, gemma3), taken in turn.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from gguf_fuzz import ALL_KINDS, Fuzzer, make_cases, summarize  # noqa: E402
+from gguf_fuzz import ALL_KINDS, ARCH_TARGETS, Fuzzer, make_cases, summarize, write_targets  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -29,22 +32,22 @@ def main() -> int:
     ap.add_argument("--cases", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--real-share", type=float, default=0.1, help="share of cases on the real model's header")
+    ap.add_argument("--tiny", nargs="+", default=["tiny", *ARCH_TARGETS], choices=["tiny", *ARCH_TARGETS],
+                    help="tiny models to mutate, in turn (default: all)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a case counts as a hang")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     ap.add_argument("--no-save", action="store_true", help="do not write bench/results/fuzz_gguf.*")
     args = ap.parse_args()
     from tqdm import tqdm
-    from tiny_model import write_tiny_llama
-
     from pyinfer.model.pull import installed_default_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        sources = {"tiny": str(write_tiny_llama(Path(tmp) / "tiny.gguf"))}
+        sources = write_targets(Path(tmp), args.tiny)
         real = installed_default_model()
         if real is not None:
             sources["real"] = str(real)
-        cases = make_cases(args.cases, args.seed, args.real_share, real is not None)
+        cases = make_cases(args.cases, args.seed, args.real_share, real is not None, args.tiny)
         bar = tqdm(total=len(cases), unit="case", file=sys.stderr)
         t0 = time.time()
         results = Fuzzer(sources, Path(tmp), args.workers, args.timeout).run(cases, lambda r: bar.update(1))

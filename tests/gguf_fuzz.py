@@ -482,12 +482,32 @@ class Case:
     seed: int
 
 
-def make_cases(n: int, seed: int, real_share: float, have_real: bool) -> list[Case]:
+# The tiny models of every architecture the loader knows besides the plain llama ("tiny"): each reads its own
+# keys (expert counts, LongRoPE factors, sliding windows, QK-norms), so each is mutated in turn.
+ARCH_TARGETS = ("qwen3moe", "mixtral", "qwen2moe", "phi3", "qwen3", "qwen2", "llama3", "gemma3")
+
+
+def write_targets(tmp: Path, names=("tiny",)) -> dict[str, str]:
+    """{target: path} of the tiny models named ("tiny": write_tiny_llama's; else an ARCH_TARGETS name)."""
+    from tiny_model import write_tiny_arch, write_tiny_gemma3, write_tiny_llama
+
+    out = {}
+    for name in names:
+        path = Path(tmp) / f"{name}.gguf"
+        out[name] = str(write_tiny_llama(path) if name == "tiny" else write_tiny_gemma3(path) if name == "gemma3"
+                        else write_tiny_arch(path, name))
+    return out
+
+
+def make_cases(n: int, seed: int, real_share: float, have_real: bool, tiny=("tiny",)) -> list[Case]:
+    """n cases: each on the real model's header (share `real_share`) or on a tiny model, the `tiny` targets in
+    turn, and each kind in turn on every target (the default, one target, draws what the 10,000-case run
+    drew)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        target = "real" if have_real and rng.random() < real_share else "tiny"
-        out.append(Case(i, target, ALL_KINDS[i % len(ALL_KINDS)], rng.randrange(2 ** 31)))
+        target = "real" if have_real and rng.random() < real_share else tiny[i % len(tiny)]
+        out.append(Case(i, target, ALL_KINDS[i // len(tiny) % len(ALL_KINDS)], rng.randrange(2 ** 31)))
     return out
 
 

@@ -164,6 +164,30 @@ def test_bad_sparsity_file_is_one_line_error(tiny_model_path, tmp_path):
     assert rc == 2 and "profile" in err
 
 
+
+def test_a_damaged_profile_is_a_one_line_error(tiny_model_path, tmp_path):
+    """Found by mutating a profile: arrays of another shape or a header value of another type ended in an
+    IndexError, TypeError or ValueError traceback deep in train-predictors."""
+    import numpy as np
+
+    prof = tmp_path / "p.npz"
+    rc, _, err = cli("profile", "-m", tiny_model_path, "--tokens", "256", "-o", str(prof))
+    assert rc == 0, err
+    with np.load(prof) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(bytes(arrays["header"]).decode())
+    damaged = {"hist cut": dict(arrays, hist=arrays["hist"][:-1]),
+               "neuron_hist flat": dict(arrays, neuron_hist=arrays["neuron_hist"].reshape(-1)),
+               "a negative count": dict(arrays, joint_hist=arrays["joint_hist"] - 1),
+               "tokens NaN": dict(arrays, header=np.frombuffer(json.dumps(dict(header, tokens=float("nan")))
+                                                               .encode(), np.uint8))}
+    for what, a in damaged.items():
+        bad = tmp_path / "bad.npz"
+        np.savez(bad, **a)
+        rc, _, err = cli("train-predictors", "-m", tiny_model_path, "--profile", str(bad), "--tokens", "256",
+                         "-o", str(tmp_path / "x.npz"))
+        assert rc == 2 and "Traceback" not in err and "is corrupt" in err.strip().splitlines()[-1], (what, err)
+
 def test_serve_rejects_bad_arguments(tiny_model_path):
     rc, _, err = cli("serve", "-m", tiny_model_path, "--kv-budget", "8")
     assert rc == 2 and "--kv-budget" in err

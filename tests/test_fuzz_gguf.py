@@ -3,8 +3,9 @@ and of the real model's header loads and runs one token, or fails with a one-lin
 import struct
 
 import pytest
-from gguf_fuzz import Fuzzer, MutantFile, Mutation, _u64, make_cases, run_case, summarize
-from tiny_model import write_tiny_llama
+from gguf_fuzz import (ALL_KINDS, ARCH_TARGETS, Fuzzer, MutantFile, Mutation, _u64, make_cases, run_case, summarize,
+                       write_targets)
+from tiny_model import write_tiny_arch, write_tiny_llama
 
 
 def test_300_seeded_mutants(tmp_path, real_model_path):
@@ -14,6 +15,40 @@ def test_300_seeded_mutants(tmp_path, real_model_path):
     assert s["cases"] == 300
     assert not s["findings"], s["findings"][:5]
 
+
+
+def test_every_kind_of_mutant_on_every_architecture(tmp_path):
+    """Each kind of mutation once on each tiny architecture besides the plain llama (their own keys: expert
+    counts, LongRoPE factors, sliding windows, QK-norms): each loads and runs or fails in one line."""
+    cases = make_cases(len(ARCH_TARGETS) * len(ALL_KINDS), seed=3, real_share=0.0, have_real=False,
+                       tiny=ARCH_TARGETS)
+    assert {(c.target, c.kind) for c in cases} == {(t, k) for t in ARCH_TARGETS for k in ALL_KINDS}
+    s = summarize(Fuzzer(write_targets(tmp_path, ARCH_TARGETS), tmp_path, workers=2, timeout=120).run(cases))
+    assert not s["findings"], s["findings"][:5]
+
+
+@pytest.mark.parametrize("rows", [-1, -100])
+def test_a_head_of_other_rows_than_the_vocabulary_is_a_one_line_error(tmp_path, rows):
+    """A finding of the run over every architecture: output.weight with fewer rows than tokens loaded, and its
+    logits, narrower than the vocabulary, failed with a numpy broadcast error on the first token."""
+    mf = MutantFile(write_tiny_arch(tmp_path / "llama.gguf", "llama"), tmp_path)
+    t = {x.name: x for x in mf.layout.tensors}["output.weight"]
+    m = Mutation("shape", "output.weight rows", [(t.dims_off + 8, _u64(t.dims[1] + rows))])
+    outcome, detail = run_case(mf.apply(m))
+    mf.restore(m)
+    assert outcome == "error" and "output.weight" in detail and "vocabulary" in detail, (outcome, detail)
+
+
+@pytest.mark.parametrize("window", [1 << 31, (1 << 32) - 1])
+def test_a_sliding_window_past_32_bits_is_a_one_line_error(tmp_path, window):
+    """A finding of the same run: Gemma 3's attention.sliding_window of 2^31 or more reached the attention op,
+    whose window is a 32-bit int, and pybind11 refused it with a RuntimeError."""
+    mf = MutantFile(write_targets(tmp_path, ["gemma3"])["gemma3"], tmp_path)
+    f = {x.key: x for x in mf.layout.fields}["gemma3.attention.sliding_window"]
+    m = Mutation("metadata_value", "sliding_window", [(f.value_off, window.to_bytes(4, "little"))])
+    outcome, detail = run_case(mf.apply(m))
+    mf.restore(m)
+    assert outcome == "error" and "sliding_window" in detail, (outcome, detail)
 
 def _explicit(layout, kind):
     """The mutants behind the first run's findings, written out."""

@@ -392,3 +392,54 @@ def test_serve_takes_a_plan_file_and_the_read_splits(tiny_model_path, tmp_path, 
         setup.make_offload(None, None, None, "auto", "80M")
     with pytest.raises(PyinferError, match="needs a RAM budget"):
         setup.make_offload(None, None, plan, "auto", None, neuron_cache=0.3)
+
+
+@pytest.mark.parametrize("field,value", [("fingerprint", 1), ("fingerprint", None), ("info", [1, 2]),
+                                         ("mode", "x"), ("target", "x"), ("predictor_stats", "x")])
+def test_a_sparsity_file_header_of_wrong_types_is_a_one_line_error(tiny_model_path, tmp_path, monkeypatch, field,
+                                                                   value):
+    """Found by mutating a plan's header: a fingerprint or info of another type ended in a TypeError or an
+    AttributeError traceback instead of SparsityFileError."""
+    import json
+
+    import numpy as np
+
+    from pyinfer.sparsity.plan import SparsityFileError
+    from pyinfer.sparsity.resolve import AUTO_TARGET, auto_plan_path
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    m = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", progress=False)
+    with np.load(auto_plan_path(m.gguf.fingerprint(), AUTO_TARGET)) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(bytes(arrays["header"]).decode())
+    header[field] = value
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(SparsityFileError, match=field) as e:
+        pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity=str(bad), progress=False)
+    assert "\n" not in str(e.value)
+
+
+def test_a_cached_auto_choice_of_wrong_types_is_measured_again(tiny_model_path, tmp_path, monkeypatch):
+    """A stored choice whose speeds are not numbers (a damaged cache) is measured again, not printed with a
+    TypeError."""
+    from pyinfer.sparsity import auto_choice
+    from pyinfer.sparsity.plan import SparsityPlan
+    from pyinfer.sparsity.resolve import AUTO_TARGET, auto_plan_path
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    m = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", progress=False)
+    path = auto_plan_path(m.gguf.fingerprint(), AUTO_TARGET)
+    plan = SparsityPlan.load(path)
+    good = plan.info["auto_choice"]
+    assert auto_choice._well_typed(good)
+    for field, value in [("ratio", "x"), ("dense_tok_s", None), ("layer_ratios", "x"), ("gate_ratio", [1]),
+                         ("sets", float("nan"))]:
+        plan.info["auto_choice"] = dict(good, **{field: value})
+        plan.save(path)
+        measured = []
+        monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p, g=None: measured.append(1) or dict(good))
+        again = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", progress=False)
+        assert measured == [1], field
+        assert auto_choice.describe(again.session.auto_choice)

@@ -283,12 +283,15 @@ class GGUFModelFile:
             bad(f"head size {c.head_dim} is odd (RoPE rotates pairs)")
         if c.d_ff < 1:
             bad("feed_forward_length must be positive")
-        if c.sliding_window < 0:
-            bad("attention.sliding_window must not be negative")
-        emb = self.tensor("token_embd.weight")
-        if emb.cols != c.d_model or not 1 <= c.vocab_size <= emb.rows:
-            bad(f"token_embd.weight [{emb.rows}, {emb.cols}] does not match the vocabulary ({c.vocab_size}) "
-                f"and embedding_length ({c.d_model})")
+        if not 0 <= c.sliding_window < 1 << 31:  # the attention op's window is a 32-bit int
+            bad(f"attention.sliding_window {c.sliding_window} must be in 0..2147483647")
+        # The lookup table and the head hold one row per token, as llama.cpp requires: a head of other rows would
+        # make logits of another width than the vocabulary (found by fuzzing the tiny architectures).
+        for name in ("token_embd.weight",) + (() if c.tied_output else ("output.weight",)):
+            t = self.tensor(name)
+            if t.cols != c.d_model or t.rows != c.vocab_size or c.vocab_size < 1:
+                bad(f"{name} [{t.rows}, {t.cols}] does not match the vocabulary ({c.vocab_size}) "
+                    f"and embedding_length ({c.d_model})")
         if not (np.isfinite(c.rope_base) and c.rope_base > 0 and np.isfinite(c.norm_eps) and 0 <= c.norm_eps < 1):
             bad("rope.freq_base or layer_norm_rms_epsilon is out of range")
 

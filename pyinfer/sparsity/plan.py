@@ -8,6 +8,7 @@ and a mismatch is a clear error, never a silent wrong answer.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +44,23 @@ def read_npz(path: Path, what: str, fmt: str, version: int) -> tuple[dict, dict[
         raise SparsityFileError(f"{path} has format version {header.get('version')}; this pyinfer reads "
                                 f"version {version} (re-create it with this version)")
     return header, data
+
+
+
+def _check_header_types(path: Path, h: dict) -> None:
+    """The header values read outside the per-layer loop, of the types save() writes (a file edited or damaged
+    by hand used to end in a TypeError traceback: found by fuzzing the header)."""
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    stats = h.get("predictor_stats")
+    bad = [k for k, ok in (("fingerprint", isinstance(h.get("fingerprint"), str)), ("mode", h.get("mode") in MODES),
+                           ("target", number(h.get("target"))), ("info", isinstance(h.get("info", {}), dict)),
+                           ("predictor_stats", stats is None or (isinstance(stats, list) and
+                                                                 all(x is None or isinstance(x, dict) for x in stats))))
+           if not ok]
+    if bad:
+        raise SparsityFileError(f"{path} is corrupt (its header's {', '.join(bad)})")
 
 
 @dataclass
@@ -131,6 +149,7 @@ class SparsityPlan:
              n_ff: int | None = None) -> "SparsityPlan":
         path = Path(path)
         header, data = read_npz(path, "sparsity file", FORMAT, FORMAT_VERSION)
+        _check_header_types(path, header)
         if fingerprint is not None and header["fingerprint"] != fingerprint:
             raise SparsityFileError(f"{path} was calibrated for a different model (fingerprint "
                                     f"{header['fingerprint'][:12]}, this model is {fingerprint[:12]})")
@@ -154,8 +173,15 @@ class SparsityPlan:
                 raise SparsityFileError(f"{path}: layer {il} has an invalid hot prefix or threshold")
             if lp.freq is not None and (lp.freq.shape != (n,) or not np.all(np.isfinite(lp.freq))):
                 raise SparsityFileError(f"{path}: layer {il}'s firing frequencies do not match its neurons")
-            if lp.predictor is not None and len(lp.predictor.cut) != n - lp.hot:
+            pr = lp.predictor
+            if pr is not None and len(pr.cut) != n - lp.hot:
                 raise SparsityFileError(f"{path}: layer {il}'s predictor does not match its hot prefix")
+            if pr is not None and not (pr.w1_q8.dtype == np.uint8 and pr.w2_q8.dtype == np.uint8 and pr.w1_q8.ndim == 2
+                                       and pr.w2_q8.ndim == 2 and pr.b1.ndim == 1 and pr.cut.ndim == 1
+                                       and pr.b1.dtype.kind == "f" and pr.cut.dtype.kind == "f"
+                                       and len(pr.b1) == len(pr.w1_q8) and len(pr.w2_q8) == len(pr.cut)):
+                raise SparsityFileError(f"{path}: layer {il}'s predictor arrays are not of the types and shapes "
+                                        f"pyinfer writes")
         dense = header.get("dense_layers", [])
         if not isinstance(dense, list) or not all(isinstance(i, int) and 0 <= i < len(layers) for i in dense):
             raise SparsityFileError(f"{path}: its dense layers are not layer numbers")

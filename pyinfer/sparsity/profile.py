@@ -136,10 +136,24 @@ class Profile:
         path = Path(path)
         header, z = read_npz(path, "profile", PROFILE_FORMAT, PROFILE_VERSION)
         try:
-            hist, gate_hist, nh, joint = z["hist"], z["gate_hist"], z["neuron_hist"].astype(np.int64), z["joint_hist"]
+            hist, gate_hist, nh, joint = z["hist"], z["gate_hist"], z["neuron_hist"], z["joint_hist"]
         except KeyError:
             raise SparsityFileError(f"{path} is not a complete pyinfer profile") from None
+        tokens = header.get("tokens")
+        if not (isinstance(header.get("fingerprint"), str) and header.get("mode") in MODES
+                and isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0
+                and isinstance(header.get("info", {}), dict)):
+            raise SparsityFileError(f"{path} is corrupt (its header's fingerprint, mode, tokens or info)")
+        # The shapes every query indexes by (a damaged file used to fail deep inside numpy, in a traceback).
+        n_layers = hist.shape[0] if hist.ndim == 2 else -1
+        want = {"hist": (hist, (n_layers, FINE_BINS)), "gate_hist": (gate_hist, (n_layers, FINE_BINS)),
+                "neuron_hist": (nh, (n_layers, nh.shape[1] if nh.ndim == 3 else -1, COARSE_BINS)),
+                "joint_hist": (joint, (n_layers, JOINT_BINS, JOINT_BINS))}
+        for name, (a, shape) in want.items():
+            if a.shape != shape or a.dtype.kind not in "iu" or n_layers < 1 or (a.size and a.min() < 0):
+                raise SparsityFileError(f"{path} is corrupt ({name} is {a.dtype} {list(a.shape)}, "
+                                        f"expected non-negative counts of shape {list(shape)})")
         if fingerprint is not None and header["fingerprint"] != fingerprint:
             raise SparsityFileError(f"{path} was profiled on a different model")
-        return cls(header["mode"], int(header["tokens"]), hist, gate_hist, nh, joint, header["fingerprint"],
-                   header["info"])
+        return cls(header["mode"], tokens, hist.astype(np.int64), gate_hist.astype(np.int64), nh.astype(np.int64),
+                   joint.astype(np.int64), header["fingerprint"], header.get("info", {}))
