@@ -46,7 +46,6 @@ def read_npz(path: Path, what: str, fmt: str, version: int) -> tuple[dict, dict[
     return header, data
 
 
-
 def _check_header_types(path: Path, h: dict) -> None:
     """The header values read outside the per-layer loop, of the types save() writes (a file edited or damaged
     by hand used to end in a TypeError traceback: found by fuzzing the header)."""
