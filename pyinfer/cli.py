@@ -526,10 +526,7 @@ def cmd_train_predictors(args) -> int:
         raise PyinferError("--rank must be a positive multiple of 32")
     text = read_calibration(args.file)
     model = _load(args)
-    prof = Profile.load(args.profile, model.gguf.fingerprint())
-    if prof.neuron_hist.shape[:2] != (model.config.n_layers, model.config.d_ff):
-        raise PyinferError(f"{args.profile} holds {prof.neuron_hist.shape[0]} layers of {prof.neuron_hist.shape[1]} "
-                           f"neurons; the model has {model.config.n_layers} of {model.config.d_ff}")
+    prof = Profile.load(args.profile, model.gguf.fingerprint(), model.config.n_layers, model.config.d_ff)
     train = None if args.no_predictors else TrainConfig(recall=args.recall, fixed_rank=args.rank)
     plan = build_plan(model.gguf, model.config, prof, args.target, model.tokenize(text), args.tokens,
                       model.n_threads, train, gate_recall=args.gate_recall,

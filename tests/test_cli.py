@@ -164,7 +164,6 @@ def test_bad_sparsity_file_is_one_line_error(tiny_model_path, tmp_path):
     assert rc == 2 and "profile" in err
 
 
-
 def test_a_damaged_profile_is_a_one_line_error(tiny_model_path, tmp_path):
     """Found by mutating a profile: arrays of another shape or a header value of another type ended in an
     IndexError, TypeError or ValueError traceback deep in train-predictors."""
@@ -187,6 +186,7 @@ def test_a_damaged_profile_is_a_one_line_error(tiny_model_path, tmp_path):
         rc, _, err = cli("train-predictors", "-m", tiny_model_path, "--profile", str(bad), "--tokens", "256",
                          "-o", str(tmp_path / "x.npz"))
         assert rc == 2 and "Traceback" not in err and "is corrupt" in err.strip().splitlines()[-1], (what, err)
+
 
 def test_serve_rejects_bad_arguments(tiny_model_path):
     rc, _, err = cli("serve", "-m", tiny_model_path, "--kv-budget", "8")

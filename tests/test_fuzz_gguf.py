@@ -16,7 +16,6 @@ def test_300_seeded_mutants(tmp_path, real_model_path):
     assert not s["findings"], s["findings"][:5]
 
 
-
 def test_every_kind_of_mutant_on_every_architecture(tmp_path):
     """Each kind of mutation once on each tiny architecture besides the plain llama (their own keys: expert
     counts, LongRoPE factors, sliding windows, QK-norms): each loads and runs or fails in one line."""
@@ -49,6 +48,7 @@ def test_a_sliding_window_past_32_bits_is_a_one_line_error(tmp_path, window):
     outcome, detail = run_case(mf.apply(m))
     mf.restore(m)
     assert outcome == "error" and "sliding_window" in detail, (outcome, detail)
+
 
 def _explicit(layout, kind):
     """The mutants behind the first run's findings, written out."""

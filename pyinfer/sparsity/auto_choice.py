@@ -22,12 +22,13 @@ steps), and the layers whose sparse FFN beats their dense one by LAYER_KEEP_AT m
 decoding dense. The mix is timed against dense like a whole plan and kept ("layers") only at KEEP_AT."""
 from __future__ import annotations
 
-import math
 import platform
 import sys
 import time
 
 import numpy as np
+
+from .plan import is_number
 
 DECODE_TOKENS = 24
 ROUNDS = 6
@@ -58,18 +59,14 @@ def machine_key(n_threads: int) -> str:
     return f"{name} | {_core.available_isas()} | {n_threads} threads"
 
 
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)  # (bars may be inf)
-
-
 def _well_typed(c: dict) -> bool:
     """The fields stored_choice() and describe() read hold what measure_choice() writes (a damaged cached plan
     is measured again, never a TypeError)."""
     speeds = ("sparse_tok_s", "dense_tok_s", "ratio")
     optional = ("keep_at", "gate_tok_s", "gate_ratio", "layers_tok_s", "layers_ratio", "sets")
-    return (all(_number(c.get(k)) for k in speeds) and all(_number(c[k]) for k in optional if k in c)
+    return (all(is_number(c.get(k)) for k in speeds) and all(is_number(c[k]) for k in optional if k in c)
             and all(isinstance(c.get(k, []), list) for k in ("layer_ratios", "sparse_layers"))
-            and all(_number(r) for r in c.get("layer_ratios", [])))
+            and all(is_number(r) for r in c.get("layer_ratios", [])))
 
 
 def stored_choice(plan, key: str, gate_plan) -> dict | None:

@@ -46,15 +46,17 @@ def read_npz(path: Path, what: str, fmt: str, version: int) -> tuple[dict, dict[
     return header, data
 
 
+def is_number(x) -> bool:
+    """A JSON number of a sidecar's header: int or float, not a bool, not NaN (inf passes)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+
+
 def _check_header_types(path: Path, h: dict) -> None:
     """The header values read outside the per-layer loop, of the types save() writes (a file edited or damaged
     by hand used to end in a TypeError traceback: found by fuzzing the header)."""
-    def number(x) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
     stats = h.get("predictor_stats")
     bad = [k for k, ok in (("fingerprint", isinstance(h.get("fingerprint"), str)), ("mode", h.get("mode") in MODES),
-                           ("target", number(h.get("target"))), ("info", isinstance(h.get("info", {}), dict)),
+                           ("target", is_number(h.get("target")) and math.isfinite(h["target"])), ("info", isinstance(h.get("info", {}), dict)),
                            ("predictor_stats", stats is None or (isinstance(stats, list) and
                                                                  all(x is None or isinstance(x, dict) for x in stats))))
            if not ok]

@@ -132,7 +132,8 @@ class Profile:
             neuron_hist=self.neuron_hist.astype(np.uint32), joint_hist=self.joint_hist))
 
     @classmethod
-    def load(cls, path: str | Path, fingerprint: str | None = None) -> "Profile":
+    def load(cls, path: str | Path, fingerprint: str | None = None, n_layers: int | None = None,
+             d_ff: int | None = None) -> "Profile":
         path = Path(path)
         header, z = read_npz(path, "profile", PROFILE_FORMAT, PROFILE_VERSION)
         try:
@@ -155,5 +156,8 @@ class Profile:
                                         f"expected non-negative counts of shape {list(shape)})")
         if fingerprint is not None and header["fingerprint"] != fingerprint:
             raise SparsityFileError(f"{path} was profiled on a different model")
-        return cls(header["mode"], tokens, hist.astype(np.int64), gate_hist.astype(np.int64), nh.astype(np.int64),
-                   joint.astype(np.int64), header["fingerprint"], header.get("info", {}))
+        if (n_layers, d_ff) != (None, None) and nh.shape[:2] != (n_layers, d_ff):
+            raise SparsityFileError(f"{path} holds {nh.shape[0]} layers of {nh.shape[1]} neurons; the model has "
+                                    f"{n_layers} of {d_ff}")
+        counts = [a.astype(np.int64, copy=False) for a in (hist, gate_hist, nh, joint)]
+        return cls(header["mode"], tokens, *counts, header["fingerprint"], header.get("info", {}))
