@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/engine.h"
+#include "executor/read_roof.h"
 #include "kernels/kernels.h"
 #include "kernels/ops_float.h"
 #include "kernels/repack.h"
@@ -113,6 +114,10 @@ PYBIND11_MODULE(_core, m) {
 
   m.attr("N_OP_KINDS") = kOpKinds;
   m.def("available_isas", &available_isas, "Kernel ISAs usable on this CPU, best first (comma-separated).");
+  m.def("read_bandwidth", &read_bandwidth_gbps, py::arg("bytes"), py::arg("threads"), py::arg("repeats") = 5,
+        py::call_guard<py::gil_scoped_release>(),
+        "Best GB/s of full read passes over a fresh buffer of `bytes`, one contiguous slice per thread: the "
+        "memory roof a decode GEMV is measured against.");
   m.def("row_bytes", [](DType t, int64_t n) { return dtype_row_bytes(t, n); });
   m.def("neuron_major", [](py::array_t<uint8_t, py::array::c_style> src, DType type, int64_t cols,
                            py::array_t<int32_t, py::array::c_style> perm, DType out, int threads) {

@@ -14,7 +14,7 @@ const KernelTable* kernels_avx512() {
     KernelTable t = *kernels_avx2();
     t.isa = "avx512";
     // 4 rows x 4 tokens: of 4x4, 4x6, 6x4 and 8x2 (bench/results/quant_kernels.md) the best or tied; decode 2 rows.
-    t.matmul = matmul_x86<TileShape<2, 4, 4>>;
+    t.matmul = matmul_x86<TileShape<4, 4, 4>>;
     t.attn_tile = attn_tile_avx512;
     return t;
   }();

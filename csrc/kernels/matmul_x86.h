@@ -94,6 +94,8 @@ template <DType WT> struct KQuantBlock {
   static constexpr bool kSigned = false;
   static constexpr bool kSubScales = false;
   struct Cache { float d[8], m[8]; };
+  static __m256 scales(const Cache& c) { return _mm256_loadu_ps(c.d); }  // the eight pieces' d
+  static __m256 mins(const Cache& c) { return _mm256_loadu_ps(c.m); }    // and their offsets
   // The 12 packed bytes hold eight 6-bit scales and eight 6-bit mins: pieces 0..3 in the low 6 bits of bytes
   // 0..3 (scales) and 4..7 (mins), pieces 4..7 in the nibbles of bytes 8..11 with their top two bits in the
   // top bits of bytes 0..7. Rearranged four bytes at a time (32-bit words) into 8 scale bytes then 8 min
@@ -104,9 +106,9 @@ template <DType WT> struct KQuantBlock {
     uint32_t w[3];
     __builtin_memcpy(w, k4.scales, 12);
     constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
-    const uint32_t packed[4] = {w[0] & kLow6, (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4),   // scales 0..7
-                                w[1] & kLow6, ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4)};  // mins
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+    // Built in registers: four 32-bit stores read back as one vector would stall store forwarding.
+    const __m128i bytes = _mm_setr_epi32(int(w[0] & kLow6), int((w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4)),  // scales
+                                         int(w[1] & kLow6), int(((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4)));  // mins
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
     const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
     _mm256_storeu_ps(c.d, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(k4.d)), sc));
@@ -134,8 +136,17 @@ template <> struct WeightBlock<DType::Q6_K> {
   static constexpr bool kOffset = false;
   static constexpr bool kSigned = true;
   static constexpr bool kSubScales = true;
-  struct Cache { float d; };
-  static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = _cvtsh_ss(reinterpret_cast<const BlockQ6_K*>(row)[sb].d); }
+  // The 16 sub-block scales widened to int16 once per super-block, scales 0..7 in both 128-bit halves of `lo` and
+  // 8..15 in both of `hi`: a piece's pair of scales is then one byte shuffle (five instructions a piece before).
+  struct Cache { float d; __m256i lo, hi; };
+  static __m256 scales(const Cache& c) { return _mm256_set1_ps(c.d); }
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) {
+    const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[sb];
+    c.d = _cvtsh_ss(blk.d);
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+    c.lo = _mm256_permute4x64_epi64(s16, 0x44);
+    c.hi = _mm256_permute4x64_epi64(s16, 0xee);
+  }
   static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
     const int j = int(b % 8), half = j / 4, g = j % 4;
@@ -144,8 +155,11 @@ template <> struct WeightBlock<DType::Q6_K> {
     const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((g >> 1) * 4)), _mm256_set1_epi8(0x0f));
     const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
     p.q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-    const int16_t s0 = blk.scales[8 * half + 2 * g], s1 = blk.scales[8 * half + 2 * g + 1];
-    p.sc16 = _mm256_setr_m128i(_mm_set1_epi16(s0), _mm_set1_epi16(s1));
+    // Scales 2j (elements 0..15) and 2j + 1 (16..31): int16 number g * 2 (+ 1) of the half's vector.
+    const char e0 = char(4 * g), e1 = char(4 * g + 1), o0 = char(4 * g + 2), o1 = char(4 * g + 3);
+    const __m256i pick = _mm256_setr_epi8(e0, e1, e0, e1, e0, e1, e0, e1, e0, e1, e0, e1, e0, e1, e0, e1,
+                                          o0, o1, o0, o1, o0, o1, o0, o1, o0, o1, o0, o1, o0, o1, o0, o1);
+    p.sc16 = _mm256_shuffle_epi8(half ? c.hi : c.lo, pick);
     p.d = c.d;
     p.m = 0.f;
   }
@@ -266,9 +280,73 @@ inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t
   }
 }
 
+// Decode (one token), one tile of NR weight rows. The same sums in the same order as tile<WT, NR, 1> and
+// tile_tokens (a token gets the same bits alone, in a batch, or through the gather path), in fewer instructions:
+// a super-block's pieces are unrolled (a K-quant's scales and its bytes are read once for its pieces), a K-quant's
+// eight scale products d_w * d_x are one vector multiply per super-block and reach the FMA as a broadcast from
+// memory, and the activation's scales `xd` are a contiguous copy made once per call. With `pf`, the weights are
+// one contiguous run and each step asks for the bytes `kAheadBytes` past the tile's own into L2 (x86_common.h).
+template <DType WT, int NR>
+inline void gemv_tile(const uint8_t* const* wrows, const BlockQ8A* x, const float* xd, int64_t nb, float (&res)[NR],
+                      const char* pf, int64_t pf_bytes) {
+  using P = WeightBlock<WT>;
+  constexpr int K = P::kPieces;
+  __m256 acc[NR];
+  float off[NR];
+  for (int r = 0; r < NR; ++r) { acc[r] = _mm256_setzero_ps(); off[r] = 0.f; }
+  typename P::Cache cache[NR];
+  // Q4_K and Q5_K in tiles of 4 rows: the offsets of the four rows are the lanes of one vector, each lane the
+  // same FMA chain as a row's scalar one (the bits do not change), one instruction a piece instead of eight.
+  constexpr bool kRowLanes = K == 8 && P::kOffset && NR == 4;
+  __m128 off4 = _mm_setzero_ps();
+  for (int64_t sb = 0; sb < nb / K; ++sb) {
+    const int64_t b0 = sb * K;  // so that b0 + j splits into super-block and piece at compile time
+    alignas(32) float mins4[kRowLanes ? 4 : 1][8];  // [pieces j and j + 4][4 rows]
+    if (pf)
+      for (int64_t o = 0; o < pf_bytes; o += 64) _mm_prefetch(pf + sb * pf_bytes + o, _MM_HINT_T1);
+    alignas(32) float sv[NR][K];
+    if constexpr (K == 8) {
+      const __m256 dx = _mm256_loadu_ps(xd + b0);
+      for (int r = 0; r < NR; ++r) {
+        P::prepare(wrows[r], sb, cache[r]);
+        _mm256_store_ps(sv[r], _mm256_mul_ps(P::scales(cache[r]), dx));
+      }
+      if constexpr (kRowLanes) {  // the rows' eight offsets, transposed: pieces as rows of 4 lanes
+        const __m256 t0 = _mm256_unpacklo_ps(P::mins(cache[0]), P::mins(cache[1]));
+        const __m256 t1 = _mm256_unpackhi_ps(P::mins(cache[0]), P::mins(cache[1]));
+        const __m256 t2 = _mm256_unpacklo_ps(P::mins(cache[2]), P::mins(cache[3]));
+        const __m256 t3 = _mm256_unpackhi_ps(P::mins(cache[2]), P::mins(cache[3]));
+        _mm256_store_ps(mins4[0], _mm256_shuffle_ps(t0, t2, 0x44));  // pieces 0 and 4
+        _mm256_store_ps(mins4[1], _mm256_shuffle_ps(t0, t2, 0xee));  // 1 and 5
+        _mm256_store_ps(mins4[2], _mm256_shuffle_ps(t1, t3, 0x44));  // 2 and 6
+        _mm256_store_ps(mins4[3], _mm256_shuffle_ps(t1, t3, 0xee));  // 3 and 7
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < K; ++j) {
+      const int64_t b = b0 + j;
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+      for (int r = 0; r < NR; ++r) {
+        Piece w;
+        P::load(wrows[r], b, cache[r], w);
+        const __m256 p = _mm256_cvtepi32_ps(piece_dot<P>(w, xq));
+        const __m256 scale = K == 8 ? _mm256_broadcast_ss(&sv[r][j]) : _mm256_set1_ps(w.d * xd[b]);
+        acc[r] = _mm256_fmadd_ps(p, scale, acc[r]);
+        if (P::kOffset && !kRowLanes) off[r] = std::fma(w.m, x[b].s, off[r]);
+      }
+      if constexpr (kRowLanes)
+        off4 = _mm_fmadd_ps(_mm_load_ps(&mins4[j % 4][4 * (j / 4)]), _mm_set1_ps(x[b].s), off4);
+    }
+  }
+  if constexpr (kRowLanes) _mm_storeu_ps(off, off4);
+  for (int r = 0; r < NR; ++r) res[r] = hsum(acc[r]) + off[r];
+}
+
 // Blocks per row whose token scales fit the stack (a row of 16,384 elements); the decoded path never has
 // more (its 48 KiB of decoded pieces hold at least two rows), longer rows take tile() when not decoded.
 constexpr int64_t kMaxScaleBlocks = 512;
+// Decode copies the activation's scales to the stack for rows of up to 65,536 elements; longer ones take tile().
+constexpr int64_t kMaxDecodeBlocks = 2048;
 
 template <DType WT, int NR, int NT>
 void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
@@ -282,6 +360,43 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
     if (nb <= kMaxScaleBlocks) token_scales<NT>(xr[0], int32_t(a.x_row_bytes), nb, xs);
   int64_t r = r0;
   int64_t ahead = r0 + NR;  // decode: the first row not yet prefetched (the first tile is loaded on demand)
+  if constexpr (NT == 1) {
+    if (nb <= kMaxDecodeBlocks && nb % WeightBlock<WT>::kPieces == 0) {
+      float xd[kMaxDecodeBlocks];
+      for (int64_t b = 0; b < nb; ++b) xd[b] = xr[0][b].d;
+      // Contiguous rows (no gather list, no pages): one stream, prefetched a fixed distance ahead in bytes.
+      const bool stream = !a.row_ids && !a.w_rows;
+      const int64_t pieces = nb / WeightBlock<WT>::kPieces, tile_bytes = NR * int64_t(a.w_row_bytes);
+      // The stream's first byte not yet asked for, and its end. Each tile asks for the bytes that keep the
+      // prefetch kAheadBytes past it, at most three tiles' worth: from a call's start (every matmul of a decode
+      // step is one) the distance builds up over the first tiles instead of in one burst.
+      const char* pf_next = stream ? reinterpret_cast<const char*>(a.w + r0 * int64_t(a.w_row_bytes)) : nullptr;
+      const char* const pf_end = stream ? reinterpret_cast<const char*>(a.w + r1 * int64_t(a.w_row_bytes)) : nullptr;
+      for (; r + NR <= r1; r += NR) {
+        const uint8_t* wr[NR];
+        for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
+        int64_t pf_step = 0;  // bytes asked for per super-block of this tile
+        if (stream) {
+          const char* target = std::min(reinterpret_cast<const char*>(wr[0]) + tile_bytes + kAheadBytes, pf_end);
+          pf_step = std::min((target - pf_next) / pieces, 3 * tile_bytes / pieces);
+          if (pf_step < 64) pf_step = 0;
+        } else {
+          prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, r1));  // x86_common.h
+        }
+        float res[NR];
+        gemv_tile<WT, NR>(wr, xr[0], xd, nb, res, pf_step ? pf_next : nullptr, pf_step);
+        pf_next += pf_step * pieces;
+        for (int i = 0; i < NR; ++i) a.dst[t0 * a.ldd + row(r + i)] = res[i];
+      }
+      for (; r < r1; ++r) {
+        const uint8_t* wr[1] = {a.row(row(r))};
+        float res[1];
+        gemv_tile<WT, 1>(wr, xr[0], xd, nb, res, nullptr, 0);
+        a.dst[t0 * a.ldd + row(r)] = res[0];
+      }
+      return;
+    }
+  }
   for (; r + NR <= r1; r += NR) {
     const uint8_t* wr[NR];
     for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));

@@ -19,8 +19,13 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Decode's prefetch distance in rows (32, 64 and 128 measured alike).
+// Decode's prefetch distance in rows (32, 64 and 128 measured alike) where rows are gathered or paged.
 constexpr int64_t kAheadRows = 64;
+// Decode's prefetch distance in bytes where a thread's rows are one contiguous run (matmul_x86.h gemv_tile).
+#ifndef PYINFER_AHEAD_BYTES
+#define PYINFER_AHEAD_BYTES 131072
+#endif
+constexpr int64_t kAheadBytes = PYINFER_AHEAD_BYTES;
 
 // Decode streams each weight once from memory: the rows ahead of the tile being computed are asked for into L2
 // before they are needed. One sequential stream per core leaves the hardware prefetcher short of misses in
