@@ -96,8 +96,8 @@ void gelu_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
 }  // namespace
 
 const KernelTable* kernels_avx2() {
-  // Decode 1 row a tile (matmul_x86.h's TileShape: measured on a Zen 3 VM; the AVX-512 table keeps 2).
-  static const KernelTable table{"avx2", matmul_x86<TileShape<4, 2, 4>>, quantize_q8a_avx2, dot_f16_f32_avx2,
+  // Decode 4 rows a tile, as the AVX-512 table (matmul_x86.h's TileShape).
+  static const KernelTable table{"avx2", matmul_x86<TileShape<4, 2, 4, 1>>, quantize_q8a_avx2, dot_f16_f32_avx2,
                                  axpy_f16_f32_avx2, f32_to_f16_avx2, axpy_rows_avx2,
                                  attn_tile_avx2, kv_to_f32_avx2, gelu_mul_avx2};
   return &table;

@@ -13,8 +13,9 @@ const KernelTable* kernels_avx512() {
   static const KernelTable table = [] {
     KernelTable t = *kernels_avx2();
     t.isa = "avx512";
-    // 4 rows x 4 tokens: of 4x4, 4x6, 6x4 and 8x2 (bench/results/quant_kernels.md) the best or tied; decode 2 rows.
-    t.matmul = matmul_x86<TileShape<4, 4, 4>>;
+    // 4 rows x 4 tokens: of 4x4, 4x6, 6x4 and 8x2 (bench/results/quant_kernels.md) the best or tied; decode 4 rows
+    // (matmul_x86.h's TileShape).
+    t.matmul = matmul_x86<TileShape<4, 4, 4, 2>>;
     t.attn_tile = attn_tile_avx512;
     return t;
   }();

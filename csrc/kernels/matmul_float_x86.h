@@ -86,7 +86,7 @@ void float_rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t 
 
 template <DType WT, typename S>
 void float_matmul_typed(const MatMulArgs& a) {
-  if (a.n_tok == 1) return float_rows_for_tokens<WT, S::decode_rows, 1>(a, a.r0, a.r1, 0);
+  if (a.n_tok == 1) return float_rows_for_tokens<WT, S::float_decode_rows, 1>(a, a.r0, a.r1, 0);
   // Row chunks outer (at most 256 KiB of weights, which stay in L2 while every token tile passes over them).
   const int64_t chunk = std::max<int64_t>(S::rows, (256 << 10) / int64_t(a.w_row_bytes) / S::rows * S::rows);
   for (int64_t c0 = a.r0; c0 < a.r1; c0 += chunk) {

@@ -348,6 +348,45 @@ constexpr int64_t kMaxScaleBlocks = 512;
 // Decode copies the activation's scales to the stack for rows of up to 65,536 elements; longer ones take tile().
 constexpr int64_t kMaxDecodeBlocks = 2048;
 
+// Decode rows [r, r1) of one token (row t0 of the activation) in tiles of NR rows (gemv_tile).
+template <DType WT, int NR, typename RowOf>
+void gemv_rows(const MatMulArgs& a, RowOf row, int64_t r, int64_t r0, int64_t r1, int64_t t0, const BlockQ8A* const* xr,
+               int64_t nb) {
+  int64_t ahead = r0 + NR;
+  float xd[kMaxDecodeBlocks];
+  for (int64_t b = 0; b < nb; ++b) xd[b] = xr[0][b].d;
+  // Contiguous rows (no gather list, no pages): one stream, prefetched a fixed distance ahead in bytes.
+  const bool stream = !a.row_ids && !a.w_rows;
+  const int64_t pieces = nb / WeightBlock<WT>::kPieces, tile_bytes = NR * int64_t(a.w_row_bytes);
+  // The stream's first byte not yet asked for, and its end. Each tile asks for the bytes that keep the
+  // prefetch kAheadBytes past it, at most three tiles' worth: from a call's start (every matmul of a decode
+  // step is one) the distance builds up over the first tiles instead of in one burst.
+  const char* pf_next = stream ? reinterpret_cast<const char*>(a.w + r0 * int64_t(a.w_row_bytes)) : nullptr;
+  const char* const pf_end = stream ? reinterpret_cast<const char*>(a.w + r1 * int64_t(a.w_row_bytes)) : nullptr;
+  for (; r + NR <= r1; r += NR) {
+    const uint8_t* wr[NR];
+    for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
+    int64_t pf_step = 0;  // bytes asked for per super-block of this tile
+    if (stream) {
+      const char* target = std::min(reinterpret_cast<const char*>(wr[0]) + tile_bytes + kAheadBytes, pf_end);
+      pf_step = std::min((target - pf_next) / pieces, 3 * tile_bytes / pieces);
+      if (pf_step < 0) pf_step = 0;
+    } else {
+      prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, r1));  // x86_common.h
+    }
+    float res[NR];
+    gemv_tile<WT, NR>(wr, xr[0], xd, nb, res, pf_step ? pf_next : nullptr, pf_step);
+    pf_next += pf_step * pieces;
+    for (int i = 0; i < NR; ++i) a.dst[t0 * a.ldd + row(r + i)] = res[i];
+  }
+  for (; r < r1; ++r) {
+    const uint8_t* wr[1] = {a.row(row(r))};
+    float res[1];
+    gemv_tile<WT, 1>(wr, xr[0], xd, nb, res, nullptr, 0);
+    a.dst[t0 * a.ldd + row(r)] = res[0];
+  }
+}
+
 template <DType WT, int NR, int NT>
 void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   const int64_t nb = a.k / kQuantBlock;
@@ -362,39 +401,7 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
   int64_t ahead = r0 + NR;  // decode: the first row not yet prefetched (the first tile is loaded on demand)
   if constexpr (NT == 1) {
     if (nb <= kMaxDecodeBlocks && nb % WeightBlock<WT>::kPieces == 0) {
-      float xd[kMaxDecodeBlocks];
-      for (int64_t b = 0; b < nb; ++b) xd[b] = xr[0][b].d;
-      // Contiguous rows (no gather list, no pages): one stream, prefetched a fixed distance ahead in bytes.
-      const bool stream = !a.row_ids && !a.w_rows;
-      const int64_t pieces = nb / WeightBlock<WT>::kPieces, tile_bytes = NR * int64_t(a.w_row_bytes);
-      // The stream's first byte not yet asked for, and its end. Each tile asks for the bytes that keep the
-      // prefetch kAheadBytes past it, at most three tiles' worth: from a call's start (every matmul of a decode
-      // step is one) the distance builds up over the first tiles instead of in one burst.
-      const char* pf_next = stream ? reinterpret_cast<const char*>(a.w + r0 * int64_t(a.w_row_bytes)) : nullptr;
-      const char* const pf_end = stream ? reinterpret_cast<const char*>(a.w + r1 * int64_t(a.w_row_bytes)) : nullptr;
-      for (; r + NR <= r1; r += NR) {
-        const uint8_t* wr[NR];
-        for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
-        int64_t pf_step = 0;  // bytes asked for per super-block of this tile
-        if (stream) {
-          const char* target = std::min(reinterpret_cast<const char*>(wr[0]) + tile_bytes + kAheadBytes, pf_end);
-          pf_step = std::min((target - pf_next) / pieces, 3 * tile_bytes / pieces);
-          if (pf_step < 64) pf_step = 0;
-        } else {
-          prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, r1));  // x86_common.h
-        }
-        float res[NR];
-        gemv_tile<WT, NR>(wr, xr[0], xd, nb, res, pf_step ? pf_next : nullptr, pf_step);
-        pf_next += pf_step * pieces;
-        for (int i = 0; i < NR; ++i) a.dst[t0 * a.ldd + row(r + i)] = res[i];
-      }
-      for (; r < r1; ++r) {
-        const uint8_t* wr[1] = {a.row(row(r))};
-        float res[1];
-        gemv_tile<WT, 1>(wr, xr[0], xd, nb, res, nullptr, 0);
-        a.dst[t0 * a.ldd + row(r)] = res[0];
-      }
-      return;
+      return gemv_rows<WT, NR>(a, row, r, r0, r1, t0, xr, nb);
     }
   }
   for (; r + NR <= r1; r += NR) {
@@ -422,16 +429,16 @@ void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
 }
 
 // Tile shapes: rows x 1 token for decode, rows x tokens for prefill; an ISA with 32 vector registers
-// (AVX-512VL) holds bigger tiles. Decode takes 2 rows a tile: each row is a stream from memory, and on a 2-core
-// Zen 4 VM fewer streams per core decoded faster (`pyinfer bench`, 128 tokens, 2-3 alternating runs each: 4 rows
-// 193-203 tok/s on SmolLM2 Q4_1, 87-103 on Gemma 3, 10.7-10.9 on the synthetic Qwen3-30B-A3B-shaped MoE;
-// 2 rows 194-218, 103-104, 12.6-13.5; 1 row 184-217, 96-99, 13.4-13.5; F16 and BF16 weights alike). The AVX2
-// table takes 1 row: on a 2-core Zen 3 VM (AVX2 only) 1 row decoded Gemma 3 at 44.5-60.9 tok/s against 39.1-43.1
-// with 2, SmolLM2 at 80.8-108.3 against 73.8-83.1, an all-F16 SmolLM2 at 44.7-50.6 against 42.6-50.7 (5
-// alternating runs each); its Gemma 3 head (Q8_0, 262144 x 640) read at 15-21 GB/s against 9-17.
-template <int kDecodeRows, int kRows, int kTokens>
+// (AVX-512VL) holds bigger tiles. Decode takes 4 rows a tile on both x86 tables since its weights stream through
+// gemv_tile's byte-distance prefetch (adjacent rows are one stream, not four): on a 2-core Zen 4 VM, 16 decode
+// steps of the Qwen2.5-1.5B-shaped Q4_K_M file (bench/real_shapes.py) took 0.65 s with 4 rows, 0.75-0.76 with 2
+// and 0.78-0.82 with 8 on AVX-512; the AVX2 table on the same CPU 0.70 s with 4, 0.72-0.73 with 2, 0.84 with 1.
+// (Before that prefetch, 2 rows were best on Zen 4 and 1 row on a Zen 3 VM, AVX2 only: each row was a stream.)
+// Float weights (F16, BF16, F32: matmul_float_x86.h) have no gemv_tile and keep the row-distance prefetch, so they
+// keep the decode rows measured for it (kFloatDecodeRows).
+template <int kDecodeRows, int kRows, int kTokens, int kFloatDecodeRows>
 struct TileShape {
-  static constexpr int decode_rows = kDecodeRows, rows = kRows, tokens = kTokens;
+  static constexpr int decode_rows = kDecodeRows, rows = kRows, tokens = kTokens, float_decode_rows = kFloatDecodeRows;
 };
 
 // Prefill decodes each weight piece once per row chunk into plain bytes (q, d, m), then every token tile of
