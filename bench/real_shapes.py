@@ -112,22 +112,16 @@ def vocab_file(name: str) -> Path:
 def write_model(path: Path, shape: str, ftype: str, seed: int = 0, config: dict | None = None) -> Path:
     """A random dense model of `shape` (SHAPES, `config` overriding any of its fields) stored as `ftype`."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-    from tiny_model import _copy_vocab
+    from tiny_model import _add_shape, _copy_vocab
 
     c = dict(SHAPES[shape], **(config or {}))
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), c["arch"])
-    w.add_block_count(c["layers"])
-    w.add_context_length(32768)
-    w.add_embedding_length(c["d"])
-    w.add_feed_forward_length(c["ff"])
-    w.add_head_count(c["heads"])
-    w.add_head_count_kv(c["kv"])
+    _add_shape(w, dict(n_layers=c["layers"], d_model=c["d"], d_ff=c["ff"], n_heads=c["heads"], n_kv_heads=c["kv"],
+                       rope_base=c["rope_base"], eps=c["eps"]), context=32768)
     w.add_key_length(c["head_dim"])
     w.add_value_length(c["head_dim"])
     w.add_rope_dimension_count(c["head_dim"])
-    w.add_rope_freq_base(c["rope_base"])
-    w.add_layer_norm_rms_eps(c["eps"])
     w.add_file_type({"Q4_K_M": 15, "Q8_0": 7, "F16": 1}[ftype])
     vocab = _copy_vocab(w, GGUFReader(str(vocab_file(c["vocab"]))))
     plan = list(tensors(c, vocab))
