@@ -284,8 +284,8 @@ inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t
 // tile_tokens (a token gets the same bits alone, in a batch, or through the gather path), in fewer instructions:
 // a super-block's pieces are unrolled (a K-quant's scales and its bytes are read once for its pieces), a K-quant's
 // eight scale products d_w * d_x are one vector multiply per super-block and reach the FMA as a broadcast from
-// memory, and the activation's scales `xd` are a contiguous copy made once per call. With `pf`, the weights are
-// one contiguous run and each step asks for the bytes `kAheadBytes` past the tile's own into L2 (x86_common.h).
+// memory, and the activation's scales `xd` are a contiguous copy made once per call. With `pf`, each super-block
+// step asks for the next `pf_bytes` of the stream from `pf` on into L2 (gemv_rows keeps them kAheadBytes ahead).
 template <DType WT, int NR>
 inline void gemv_tile(const uint8_t* const* wrows, const BlockQ8A* x, const float* xd, int64_t nb, float (&res)[NR],
                       const char* pf, int64_t pf_bytes) {
