@@ -37,7 +37,7 @@ class Model:
                  sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
                  neuron_down: str = "auto", cache_type: str = "f16", ram_budget: str | int | None = None,
                  neuron_cache: float | None = None, neuron_window: float | None = None, device: str = "cpu",
-                 vram_budget: str | int | None = None, mmap: bool = True, mem_limit: str | int | None = None):
+                 vram_budget: str | int | None = None, mmap: bool | None = None, mem_limit: str | int | None = None):
         """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
         the sparse path); by default prefill runs dense. `cache_type`: the KV cache's element type, "f16"
         (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0).
@@ -51,8 +51,10 @@ class Model:
         instead of on demand. `device`: "cpu" (default), "cuda"/"cuda:N" (hot FFN neurons and, if it fits,
         the output head on the GPU, the rest on the CPU, both at once), or "standin" (a second CPU backend
         standing in for the GPU). `vram_budget`: bytes of GPU memory (a size, or a file from `pyinfer place`;
-        default: free memory less 512 MiB). `mmap` False: weights are read into memory rather than mapped from the
-        file (llama.cpp's --no-mmap). `mem_limit` (bytes or a size such as "2G"): the whole process stays under it
+        default: free memory less 512 MiB). `mmap` None (default): the weights are read into memory, on 2 MiB pages
+        where the OS grants them, when the model runs whole in RAM on the CPU (no `mem_limit`, no `ram_budget`) and
+        the file takes at most half the available memory; otherwise mapped from the file. True: always mapped
+        (llama.cpp's default); False: always read (llama.cpp's --no-mmap). `mem_limit` (bytes or a size such as "2G"): the whole process stays under it
         (runtime, KV cache, buffers, weights kept in RAM, the page cache it uses); the weight budget is what the
         rest leaves, the model streams FFN neurons from disk where it must (with a sparsity plan), and a limit
         below the minimum is refused with the minimum. `memory()` reports where it went."""
@@ -113,7 +115,8 @@ class Model:
         bytes, peak and memory cgroup."""
         from .offload.memory import memory_report
 
-        return memory_report(self.path, self.session.memory, self._run.engine, self.offload, self.session.experts)
+        return memory_report(self.path, self.session.memory, self._run.engine, self.offload, self.session.experts,
+                             self.session.gguf.read_bytes)
 
     @property
     def running(self):

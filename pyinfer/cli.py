@@ -52,8 +52,14 @@ def _model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
     p.add_argument("-ct", "--cache-type", default="f16", choices=["f16", "q8_0"],
                    help="KV cache type, as llama.cpp's -ctk/-ctv: f16 (default) or q8_0 (half the memory and the "
                         "bytes each decode step reads at depth)")
-    p.add_argument("--no-mmap", action="store_true",
-                   help="read the weights into memory instead of mapping the file (llama.cpp's --no-mmap)")
+    mapping = p.add_mutually_exclusive_group()
+    mapping.add_argument("--no-mmap", action="store_true",
+                         help="read the weights into memory (on 2 MiB pages where the OS grants them) instead of "
+                              "mapping the file (llama.cpp's --no-mmap). Default: read when the model runs whole in "
+                              "RAM on the CPU and the file takes at most half the available memory, else mapped")
+    mapping.add_argument("--mmap", action="store_true",
+                         help="always map the file (llama.cpp's default): quicker to load and shared between "
+                              "processes, slower to decode (each 4 KiB page of weights is a TLB miss)")
 
 
 def _describe_cuts(cuts) -> str:
@@ -288,8 +294,8 @@ def _load(args, **kwargs):
             if budget is None and getattr(args, "mem_limit", None) is None:
                 raise PyinferError(f"{flag} needs --ram-budget or --mem-limit")
             kwargs.setdefault(key, share)  # a caller's own value (plan --verify) wins
-    if getattr(args, "no_mmap", False):
-        kwargs.setdefault("mmap", False)
+    if getattr(args, "no_mmap", False) or getattr(args, "mmap", False):
+        kwargs.setdefault("mmap", bool(getattr(args, "mmap", False)))
     return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target,
                 cache_type=cache, **kwargs)
 

@@ -25,6 +25,21 @@ from .runtime.threads import default_threads, physical_cores
 MAX_BATCH = 512  # tokens per engine run (prefill micro-batch)
 
 
+def reads_into_memory(path, mem_limit, ram_budget, device) -> bool:
+    """load()'s default for `mmap`: read the weights into memory (2 MiB pages: decode's TLB misses go, about 10% of
+    a DRAM-bound decode step) when the model runs whole in RAM on the CPU and its file takes at most half the
+    available memory; map it otherwise (a limit or budget streams from the mapping, a device holds its own copy,
+    and a model near the size of RAM would evict the page cache for a copy of itself)."""
+    if mem_limit is not None or ram_budget is not None or str(device) != "cpu":
+        return False
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        return os.path.getsize(path) * 2 <= available
+    except (OSError, StopIteration, ValueError):  # not Linux, or no such line: keep the mapping
+        return False
+
+
 class Session:
     """`path`: a GGUF file. `kv_rows`: the KV rows a placement must leave room for (a model's n_ctx, a server's
     KV budget). The other options are load()'s (see api.Model)."""
@@ -33,7 +48,7 @@ class Session:
                  target: float | None = None, neuron_down: str = "auto", cache_type: str = "f16",
                  ram_budget: str | int | None = None, neuron_cache: float | None = None,
                  neuron_window: float | None = None, device: str = "cpu", vram_budget: str | int | None = None,
-                 progress: bool = True, mmap: bool = True, mem_limit: str | int | None = None,
+                 progress: bool = True, mmap: bool | None = None, mem_limit: str | int | None = None,
                  max_batch: int = MAX_BATCH):
         from .offload.setup import make_offload
         from .sparsity.resolve import resolve_sparsity
@@ -52,6 +67,8 @@ class Session:
 
             gc.collect()  # a long-lived process's garbage (earlier models) is not this load's footprint
             reset_peak()  # the peak the limit's split reads is this load's own
+        if mmap is None:
+            mmap = not reads_into_memory(path, mem_limit, ram_budget, device)
         self.gguf = GGUFModelFile(path, mmap=mmap)
         self.config = self.gguf.llama_config()
         self.tokenizer = Tokenizer(self.gguf.metadata)

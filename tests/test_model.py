@@ -134,11 +134,35 @@ def test_bad_cache_type_is_one_line(tiny_model_path):
         pyinfer.load(tiny_model_path, cache_type="q8_0")
 
 
+def _mapped(t) -> bool:
+    return isinstance(t.data, np.memmap) or isinstance(t.data.base, np.memmap)
+
+
 def test_no_mmap_reads_the_weights_into_memory(tiny_model_path):
-    """load(mmap=False), llama.cpp's --no-mmap: the same logits, no weight left in the file mapping."""
+    """load(mmap=False), llama.cpp's --no-mmap: the same logits, no weight left in the file mapping, every tensor
+    64-byte aligned in the one buffer, and the memory report counts them as weights in RAM."""
     ids = [1, 5, 9, 13, 40]
-    mapped = pyinfer.load(tiny_model_path, n_ctx=32)
+    mapped = pyinfer.load(tiny_model_path, n_ctx=32, mmap=True)
     owned = pyinfer.load(tiny_model_path, n_ctx=32, mmap=False)
     np.testing.assert_array_equal(owned.eval(ids, all_logits=True), mapped.eval(ids, all_logits=True))
-    assert not any(isinstance(t.data, np.memmap) or isinstance(t.data.base, np.memmap)
-                   for t in owned.gguf.tensors.values())
+    assert not any(_mapped(t) for t in owned.gguf.tensors.values())
+    assert all(_mapped(t) for t in mapped.gguf.tensors.values())
+    assert all(t.data.ctypes.data % 64 == 0 for t in owned.gguf.tensors.values())
+    assert owned.gguf.read_bytes == sum(t.data.nbytes for t in owned.gguf.tensors.values())
+    assert owned.memory()["resident_weight_bytes"] >= owned.gguf.read_bytes
+
+
+def test_weights_are_read_into_memory_by_default_only_where_the_model_runs_whole_in_ram(tiny_model_path,
+                                                                                         monkeypatch):
+    """The default (mmap None): read where the model runs whole in RAM on the CPU and fits half the available
+    memory; mapped under a limit or a budget, on a device, for a file too large, or where the memory is unknown."""
+    from pyinfer import session
+
+    assert not any(_mapped(t) for t in pyinfer.load(tiny_model_path, n_ctx=32).gguf.tensors.values())
+    assert session.reads_into_memory(tiny_model_path, None, None, "cpu")
+    assert not session.reads_into_memory(tiny_model_path, "1G", None, "cpu")
+    assert not session.reads_into_memory(tiny_model_path, None, "10M", "cpu")
+    assert not session.reads_into_memory(tiny_model_path, None, None, "standin")
+    assert not session.reads_into_memory("no/such/file.gguf", None, None, "cpu")
+    monkeypatch.setattr(session.os.path, "getsize", lambda p: 1 << 60)
+    assert not session.reads_into_memory(tiny_model_path, None, None, "cpu")

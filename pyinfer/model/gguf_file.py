@@ -74,9 +74,9 @@ class GGUFModelFile:
             if s1 < e0:
                 raise ModelFormatError(f"{self.path.name}: tensors {a} and {b} overlap")
         self.file_size = size
+        self.read_bytes = 0  # bytes of tensors read into memory rather than mapped (mmap False)
         if not mmap:
-            for t in self.tensors.values():
-                t.data = np.array(t.data)
+            self._read_into_memory()
         self._present_transposed_down()
         if self.architecture in ARCHITECTURES:  # fused tensors as the separate ones the graph reads
             try:
@@ -85,6 +85,36 @@ class GGUFModelFile:
                 if isinstance(e, PyinferError):
                     raise
                 raise ModelFormatError(f"{self.path.name}: malformed model metadata ({_short(e)})") from None
+
+    def _read_into_memory(self) -> None:
+        """Every tensor copied into one anonymous buffer on 2 MiB pages where the kernel grants them (THP in
+        `madvise` mode, as most distributions ship it): decode reads every weight once a token, and on 4 KiB pages
+        of the mapped file each 4 KiB of a stream is a TLB miss. On a 2-core Zen 4 VM the Qwen2.5-1.5B-shaped
+        Q4_K_M file decoded 28.5-29.3 tok/s from here against 26.1-27.5 mapped. Tensors start 64 bytes apart."""
+        import mmap as mmap_module
+
+        huge = 2 << 20
+        offsets, total = {}, 0
+        for name, t in self.tensors.items():
+            offsets[name] = total
+            total += (t.data.nbytes + 63) // 64 * 64
+        if hasattr(mmap_module, "MAP_PRIVATE"):
+            # Private: a shared anonymous map is shmem, which THP leaves alone unless shmem_enabled says otherwise.
+            buf = mmap_module.mmap(-1, total + huge, flags=mmap_module.MAP_PRIVATE | mmap_module.MAP_ANONYMOUS)
+            with contextlib.suppress(AttributeError, OSError):  # advice only: other systems, THP off
+                buf.madvise(mmap_module.MADV_HUGEPAGE)
+            whole = np.frombuffer(buf, np.uint8)
+        else:  # Windows: plain memory
+            whole = np.empty(total + huge, np.uint8)
+        start = -whole.ctypes.data % huge  # the tensors from the first 2 MiB boundary on
+        for name, t in self.tensors.items():
+            src = np.asarray(t.data)
+            dst = whole[start + offsets[name]:start + offsets[name] + src.nbytes].view(src.dtype).reshape(src.shape)
+            dst[...] = src
+            t.data = dst
+            self.read_bytes += src.nbytes
+            if name in self._ranges:  # the copied pages leave this process (the page cache keeps them): the
+                self._drop_mapped_pages(*self._ranges[name][:2])  # peak RSS is one model, not two
 
     def _present_transposed_down(self) -> None:
         """PowerInfer files store each FFN down projection transposed (`ffn_down_t`, [n_ff, d_model]); the
@@ -142,17 +172,12 @@ class GGUFModelFile:
         have been copied where they stay (offload's resident weights, the bundle file): mapped pages left behind
         count against a memory limit until the kernel reclaims them, and reclaiming them under the limit's
         pressure is what got the process killed. A later read of the tensor faults its pages in again."""
-        import mmap
-
         if name not in self._ranges or self._map is None:
             return
-        start, n, _ = self._ranges[name]
-        page = mmap.PAGESIZE
-        lo, hi = (start + page - 1) // page * page, (start + n) // page * page  # whole pages inside the tensor
+        lo, hi = self._drop_mapped_pages(*self._ranges[name][:2])
         if hi <= lo:
             return
         try:
-            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
             fd = os.open(self.path, os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
@@ -160,6 +185,18 @@ class GGUFModelFile:
                 os.close(fd)
         except (OSError, AttributeError, ValueError):  # best effort: other systems, a vanished file
             pass
+
+    def _drop_mapped_pages(self, start: int, n: int) -> tuple[int, int]:
+        """Unmaps from this process the whole pages inside file bytes [start, start + n) (a later read faults them
+        in again); returns that page range."""
+        import mmap
+
+        page = mmap.PAGESIZE
+        lo, hi = (start + page - 1) // page * page, (start + n) // page * page
+        if hi > lo and self._map is not None:
+            with contextlib.suppress(OSError, AttributeError, ValueError):  # best effort: other systems
+                self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        return lo, hi
 
     def read_copy(self, name: str) -> np.ndarray:
         """Tensor `name`'s bytes in a new array of its own, read with one read() and no readahead, then dropped

@@ -208,10 +208,12 @@ def mapped_note(plan: MemoryPlan) -> str | None:
             f"streams only the neurons that fire)")
 
 
-def memory_report(model_path: str | os.PathLike, plan: MemoryPlan | None, engine, offload, experts=None) -> dict:
+def memory_report(model_path: str | os.PathLike, plan: MemoryPlan | None, engine, offload, experts=None,
+                  read_weight_bytes: int = 0) -> dict:
     """Where this process's memory is now, by part: the limit's split where there is one, the sizes the engine
     allocated (KV cache, buffers), the weights kept in RAM (offload: copies of what must stay, resident neurons,
-    read buffers; otherwise the model file's mapped pages) and what /proc and the memory cgroup measure."""
+    read buffers; otherwise the model file's mapped pages, plus `read_weight_bytes` read into memory instead of
+    mapped) and what /proc and the memory cgroup measure."""
     now = process_memory(model_path)
     out = {"mem_limit": plan.limit if plan else None, "plan": plan.summary() if plan else None,
            "kv_bytes": int(engine.state_bytes), "buffer_bytes": int(engine.scratch_bytes),
@@ -222,7 +224,7 @@ def memory_report(model_path: str | os.PathLike, plan: MemoryPlan | None, engine
         out.update(resident_weight_bytes=int(p.fixed_bytes - p.ring_bytes + st["resident_bytes"]),
                    read_buffer_bytes=int(st["ring_bytes"]), neuron_cache_bytes=int(p.cache_bytes))
     else:
-        out.update(resident_weight_bytes=now.model_file, read_buffer_bytes=0, neuron_cache_bytes=0)
+        out.update(resident_weight_bytes=now.model_file + read_weight_bytes, read_buffer_bytes=0, neuron_cache_bytes=0)
     if experts is not None:  # a Mixture of Experts streaming its experts: resident experts and the cache
         st = experts.store.stats()
         out.update(resident_weight_bytes=now.model_file + int(st["resident_bytes"]),

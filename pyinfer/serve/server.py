@@ -18,7 +18,7 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
                  cache_type: str = "f16", ram_budget=None, device: str = "cpu", vram_budget=None,
                  neuron_cache: float | None = None, neuron_window: float | None = None,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 webui: bool = True, mmap: bool = True, mem_limit=None):
+                 webui: bool = True, mmap: bool | None = None, mem_limit=None):
     """Returns (app, loop, session); call loop.start() before serving. `ram_budget` (a size or a plan file),
     `neuron_cache`, `neuron_window`, `device`, `vram_budget`, `mmap`, `mem_limit`: as load()'s. `webui`: the chat
     page at /."""
@@ -76,7 +76,8 @@ def server_options(args, api_key: str | None) -> dict:
                 ram_budget=args.ram_budget, device=args.device, vram_budget=args.vram_budget,
                 neuron_cache=args.neuron_cache, neuron_window=args.neuron_window,
                 max_concurrent=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,
-                webui=not args.no_webui, mmap=not getattr(args, "no_mmap", False),
+                webui=not args.no_webui,
+                mmap=False if getattr(args, "no_mmap", False) else (True if getattr(args, "mmap", False) else None),
                 mem_limit=getattr(args, "mem_limit", None))
 
 
