@@ -23,6 +23,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
 from gguf import GGMLQuantizationType as Q
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from tiny_model import _add_shape, _copy_vocab, random_k_blocks  # noqa: E402
+
 # The published configurations (config.json of each model); `vocab` names llama.cpp's vocab file.
 SHAPES = {
     "qwen2.5-1.5b": dict(arch="qwen2", d=1536, ff=8960, layers=28, heads=12, kv=2, head_dim=128, vocab="qwen2",
@@ -33,10 +36,6 @@ SHAPES = {
                      tied=False, rope_base=1e6, eps=1e-6, bias=False),
 }
 FTYPES = ("Q4_K_M", "Q8_0", "F16")
-# Where each type keeps its fp16 scales (d, and dmin or m), byte offsets in a block: random bits there could
-# be inf or NaN, which no real file holds.
-SCALE_OFFSETS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
-                 Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
 def random_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.002) -> np.ndarray:
@@ -47,13 +46,7 @@ def random_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.002) -> 
         if qtype == Q.F16:
             return v.astype(np.float16).view(np.uint8)
         return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
-    nb = cols // block_elems
-    raw = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
-    for off in SCALE_OFFSETS[qtype]:
-        d = (rng.uniform(0.3, 1.0, size=(rows, nb)) * scale).astype(np.float16)
-        raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
-    return raw.reshape(rows, nb * block_bytes)
+    return random_k_blocks(qtype, rows, cols, rng, scale)
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -111,9 +104,6 @@ def vocab_file(name: str) -> Path:
 
 def write_model(path: Path, shape: str, ftype: str, seed: int = 0, config: dict | None = None) -> Path:
     """A random dense model of `shape` (SHAPES, `config` overriding any of its fields) stored as `ftype`."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-    from tiny_model import _add_shape, _copy_vocab
-
     c = dict(SHAPES[shape], **(config or {}))
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), c["arch"])

@@ -95,3 +95,26 @@ def test_k_quant_row_length_must_be_a_multiple_of_256():
     b = GraphBuilder()
     with pytest.raises(ValueError, match="multiple of 256"):
         b.weight("w", int(Q.Q4_K), 128, 2, np.zeros((2, 72), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K])
+def test_a_token_gets_the_same_bits_alone_and_in_a_batch(isa, qtype):
+    """Decode's GEMV (one token) and the many-token tiles sum the same products in the same order: a sequence's
+    logits do not depend on what else shares its batch. 70 rows: 4-row tiles and a remainder."""
+    from tiny_model import random_k_blocks
+
+    rng = np.random.default_rng(int(qtype))
+    rows, k, n_tok = 70, 1024, 5
+    w = random_k_blocks(qtype, rows, k, rng)
+    x = rng.standard_normal((n_tok, k)).astype(np.float32)
+
+    def matmul(xs):
+        def build(b):
+            return b.matmul(b.weight("w", int(qtype), k, rows, w),
+                            b.weight("x", int(DType.F32), k, len(xs), np.ascontiguousarray(xs)), "y")
+        eng, y = run_single(build, len(xs), isa)
+        return eng.tensor(y.id, len(xs))
+
+    batch = matmul(x)
+    np.testing.assert_array_equal(np.concatenate([matmul(x[t:t + 1]) for t in range(n_tok)]), batch)

@@ -52,16 +52,20 @@ GEMMA3_TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q5_0, "attn_v": Q.Q8_0, "attn_outp
                 "ffn_up": Q.Q5_0, "ffn_down": Q.Q6_K}
 
 
+# Byte offsets of each block type's fp16 scales (d, and dmin or m): random bits there could be inf or NaN.
+FP16_SCALES = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
+               Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
 def random_k_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.01) -> np.ndarray:
-    """Random K-quant blocks (gguf-py cannot quantize to K-quants): every bit random, fp16 super-block
-    scales in a sane range. U8 [rows, row bytes]."""
+    """Random blocks of any block type (gguf-py cannot quantize to K-quants): every bit random, fp16 scales in a
+    sane range. U8 [rows, row bytes]."""
     from gguf import GGML_QUANT_SIZES
 
     block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
     nb = cols // block_elems
     raw = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
-    offsets = [208] if qtype == Q.Q6_K else [0, 2]  # fp16 d (and dmin)
-    for off in offsets:
+    for off in FP16_SCALES[qtype]:
         d = (rng.uniform(0.3, 1.0, size=(rows, nb)) * scale).astype(np.float16)
         raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, nb * block_bytes)

@@ -95,7 +95,39 @@ template <DType WT> struct KQuantBlock {
   static constexpr bool kSubScales = false;
   struct Cache { float d[8], m[8]; };
   static __m256 scales(const Cache& c) { return _mm256_loadu_ps(c.d); }  // the eight pieces' d
-  static __m256 mins(const Cache& c) { return _mm256_loadu_ps(c.m); }    // and their offsets
+  // Decode's tiles of 4 rows: the same products as prepare() and the scale products d * sc * d_x, for the four
+  // rows at once, the rows as lanes: dsx[4 j + r] = d_r * sc_rj * xd[j], mins[4 j + r] = -dmin_r * mn_rj. The
+  // 6-bit unpacking runs once on the rows' transposed scale bytes, not four times (it was half of a piece's
+  // instructions in decode).
+  static void prepare_rows4(const uint8_t* const* rows, int64_t sb, const float* xd, float* dsx, float* mins) {
+    __m128i v[4];  // d, dmin, then the 12 scale bytes of each row's super-block
+    for (int r = 0; r < 4; ++r) v[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + sb * kBytes));
+    const __m256 h = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_unpacklo_epi32(v[0], v[1]), _mm_unpacklo_epi32(v[2], v[3])));
+    const __m256 d = _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));  // d of rows 0..3, twice
+    const __m256 neg_dmin = _mm256_xor_ps(_mm256_permutevar8x32_ps(h, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)),
+                                          _mm256_set1_ps(-0.f));
+    // Scale byte k of row r at byte 4k + r: t0 holds k = 0..3, t1 4..7, t2 8..11.
+    const __m128i lo01 = _mm_unpacklo_epi8(v[0], v[1]), hi01 = _mm_unpackhi_epi8(v[0], v[1]);
+    const __m128i lo23 = _mm_unpacklo_epi8(v[2], v[3]), hi23 = _mm_unpackhi_epi8(v[2], v[3]);
+    const __m128i t0 = _mm_unpackhi_epi16(lo01, lo23), t1 = _mm_unpacklo_epi16(hi01, hi23);
+    const __m128i t2 = _mm_unpackhi_epi16(hi01, hi23);
+    const __m128i low6 = _mm_set1_epi8(0x3f), low4 = _mm_set1_epi8(0x0f), top2 = _mm_set1_epi8(0x30);
+    const __m128i sc[2] = {_mm_and_si128(t0, low6),  // pieces 0..3, then 4..7 (the top bits of bytes 0..3)
+                           _mm_or_si128(_mm_and_si128(t2, low4), _mm_and_si128(_mm_srli_epi16(t0, 2), top2))};
+    const __m128i mn[2] = {_mm_and_si128(t1, low6),
+                           _mm_or_si128(_mm_and_si128(_mm_srli_epi16(t2, 4), low4),
+                                        _mm_and_si128(_mm_srli_epi16(t1, 2), top2))};
+    const __m256 dx = _mm256_loadu_ps(xd);
+    for (int pair = 0; pair < 4; ++pair) {  // pieces 2 pair and 2 pair + 1: 4 rows each
+      const __m128i s8 = pair % 2 ? _mm_srli_si128(sc[pair / 2], 8) : sc[pair / 2];
+      const __m128i m8 = pair % 2 ? _mm_srli_si128(mn[pair / 2], 8) : mn[pair / 2];
+      const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s8)));
+      const __m256i which = _mm256_setr_epi32(2 * pair, 2 * pair, 2 * pair, 2 * pair, 2 * pair + 1, 2 * pair + 1,
+                                              2 * pair + 1, 2 * pair + 1);
+      _mm256_store_ps(dsx + 8 * pair, _mm256_mul_ps(scale, _mm256_permutevar8x32_ps(dx, which)));
+      _mm256_store_ps(mins + 8 * pair, _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m8))));
+    }
+  }
   // The 12 packed bytes hold eight 6-bit scales and eight 6-bit mins: pieces 0..3 in the low 6 bits of bytes
   // 0..3 (scales) and 4..7 (mins), pieces 4..7 in the nibbles of bytes 8..11 with their top two bits in the
   // top bits of bytes 0..7. Rearranged four bytes at a time (32-bit words) into 8 scale bytes then 8 min
@@ -294,32 +326,25 @@ inline void gemv_tile(const uint8_t* const* wrows, const BlockQ8A* x, const floa
   __m256 acc[NR];
   float off[NR];
   for (int r = 0; r < NR; ++r) { acc[r] = _mm256_setzero_ps(); off[r] = 0.f; }
-  typename P::Cache cache[NR];
-  // Q4_K and Q5_K in tiles of 4 rows: the offsets of the four rows are the lanes of one vector, each lane the
-  // same FMA chain as a row's scalar one (the bits do not change), one instruction a piece instead of eight.
+  typename P::Cache cache[NR]{};  // (zeroed: the row-lane path below never fills it, and reads none of it)
+  // Q4_K and Q5_K in tiles of 4 rows: scales and offsets are unpacked for the four rows at once, and the offsets of
+  // the four rows are the lanes of one vector, each lane the same FMA chain as a row's scalar one (the bits do not
+  // change), one instruction a piece instead of eight.
   constexpr bool kRowLanes = K == 8 && P::kOffset && NR == 4;
   __m128 off4 = _mm_setzero_ps();
   for (int64_t sb = 0; sb < nb / K; ++sb) {
     const int64_t b0 = sb * K;  // so that b0 + j splits into super-block and piece at compile time
-    alignas(32) float mins4[kRowLanes ? 4 : 1][8];  // [pieces j and j + 4][4 rows]
     if (pf)
       for (int64_t o = 0; o < pf_bytes; o += 64) _mm_prefetch(pf + sb * pf_bytes + o, _MM_HINT_T1);
-    alignas(32) float sv[NR][K];
-    if constexpr (K == 8) {
+    alignas(32) float sv[NR * K];       // scale products d_w * d_x: [row][piece], or [piece][row] for row lanes
+    alignas(32) float mins[kRowLanes ? 4 * K : 1];  // [piece][row]
+    if constexpr (kRowLanes) {
+      P::prepare_rows4(wrows, sb, xd + b0, sv, mins);
+    } else if constexpr (K == 8) {
       const __m256 dx = _mm256_loadu_ps(xd + b0);
       for (int r = 0; r < NR; ++r) {
         P::prepare(wrows[r], sb, cache[r]);
-        _mm256_store_ps(sv[r], _mm256_mul_ps(P::scales(cache[r]), dx));
-      }
-      if constexpr (kRowLanes) {  // the rows' eight offsets, transposed: pieces as rows of 4 lanes
-        const __m256 t0 = _mm256_unpacklo_ps(P::mins(cache[0]), P::mins(cache[1]));
-        const __m256 t1 = _mm256_unpackhi_ps(P::mins(cache[0]), P::mins(cache[1]));
-        const __m256 t2 = _mm256_unpacklo_ps(P::mins(cache[2]), P::mins(cache[3]));
-        const __m256 t3 = _mm256_unpackhi_ps(P::mins(cache[2]), P::mins(cache[3]));
-        _mm256_store_ps(mins4[0], _mm256_shuffle_ps(t0, t2, 0x44));  // pieces 0 and 4
-        _mm256_store_ps(mins4[1], _mm256_shuffle_ps(t0, t2, 0xee));  // 1 and 5
-        _mm256_store_ps(mins4[2], _mm256_shuffle_ps(t1, t3, 0x44));  // 2 and 6
-        _mm256_store_ps(mins4[3], _mm256_shuffle_ps(t1, t3, 0xee));  // 3 and 7
+        _mm256_store_ps(sv + r * K, _mm256_mul_ps(P::scales(cache[r]), dx));
       }
     }
 #pragma GCC unroll 8
@@ -330,12 +355,13 @@ inline void gemv_tile(const uint8_t* const* wrows, const BlockQ8A* x, const floa
         Piece w;
         P::load(wrows[r], b, cache[r], w);
         const __m256 p = _mm256_cvtepi32_ps(piece_dot<P>(w, xq));
-        const __m256 scale = K == 8 ? _mm256_broadcast_ss(&sv[r][j]) : _mm256_set1_ps(w.d * xd[b]);
+        const __m256 scale = K == 1 ? _mm256_set1_ps(w.d * xd[b])
+                             : _mm256_broadcast_ss(kRowLanes ? &sv[j * NR + r] : &sv[r * K + j]);
         acc[r] = _mm256_fmadd_ps(p, scale, acc[r]);
         if (P::kOffset && !kRowLanes) off[r] = std::fma(w.m, x[b].s, off[r]);
       }
       if constexpr (kRowLanes)
-        off4 = _mm_fmadd_ps(_mm_load_ps(&mins4[j % 4][4 * (j / 4)]), _mm_set1_ps(x[b].s), off4);
+        off4 = _mm_fmadd_ps(_mm_load_ps(&mins[4 * j]), _mm_set1_ps(x[b].s), off4);
     }
   }
   if constexpr (kRowLanes) _mm_storeu_ps(off, off4);
