@@ -35,7 +35,7 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 def teacher_unions(model, text: str, n: int) -> list[list[np.ndarray]]:
     """Per token, per layer: the active union (hot-first ids) of a one-token-at-a-time pass over `text`."""
-    from pyinfer.offload.trace_replay import last_unions
+    from pyinfer.runtime.running import last_unions
 
     ids = model.tokenize(text)[:n]
     out = []

@@ -23,7 +23,7 @@ sys.path.insert(1, str(Path(__file__).parents[1] / "tests"))
 import pyinfer  # noqa: E402
 from compare_llamacpp import LlamaCpp  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
-from pyinfer.model.gguf_file import GGUFModelFile  # noqa: E402
+from pyinfer.model.arch import open_model  # noqa: E402
 from tiny_model import write_tiny_llama  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -57,7 +57,7 @@ def quantized_by_llamacpp(src: Path, out: Path, ftype: str, code: int, ids: list
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
     if rc != 0:
         raise SystemExit(f"llama_model_quantize {ftype} of {Path(src).name} failed ({rc})")
-    types = Counter(t.type_name for t in GGUFModelFile(out).tensors.values())
+    types = Counter(t.type_name for t in open_model(out).tensors.values())
     ours = pyinfer.load(str(out), n_threads=2, n_ctx=128, progress=False).eval(ids, all_logits=True)
     theirs = llamacpp_logits(str(out), ids)
     return {"tensor_types": dict(types), "pyinfer_vs_llamacpp": distance(ours.astype(np.float64), theirs),

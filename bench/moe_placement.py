@@ -29,7 +29,7 @@ PROMPT = "Once upon a time"
 
 def program_rows(m, budgets: list[tuple[str, int]], syncs: list[float], n_ctx: int) -> list[dict]:
     """The program against the greedy fill at each budget and synchronization cost."""
-    from pyinfer.offload.experts import cached_profile
+    from pyinfer.sparsity.expert_profile import cached_profile
     from pyinfer.place.device import DEFAULT_CPU_SECONDS_PER_BYTE
     from pyinfer.place.expert_placement import place_experts
     from pyinfer.place.gpu_placement import GpuCosts

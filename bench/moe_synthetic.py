@@ -178,7 +178,7 @@ def prepare(model: Path, bundle: bool) -> None:
     import pyinfer
     from pyinfer.model.pull import cache_dir
     from pyinfer.offload.expert_bundles import open_or_write_expert_bundles
-    from pyinfer.offload.experts import cached_profile, describe_profile
+    from pyinfer.sparsity.expert_profile import cached_profile, describe_profile
 
     m = pyinfer.load(str(model), n_ctx=64, n_threads=2)
     print(f"routing profile: {describe_profile(cached_profile(m.session, True))}", file=sys.stderr)

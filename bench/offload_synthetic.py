@@ -88,7 +88,7 @@ def write_plan(model: Path, out: Path, seed: int = 1):
     from gguf import GGMLQuantizationType as Q
     from gguf import quants
 
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.sparsity.plan import LayerPlan, Predictor, SparsityPlan
 
     rng = np.random.default_rng(seed)
@@ -109,7 +109,7 @@ def write_plan(model: Path, out: Path, seed: int = 1):
         pred = Predictor(quants.quantize(w1, Q.Q8_0), b1, quants.quantize(w2, Q.Q8_0), np.zeros(ff - hot, np.float32),
                          {"oracle": True})
         layers.append(LayerPlan(np.arange(ff, dtype=np.int32), 0.0, hot, pred, freq=p.astype(np.float32)))
-    plan = SparsityPlan("relu", 1 - MEAN_FIRING, layers, GGUFModelFile(model).fingerprint(),
+    plan = SparsityPlan("relu", 1 - MEAN_FIRING, layers, open_model(model).fingerprint(),
                         {"density": MEAN_FIRING, "synthetic": True, "alpha": ALPHA, "hot": hot})
     plan.save(out)
     return plan
@@ -137,16 +137,16 @@ def main() -> int:
         write_plan(model, plan_path)
     args.sparsity = str(plan_path)
 
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.model.pull import cache_dir
     from pyinfer.offload.bundles import open_or_write
     from pyinfer.offload.offloaded_ffn import minimum_budget
     from pyinfer.runtime.sparse_ffn import pick_neuron_down
     from pyinfer.sparsity.plan import SparsityPlan
 
-    gguf = GGUFModelFile(model)
+    gguf = open_model(model)
     plan = SparsityPlan.load(plan_path)
-    layout = open_or_write(cache_dir(), gguf, gguf.llama_config(), plan, pick_neuron_down(plan, "auto"))
+    layout = open_or_write(cache_dir(), gguf, model_config(gguf), plan, pick_neuron_down(plan, "auto"))
     low = minimum_budget(gguf, plan, layout)
     rows = ob.compare(str(model), ob.parse_limits(args.limits), args)
     ffn = sum(e["n_ff"] * e["bundle_bytes"] for e in layout.layers)

@@ -95,10 +95,10 @@ class Peer:
     """A GGUF llama model in torch, the first `gpu_blocks` blocks on the GPU, the rest as `mode` says."""
 
     def __init__(self, path: str, device: str, n_ctx: int, gpu_blocks: int, mode: str):
-        from pyinfer.model.gguf_file import GGUFModelFile
+        from pyinfer.model.arch import model_config, open_model
 
-        self.gguf = gguf = GGUFModelFile(path)
-        cfg = self.cfg = gguf.llama_config()
+        self.gguf = gguf = open_model(path)
+        cfg = self.cfg = model_config(gguf)
         if gguf.architecture != "llama" or cfg.post_norms or cfg.qk_norm:
             raise SystemExit(f"the torch peer runs llama models; this one is {gguf.architecture}")
         self.activation = gguf.get("pyinfer.ffn_activation") or "silu"

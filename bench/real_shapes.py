@@ -142,7 +142,7 @@ def check_mix(shape: str, tmp: Path) -> list[str]:
     """Differences between tensor_type() and llama.cpp's quantizer on an F16 copy of `shape` with every matrix
     narrowed (same layers, names and vocabulary; d 256, ff 512): [] when the mix is llama.cpp's."""
     import llama_cpp
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import open_model
 
     c = SHAPES[shape]
     narrow = dict(d=256, ff=512, heads=2, kv=1, head_dim=128)
@@ -152,7 +152,7 @@ def check_mix(shape: str, tmp: Path) -> list[str]:
     params.ftype = 15
     if llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params) != 0:
         raise SystemExit("llama_model_quantize failed")
-    got = {n: t.type_name for n, t in GGUFModelFile(out).tensors.items()}
+    got = {n: t.type_name for n, t in open_model(out).tensors.items()}
     diffs = []
     for name, rows, cols, layer in tensors(dict(c, **narrow), 0):
         if cols is not None:

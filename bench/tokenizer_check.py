@@ -56,11 +56,11 @@ def compare_with_llamacpp(args) -> int:
     """pyinfer's tokenizer (from the file's metadata alone, so any architecture works) next to llama.cpp's."""
     import llama_cpp
 
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import open_model
     from pyinfer.model.tokenizer import Tokenizer
 
     t0 = time.perf_counter()
-    metadata = GGUFModelFile(args.model).metadata
+    metadata = open_model(args.model).metadata
     t1 = time.perf_counter()
     ours = Tokenizer(metadata)
     t2 = time.perf_counter()
@@ -124,11 +124,11 @@ def vendor_cases(vocab: Path) -> list[tuple[str, list[int]]]:
 def run_vendor_case_file(vocab: Path) -> dict:
     """pyinfer's tokenizer (add_bos off, special off: as test-tokenizer-0 calls llama.cpp) on each case."""
     from pyinfer.errors import PyinferError
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import open_model
     from pyinfer.model.tokenizer import Tokenizer
 
     cases = vendor_cases(vocab)
-    meta = GGUFModelFile(vocab).metadata
+    meta = open_model(vocab).metadata
     row = {"vocab": vocab.name.removeprefix("ggml-vocab-").removesuffix(".gguf"),
            "model": meta.get("tokenizer.ggml.model"), "pre": meta.get("tokenizer.ggml.pre"), "cases": len(cases)}
     try:

@@ -120,7 +120,7 @@ class Model:
 
     @property
     def running(self):
-        """The running engine's view for timelines and debugging (session.RunningModel: node names, segments,
+        """The running engine's view for timelines and debugging (runtime/running.py RunningModel: node names, segments,
         the per-segment timeline)."""
         return self._run
 

@@ -499,7 +499,7 @@ def cmd_profile(args) -> int:
     if model.config.is_moe:  # a Mixture of Experts: which experts its routers choose (offload/experts.py)
         from pathlib import Path
 
-        from .offload.experts import describe_profile, profile_path, profile_routing, save_profile
+        from .sparsity.expert_profile import describe_profile, profile_path, profile_routing, save_profile
 
         prof = profile_routing(model.gguf, model.config, model.tokenize(text), model.n_threads, max_tokens=args.tokens)
         save_profile(prof, Path(args.output))
@@ -573,6 +573,14 @@ def cmd_serve(args) -> int:
         except ImportError:
             raise PyinferError("--replicas runs on Ray Serve, which is not installed: pip install 'pyinfer[ray]'") \
                 from None
+        from .model.pull import resolve_model
+        from .serve.ray_serve import serve_replicas
+        from .serve.server import served_api_key, server_options
+
+        options = server_options(args, served_api_key(args))
+        # Replicas load the model themselves: they get a path (the same one on every machine of a cluster).
+        options["model_path"] = str(resolve_model(args.model).resolve())
+        return serve_replicas(args, options)
     return serve(args)
 
 

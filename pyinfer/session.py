@@ -14,13 +14,14 @@ import numpy as np
 from . import _core
 from .errors import PyinferError, UnsupportedModelError
 from .model.chat_template import chat_spans, render_chat
-from .model.gguf_file import GGUFModelFile
+from .model.arch import model_config, open_model
 from .model.tokenizer import Tokenizer
-from .offload.offloaded_ffn import selective_layers
-from .place.device import check_cuda, engine_backends, parse_device, resolve_expert_placement, resolve_placement
-from .runtime.model_graph import CACHE_TYPES, build_model_graph
+from .place.device import check_cuda, resolve_expert_placement, resolve_placement
+from .runtime.model_graph import CACHE_TYPES
+from .runtime.running import RunningModel, build_running, parse_device
 from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
 from .runtime.threads import default_threads, physical_cores
+from .sparsity.plan import selective_layers
 
 MAX_BATCH = 512  # tokens per engine run (prefill micro-batch)
 
@@ -50,7 +51,6 @@ class Session:
                  neuron_window: float | None = None, device: str = "cpu", vram_budget: str | int | None = None,
                  progress: bool = True, mmap: bool | None = None, mem_limit: str | int | None = None,
                  max_batch: int = MAX_BATCH):
-        from .offload.setup import make_offload
         from .sparsity.resolve import resolve_sparsity
 
         if cache_type not in CACHE_TYPES:
@@ -69,8 +69,8 @@ class Session:
             reset_peak()  # the peak the limit's split reads is this load's own
         if mmap is None:
             mmap = not reads_into_memory(path, mem_limit, ram_budget, device)
-        self.gguf = GGUFModelFile(path, mmap=mmap)
-        self.config = self.gguf.llama_config()
+        self.gguf = open_model(path, mmap=mmap)
+        self.config = model_config(self.gguf)
         self.tokenizer = Tokenizer(self.gguf.metadata)
         self.chat_template = self.gguf.get("tokenizer.chat_template")
         self.cache_type, self.neuron_down = cache_type, neuron_down
@@ -122,8 +122,12 @@ class Session:
                 raise PyinferError("neuron cache and read-ahead window shares split a neuron offload; a "
                                    "Mixture-of-Experts model's expert cache takes what its RAM budget leaves")
             expert_budget, ram_budget = ram_budget, None
-        self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
-                                    neuron_window, progress, self.memory)
+        self.offload = None  # FFN neurons streamed under a RAM budget (offload/, entered only when one is asked for)
+        if ram_budget is not None or neuron_cache is not None or neuron_window is not None:
+            from .offload.setup import make_offload
+
+            self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
+                                        neuron_window, progress, self.memory)
         self.experts = None  # a Mixture of Experts whose experts do not fit the limit or budget: they stream
         if self.config.is_moe and (self.memory is not None or expert_budget is not None):
             from .offload.experts import make_expert_offload
@@ -151,7 +155,7 @@ class Session:
         """The split of a total memory limit (offload/memory.py), measured now that metadata, tokenizer and
         sparsity plan are loaded; None without a limit."""
         from .offload.memory import mapped_note, plan_memory
-        from .offload.offloaded_ffn import parse_size
+        from .tools.sizes import parse_size
 
         if mem_limit is None:
             return None
@@ -192,15 +196,6 @@ class Session:
                              self.neuron_down, self.cache_type, self.offload, paged, self.device, self.placement, isa,
                              self.experts, self.expert_cuts)
 
-    def batch_engine(self, num_blocks: int, block_size: int, max_seq_len: int, max_batch_tokens: int = 512,
-                     runs: SparseRuns = SparseRuns()):
-        """The server's engine: many sequences over a paged KV cache of num_blocks * block_size rows."""
-        from .serve.batch_engine import BatchEngine
-
-        return BatchEngine(self.gguf, self.config, num_blocks, block_size, max_seq_len, self.n_threads,
-                           max_batch_tokens, self.sparsity, runs, self.cache_type, self.offload, self.device,
-                           self.placement, self.neuron_down, self.experts, self.expert_cuts)
-
     # ---- text -------------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_bos=add_bos, special=special)
@@ -226,89 +221,3 @@ class Session:
         ids = self.tokenizer.encode_chat(text, spans, [m["content"] for m in messages])
         tk = self.tokenizer
         return [tk.bos_id] + ids if tk.add_bos and tk.bos_id is not None and ids[:1] != [tk.bos_id] else ids
-
-
-def build_running(gguf, cfg, n_ctx: int, max_tokens: int, n_threads: int, sparsity, runs: SparseRuns,
-                  neuron_down: str = "auto", cache_type: str = "f16", offload=None, paged=None, device: str = "cpu",
-                  placement: dict | None = None, isa: str = "auto", experts=None, expert_cuts=None) -> RunningModel:
-    """The one place a graph and its engine are made from a model's parts (Session.build, BatchEngine)."""
-    kind, index = parse_device(device)
-    try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line
-        b = build_model_graph(gguf, cfg, n_ctx, sparsity, runs, down_type=neuron_down, paged=paged,
-                              cache_type=cache_type, offload=offload,
-                              hybrid=dict(placement, device=1) if placement else None, experts=experts,
-                              expert_cuts=expert_cuts)
-        engine = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=n_threads, isa=isa,
-                              **engine_backends(kind, index, n_threads, b.placement))
-    except ValueError as e:
-        raise PyinferError(f"{gguf.path.name}: {e}") from None
-    return RunningModel(engine, [t.id for t in b.unions], b.ffn_nodes)
-
-
-@dataclass
-class RunningModel:
-    """An engine and what callers may ask of it: run, logits, each layer's active union of the last run, op
-    timing and copy counts. Nothing else holds the engine."""
-    engine: object
-    union_ids: list[int]
-    ffn_nodes: list[range] = field(default_factory=list)  # per layer: its FFN's node ids
-
-    def run(self, n_tokens: int, tokens, positions, out_rows, slots=None, kv_table=None) -> None:
-        try:
-            if slots is None:
-                self.engine.run(n_tokens, tokens, positions, out_rows)
-            else:
-                self.engine.run(n_tokens, tokens, positions, out_rows, slots, kv_table)
-        except ValueError as e:  # the engine refused the input (one line, as every user error)
-            raise PyinferError(str(e)) from None
-
-    def logits(self) -> np.ndarray:
-        return self.engine.logits()
-
-    def unions(self) -> list[np.ndarray]:
-        """Per FFN layer, the last run's active union: I32 [n_ff + 1], count (-1: the run went dense), ids."""
-        return [np.array(self.engine.tensor(i, 1)[0]) for i in self.union_ids]
-
-    def sparse_share(self) -> float:
-        """Share of FFN layers that took the sparse path in the last run (0 without a sparsity plan)."""
-        u = self.unions()
-        return sum(int(x[0]) >= 0 for x in u) / len(u) if u else 0.0
-
-    def set_op_timing(self, on: bool) -> None:
-        self.engine.set_op_timing(on)
-
-    def op_timing(self):
-        return self.engine.op_timing()
-
-    def ffn_seconds(self) -> np.ndarray:
-        """F64 [layers]: each layer's FFN seconds since set_op_timing(True) (its nodes' wall time summed)."""
-        t = self.engine.node_timing()
-        return np.array([t[r.start:r.stop].sum() if r.start < len(t) else 0.0 for r in self.ffn_nodes])
-
-    @property
-    def n_copies(self) -> int:
-        return self.engine.n_copies
-
-    @property
-    def isa(self) -> str:
-        return self.engine.isa
-
-    def reserve_memory(self) -> None:
-        self.engine.reserve_memory()
-
-    # ---- for timelines and debugging (bench/timeline.py) ----------------------------------------------------
-    @property
-    def n_segments(self) -> int:
-        return self.engine.n_segments
-
-    def node_names(self) -> list[str]:
-        return self.engine.node_names()
-
-    def segments(self):
-        return self.engine.segments()
-
-    def set_timeline(self, on: bool) -> None:
-        self.engine.set_timeline(on)
-
-    def timeline(self):
-        return self.engine.timeline()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
+from pyinfer.model.arch import model_config
 from pyinfer.model.gguf_file import GGUFModelFile
 
 NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe"}
@@ -162,7 +163,7 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
     `margins` (a list): each MoE layer appends, per token, the gap between its k-th and (k+1)-th expert
     probability (a routing so near a tie that noise may choose the other expert). `expert_cuts` ([n_layers,
     n_expert]): each MoE layer cuts its experts' neurons as moe() says (`kept` collects the shares kept)."""
-    c = f.llama_config()
+    c = model_config(f)
     arch = f.architecture
     W = Weights(f.path)
     gemma = arch == "gemma3"

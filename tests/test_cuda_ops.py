@@ -427,7 +427,7 @@ def test_moe_combine_and_route_split(shared):
 @pytest.mark.parametrize("kind", ["qwen3moe", "qwen2moe"])
 def test_moe_model_whole_and_split(kind, tmp_path):
     import pyinfer
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import open_model
     from pyinfer.place import expert_placement as ep
     from tiny_model import write_tiny_arch
 
@@ -435,7 +435,7 @@ def test_moe_model_whole_and_split(kind, tmp_path):
     cpu = pyinfer.load(path, n_threads=2, n_ctx=64, progress=False)
     ids = list(range(3, 23))
     want = cpu.eval(ids, all_logits=True)
-    f = GGUFModelFile(path)
+    f = open_model(path)
     minimum = sum(ep.fixed_bytes(f, cpu.config, 64).values())
     half = minimum + sum(ep.expert_bytes(f, cpu.config)) * cpu.config.n_expert // 2
     device = "standin" if DEVICE == "standin" else DEVICE

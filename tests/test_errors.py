@@ -146,6 +146,7 @@ def test_unsupported_tensor_type_names_it_and_the_supported_ones(tmp_path):
 
 
 def test_relu_family_never_runs_as_silu():
+    from pyinfer.model.arch import architecture
     from pyinfer.model.config import Activation, detect_activation
 
     assert detect_activation("llama", {"general.name": "ReluLLaMA-7B"}) == Activation.RELU
@@ -153,7 +154,8 @@ def test_relu_family_never_runs_as_silu():
     assert detect_activation("llama", {"general.name": "Bamboo-7B"}) == Activation.RELU
     assert detect_activation("llama", {"general.name": "TurboSparse-Mistral"}) == Activation.DRELU
     assert detect_activation("llama", {"general.name": "SmolLM2"}) == Activation.SILU
-    assert detect_activation("gemma3", {}) == Activation.GELU_TANH
+    gemma3 = architecture("gemma3").activation  # the architecture's own activation, as model/arch/ passes it
+    assert gemma3 == Activation.GELU_TANH and detect_activation("gemma3", {}, base=gemma3) == Activation.GELU_TANH
     assert detect_activation("llama", {"llama.ffn_activation": "relu2"}) == Activation.RELU2
     with pytest.raises(ValueError, match="unknown FFN activation"):
         detect_activation("llama", {"pyinfer.ffn_activation": "swoosh"})

@@ -410,11 +410,11 @@ def test_a_cache_smaller_than_one_run_is_an_error_not_a_crash(paths, monkeypatch
 def test_the_store_holds_the_files_bytes(paths, direct_io):
     """After a fetch, each chosen expert's bytes in RAM are the slice of the merged tensor in the file, read
     around the page cache (O_DIRECT, the pages around them) or through it (exactly them)."""
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.offload import experts as ex
 
-    f = GGUFModelFile(paths["mixtral", Q.Q8_0])
-    cfg = f.llama_config()
+    f = open_model(paths["mixtral", Q.Q8_0])
+    cfg = model_config(f)
     off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), [[5], []], 2, "lru"), direct_io=direct_io)
     assert off.store.stats()["direct_io"] == (direct_io and off.store.stats()["direct_io"])
     route = np.array([[0.6, 0.4, 3, 6]], np.float32)
@@ -429,11 +429,11 @@ def test_the_store_holds_the_files_bytes(paths, direct_io):
 
 
 def test_resident_experts_follow_the_routing_profile(paths):
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.offload import experts as ex
 
-    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
-    cfg = f.llama_config()
+    f = open_model(paths["qwen3moe", Q.Q8_0])
+    cfg = model_config(f)
     slot = ex.slot_bytes(f, cfg)
     profile = np.zeros((2, 8))
     profile[0, 3], profile[1, 5], profile[1, 6] = 50, 40, 30
@@ -445,11 +445,11 @@ def test_resident_experts_follow_the_routing_profile(paths):
 
 
 def test_the_routing_profile_counts_every_choice(paths):
-    from pyinfer.model.gguf_file import GGUFModelFile
-    from pyinfer.offload.experts import profile_routing
+    from pyinfer.model.arch import model_config, open_model
+    from pyinfer.sparsity.expert_profile import profile_routing
 
-    f = GGUFModelFile(paths["mixtral", Q.Q8_0])
-    prof = profile_routing(f, f.llama_config(), list(range(3, 259)) * 2, n_threads=2, progress=False)
+    f = open_model(paths["mixtral", Q.Q8_0])
+    prof = profile_routing(f, model_config(f), list(range(3, 259)) * 2, n_threads=2, progress=False)
     assert prof["counts"].shape == (2, 8) and (prof["counts"].sum(1) == 512 * 2).all()
     assert ((0 <= prof["reuse"]) & (prof["reuse"] <= 1)).all()
 
@@ -478,11 +478,11 @@ def wide(tmp_path_factory):
 
 
 def _shared_and_slot(path):
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.offload import experts as ex
 
-    f = GGUFModelFile(path)
-    cfg = f.llama_config()
+    f = open_model(path)
+    cfg = model_config(f)
     return f.weight_bytes - ex.expert_bytes(f, cfg), ex.slot_bytes(f, cfg)
 
 
@@ -522,12 +522,12 @@ def test_a_ram_budget_streams_experts_from_the_bundle_file(wide, tmp_path, monke
 def test_the_bundle_file_holds_each_experts_bytes(paths, tmp_path, direct_io):
     """Read through the store from the bundle file, each expert's bytes are the slice of the merged tensor in
     the GGUF, with O_DIRECT or through the page cache; a bundle expert is one read of its pages."""
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.offload import expert_bundles as eb
     from pyinfer.offload import experts as ex
 
-    f = GGUFModelFile(paths["mixtral", Q.Q8_0])
-    cfg = f.llama_config()
+    f = open_model(paths["mixtral", Q.Q8_0])
+    cfg = model_config(f)
     layout = eb.open_or_write_expert_bundles(tmp_path, f, cfg, progress=False)
     slot = ex.slot_bytes(f, cfg, layout.store_layers())
     off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, slot, [[5], []], 2, "lru"), direct_io=direct_io, bundle=layout)
@@ -545,11 +545,11 @@ def test_the_bundle_file_holds_each_experts_bytes(paths, tmp_path, direct_io):
 
 
 def test_a_foreign_or_truncated_bundle_file_is_rebuilt(paths, tmp_path):
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.offload import expert_bundles as eb
 
-    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
-    cfg = f.llama_config()
+    f = open_model(paths["qwen3moe", Q.Q8_0])
+    cfg = model_config(f)
     path = eb.expert_bundle_path(tmp_path, f)
     good = eb.open_or_write_expert_bundles(tmp_path, f, cfg, progress=False)
     data = path.read_bytes()
@@ -559,8 +559,8 @@ def test_a_foreign_or_truncated_bundle_file_is_rebuilt(paths, tmp_path):
     assert path.read_bytes() == data
     path.write_bytes(b"PYINFEXP" + b"\xff" * 100)  # foreign
     assert eb.read_expert_layout(path, f, cfg) is None
-    other = GGUFModelFile(paths["mixtral", Q.Q8_0])  # another model's bundle file at this model's path
-    path.write_bytes(eb.open_or_write_expert_bundles(tmp_path / "o", other, other.llama_config(), False)
+    other = open_model(paths["mixtral", Q.Q8_0])  # another model's bundle file at this model's path
+    path.write_bytes(eb.open_or_write_expert_bundles(tmp_path / "o", other, model_config(other), False)
                      .path.read_bytes())
     assert eb.read_expert_layout(path, f, cfg) is None
 
@@ -593,9 +593,9 @@ def test_ram_budget_edges_for_experts(wide, tmp_path, monkeypatch):
     with pytest.raises(pyinfer.PyinferError, match="below this model's minimum of") as e:
         pyinfer.load(path, n_ctx=64, ram_budget=shared + 3 * slot, progress=False)
     assert "\n" not in str(e.value)
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
 
-    whole = GGUFModelFile(path).weight_bytes
+    whole = open_model(path).weight_bytes
     assert pyinfer.load(path, n_ctx=64, ram_budget=whole, progress=False).session.experts is None
     with pytest.raises(pyinfer.PyinferError, match="give a Mixture-of-Experts model its RAM budget as a size"):
         pyinfer.load(path, n_ctx=64, ram_budget=str(tmp_path / "plan.json"), progress=False)
@@ -606,12 +606,12 @@ def test_ram_budget_edges_for_experts(wide, tmp_path, monkeypatch):
 def test_expert_paged_weights_are_read_only_by_the_expert_matmul(paths):
     """An expert store's table holds one pointer per expert: a plain matmul over it, or an expert matmul that
     counts its experts differently, is refused when the graph is built (it would read past the table)."""
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.offload import experts as ex
     from pyinfer.runtime.graph_builder import GraphBuilder
 
-    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
-    cfg = f.llama_config()
+    f = open_model(paths["qwen3moe", Q.Q8_0])
+    cfg = model_config(f)
     off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), [[], []], 8, "lru"))
 
     def engine(build):
@@ -648,11 +648,11 @@ def test_a_guarded_route_is_refused():
 def test_a_failed_fetch_leaves_no_expert_half_loaded(paths):
     """A run that needs more slots than there are fails before any slot changes hands: the next runs read the
     right bytes."""
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.offload import experts as ex
 
-    f = GGUFModelFile(paths["mixtral", Q.Q8_0])
-    cfg = f.llama_config()
+    f = open_model(paths["mixtral", Q.Q8_0])
+    cfg = model_config(f)
     off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), [[], []], 3, "lru"))
     with pytest.raises(ValueError, match="expert cache has 3 slots"):
         off.store.fetch(0, np.array([[0.5, 0.5, 1, 2], [0.5, 0.5, 3, 4]], np.float32), 2)
@@ -664,11 +664,11 @@ def test_a_failed_fetch_leaves_no_expert_half_loaded(paths):
 
 # ---- reading the next layer's experts ahead ---------------------------------------------------------------
 def _store(path, slots: int, resident=None):
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.offload import experts as ex
 
-    f = GGUFModelFile(path)
-    cfg = f.llama_config()
+    f = open_model(path)
+    cfg = model_config(f)
     off = ex.ExpertOffload(f, cfg, ex.ExpertPlan(0, ex.slot_bytes(f, cfg), resident or [[], []], slots, "lru"))
     return f, off.store
 
@@ -825,13 +825,13 @@ def _profile(cfg, hot):
 def test_the_expert_program_is_optimal_and_splits_only_what_pays(paths):
     """On a tiny model the program's answer is the brute force's optimum (CPU time moved, less a synchronization
     for every layer not placed whole), and the greedy fill is never better than the program."""
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.place import expert_placement as ep
     from pyinfer.place.gpu_placement import GpuCosts
     from pyinfer.place.knapsack import PrefixKnapsack
 
-    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
-    cfg = f.llama_config()
+    f = open_model(paths["qwen3moe", Q.Q8_0])
+    cfg = model_config(f)
     counts = _profile(cfg, [[2, 5], [0]])
     per = ep.expert_bytes(f, cfg)
     minimum = sum(ep.fixed_bytes(f, cfg, 64).values())
@@ -861,12 +861,12 @@ def test_room_left_holds_the_experts_the_profile_never_saw(paths):
     """Experts no profiled token chose are worth nothing to the program, yet a later prompt may choose them: with
     room for every expert, every expert is placed and no layer is split; with room for part, the room left after
     the program's answer still takes whole layers first."""
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.place import expert_placement as ep
     from pyinfer.place.gpu_placement import GpuCosts
 
-    f = GGUFModelFile(paths["qwen3moe", Q.Q8_0])
-    cfg = f.llama_config()
+    f = open_model(paths["qwen3moe", Q.Q8_0])
+    cfg = model_config(f)
     counts = np.zeros((cfg.n_layers, cfg.n_expert))
     counts[:, :3] = 10.0  # five of eight experts per layer never chosen
     per = ep.expert_bytes(f, cfg)
@@ -886,17 +886,17 @@ def test_experts_split_with_the_standin_device_give_the_cpu_answer(paths, monkey
     """The stand-in device (a second CPU backend with memory of its own) computes the placed experts while the
     CPU computes the rest: prefill and decode logits equal the CPU's (to float rounding: the two weighted sums
     add in another order), with none, some and all of the experts placed."""
-    from pyinfer.offload import experts as ex
     from pyinfer.place import expert_placement as ep
+    from pyinfer.sparsity import expert_profile as ex
 
     path = paths[kind, Q.Q8_0]
     cpu = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
     want = cpu.eval(IDS[:20], all_logits=True)
     cfg = cpu.config
     monkeypatch.setattr(ex, "cached_profile", lambda session, progress: {"counts": _profile(cfg, [[1, 6], [3]])})
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
 
-    f = GGUFModelFile(path)
+    f = open_model(path)
     minimum = sum(ep.fixed_bytes(f, cfg, 64).values())
     budget = minimum + int(share * sum(ep.expert_bytes(f, cfg)) * cfg.n_expert) + (1 if share else 0)
     if share == 1:
@@ -941,13 +941,13 @@ def test_a_layer_with_fewer_device_experts_than_a_token_chooses_runs_split(paths
     local expert and a -1 in most slots, and the logits still equal the CPU's."""
     import json
 
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import model_config, open_model
     from pyinfer.place import expert_placement as ep
     from pyinfer.place.gpu_placement import GpuCosts
 
     path = paths["qwen3moe", Q.Q8_0]
-    f = GGUFModelFile(path)
-    cfg = f.llama_config()
+    f = open_model(path)
+    cfg = model_config(f)
     p = ep.place_experts(f, cfg, 1 << 30, 64, GpuCosts(1e-10, 0.0)).summary()
     p["gpu_experts"] = [[3], [0, 2, 5]]
     out = tmp_path / "experts.json"

@@ -417,7 +417,7 @@ def test_each_layers_ffn_is_timed_on_its_own(tiny_model_path):
     from pyinfer.sparsity.auto_choice import decode_ffn_seconds
 
     from pyinfer.runtime.sparse_ffn import SparseRuns
-    from pyinfer.session import build_running
+    from pyinfer.runtime.running import build_running
 
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     run = build_running(m.session.gguf, m.config, 32, 16, 2, None, SparseRuns())

@@ -163,10 +163,10 @@ def test_unsupported_tokenizer_model_lists_supported():
 # Gemma 3 270M: a real SentencePiece vocabulary (262,144 tokens) against llama.cpp's ids.
 @pytest.fixture(scope="module")
 def gemma_tokenizer(gemma_model_path):
-    from pyinfer.model.gguf_file import GGUFModelFile
+    from pyinfer.model.arch import open_model
     from pyinfer.model.tokenizer import Tokenizer
 
-    return Tokenizer(GGUFModelFile(gemma_model_path).metadata)
+    return Tokenizer(open_model(gemma_model_path).metadata)
 
 
 @pytest.fixture(scope="module")

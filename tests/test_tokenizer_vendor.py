@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pyinfer.errors import UnsupportedModelError
-from pyinfer.model.gguf_file import GGUFModelFile
+from pyinfer.model.arch import open_model
 from pyinfer.model.tokenizer import Tokenizer
 
 HERE = Path(__file__).parent / "data" / "llamacpp_vocab"
@@ -36,7 +36,7 @@ def vocab_file(name: str) -> Path:
 
 @pytest.mark.parametrize("name", VOCABS)
 def test_every_case_equals_llamacpp(name):
-    tok = Tokenizer(GGUFModelFile(vocab_file(name)).metadata)
+    tok = Tokenizer(open_model(vocab_file(name)).metadata)
     got = [(t, tok.encode(t, add_bos=False)) for t, _ in cases(name)]
     failed = [repr(t) for (t, ids), (_, want) in zip(got, cases(name)) if ids != want]
     assert not failed, f"{len(failed)} of {len(got)} cases differ: {', '.join(failed[:5])}"
@@ -47,6 +47,6 @@ def test_every_case_file_is_kept():
 
 
 def test_an_unknown_pre_tokenizer_names_itself_and_lists_the_known():
-    meta = dict(GGUFModelFile(vocab_file("deepseek-coder")).metadata, **{"tokenizer.ggml.pre": "klingon"})
+    meta = dict(open_model(vocab_file("deepseek-coder")).metadata, **{"tokenizer.ggml.pre": "klingon"})
     with pytest.raises(UnsupportedModelError, match=r"pre-tokenizer 'klingon' is not supported \(supported: .*qwen2"):
         Tokenizer(meta)

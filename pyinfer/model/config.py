@@ -39,16 +39,14 @@ _DRELU_FAMILY = re.compile(r"turbosparse", re.IGNORECASE)
 
 def detect_activation(arch: str, metadata: dict, powerinfer: bool = False,
                       base: Activation | None = None) -> Activation:
-    """From the architecture (`base`: its file's activation; model/arch/), then an explicit key (`{arch}.ffn_activation` or `pyinfer.ffn_activation`, which
+    """From the architecture (`base`: its file's activation, SiLU if not given; model/arch/), then an explicit key (`{arch}.ffn_activation` or `pyinfer.ffn_activation`, which
     pyinfer's own exports write), then the ReLU families' names; a PowerInfer file (its converter takes
     ReLU-gated models only) is ReLU unless its name says dReLU. A ReLU-family file must never run as SiLU."""
     for key in (f"{arch}.ffn_activation", "pyinfer.ffn_activation"):
         if metadata.get(key):
             return Activation.parse(str(metadata[key]))
     if base is None:
-        from .arch import ARCHITECTURES
-
-        base = ARCHITECTURES[arch].activation if arch in ARCHITECTURES else Activation.SILU
+        base = Activation.SILU
     if powerinfer and base == Activation.SILU:
         base = Activation.RELU
     names = " ".join(str(metadata.get(k) or "") for k in ("general.name", "general.basename", "general.finetune"))

@@ -1,4 +1,5 @@
-"""Reads a GGUF file with the `gguf` package, memory-mapped: weights stay in their stored format."""
+"""Reads a GGUF file with the `gguf` package, memory-mapped: weights stay in their stored format. The reader knows
+no architecture: model/arch/ `open_model()` opens a file and presents it as its architecture's graph reads it."""
 from __future__ import annotations
 
 import contextlib
@@ -10,8 +11,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..errors import ModelFormatError, PyinferError, UnsupportedModelError
-from .arch import ARCHITECTURES, architecture
+from ..errors import ModelFormatError, UnsupportedModelError
 from .config import LlamaConfig
 from .gguf_check import GGUFHeader, TensorInfo, read_gguf_header
 
@@ -78,13 +78,6 @@ class GGUFModelFile:
         if not mmap:
             self._read_into_memory()
         self._present_transposed_down()
-        if self.architecture in ARCHITECTURES:  # fused tensors as the separate ones the graph reads
-            try:
-                ARCHITECTURES[self.architecture].present(self)
-            except (TypeError, ValueError, OverflowError) as e:  # metadata of the wrong type: one line
-                if isinstance(e, PyinferError):
-                    raise
-                raise ModelFormatError(f"{self.path.name}: malformed model metadata ({_short(e)})") from None
 
     def _read_into_memory(self) -> None:
         """Every tensor copied into one anonymous buffer on 2 MiB pages where the kernel grants them (THP in
@@ -291,21 +284,7 @@ class GGUFModelFile:
                 f"(supported: {', '.join(SUPPORTED_TYPES)})")
         return t
 
-    def llama_config(self) -> LlamaConfig:
-        """The hyper-parameters, read by the file's architecture (model/arch/), after checking that every
-        tensor is one its graph reads."""
-        arch = architecture(self.architecture)
-        try:
-            arch.check_tensors(self)
-            cfg = arch.config(self)
-        except PyinferError:
-            raise
-        except (TypeError, ValueError, OverflowError) as e:
-            raise ModelFormatError(f"{self.path.name}: malformed model metadata ({_short(e)})") from None
-        self._check_config(cfg)
-        return cfg
-
-    def _check_config(self, c: LlamaConfig) -> None:
+    def check_config(self, c: LlamaConfig) -> None:
         """Values that the graph would turn into wrong shapes or huge buffers: one line instead."""
         def bad(why: str):
             raise ModelFormatError(f"{self.path.name}: {why}")
@@ -340,6 +319,6 @@ class GGUFModelFile:
         return t
 
 
-def _short(e: Exception) -> str:
+def short_error(e: Exception) -> str:
     s = str(e).strip().splitlines()
     return (s[0] if s else type(e).__name__)[:200]

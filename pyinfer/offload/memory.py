@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import PyinferError
-from .offloaded_ffn import fmt_size
+from ..tools.sizes import fmt_size
 
 MARGIN_BYTES = 8 << 20    # plus MARGIN_SHARE of the limit: code pages and Python objects still to come
 MARGIN_SHARE = 1 / 64

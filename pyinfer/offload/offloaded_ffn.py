@@ -13,13 +13,12 @@ from .._core import DType
 from ..errors import PyinferError
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
-from ..sparsity.plan import SparsityPlan
+from ..sparsity.plan import SparsityPlan, selective_layers  # noqa: F401  (selective_layers: offload's callers)
+from ..tools.sizes import fmt_size, parse_size  # noqa: F401  (parse_size: offload's callers)
 from .bundles import ALIGN, BundleLayout, align, open_or_write, read_scales
 from .resident import ResidentChoice, greedy_resident, solve_resident
 
 _FFN_WEIGHT = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)(_t)?\.weight$")
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20, "MB": 1000 ** 2, "MIB": 1 << 20,
-          "G": 1 << 30, "GB": 1000 ** 3, "GIB": 1 << 30}
 # A read request costs about this long on top of its bytes (QD1 4 KiB reads measured 132 MB/s against
 # 1 GB/s at 1 MiB on the test VM: ~30 us per request); in bytes at 1 GB/s it is what a layer kept whole saves.
 READ_REQUEST_BYTES = 32 * 1024
@@ -41,24 +40,6 @@ class BudgetBelowMinimum(PyinferError):
     def __init__(self, message: str, minimum: int):
         super().__init__(message)
         self.minimum = minimum
-
-
-def parse_size(text: str | int) -> int:
-    """'300M', '1.5GiB', '2G', '123456' -> bytes (K/M/G are binary, KB/MB/GB decimal)."""
-    if isinstance(text, (int, np.integer)):
-        n = int(text)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-        if not m or m.group(2).upper() not in _UNITS:
-            raise PyinferError(f"not a size: {text!r} (examples: 300M, 1.5G, 2GiB, 123456)")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if n <= 0:
-        raise PyinferError(f"a size must be positive, got {text!r}")
-    return n
-
-
-def fmt_size(n: float) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
 
 
 @dataclass
@@ -97,11 +78,6 @@ def highs_workspace(groups: int) -> int:
 
 def non_ffn_bytes(gguf: GGUFModelFile) -> int:
     return sum(t.data.nbytes for name, t in gguf.tensors.items() if not _FFN_WEIGHT.match(name))
-
-
-def selective_layers(plan: SparsityPlan) -> list[bool]:
-    """Layers whose decode reads only the neurons their predictor picks (the rest stream whole tails)."""
-    return [lp.predictor is not None and lp.hot < len(lp.perm) for lp in plan.layers]
 
 
 def window_neurons(layout: BundleLayout, selective: list[bool], window_share: float) -> list[int]:

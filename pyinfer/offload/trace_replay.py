@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..runtime.running import last_unions
+
 
 def decode_trace(model, tokens: int = 16, temperature: float = 0.8) -> list[list[np.ndarray]]:
     """Per decode token, per layer: the active union's neuron ids (hot-first order), from a sampled decode
@@ -24,15 +26,6 @@ def decode_trace(model, tokens: int = 16, temperature: float = 0.8) -> list[list
             logits = model.forward([token], len(ids) + i, np.array([0]))[0]
             trace.append(last_unions(model))
     return trace
-
-
-def last_unions(model) -> list[np.ndarray]:
-    """Per sparse layer: the neuron ids (hot-first order) its FFN computed in the model's last run, every id
-    where the run went dense."""
-    out = []
-    for u in model.layer_unions():  # I32 [n_ff + 1]: count (-1: dense), ids
-        out.append(u[1:1 + u[0]].copy() if u[0] >= 0 else np.arange(len(u) - 1))
-    return out
 
 
 # The neuron store's listed reads (offload/neuron_store.cpp): page ranges merged across gaps under GAP bytes,

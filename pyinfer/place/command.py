@@ -45,7 +45,7 @@ def add_parser(sub, model_args, sparsity_args) -> None:
 
 
 def cmd_place(args, load) -> int:
-    from ..offload import parse_size
+    from ..tools.sizes import parse_size
     from ..sparsity.calibrate import bundled_calibration_text
     from .gpu_placement import GpuCosts, fixed_bytes, place, save_placement
     from .measure import firing_frequencies, measure_costs
@@ -113,7 +113,7 @@ def _print(p, output: str) -> None:
 
 def _place_experts(args, model, budget: int) -> int:
     """A Mixture of Experts: whole experts by routing frequency (place/expert_placement.py)."""
-    from ..offload.experts import cached_profile
+    from ..sparsity.expert_profile import cached_profile
     from ..tools.json_file import write_json
     from .expert_placement import fixed_bytes, place_experts
     from .gpu_placement import GpuCosts

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from ..errors import PyinferError
+from ..runtime.running import parse_device  # noqa: F401  (the device names: runtime's, read here too)
 
 MARGIN_BYTES = 512 << 20    # left free by the default budget: the CUDA context, cuBLAS, other processes
 DEFAULT_CPU_SECONDS_PER_BYTE = 1e-10  # ~10 GB/s decode streaming, where `pyinfer place` did not measure
@@ -57,14 +58,6 @@ def cuda_devices(free_of: int | None = None) -> list[dict]:
     return out
 
 
-def parse_device(device: str) -> tuple[str, int]:
-    """'cpu' | 'standin' | 'cuda' | 'cuda:N' -> (kind, index)."""
-    m = re.fullmatch(r"(cpu|standin|cuda)(?::(\d+))?", str(device))
-    if not m or (m.group(2) is not None and m.group(1) != "cuda"):
-        raise PyinferError(f"device must be cpu, cuda, cuda:N or standin, got {device!r}")
-    return m.group(1), int(m.group(2) or 0)
-
-
 def check_cuda(index: int) -> dict:
     """The device, or a one-line PyinferError saying why it cannot be used (the CPU path still can)."""
     from .. import _core
@@ -97,7 +90,7 @@ def resolve_placement(kind: str, index: int, vram_budget, gguf, cfg, plan, n_ctx
     """The placement (as `pyinfer place` writes it) for this load."""
     import os
 
-    from ..offload import parse_size
+    from ..tools.sizes import parse_size
     from .gpu_placement import GpuCosts, check_placement, place, read_placement
 
     if isinstance(vram_budget, (str, os.PathLike)) and os.path.isfile(vram_budget):
@@ -118,8 +111,8 @@ def resolve_expert_placement(session, vram_budget, n_ctx: int, cache_type: str =
     the model's routing profile (offload/experts.py, measured once and cached) under a VRAM budget."""
     import os
 
-    from ..offload import parse_size
-    from ..offload.experts import cached_profile
+    from ..tools.sizes import parse_size
+    from ..sparsity.expert_profile import cached_profile
     from ..tools.json_file import read_bound_json
     from .expert_placement import FORMAT, check_expert_placement, place_experts
     from .gpu_placement import GpuCosts
@@ -137,12 +130,3 @@ def resolve_expert_placement(session, vram_budget, n_ctx: int, cache_type: str =
     counts = cached_profile(session, progress)["counts"]
     return place_experts(session.gguf, session.config, parse_size(vram_budget), n_ctx, costs, counts,
                          cache_type=cache_type).summary()
-
-
-def engine_backends(kind: str, index: int, n_threads: int, placement: list[int]) -> dict:
-    """The engine's backends for a device: backend 0 is the CPU; backend 1, in memory space 1, is the GPU
-    (or a one-thread CPU backend standing in for it)."""
-    if kind == "cpu":
-        return {}
-    return {"placement": placement, "backend_threads": [n_threads, 1], "backend_memory": [0, 1],
-            "backend_kinds": ["cpu", "cpu" if kind == "standin" else f"cuda:{index}"]}

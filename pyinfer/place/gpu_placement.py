@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import PyinferError
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
+from ..runtime.hybrid_ffn import device_down
 from ..sparsity.plan import SparsityPlan
 from .knapsack import PrefixKnapsack, group_sizes, group_sums, solve_greedy, solve_highs
 
@@ -129,16 +130,6 @@ def neuron_seconds(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | N
             gate_up[lp.perm[:lp.hot]] = 2.0                      # (its hot prefix always runs)
         out.append(row * gate_up + row * f)
     return out
-
-
-def device_down(gguf: GGUFModelFile, cfg: LlamaConfig, il: int) -> str:
-    """The neuron-major down layer il's device side decodes with when it has a predictor (runtime/hybrid_ffn.py):
-    "q4t" for a Q4_0/Q4_1 down (lossless, 5/8 byte per weight), "q8_0" for other quantized ones, "f32" for
-    float ones."""
-    down_t = gguf.tensors[f"blk.{il}.ffn_down.weight"]
-    if down_t.type_name in ("F32", "F16", "BF16") or cfg.d_model % 32:
-        return "f32"
-    return "q4t" if down_t.type_name in ("Q4_0", "Q4_1") else "q8_0"
 
 
 def neuron_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, block: int) -> list[float]:

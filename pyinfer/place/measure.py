@@ -60,7 +60,7 @@ def measure_costs(model, tokens: int = 16, sync: float | None = None) -> GpuCost
 def firing_frequencies(model, text: str, tokens: int = 128) -> list[np.ndarray]:
     """Per layer: how often each hot-first neuron was in the active union over a one-token-at-a-time pass of
     `text` (layers that ran dense count every neuron)."""
-    from ..offload.trace_replay import last_unions
+    from ..runtime.running import last_unions
 
     ids = model.tokenize(text)[:tokens]
     counts = [np.zeros(model.config.d_ff) for _ in model.layer_unions()]

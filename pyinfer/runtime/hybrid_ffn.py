@@ -106,16 +106,24 @@ def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg
     (PowerInfer's GPU side; no batch union, whose dense/sparse choice would be read on the host: a GPU reads
     a row again per token from its cache instead); in longer runs, all of them. One copy of gate and up
     (hot-first rows) serves both; the down is held twice, as the model's blocks (long runs) and neuron-major
-    (few tokens: Q4T for Q4_0/Q4_1 models, lossless, else Q8_0; gpu_placement.device_down), which the placement
+    (few tokens: Q4T for Q4_0/Q4_1 models, lossless, else Q8_0; device_down), which the placement
     charges (gpu_placement.neuron_bytes)."""
     with b.weights_on(backend):  # every weight of this share lives on the device
         return _gpu_predictor_nodes(b, gguf, h, il, cfg, blocks, block, sparsity, lp, few_tokens)
 
 
+def device_down(gguf: GGUFModelFile, cfg: LlamaConfig, il: int) -> str:
+    """The neuron-major down layer il's device side decodes with when it has a predictor (below):
+    "q4t" for a Q4_0/Q4_1 down (lossless, 5/8 byte per weight), "q8_0" for other quantized ones, "f32" for
+    float ones."""
+    down_t = gguf.tensors[f"blk.{il}.ffn_down.weight"]
+    if down_t.type_name in ("F32", "F16", "BF16") or cfg.d_model % 32:
+        return "f32"
+    return "q4t" if down_t.type_name in ("Q4_0", "Q4_1") else "q8_0"
+
+
 def _gpu_predictor_nodes(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
                          block: int, sparsity: SparsityPlan, lp: LayerPlan, few_tokens: int) -> T:
-    from ..place.gpu_placement import device_down
-
     sub, n, p = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(blocks) * block, f"blk.{il}."
     one, many = Guard(max_tokens=few_tokens), Guard(min_tokens=few_tokens + 1)
     perm, pred = lp.perm.astype(np.int32), lp.predictor

@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import PyinferError
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
+from ..runtime.running import build_running
 from ..runtime.sparse_ffn import SparseRuns
 
 
@@ -34,9 +35,7 @@ class BatchEngine:
         `sparsity`, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the sparse FFN over
         the union of their active neurons while it is sparse enough (sparse_ffn.py). `device` and `placement`
         (place/device.py): the hybrid CPU/GPU split, as load(device=...) runs it. The server builds it through
-        Session.batch_engine, from the same parts as the Python API's model."""
-        from ..session import build_running
-
+        BatchEngine.of_session, from the same parts as the Python API's model."""
         self.cfg, self.block_size, self.num_blocks = cfg, block_size, num_blocks
         self.max_blocks = -(-max_seq_len // block_size)
         self.max_batch_tokens = max_batch_tokens
@@ -44,6 +43,15 @@ class BatchEngine:
                                      neuron_down, cache_type, offload, (block_size, self.max_blocks), device,
                                      placement, experts=experts, expert_cuts=expert_cuts)
         self.engine = self.running.engine
+
+    @classmethod
+    def of_session(cls, session, num_blocks: int, block_size: int, max_seq_len: int, max_batch_tokens: int = 512,
+                   runs: SparseRuns = SparseRuns()) -> BatchEngine:
+        """The server's engine for a session's model: many sequences over a paged KV cache of num_blocks *
+        block_size rows."""
+        return cls(session.gguf, session.config, num_blocks, block_size, max_seq_len, session.n_threads,
+                   max_batch_tokens, session.sparsity, runs, session.cache_type, session.offload, session.device,
+                   session.placement, session.neuron_down, session.experts, session.expert_cuts)
 
     def sparse_layers(self) -> float:
         """Share of FFN layers that took the sparse path in the last run (0 without a sparsity plan)."""

@@ -24,6 +24,7 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
     page at /."""
     from ..model.pull import resolve_model
     from ..session import Session
+    from .batch_engine import BatchEngine
     from .engine_loop import EngineLoop
     from .openai_api import create_app
 
@@ -43,7 +44,7 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
                       neuron_window=neuron_window, device=device, vram_budget=vram_budget, mmap=mmap,
                       mem_limit=mem_limit)
     cap = min(session.config.train_ctx, max_seq_len or session.config.train_ctx, kv_budget)
-    batch = session.batch_engine(kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, session.max_batch)
+    batch = BatchEngine.of_session(session, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, session.max_batch)
     batch.running.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
     loop = EngineLoop(batch, policy, (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, set(session.tokenizer.end_of_generation))
     name = Path(session.path).stem  # e.g. SmolLM2-135M-Instruct.Q4_1
@@ -69,6 +70,15 @@ def api_key_of(args) -> str | None:
     return args.api_key
 
 
+def served_api_key(args) -> str | None:
+    """The key `pyinfer serve` checks (api_key_of), with a warning where the server listens beyond this machine
+    without one."""
+    api_key = api_key_of(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        print(f"pyinfer: warning: serving on {args.host} without an API key", file=sys.stderr)
+    return api_key
+
+
 def server_options(args, api_key: str | None) -> dict:
     """build_server's keyword arguments from `pyinfer serve`'s (one place for the plain and the Ray server)."""
     return dict(model_path=args.model, kv_budget=args.kv_budget, policy=args.scheduler, n_threads=args.threads,
@@ -82,22 +92,12 @@ def server_options(args, api_key: str | None) -> dict:
 
 
 def serve(args) -> int:
+    """`pyinfer serve` on one process (`--replicas N` is ray_serve.py's, which the command line calls instead)."""
     import uvicorn
 
     from .http_limits import uvicorn_config
 
-    api_key = api_key_of(args)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        print(f"pyinfer: warning: serving on {args.host} without an API key", file=sys.stderr)
-    options = server_options(args, api_key)
-    if args.replicas is not None:
-        from ..model.pull import resolve_model
-        from .ray_serve import serve_replicas
-
-        # Replicas load the model themselves: they get a path (the same one on every machine of a cluster).
-        options["model_path"] = str(resolve_model(args.model).resolve())
-        return serve_replicas(args, options)
-    app, loop, model = build_server(**options)
+    app, loop, model = build_server(**server_options(args, served_api_key(args)))
     loop.start()
     page = "" if args.no_webui else f"chat page http://{args.host}:{args.port}/, "
     print(f"pyinfer: serving {model.path} on http://{args.host}:{args.port}/v1 ({page}"

@@ -185,7 +185,7 @@ def measure_choice(session, plan, gate_plan=None, tokens: int = DECODE_TOKENS, r
 def _engine(session, plan, n_ctx: int, max_tokens: int):
     """An engine for `plan` (None: dense) built as the session builds its own."""
     from ..runtime.sparse_ffn import SparseRuns
-    from ..session import build_running
+    from ..runtime.running import build_running
 
     return build_running(session.gguf, session.config, n_ctx, max_tokens, session.n_threads, plan, SparseRuns(),
                          session.neuron_down, session.cache_type)

@@ -194,3 +194,8 @@ class SparsityPlan:
         if n_ff is not None and any(len(lp.perm) != n_ff for lp in layers):
             raise SparsityFileError(f"{path} is for an FFN width other than this model's {n_ff}")
         return plan
+
+
+def selective_layers(plan: SparsityPlan) -> list[bool]:
+    """Layers whose decode reads only the neurons their predictor picks (the rest stream whole tails)."""
+    return [lp.predictor is not None and lp.hot < len(lp.perm) for lp in plan.layers]

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType, quants
 
 from ..errors import ModelFormatError
 from ..model.config import LlamaConfig
+from ..model.arch import open_model
 from ..model.gguf_file import GGUFModelFile
 from .plan import LayerPlan, Predictor, SparsityPlan
 
@@ -68,7 +69,7 @@ def gpu_index(model_path: str | Path, n_layers: int) -> dict | None:
     path = Path(str(model_path) + ".generated.gpuidx")
     if not path.is_file():
         return None
-    f = GGUFModelFile(path)
+    f = open_model(path)
     per_layer = []
     for il in range(n_layers):
         t = f.tensors.get(f"blk.{il}.gpu_idx")

@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType, quants
 from torch import nn
 
 from ..errors import PyinferError
+from ..model.arch import model_config
 from ..model.gguf_file import GGUFModelFile
 
 FFN_PARTS = ("ffn_gate", "ffn_up", "ffn_down")
@@ -36,7 +37,7 @@ class Llama(nn.Module):
 
     def __init__(self, gguf: GGUFModelFile, activation: str = "silu", dtype: torch.dtype = torch.float32):
         super().__init__()
-        cfg = gguf.llama_config()
+        cfg = model_config(gguf)
         if gguf.architecture != "llama" or cfg.post_norms or cfg.qk_norm:
             raise PyinferError(f"relufy supports the llama architecture; this model is {gguf.architecture}")
         self.cfg, self.activation = cfg, activation
