@@ -154,11 +154,11 @@ class Session:
                      progress: bool):
         """The split of a total memory limit (offload/memory.py), measured now that metadata, tokenizer and
         sparsity plan are loaded; None without a limit."""
+        if mem_limit is None:
+            return None
         from .offload.memory import mapped_note, plan_memory
         from .tools.sizes import parse_size
 
-        if mem_limit is None:
-            return None
         limit = parse_size(mem_limit)
         if ram_budget is not None and not str(ram_budget).endswith(".json"):
             raise PyinferError("give a memory limit (--mem-limit) or a weight budget (--ram-budget), not both; "

@@ -77,6 +77,21 @@ def test_emulated_prefill_matches_token_by_token_decode(float_model_path):
     assert np.abs(got - decode_logits(dense, TOKENS)).max() > 1e-3  # and it really is sparse
 
 
+def test_a_sparse_load_without_a_ram_budget_never_enters_offload(float_model_path, tmp_path):
+    """offload/ (bundle files, neuron caches, I/O) is on the path of a load that streams, and of no other."""
+    import subprocess
+    import sys
+
+    fp = pyinfer.load(float_model_path, n_threads=1, n_ctx=64).gguf.fingerprint()
+    plan = all_active_plan(fp, threshold=0.05).save(tmp_path / "plan.npz")
+    code = ("import sys, pyinfer; m = pyinfer.load(sys.argv[1], n_threads=1, n_ctx=64, sparsity=sys.argv[2], "
+            "progress=False); m.eval([5, 17, 33]); assert m.sparsity is not None; "
+            "print(sorted(n for n in sys.modules if n.startswith('pyinfer.offload')))")
+    out = subprocess.run([sys.executable, "-c", code, float_model_path, str(plan)], capture_output=True, text=True,
+                         check=True, cwd=tmp_path)
+    assert out.stdout.strip() == "[]"
+
+
 @pytest.fixture(scope="module")
 def relu_model_path(tmp_path_factory):
     return str(write_tiny_llama(tmp_path_factory.mktemp("relu") / "tiny-relu.gguf", seed=5, matrix_type=Q.F32,
