@@ -29,8 +29,8 @@ def make_engines(threads: int, configs: list[str]) -> tuple[object, dict]:
     plan = resolve_sparsity("auto", m.gguf, m.config, m.tokenizer.encode, None, threads, progress=False)
     settings = {"dense": (None, SparseRuns()), "auto": (plan, SparseRuns()),
                 "forced sparse": (plan, SparseRuns.every_token(16))}
-    engines = {c: BatchEngine(m.gguf, m.config, 16 * max(BATCHES), BLOCK, 256, threads, sparsity=settings[c][0],
-                              runs=settings[c][1]) for c in configs}
+    engines = {c: BatchEngine(m.session.parts(n_threads=threads, sparsity=settings[c][0]), 16 * max(BATCHES), BLOCK,
+                              256, runs=settings[c][1]) for c in configs}
     engines["_plan"] = plan
     return m, engines
 

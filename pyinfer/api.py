@@ -13,18 +13,18 @@ from .model.tokenizer import IncrementalDecoder
 from .runtime.sampling import Sampler, SamplingParams
 from .runtime.sparse_ffn import SparseRuns
 from .runtime.stops import apply_stops
+from .options import LoadOptions
 from .session import MAX_BATCH, Session
 
 
-def load(path_or_name: str | os.PathLike | None = None, n_threads: int | None = None, n_ctx: int = 2048,
-         isa: str = "auto", sparsity="off", target: float | None = None, **kwargs) -> "Model":
-    """Loads a GGUF model. `path_or_name`: a file, or None / "smollm2" for the default model.
-    `sparsity`: "off", "auto" (calibrate on first use, then cached) or a sparsity file from
-    `pyinfer train-predictors`; `target`: FFN sparsity for "auto" (default 0.4; a Mixture of Experts: the share of
-    each chosen expert's neurons decode skips, none without a target). Other keywords go to `Model`
-    (cache_type="q8_0", neuron_down, ...)."""
-    return Model(resolve_model(path_or_name), n_threads=n_threads, n_ctx=n_ctx, isa=isa, sparsity=sparsity,
-                 target=target, **kwargs)
+def load(path_or_name: str | os.PathLike | None = None, *, n_ctx: int = 2048, emulate_prefill: bool = False,
+         options: LoadOptions | None = None, **load_options) -> "Model":
+    """Loads a GGUF model. `path_or_name`: a file, or None / "smollm2" for the default model. `n_ctx`: the KV
+    cache's rows. The load's options are `options` (a LoadOptions) and/or its fields as keywords:
+    n_threads, sparsity ("off", "auto" or a file), target, cache_type, ram_budget, mem_limit, device, vram_budget,
+    mmap, ... (see LoadOptions)."""
+    return Model(resolve_model(path_or_name), n_ctx=n_ctx, emulate_prefill=emulate_prefill, options=options,
+                 **load_options)
 
 
 class Model:
@@ -33,35 +33,15 @@ class Model:
     finds its sequence displaced from the cache by another caller prefills it again. A dense model's callers get
     exactly what they would have got alone; a sparse one's re-prefilled tokens run dense (as prompts do)."""
 
-    def __init__(self, path: str | os.PathLike, n_threads: int | None = None, n_ctx: int = 2048, isa: str = "auto",
-                 sparsity="off", target: float | None = None, emulate_prefill: bool = False, progress: bool = True,
-                 neuron_down: str = "auto", cache_type: str = "f16", ram_budget: str | int | None = None,
-                 neuron_cache: float | None = None, neuron_window: float | None = None, device: str = "cpu",
-                 vram_budget: str | int | None = None, mmap: bool | None = None, mem_limit: str | int | None = None):
-        """`emulate_prefill`: many-token runs compute exactly what sparse decode would (for perplexity of
-        the sparse path); by default prefill runs dense. `cache_type`: the KV cache's element type, "f16"
-        (default) or "q8_0" (half the memory and bytes read per decode step, llama.cpp's -ctk/-ctv q8_0).
-        `ram_budget` (bytes, a size such as "80M", or a plan file from `pyinfer plan`): the most bytes of
-        weights kept in RAM; the FFN neurons
-        that do not fit are streamed from a bundle file written next to the sparsity cache (needs a
-        sparsity plan). Results equal the in-RAM run of the same plan bit for bit. `neuron_cache`: the share of
-        the budget above the minimum kept as an LRU cache of cold neurons read for earlier tokens (predictor
-        plans), instead of more resident hot neurons. `neuron_window`: the share of each predictor layer's
-        neurons after its resident ones read ahead every token (hidden behind the compute of earlier layers)
-        instead of on demand. `device`: "cpu" (default), "cuda"/"cuda:N" (hot FFN neurons and, if it fits,
-        the output head on the GPU, the rest on the CPU, both at once), or "standin" (a second CPU backend
-        standing in for the GPU). `vram_budget`: bytes of GPU memory (a size, or a file from `pyinfer place`;
-        default: free memory less 512 MiB). `mmap` None (default): the weights are read into memory, on 2 MiB pages
-        where the OS grants them, when the model runs whole in RAM on the CPU (no `mem_limit`, no `ram_budget`) and
-        the file takes at most half the available memory; otherwise mapped from the file. True: always mapped
-        (llama.cpp's default); False: always read (llama.cpp's --no-mmap). `mem_limit` (bytes or a size such as "2G"): the whole process stays under it
-        (runtime, KV cache, buffers, weights kept in RAM, the page cache it uses); the weight budget is what the
-        rest leaves, the model streams FFN neurons from disk where it must (with a sparsity plan), and a limit
-        below the minimum is refused with the minimum. `memory()` reports where it went."""
+    def __init__(self, path: str | os.PathLike, *, n_ctx: int = 2048, emulate_prefill: bool = False,
+                 options: LoadOptions | None = None, **load_options):
+        """`n_ctx`: the KV cache's rows. `emulate_prefill`: many-token runs compute exactly what sparse decode would
+        (for perplexity of the sparse path); by default prefill runs dense. The load's options: `options` and/or
+        LoadOptions' fields as keywords (see LoadOptions). `memory()` reports where the memory went."""
         if not isinstance(n_ctx, int) or n_ctx < 1:
             raise PyinferError(f"n_ctx must be a positive integer, got {n_ctx!r}")
-        s = Session(path, n_ctx, n_threads, sparsity, target, neuron_down, cache_type, ram_budget, neuron_cache,
-                    neuron_window, device, vram_budget, progress, mmap, mem_limit, min(MAX_BATCH, n_ctx))
+        self.options = LoadOptions.of(options, **load_options)
+        s = Session(path, n_ctx, self.options, min(MAX_BATCH, n_ctx))
         self.session = s
         self.path, self.gguf, self.config, self.tokenizer = s.path, s.gguf, s.config, s.tokenizer
         self.n_threads, self.cache_type = s.n_threads, s.cache_type
@@ -71,7 +51,7 @@ class Model:
         self.emulate_prefill = emulate_prefill and self.sparsity is not None
         # One sequence: decode sparse, every prompt dense, however short (PowerInfer-2's split).
         runs = SparseRuns.every_token(self._max_batch) if emulate_prefill else SparseRuns(max_tokens=1)
-        self._run = s.build(n_ctx, self._max_batch, runs, isa)
+        self._run = s.build(n_ctx, self._max_batch, runs)
         if s.memory is not None:
             from .offload.memory import trim_heap
 

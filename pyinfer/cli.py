@@ -273,34 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args, **kwargs):
+def _load(args, emulate_prefill: bool = False, **changes):
+    """The command's model: its flags read once into LoadOptions, with a command's own `changes` over them."""
     from .api import load
+    from .options import LoadOptions
 
-    if args.threads is not None and args.threads < 1:
-        raise PyinferError("--threads must be at least 1")
-    sparsity = kwargs.pop("sparsity", getattr(args, "sparsity", "off"))
-    target = getattr(args, "target", None)
-    if target is not None and not 0.0 <= target < 1.0:
-        raise PyinferError("--target must be in [0, 1)")
-    cache = getattr(args, "cache_type", "f16")
-    budget = getattr(args, "ram_budget", None)
-    if budget is not None:
-        kwargs.setdefault("ram_budget", budget)
-    if getattr(args, "mem_limit", None) is not None:
-        kwargs.setdefault("mem_limit", args.mem_limit)
-    if getattr(args, "device", "cpu") != "cpu" or getattr(args, "vram_budget", None) is not None:
-        kwargs.setdefault("device", getattr(args, "device", "cpu"))
-        kwargs.setdefault("vram_budget", getattr(args, "vram_budget", None))
-    for flag, key in (("--neuron-cache", "neuron_cache"), ("--neuron-window", "neuron_window")):
-        share = getattr(args, key, None)
-        if share is not None:
-            if budget is None and getattr(args, "mem_limit", None) is None:
-                raise PyinferError(f"{flag} needs --ram-budget or --mem-limit")
-            kwargs.setdefault(key, share)  # a caller's own value (plan --verify) wins
-    if getattr(args, "no_mmap", False) or getattr(args, "mmap", False):
-        kwargs.setdefault("mmap", bool(getattr(args, "mmap", False)))
-    return load(args.model, n_threads=args.threads, n_ctx=args.ctx, sparsity=sparsity, target=target,
-                cache_type=cache, **kwargs)
+    return load(args.model, n_ctx=args.ctx, emulate_prefill=emulate_prefill,
+                options=LoadOptions.from_args(args, **changes))
 
 
 def _sampling(args) -> dict:

@@ -5,6 +5,7 @@ its placement, and builds graphs and engines from them; callers run an engine th
 never reach into the engine itself."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from .model.arch import model_config, open_model
 from .model.tokenizer import Tokenizer
 from .place.device import check_cuda, resolve_expert_placement, resolve_placement
 from .runtime.model_graph import CACHE_TYPES
-from .runtime.running import RunningModel, build_running, parse_device
+from .options import LoadOptions
+from .runtime.running import ModelParts, RunningModel, build_running, parse_device
 from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
 from .runtime.threads import default_threads, physical_cores
 from .sparsity.plan import selective_layers
@@ -43,22 +45,20 @@ def reads_into_memory(path, mem_limit, ram_budget, device) -> bool:
 
 class Session:
     """`path`: a GGUF file. `kv_rows`: the KV rows a placement must leave room for (a model's n_ctx, a server's
-    KV budget). The other options are load()'s (see api.Model)."""
+    KV budget). `options`: load()'s (options.py), read here and nowhere else."""
 
-    def __init__(self, path: str | os.PathLike, kv_rows: int, n_threads: int | None = None, sparsity="off",
-                 target: float | None = None, neuron_down: str = "auto", cache_type: str = "f16",
-                 ram_budget: str | int | None = None, neuron_cache: float | None = None,
-                 neuron_window: float | None = None, device: str = "cpu", vram_budget: str | int | None = None,
-                 progress: bool = True, mmap: bool | None = None, mem_limit: str | int | None = None,
+    def __init__(self, path: str | os.PathLike, kv_rows: int, options: LoadOptions = LoadOptions(),
                  max_batch: int = MAX_BATCH):
         from .sparsity.resolve import resolve_sparsity
 
-        if cache_type not in CACHE_TYPES:
-            raise PyinferError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
-        if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
-            raise PyinferError(f"n_threads must be a positive integer, got {n_threads!r}")
-        if neuron_down not in NEURON_DOWN_CHOICES:
-            raise PyinferError(f"neuron_down must be one of {', '.join(NEURON_DOWN_CHOICES)}, got {neuron_down!r}")
+        self.options = options
+        o = options
+        n_threads, sparsity, target, neuron_down, cache_type = o.n_threads, o.sparsity, o.target, o.neuron_down, \
+            o.cache_type
+        ram_budget, neuron_cache, neuron_window, mem_limit = o.ram_budget, o.neuron_cache, o.neuron_window, o.mem_limit
+        device, vram_budget, progress, mmap = o.device, o.vram_budget, o.progress, o.mmap
+        self.offload = self.experts = self.expert_cuts = self.placement = None  # what parts() reads before they are set
+        self.device, self.isa = str(device), o.isa
         self.path = str(path)
         if mem_limit is not None:
             import gc
@@ -84,7 +84,7 @@ class Session:
                   f"the default is {default_threads(device)}", file=sys.stderr)
         self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
                                          self.n_threads, progress)
-        self.expert_cuts = None  # a Mixture of Experts given a target: CATS inside its experts in decode
+        # self.expert_cuts: a Mixture of Experts given a target: CATS inside its experts in decode
         if self.config.is_moe and sparsity == "auto" and target:
             from .sparsity.expert_cuts import resolve_expert_cuts
 
@@ -122,20 +122,18 @@ class Session:
                 raise PyinferError("neuron cache and read-ahead window shares split a neuron offload; a "
                                    "Mixture-of-Experts model's expert cache takes what its RAM budget leaves")
             expert_budget, ram_budget = ram_budget, None
-        self.offload = None  # FFN neurons streamed under a RAM budget (offload/, entered only when one is asked for)
+        # self.offload: FFN neurons streamed under a RAM budget (offload/, entered only when one is asked for)
         if ram_budget is not None or neuron_cache is not None or neuron_window is not None:
             from .offload.setup import make_offload
 
             self.offload = make_offload(self.gguf, self.config, self.sparsity, neuron_down, ram_budget, neuron_cache,
                                         neuron_window, progress, self.memory)
-        self.experts = None  # a Mixture of Experts whose experts do not fit the limit or budget: they stream
+        # self.experts: a Mixture of Experts whose experts do not fit the limit or budget: they stream
         if self.config.is_moe and (self.memory is not None or expert_budget is not None):
             from .offload.experts import make_expert_offload
 
             self.experts = make_expert_offload(self, expert_budget, progress)
-        self.device = str(device)
         self.kind, self.index = parse_device(device)
-        self.placement = None
         if self.kind == "cpu" and vram_budget is not None:
             raise PyinferError("a VRAM budget (--vram-budget) needs a device: cuda or standin (--device)")
         if self.kind != "cpu":
@@ -169,8 +167,8 @@ class Session:
         weights = self.gguf.weight_bytes
 
         def engine_bytes(batch: int) -> tuple[int, int]:  # a probe engine over the mapped weights, never run
-            r = build_running(self.gguf, self.config, kv_rows, min(batch, kv_rows), 1, None, SparseRuns.never(),
-                              cache_type=self.cache_type)
+            r = build_running(ModelParts(self.gguf, self.config, 1, cache_type=self.cache_type), kv_rows,
+                              min(batch, kv_rows), SparseRuns.never())
             return r.engine.state_bytes, r.engine.scratch_bytes
 
         self.gguf.advise_random(True)  # the probe's small reads (norms) fault in their own pages only
@@ -188,13 +186,18 @@ class Session:
         return plan
 
     # ---- engines ----------------------------------------------------------------------------------------
-    def build(self, n_ctx: int, max_tokens: int, runs: SparseRuns, isa: str = "auto",
+    def parts(self, **changes) -> ModelParts:
+        """What this session's graphs are built from (runtime/running.py), with `changes` (the auto choice's other
+        plans)."""
+        return dataclasses.replace(ModelParts(self.gguf, self.config, self.n_threads, self.sparsity, self.neuron_down,
+                                              self.cache_type, self.offload, self.device, self.placement, self.isa,
+                                              self.experts, self.expert_cuts), **changes)
+
+    def build(self, n_ctx: int, max_tokens: int, runs: SparseRuns,
               paged: tuple[int, int] | None = None) -> RunningModel:
         """The model's graph over a KV cache of n_ctx rows (paged: (block size, max blocks per sequence)) and
         an engine running up to max_tokens tokens per run."""
-        return build_running(self.gguf, self.config, n_ctx, max_tokens, self.n_threads, self.sparsity, runs,
-                             self.neuron_down, self.cache_type, self.offload, paged, self.device, self.placement, isa,
-                             self.experts, self.expert_cuts)
+        return build_running(self.parts(), n_ctx, max_tokens, runs, paged)
 
     # ---- text -------------------------------------------------------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:

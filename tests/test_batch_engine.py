@@ -15,8 +15,8 @@ def test_batched_sequences_match_single_sequence_runs(tiny_model_path, tmp_path,
         from tiny_model import write_tiny_llama
         path = str(write_tiny_llama(tmp_path / "hd32.gguf", config={"n_heads": 2, "n_kv_heads": 1}))
     m = pyinfer.load(path, n_threads=2, n_ctx=128, cache_type=cache)
-    be = BatchEngine(m.gguf, m.config, num_blocks=12, block_size=4, max_seq_len=40, n_threads=2, max_batch_tokens=8,
-                     cache_type=cache)
+    be = BatchEngine(m.session.parts(n_threads=2, cache_type=cache), num_blocks=12, block_size=4, max_seq_len=40,
+                     max_batch_tokens=8)
     a, b = [5, 9, 13, 40, 41, 7, 8], [60, 61, 3]
     # blocks deliberately scattered and interleaved between the two sequences
     ta, tb = [7, 2, 9], [4, 11]
@@ -33,7 +33,7 @@ def test_bad_block_table_is_refused(tiny_model_path):
     import pytest
 
     m = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64)
-    be = BatchEngine(m.gguf, m.config, num_blocks=4, block_size=4, max_seq_len=16, n_threads=1, max_batch_tokens=8)
+    be = BatchEngine(m.session.parts(n_threads=1), num_blocks=4, block_size=4, max_seq_len=16, max_batch_tokens=8)
     with pytest.raises(pyinfer.PyinferError, match="KV block 9 out of range"):
         be.step([SeqWork(0, [1, 2], 0, [9])])   # block 9 does not exist
     with pytest.raises(pyinfer.PyinferError, match="not covered by its 1 KV blocks"):
@@ -90,8 +90,8 @@ def test_union_batches_match_single_sequence_sparse_decode(tiny_model_path, mode
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     plan = varied_plan(m.gguf.fingerprint(), mode)
     single = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, emulate_prefill=True)
-    be = BatchEngine(single.gguf, single.config, num_blocks=8, block_size=4, max_seq_len=16, n_threads=2,
-                     sparsity=plan, runs=SparseRuns.every_token(16))  # the prompts too
+    be = BatchEngine(single.session.parts(n_threads=2, sparsity=plan), num_blocks=8, block_size=4, max_seq_len=16,
+                     runs=SparseRuns.every_token(16))  # the prompts too
     prompts = [[5, 9, 13], [60, 61], [7, 7, 8, 9]]
     tables = [[0], [3], [5, 6]]
     be.step([SeqWork(i, p, 0, t) for i, (p, t) in enumerate(zip(prompts, tables))])
@@ -107,8 +107,8 @@ def test_dense_union_falls_back_to_the_dense_ffn(tiny_model_path):
     """Break-evens below zero send every run dense: the logits are the dense model's."""
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     plan = varied_plan(m.gguf.fingerprint(), "threshold")
-    be = BatchEngine(m.gguf, m.config, num_blocks=8, block_size=4, max_seq_len=16, n_threads=2,
-                     sparsity=plan, runs=SparseRuns.never())
+    be = BatchEngine(m.session.parts(n_threads=2, sparsity=plan), num_blocks=8, block_size=4, max_seq_len=16,
+                     runs=SparseRuns.never())
     a, b = [5, 9, 13], [60, 61]
     be.step([SeqWork(0, a, 0, [0]), SeqWork(1, b, 0, [3])])
     got = be.step([SeqWork(0, [17], 3, [0]), SeqWork(1, [18], 2, [3])])
@@ -130,8 +130,8 @@ def test_offloaded_batch_engine_equals_in_ram(tiny_model_path, tmp_path, monkeyp
     plan = varied_plan(m.gguf.fingerprint(), mode)
     layout = open_or_write(tmp_path, m.gguf, m.config, plan, pick_neuron_down(plan, "auto"), progress=False)
     off = OffloadedFfn(m.gguf, m.config, plan, "auto", minimum_budget(m.gguf, plan, layout), tmp_path, progress=False)
-    engines = [BatchEngine(m.gguf, m.config, num_blocks=8, block_size=4, max_seq_len=16, n_threads=2, sparsity=plan,
-                           offload=o) for o in (None, off)]
+    engines = [BatchEngine(m.session.parts(n_threads=2, sparsity=plan, offload=o), num_blocks=8, block_size=4,
+                           max_seq_len=16) for o in (None, off)]
     prompts, tables = [[5, 9, 13], [60, 61], [7, 7, 8, 9]], [[0, 1], [3, 4], [5, 6]]
     outs = [[be.step([SeqWork(i, p, 0, t) for i, (p, t) in enumerate(zip(prompts, tables))])] for be in engines]
     for step in range(3):

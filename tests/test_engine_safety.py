@@ -49,9 +49,10 @@ def test_four_threads_generate_what_they_would_alone(real_model):
 def test_four_threads_on_one_engine(tiny_model_path):
     """The C++ engine alone: concurrent runs are serialized (before: both callers drove the pool as thread 0)."""
     from pyinfer.runtime.sparse_ffn import SparseRuns
+    from pyinfer.options import LoadOptions
     from pyinfer.session import Session
 
-    eng = Session(tiny_model_path, 64, n_threads=2).build(64, 64, SparseRuns(max_tokens=1)).engine
+    eng = Session(tiny_model_path, 64, LoadOptions(n_threads=2)).build(64, 64, SparseRuns(max_tokens=1)).engine
     ids = np.array([1, 5, 9, 13], np.int32)
     pos = np.arange(4, dtype=np.int32)
     eng.run(4, ids, pos, np.array([3], np.int32))

@@ -23,6 +23,7 @@ RANKS = {
     "pyinfer.model.arch": 4,            # one file per architecture, in terms of the writers
     "pyinfer.runtime.model_graph": 5,   # a model's graph from its architecture
     "pyinfer.runtime.running": 5,       # a graph and its engine (build_running, RunningModel)
+    "pyinfer.options": 5,               # LoadOptions: read by the session, the server and the command line
     "pyinfer.sparsity": 6,              # offline: profiles, thresholds, predictors, auto choice
     "pyinfer.train": 6,
     "pyinfer.place": 7,                 # offline: the HiGHS programs, reading profiles

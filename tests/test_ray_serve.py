@@ -19,10 +19,11 @@ KEY = "ray-key"
 
 @pytest.fixture(scope="module")
 def endpoint(real_model_path):
+    from pyinfer.options import LoadOptions
     from pyinfer.serve import ray_serve
 
     port = serve_helpers.free_port()
-    options = dict(model_path=real_model_path, kv_budget=1024, n_threads=1, api_key=KEY)
+    options = dict(model_path=real_model_path, kv_budget=1024, api_key=KEY, options=LoadOptions(n_threads=1))
     ray_serve.start(options, replicas=2, threads=1, host="127.0.0.1", port=port, max_concurrent=32,
                     max_body_bytes=1 << 20, app_name="pyinfer-test")
     base = f"http://127.0.0.1:{port}"

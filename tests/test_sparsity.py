@@ -435,7 +435,7 @@ def test_each_layers_ffn_is_timed_on_its_own(tiny_model_path):
     from pyinfer.runtime.running import build_running
 
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
-    run = build_running(m.session.gguf, m.config, 32, 16, 2, None, SparseRuns())
+    run = build_running(m.session.parts(n_threads=2, sparsity=None), 32, 16, SparseRuns())
     ids = np.array(TOKENS * 3, np.int32)
     seconds = decode_ffn_seconds(run, ids, 8, 6)
     assert seconds.shape == (m.config.n_layers,) and np.all(seconds > 0)

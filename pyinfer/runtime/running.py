@@ -31,20 +31,41 @@ def engine_backends(kind: str, index: int, n_threads: int, placement: list[int])
             "backend_kinds": ["cpu", "cpu" if kind == "standin" else f"cuda:{index}"]}
 
 
-def build_running(gguf, cfg, n_ctx: int, max_tokens: int, n_threads: int, sparsity, runs: SparseRuns,
-                  neuron_down: str = "auto", cache_type: str = "f16", offload=None, paged=None, device: str = "cpu",
-                  placement: dict | None = None, isa: str = "auto", experts=None, expert_cuts=None) -> RunningModel:
-    """The one place a graph and its engine are made from a model's parts (Session.build, BatchEngine)."""
-    kind, index = parse_device(device)
+@dataclass(frozen=True)
+class ModelParts:
+    """What a graph and its engine are built from: the model's file and hyper-parameters, and what its session
+    resolved from the load's options (the sparsity plan, the offload weight source, the device and its placement,
+    a Mixture of Experts' streamed experts and cuts). Session.parts() makes it; the auto choice and the memory
+    probe change a field or two."""
+    gguf: object
+    config: object
+    n_threads: int
+    sparsity: object = None
+    neuron_down: str = "auto"
+    cache_type: str = "f16"
+    offload: object = None
+    device: str = "cpu"
+    placement: dict | None = None
+    isa: str = "auto"
+    experts: object = None
+    expert_cuts: object = None
+
+
+def build_running(parts: ModelParts, n_ctx: int, max_tokens: int, runs: SparseRuns,
+                  paged: tuple[int, int] | None = None) -> RunningModel:
+    """The one place a graph and its engine are made from a model's parts (Session.build, BatchEngine, the auto
+    choice's engines). `paged`: (block size, max blocks per sequence) for a server's paged KV cache."""
+    p = parts
+    kind, index = parse_device(p.device)
     try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line
-        b = build_model_graph(gguf, cfg, n_ctx, sparsity, runs, down_type=neuron_down, paged=paged,
-                              cache_type=cache_type, offload=offload,
-                              hybrid=dict(placement, device=1) if placement else None, experts=experts,
-                              expert_cuts=expert_cuts)
-        engine = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=n_threads, isa=isa,
-                              **engine_backends(kind, index, n_threads, b.placement))
+        b = build_model_graph(p.gguf, p.config, n_ctx, p.sparsity, runs, down_type=p.neuron_down, paged=paged,
+                              cache_type=p.cache_type, offload=p.offload,
+                              hybrid=dict(p.placement, device=1) if p.placement else None, experts=p.experts,
+                              expert_cuts=p.expert_cuts)
+        engine = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=p.n_threads,
+                              isa=p.isa, **engine_backends(kind, index, p.n_threads, b.placement))
     except ValueError as e:
-        raise PyinferError(f"{gguf.path.name}: {e}") from None
+        raise PyinferError(f"{p.gguf.path.name}: {e}") from None
     return RunningModel(engine, [t.id for t in b.unions], b.ffn_nodes)
 
 

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PyinferError
-from ..model.config import LlamaConfig
-from ..model.gguf_file import GGUFModelFile
-from ..runtime.running import build_running
+from ..runtime.running import ModelParts, build_running
 from ..runtime.sparse_ffn import SparseRuns
 
 
@@ -27,21 +25,18 @@ class SeqWork:
 
 
 class BatchEngine:
-    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, num_blocks: int, block_size: int, max_seq_len: int,
-                 n_threads: int, max_batch_tokens: int = 512, sparsity=None, runs: SparseRuns = SparseRuns(),
-                 cache_type: str = "f16", offload=None, device: str = "cpu", placement: dict | None = None,
-                 neuron_down: str = "auto", experts=None, expert_cuts=None):
-        """`offload`: an offload.OffloadedFfn streaming the FFN neurons that do not fit a RAM budget. With
-        `sparsity`, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the sparse FFN over
-        the union of their active neurons while it is sparse enough (sparse_ffn.py). `device` and `placement`
-        (place/device.py): the hybrid CPU/GPU split, as load(device=...) runs it. The server builds it through
-        BatchEngine.of_session, from the same parts as the Python API's model."""
-        self.cfg, self.block_size, self.num_blocks = cfg, block_size, num_blocks
+    def __init__(self, parts: ModelParts, num_blocks: int, block_size: int, max_seq_len: int,
+                 max_batch_tokens: int = 512, runs: SparseRuns = SparseRuns()):
+        """`parts`: the model's parts, as its session resolved them (runtime/running.py ModelParts: with a
+        `sparsity` plan, runs of up to runs.max_tokens tokens (a step of decoding sequences) take the sparse FFN over
+        the union of their active neurons while it is sparse enough; an `offload` streams the FFN neurons that do
+        not fit a RAM budget; `device` and `placement` are the hybrid CPU/GPU split, as load(device=...) runs it).
+        The server builds it through BatchEngine.of_session, from the same parts as the Python API's model."""
+        self.cfg, self.block_size, self.num_blocks = parts.config, block_size, num_blocks
         self.max_blocks = -(-max_seq_len // block_size)
         self.max_batch_tokens = max_batch_tokens
-        self.running = build_running(gguf, cfg, num_blocks * block_size, max_batch_tokens, n_threads, sparsity, runs,
-                                     neuron_down, cache_type, offload, (block_size, self.max_blocks), device,
-                                     placement, experts=experts, expert_cuts=expert_cuts)
+        self.running = build_running(parts, num_blocks * block_size, max_batch_tokens, runs,
+                                     (block_size, self.max_blocks))
         self.engine = self.running.engine
 
     @classmethod
@@ -49,9 +44,7 @@ class BatchEngine:
                    runs: SparseRuns = SparseRuns()) -> BatchEngine:
         """The server's engine for a session's model: many sequences over a paged KV cache of num_blocks *
         block_size rows."""
-        return cls(session.gguf, session.config, num_blocks, block_size, max_seq_len, session.n_threads,
-                   max_batch_tokens, session.sparsity, runs, session.cache_type, session.offload, session.device,
-                   session.placement, session.neuron_down, session.experts, session.expert_cuts)
+        return cls(session.parts(), num_blocks, block_size, max_seq_len, max_batch_tokens, runs)
 
     def sparse_layers(self) -> float:
         """Share of FFN layers that took the sparse path in the last run (0 without a sparsity plan)."""

@@ -284,9 +284,9 @@ def build_app(server_options: dict, replicas: int, threads: int, max_concurrent:
     device each replica asks Ray for a GPU of its own (Ray sets its CUDA_VISIBLE_DEVICES, so it sees it as
     device 0): one replica per GPU."""
     actor_options = {"num_cpus": threads}
-    if str(server_options.get("device", "cpu")).startswith("cuda"):
+    if str(server_options["options"].device).startswith("cuda"):
         actor_options["num_gpus"] = 1
-        server_options = dict(server_options, device="cuda")
+        server_options = dict(server_options, options=server_options["options"].but(device="cuda"))
     engine = serve.deployment(
         EngineReplica, name="EngineReplica", num_replicas=replicas,
         ray_actor_options=actor_options,
@@ -330,8 +330,9 @@ def start(server_options: dict, replicas: int, threads: int, host: str, port: in
         raise PyinferError(f"{replicas} replicas of {threads} thread(s) need {replicas * threads} CPUs; the Ray "
                            f"cluster has {cpus}: use fewer --replicas or --threads (or add machines)")
     serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": "WARNING"})
-    serve.run(build_app(dict(server_options, n_threads=threads), replicas, threads, max_concurrent, max_body_bytes,
-                        app_name), name=app_name, route_prefix="/", blocking=False)
+    options = dict(server_options, options=server_options["options"].but(n_threads=threads))
+    serve.run(build_app(options, replicas, threads, max_concurrent, max_body_bytes, app_name), name=app_name,
+              route_prefix="/", blocking=False)
 
 
 def stop(app_name: str = APP_NAME, shutdown: bool = True) -> None:
@@ -351,7 +352,7 @@ def serve_replicas(args, server_options: dict) -> int:
     t0 = time.monotonic()
     # Without --threads each replica gets an equal part of the cluster's CPUs (not all of them each, which is
     # what an engine takes alone).
-    threads = server_options.get("n_threads") or max(1, connect(args.ray_address) // args.replicas)
+    threads = server_options["options"].n_threads or max(1, connect(args.ray_address) // args.replicas)
     try:
         start(server_options, args.replicas, threads, args.host, args.port, args.max_concurrent_requests,
               args.max_body_bytes, args.ray_address)

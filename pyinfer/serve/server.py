@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..errors import PyinferError
+from ..options import LoadOptions
 from .http_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT
 from .policies import POLICIES
 
@@ -13,15 +14,12 @@ DEFAULT_POLICY = "hedge"
 BLOCK_SIZE = 16
 
 
-def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_POLICY, n_threads: int | None = None,
-                 api_key: str | None = None, max_seq_len: int | None = None, sparsity="off", target=None,
-                 cache_type: str = "f16", ram_budget=None, device: str = "cpu", vram_budget=None,
-                 neuron_cache: float | None = None, neuron_window: float | None = None,
-                 max_concurrent: int = DEFAULT_MAX_CONCURRENT, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 webui: bool = True, mmap: bool | None = None, mem_limit=None):
-    """Returns (app, loop, session); call loop.start() before serving. `ram_budget` (a size or a plan file),
-    `neuron_cache`, `neuron_window`, `device`, `vram_budget`, `mmap`, `mem_limit`: as load()'s. `webui`: the chat
-    page at /."""
+def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_POLICY, api_key: str | None = None,
+                 max_seq_len: int | None = None, max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, webui: bool = True,
+                 options: LoadOptions | None = None, **load_options):
+    """Returns (app, loop, session); call loop.start() before serving. The model loads with `options` and/or
+    LoadOptions' fields as keywords, as load()'s. `webui`: the chat page at /."""
     from ..model.pull import resolve_model
     from ..session import Session
     from .batch_engine import BatchEngine
@@ -39,10 +37,8 @@ def build_server(model_path: str | None, kv_budget: int, policy: str = DEFAULT_P
         raise PyinferError("--max-body-bytes must be at least 1024")
     # One session sets up the model's parts, as the Python API's load() does: the server's engine is its batch
     # engine (many sequences over a paged KV cache); the session also serves the tokenizer and chat template.
-    session = Session(resolve_model(model_path), (kv_budget // BLOCK_SIZE) * BLOCK_SIZE, n_threads, sparsity,
-                      target, cache_type=cache_type, ram_budget=ram_budget, neuron_cache=neuron_cache,
-                      neuron_window=neuron_window, device=device, vram_budget=vram_budget, mmap=mmap,
-                      mem_limit=mem_limit)
+    session = Session(resolve_model(model_path), (kv_budget // BLOCK_SIZE) * BLOCK_SIZE,
+                      LoadOptions.of(options, **load_options))
     cap = min(session.config.train_ctx, max_seq_len or session.config.train_ctx, kv_budget)
     batch = BatchEngine.of_session(session, kv_budget // BLOCK_SIZE, BLOCK_SIZE, cap, session.max_batch)
     batch.running.reserve_memory()  # the KV budget is resident from the start: memory use is flat while serving
@@ -81,14 +77,9 @@ def served_api_key(args) -> str | None:
 
 def server_options(args, api_key: str | None) -> dict:
     """build_server's keyword arguments from `pyinfer serve`'s (one place for the plain and the Ray server)."""
-    return dict(model_path=args.model, kv_budget=args.kv_budget, policy=args.scheduler, n_threads=args.threads,
-                api_key=api_key, sparsity=args.sparsity, target=args.target, cache_type=args.cache_type,
-                ram_budget=args.ram_budget, device=args.device, vram_budget=args.vram_budget,
-                neuron_cache=args.neuron_cache, neuron_window=args.neuron_window,
+    return dict(model_path=args.model, kv_budget=args.kv_budget, policy=args.scheduler, api_key=api_key,
                 max_concurrent=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,
-                webui=not args.no_webui,
-                mmap=False if getattr(args, "no_mmap", False) else (True if getattr(args, "mmap", False) else None),
-                mem_limit=getattr(args, "mem_limit", None))
+                webui=not args.no_webui, options=LoadOptions.from_args(args))
 
 
 def serve(args) -> int:

@@ -183,12 +183,12 @@ def measure_choice(session, plan, gate_plan=None, tokens: int = DECODE_TOKENS, r
 
 
 def _engine(session, plan, n_ctx: int, max_tokens: int):
-    """An engine for `plan` (None: dense) built as the session builds its own."""
-    from ..runtime.sparse_ffn import SparseRuns
+    """An engine for `plan` (None: dense) built as the session builds its own (the auto choice runs only where
+    nothing streams and no device is used: the session's other parts are their defaults)."""
     from ..runtime.running import build_running
+    from ..runtime.sparse_ffn import SparseRuns
 
-    return build_running(session.gguf, session.config, n_ctx, max_tokens, session.n_threads, plan, SparseRuns(),
-                         session.neuron_down, session.cache_type)
+    return build_running(session.parts(sparsity=plan), n_ctx, max_tokens, SparseRuns())
 
 
 def describe(choice: dict) -> str:
