@@ -5,7 +5,7 @@ For kernel changes whose end-to-end effect drowns in this VM's noise (ab_version
 
   pip install --no-deps --target /tmp/old-pyinfer <checkout of the old commit>
   python bench/ab_kernels.py --a /tmp/old-pyinfer --b site -k "smollm2 and (dense or down_axpy)" --rounds 3
-      # writes bench/results/ab_kernels.{json,md}; --b site: the installed pyinfer (an editable install too)
+      # writes bench/results/kernels/ab_kernels.{json,md}; --b site: the installed pyinfer (an editable install too)
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from ab_versions import build_args, runner
 
 BENCH = Path(__file__).parent
-RESULTS = BENCH / "results"
+RESULTS = BENCH / "results" / "kernels"
 
 RUNNER = runner("import pytest\nsys.exit(pytest.main(sys.argv[2:]))\n")  # pytest with the build first
 
@@ -65,7 +65,7 @@ def main() -> int:
         row["ratio"] = row["b_us"] / row["a_us"]
     meta = {"a": args.a, "b": args.b, "label_a": args.label_a, "label_b": args.label_b, "rounds": args.rounds,
             "expr": args.expr, "files": args.files, "cpu": cpu, "date": time.strftime("%Y-%m-%d")}
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# Kernel benchmarks, {args.label_a} against {args.label_b} ({cpu or 'this CPU'})", "",
              f"`python bench/ab_kernels.py -k \"{args.expr}\" --rounds {args.rounds}`: the two builds in turn, separate "

@@ -4,7 +4,7 @@ decode. For a change that must not move speed (a refactor), A is the build befor
 
   pip install --no-deps --target /tmp/old-pyinfer <checkout of the old commit>
   python bench/ab_versions.py --a /tmp/old-pyinfer --b site --models smollm2-135m gemma3-270m --rounds 5
-      # writes bench/results/ab_versions.{json,md}; --b site: the installed pyinfer
+      # writes bench/results/kernels/ab_versions.{json,md}; --b site: the installed pyinfer
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "kernels"
 
 
 def runner(then: str) -> str:
@@ -78,7 +78,7 @@ def main() -> int:
                              "a_median": statistics.median(x["a"][test] for x in rows),
                              "b_median": statistics.median(x["b"][test] for x in rows)}
         out["models"][model] = {"rounds": rows, "summary": summary}
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps(out, indent=1))
     md = [f"# {args.label_b} against {args.label_a}: `pyinfer bench`, alternating processes", "",
           f"{args.threads} threads, {args.prompt_tokens}-token prefill, {args.gen_tokens} decode steps, "

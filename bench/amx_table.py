@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "kernels"
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
 
@@ -89,7 +89,7 @@ def main() -> int:
             md += [f"| {r['type']} | {r['n_tok']} | {r['avx512_ms']:.3f} | {r['amx_ms']:.3f} | {r['speedup']:.2f}x |"
                    for r in entry["kernels"]]
             md.append("")
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps(out, indent=1) + "\n")
     (RESULTS / f"{args.tag}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -5,7 +5,7 @@ and Q8_0) and run again. The quantization noise is llama.cpp's own logits on the
 F32 file: pyinfer's distance to llama.cpp on a quantized file is stated beside it.
 
   python bench/arch_check.py --vendor DIR   # DIR: vendor/llama.cpp/models of the llama-cpp-python 0.3.36 sdist
-                                            # writes bench/results/arch_check.{json,md}
+                                            # writes bench/results/robustness/arch_check.{json,md}
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from llamacpp_quantized import distance, llamacpp_logits, quantized_by_llamacpp 
 from reference_llama import reference_logits  # noqa: E402
 from tiny_model import write_tiny_arch  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "robustness"
 FTYPES = {"Q4_K_M": 15, "Q8_0": 7}  # llama_ftype
 SHAPE = dict(d_model=256, d_ff=512, n_heads=4, n_kv_heads=2, n_layers=2)
 # (what, writer kind, vocabulary file, what it checks)
@@ -115,7 +115,7 @@ def main() -> int:
             f.unlink()
     order = [c[1] for c in CASES]
     rows.sort(key=lambda r: (order.index(r["kind"]), ["F32", *FTYPES].index(r["file"])))
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "arch_check.json").write_text(json.dumps({"tokens": args.tokens, "shape": SHAPE, "rows": rows},
                                                         indent=1))
     md = ["# Architectures against llama.cpp 0.3.36", "",

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "sparsity"
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -133,7 +133,7 @@ def main() -> int:
     meta = {"threads": args.threads, "tokens": args.tokens, "rounds": args.rounds, "ppl_windows": args.ppl_windows,
             "machine": rows and machine_key(args.threads),
             "date": time.strftime("%Y-%m-%d")}
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# `--sparsity auto` against dense decode ({meta['machine']})", "",
              "`auto`'s own timing at first load (2 measurements of 6 interleaved rounds of 24 steps, 20th percentile "

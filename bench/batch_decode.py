@@ -3,7 +3,7 @@ sparsity plan with the measured break-even (`SparseRuns()`: sparse while the bat
 their union are sparse enough, else dense), and the same plan forced sparse in every run. All
 engines alternate in one process; ratios are medians of per-round ratios to dense.
 
-  python bench/batch_decode.py --rounds 3          # -> bench/results/batch_decode.{json,md}
+  python bench/batch_decode.py --rounds 3          # -> bench/results/serving/batch_decode.{json,md}
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "serving"
 BATCHES = (1, 2, 4, 8, 16)
 BLOCK = 16
 
@@ -105,7 +105,7 @@ def main() -> int:
                              sparse_layer_share=sparse_share[(c, b)]))
     meta = dict(threads=args.threads, rounds=args.rounds, steps=args.steps, machine=platform.processor() or platform.machine(),
                 date=time.strftime("%Y-%m-%d"), model="SmolLM2-135M-Instruct Q4_1", plan="auto (threshold 40%)")
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "batch_decode.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# Batched decode on the real model ({args.threads} threads, median of {args.rounds} rounds, "
              f"{args.steps} steps each)", "",

@@ -1,7 +1,7 @@
 """The batched sparse FFN against the dense FFN of the same batch (bench/test_bench_batch_union.py):
 a markdown table of time ratios, the break-even densities per batch size, and a plot.
 
-  python bench/batch_union_table.py bench/results/batch_union.json"""
+  python bench/batch_union_table.py bench/results/kernels/batch_union.json"""
 import json
 import sys
 from pathlib import Path
@@ -78,4 +78,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/batch_union.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/kernels/batch_union.json")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "sparsity"
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -161,7 +161,7 @@ def main() -> int:
               for r in rows]
     print("\n".join(lines))
     if not args.no_save:
-        RESULTS.mkdir(exist_ok=True)
+        RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "cluster_order.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         (RESULTS / "cluster_order.md").write_text("\n".join(lines) + "\n")
     return 0

@@ -28,7 +28,7 @@ import pyinfer
 from pyinfer.model.pull import resolve_model
 from pyinfer.tools.perplexity import log_softmax_at, perplexity
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "vs_llamacpp"
 PROMPT = "Once upon a time"
 
 
@@ -173,7 +173,7 @@ def main() -> int:
     out["pyinfer_bench"] = peak_rss(path, args.threads)
     out["rss_over_gguf_mb"] = out["pyinfer_bench"]["peak_rss_mb"] - out["gguf_bytes"] / 2**20
 
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}_vs_llamacpp.json").write_text(json.dumps(out, indent=1))
     md = [f"# pyinfer vs llama.cpp ({args.tag}), {out['model']}, {args.threads} threads, {out['machine']}", "",
           "| round | pyinfer decode tok/s | llama.cpp decode tok/s | ratio | pyinfer prefill tok/s | "

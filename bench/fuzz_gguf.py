@@ -6,7 +6,7 @@ render and run a chat, tokenize with special tokens and answer the server's requ
 PyinferError (an OpenAI-shaped error from the server); crashes, hangs, tracebacks and memory blow-ups are
 findings.
 
-  python bench/fuzz_gguf.py --cases 10000            # -> bench/results/fuzz_gguf.{json,md}
+  python bench/fuzz_gguf.py --cases 10000            # -> bench/results/robustness/fuzz_gguf.{json,md}
   python bench/fuzz_gguf.py --cases 300 --seed 1 --tiny tiny    # what CI runs (tests/test_fuzz_gguf.py)
 
 The tiny targets are the plain llama ("tiny") and one model of each other architecture the loader knows
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from gguf_fuzz import ALL_KINDS, ARCH_TARGETS, Fuzzer, make_cases, summarize, write_targets  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "robustness"
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a case counts as a hang")
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/fuzz_gguf.*")
+    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/robustness/fuzz_gguf.*")
     args = ap.parse_args()
     from tqdm import tqdm
     from pyinfer.model.pull import installed_default_model
@@ -57,7 +57,7 @@ def main() -> int:
     s.update(seed=args.seed, seconds=round(elapsed, 1), cases_per_s=round(len(results) / elapsed, 2),
              targets={t: sum(1 for c in cases if c.target == t) for t in sources})
     if not args.no_save:
-        RESULTS.mkdir(exist_ok=True)
+        RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "fuzz_gguf.json").write_text(json.dumps(s, indent=1))
         lines = [f"# GGUF fuzzing: {s['cases']} cases (seed {args.seed}), {s['cases_per_s']} cases/s", "",
                  f"targets: {s['targets']}; outcomes: {s['outcomes']}", "",

@@ -4,7 +4,7 @@ type or range, drops an array, changes an array's dtype or shape, or poisons one
 with the tiny model and generates three tokens, a profile goes through `pyinfer train-predictors`. Each must
 run or fail with a one-line PyinferError; a traceback is a finding (a crash ends the run).
 
-  python bench/fuzz_sidecars.py --cases 2000         # -> bench/results/fuzz_sidecars.{json,md}
+  python bench/fuzz_sidecars.py --cases 2000         # -> bench/results/robustness/fuzz_sidecars.{json,md}
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_model import write_tiny_llama  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "robustness"
 WEIRD = [None, -1, 0, 1, 2 ** 31, 2 ** 63, 1e308, float("nan"), "x", [], {}, [1, 2], True, -0.5, "relu", "gate"]
 DTYPES = [np.float64, np.float16, np.int8, np.uint8, np.int32, np.int64, np.bool_]
 
@@ -106,7 +106,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=2000, help="cases per file kind")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/fuzz_sidecars.*")
+    ap.add_argument("--no-save", action="store_true", help="do not write bench/results/robustness/fuzz_sidecars.*")
     args = ap.parse_args()
     from tqdm import tqdm
 
@@ -138,7 +138,7 @@ def main() -> int:
             summary["files"][kind] = {"cases": args.cases, "outcomes": outcomes, "findings": findings,
                                       "seconds": round(time.time() - t0, 1)}
     if not args.no_save:
-        RESULTS.mkdir(exist_ok=True)
+        RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "fuzz_sidecars.json").write_text(json.dumps(summary, indent=1))
         lines = [f"# Sidecar fuzzing (seed {args.seed}): `python bench/fuzz_sidecars.py --cases {args.cases}`", "",
                  "| file | cases | ok | one-line error | findings | seconds |", "|---|---|---|---|---|---|"]

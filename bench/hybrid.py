@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "gpu"
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PROMPT = "Once upon a time"
 

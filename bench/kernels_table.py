@@ -1,6 +1,6 @@
 """Turns pytest-benchmark JSON into a markdown table with each ISA's speedup over scalar (same run).
 
-  python bench/kernels_table.py bench/results/kernels.json > bench/results/kernels.md"""
+  python bench/kernels_table.py bench/results/kernels/kernels.json > bench/results/kernels/kernels.md"""
 import json
 import re
 import sys

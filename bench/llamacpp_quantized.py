@@ -5,7 +5,7 @@ quantized one; pyinfer's distance to llama.cpp on the quantized file is stated a
 activations in blocks of 32 for every weight type, llama.cpp in blocks of 256 (Q8_K) for K-quants: the F32 row
 (no quantization anywhere) shows the engines' floor.
 
-  python bench/llamacpp_quantized.py        # writes bench/results/llamacpp_quantized.{json,md}
+  python bench/llamacpp_quantized.py        # writes bench/results/vs_llamacpp/llamacpp_quantized.{json,md}
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from pyinfer.model.arch import open_model  # noqa: E402
 from tiny_model import write_tiny_llama  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "vs_llamacpp"
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}  # llama_ftype
 
 
@@ -82,7 +82,7 @@ def main() -> int:
         rows.append({"ftype": name, **quantized_by_llamacpp(src, tmp / f"tiny-{name}.gguf", name, ftype, ids,
                                                            f32_llamacpp)})
         print(name, json.dumps(rows[-1]), file=sys.stderr)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "llamacpp_quantized.json").write_text(json.dumps({"tokens": args.tokens, "rows": rows}, indent=1))
     md = ["# Files quantized by llama.cpp: pyinfer against llama.cpp", "",
           f"A tiny random LLaMA (2 layers, d 256, FFN 512, F32) quantized by `llama_model_quantize`; {args.tokens} "

@@ -10,7 +10,7 @@ logits are compared (the check against the reference).
 
   python bench/long_context.py --threads 2 --rounds 3              # speed, ~40 min on 2 cores
   python bench/long_context.py --ppl-only --ppl-windows 8,2         # q8_0 cache's perplexity cost
-Writes bench/results/long_context.{json,md,png}.
+Writes bench/results/long_context/long_context.{json,md,png}.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import pyinfer
 from pyinfer.model.pull import resolve_model
 from pyinfer.tools.perplexity import perplexity
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "long_context"
 DATA = Path(__file__).resolve().parents[2] / "shared/data"
 GGML_TYPE_Q8_0 = 8
 # name -> (pyinfer cache type, llama.cpp options)
@@ -197,7 +197,7 @@ def main() -> int:
         out.update(speed(args, path))
     if args.ppl_windows != "0":
         out["perplexity"] = cache_perplexity(args, path)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(out, indent=1))
     md = [f"# Long context: pyinfer vs llama.cpp, {out['model']}, {out['threads']} threads, {out['machine']}", ""]
     if "summary" in out:

@@ -7,7 +7,7 @@ Default model: bench/moe_synthetic.py's Qwen3-30B-A3B-shaped file (its gate and 
 its down adds exact zeros, so every config must decode the same tokens: checked once before timing). Random
 weights: speeds and bytes, never quality; the quality of the cuts is tests/test_moe.py's (the reference forward).
 
-  python bench/moe_expert_cuts.py --targets 0.3 0.5 0.7 --rounds 5 --tokens 64   # -> bench/results/moe_expert_cuts.*
+  python bench/moe_expert_cuts.py --targets 0.3 0.5 0.7 --rounds 5 --tokens 64   # -> bench/results/moe/moe_expert_cuts.*
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import pyinfer  # noqa: E402
 from compare_llamacpp import pyinfer_decode  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "moe"
 PROMPT = "Once upon a time"
 
 
@@ -90,7 +90,7 @@ def main() -> int:
                      "cuts": cuts.summary() if cuts is not None else None, "runs": tok_s[name]})
     meta = {"model": Path(args.model).name, "threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
             "machine": platform.processor() or platform.machine(), "isa": pyinfer._core.available_isas()}
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# Cuts inside the experts: {Path(args.model).name}, in RAM", "",
              f"{args.threads} threads, {args.tokens} greedy decode tokens, {args.rounds} rounds alternating in one "

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "moe"
 PROMPT = "Once upon a time"
 
 
@@ -131,7 +131,7 @@ def main() -> int:
     meta = {"model": Path(args.model).name, "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx,
             "rounds": args.rounds, "standin_budget": args.standin_budget, "date": time.strftime("%Y-%m-%d"),
             "cpu_seconds_per_byte": "pyinfer's default, 1e-10 (10 GB/s)", **extra}
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "program": program, "standin": runs,
                                                           "overlap_per_layer": per_layer}, indent=1))
     lines = [f"# Expert placement: {meta['model']}", "",

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+MOE_RESULTS = Path(__file__).parent / "results" / "moe"  # (offload.py's RESULTS is the neuron offload's)
+
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -228,8 +230,8 @@ def compare_variants(model: str, args, which: str) -> int:
                                                                        o["experts"].get("prefetch_wait_seconds", 0)) / n)}
                     for value, v in runs.items()}
         rows.append({"label": label, "limit_bytes": limit, "median": med_rows, "runs": runs})
-    ob.RESULTS.mkdir(exist_ok=True)
-    (ob.RESULTS / f"{tag}.json").write_text(json.dumps({"meta": {"tokens": args.tokens, "ctx": args.ctx,
+    MOE_RESULTS.mkdir(parents=True, exist_ok=True)
+    (MOE_RESULTS / f"{tag}.json").write_text(json.dumps({"meta": {"tokens": args.tokens, "ctx": args.ctx,
                                                         "rounds": args.rounds, "alpha": ALPHA, "reuse": REUSE,
                                                         "threads": args.threads, "compared": attr},
                                                "rows": rows}, indent=1))
@@ -256,7 +258,7 @@ def compare_variants(model: str, args, which: str) -> int:
                      f"{f(ratio, '.2f')}x | {f(x['hit_rate'], '.1%')} | {f(y['hit_rate'], '.1%')} | "
                      f"{f(x['mb_per_token'], '.1f')} | {f(y['mb_per_token'], '.1f')} | {f(x['read_wait_s_per_token'], '.3f')} | "
                      f"{f(y['read_wait_s_per_token'], '.3f')} | {f(pred, '.1%')} | {f(used, '.1%')} |")
-    (ob.RESULTS / f"{tag}.md").write_text("\n".join(lines) + "\n")
+    (MOE_RESULTS / f"{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
@@ -269,13 +271,13 @@ def main() -> int:
     ap.add_argument("--limits", nargs="+", default=["4G", "8G", "12G"], help="total memory limits (both engines)")
     ap.add_argument("--tag", default="moe_synthetic")
     ap.add_argument("--policies", action="store_true",
-                    help="pyinfer alone: LRU against LFU at each limit, alternating (bench/results/moe_policies.*)")
+                    help="pyinfer alone: LRU against LFU at each limit, alternating (bench/results/moe/moe_policies.*)")
     ap.add_argument("--prefetch", action="store_true",
                     help="pyinfer alone: reading the next layer's predicted experts ahead, on against off "
-                         "(bench/results/moe_prefetch.*)")
+                         "(bench/results/moe/moe_prefetch.*)")
     ap.add_argument("--sources", action="store_true",
                     help="pyinfer alone: experts read from the expert bundle file against from the model file "
-                         "(bench/results/moe_bundle.*)")
+                         "(bench/results/moe/moe_bundle.*)")
     ap.add_argument("--expert-source", default="bundle", choices=["bundle", "gguf"],
                     help="where pyinfer reads streamed experts from: the expert bundle file (written once into "
                          "the cache before timing) or the model file")

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyinfer
 from pyinfer.offload.offloaded_ffn import minimum_budget
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "offload"
 PROMPT = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
 
 
@@ -87,7 +87,7 @@ def main() -> None:
     out = {"model": Path(ram.path).name, "sparsity": Path(args.sparsity).name, "budget": budget,
            "ffn_share": args.ffn_share, "tokens": args.tokens, "rounds": args.rounds, "threads": args.threads,
            "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"neuron_cache_{args.tag}.json").write_text(json.dumps(out, indent=1))
     lines = [f"# Cold neurons of predictor layers under one budget (cache or read-ahead window): {out['model']}, {out['sparsity']}, budget "
              f"{budget / 2**20:.1f} MiB (minimum + {args.ffn_share:.0%} of the FFN), {args.threads} threads, "

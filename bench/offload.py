@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "offload"
 PROMPT = "Once upon a time"
 
 
@@ -220,7 +220,7 @@ def compare(path: str, limits: list[tuple[str, int]], args) -> list[dict]:
 
 
 def write_results(tag: str, title: str, notes: list[str], meta: dict, rows: list[dict]) -> str:
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {**meta, "title": title, "notes": notes}
     (RESULTS / f"offload_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 

@@ -1,7 +1,7 @@
 """Markdown table from bench/test_bench_quant_types.py's JSON: per weight type and ISA, GEMV and GEMM medians
 and their ratio to F16 and to Q4_0 in the same run (>1: faster than that type).
 
-  python bench/quant_kernels_table.py bench/results/quant_kernels.json > bench/results/quant_kernels.md"""
+  python bench/quant_kernels_table.py bench/results/kernels/quant_kernels.json > bench/results/kernels/quant_kernels.md"""
 import json
 import re
 import sys

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "sparsity"
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -84,7 +84,7 @@ def main() -> int:
                   f"{d['original_tok_s']:.1f} tok/s, ReLU with predictors {d['relu_tok_s']:.1f} tok/s, "
                   f"**{d['ratio']:.3f}x**"]
     print("\n".join(lines))
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps(out, indent=1))
     (RESULTS / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
     return 0

@@ -3,7 +3,7 @@ each real row length and its share of the read bandwidth measured in the same ru
 With `--before OLD.json` (the same benchmarks under an older build) each cell also gives the old share (of the
 old run's own read bandwidth, or of this run's where the old build had no probe).
 
-  python bench/roof_table.py bench/results/roof_kernels.json [--before bench/results/roof_kernels_before.json]"""
+  python bench/roof_table.py bench/results/roof/roof_kernels.json [--before bench/results/roof/roof_kernels_before.json]"""
 import argparse
 import json
 from collections import defaultdict

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "roof"
 
 # One llama.cpp run: the file, threads, prompt tokens, decode steps; prints {"prefill_tok_s", "decode_tok_s"}.
 LLAMACPP = r"""
@@ -88,7 +88,7 @@ def main() -> int:
                 summary[test] = s
             out["runs"].append({"model": Path(model).name, "bytes": size, "prompt_tokens": p, "rounds": rows,
                                 "summary": summary})
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.tag}.json").write_text(json.dumps(out, indent=1))
     md = [f"# pyinfer against llama.cpp, alternating processes ({out['cpu']})", "",
           f"{args.threads} threads, {args.rounds} rounds; prefill of P tokens from an empty cache, then "

@@ -2,7 +2,7 @@
 server still serves after it: a well-formed completion within 20 s and /health's answer. Run it against any
 installed pyinfer (an older one too) to see which request stops which version.
 
-  python bench/serve_hostile.py            # -> bench/results/serve_hostile.{json,md}
+  python bench/serve_hostile.py            # -> bench/results/serving/serve_hostile.{json,md}
   python bench/serve_hostile.py --json --out /tmp/old     # one JSON object; results elsewhere
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from serve_soak import HOSTILE, KEY, hostile  # noqa: E402
 
 from pyinfer.serve.metrics import parse_metrics  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "serving"
 
 
 async def probe(base: str, kind: str) -> dict:

@@ -6,7 +6,7 @@ no request is lost and the KV budget is never exceeded. Then it measures aggrega
 the batch engine at batch 1, 4, 8 and 16, in process.
 
   python bench/serve_load.py --requests 200 --concurrency 32 --kv-budget 2048
-Writes bench/results/serve_load.{json,md}."""
+Writes bench/results/serving/serve_load.{json,md}."""
 from __future__ import annotations
 
 import argparse
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from batch_decode import batch_throughput  # noqa: E402
 from serve_proc import running_server  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "serving"
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
@@ -106,7 +106,7 @@ def main() -> int:
             results[policy] = asyncio.run(run_load(base, work, args.concurrency, args.kv_budget, args.timeout))
             print(policy, json.dumps(results[policy]), file=sys.stderr)
     batch = {int(k): v for k, v in old["batch_decode_tok_s"].items()} if old else batch_throughput(args.threads)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     meta = dict(requests=args.requests, concurrency=args.concurrency, kv_budget=args.kv_budget, threads=args.threads,
                 date=time.strftime("%Y-%m-%d"))
     (RESULTS / "serve_load.json").write_text(json.dumps({"meta": meta, "load": results, "batch_decode_tok_s": batch},

@@ -8,7 +8,7 @@ in alternating rounds. Per run: requests/s, p50/p99 latency, each replica's shar
 front's /metrics), seconds from the command's start to its first answer, and the memory of the whole process
 tree (the sum of RSS and of PSS, which counts shared pages once) when idle after start-up and at its peak.
 
-  python bench/serve_ray.py --requests 300 --concurrency 64 --rounds 3   # -> bench/results/serve_ray.{json,md}
+  python bench/serve_ray.py --requests 300 --concurrency 64 --rounds 3   # -> bench/results/serving/serve_ray.{json,md}
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from serve_proc import free_port  # noqa: E402
 from serve_soak import KEY, soak  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "serving"
 CONFIGS = {"plain": ("-t", "2"), "ray 1x2": ("--replicas", "1", "-t", "2"), "ray 2x1": ("--replicas", "2", "-t", "1")}
 
 
@@ -163,7 +163,7 @@ def main() -> int:
                                            "idle_pss_mb", "peak_rss_mb", "peak_pss_mb")} for n in names}
     out = dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), requests=args.requests,
                concurrency=args.concurrency, rounds=args.rounds, kv_budget=args.kv_budget, runs=runs, summary=summary)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "serve_ray.json").write_text(json.dumps(out, indent=1))
     base = summary[names[0]]["requests_per_s"][0]
     lines = [f"# pyinfer serve on Ray Serve: the soak workload ({args.requests} requests, {args.concurrency} "

@@ -5,7 +5,7 @@ Step cost a + b * (tokens in the step) is fitted from our engine's measured batc
 T tokens through the real model; see --fit). Latencies are reported in steps and in seconds.
 
   python bench/serve_sim_grid.py --workers 2          # ~15 min on 2 cores
-Writes bench/results/serve_sim.{json,md} and serve_sim.png."""
+Writes bench/results/serving/serve_sim.{json,md} and serve_sim.png."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +18,7 @@ import numpy as np
 
 from pyinfer.serve.simulate import intervals, lmsys_like_lengths, simulate
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "serving"
 SETTINGS = [("a", 0.0), ("b", 0.0), ("c", 0.1), ("c", 0.5), ("c", 0.95)]
 BUDGETS = {"tight": 4096, "mcsf": 16492, "loose": 65536}
 POLICIES = ["hsf", "amax", "amin", "amin-progress", "fcfs", "hedge"]
@@ -82,7 +82,7 @@ def main() -> int:
     with Pool(args.workers) as pool:
         rows = pool.map(one, jobs, chunksize=4)
         tp = pool.map(two_point, tp_jobs)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "serve_sim.json").write_text(json.dumps({"cost": cost, "grid": rows, "two_point": tp}, indent=1))
     write_md(rows, tp, cost)
     plot(rows)

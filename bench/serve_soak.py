@@ -11,7 +11,7 @@ every malformed or hostile one that should be refused gets a 4xx with an OpenAI-
 the connection closed); after the drain /metrics shows zero KV in use and nothing running or waiting; the
 server's RSS grows by less than 10% between the end of the first and of the last 100 requests.
 
-  python bench/serve_soak.py --requests 1000 --concurrency 64     # -> bench/results/serve_soak.{json,md}
+  python bench/serve_soak.py --requests 1000 --concurrency 64     # -> bench/results/serving/serve_soak.{json,md}
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from serve_proc import rss_mb, running_server  # noqa: E402
 
 from pyinfer.serve.metrics import parse_metrics  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "serving"
 KEY = "soak-key"
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hum old songs of the sea "
          "and every river runs to distant hills").split()
@@ -294,7 +294,7 @@ def main() -> int:
             not args.no_hostile)
     bar.close()
     r.update(seconds=round(time.time() - t0, 1), passed=passed(r), date=time.strftime("%Y-%m-%d"))
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "serve_soak.json").write_text(json.dumps(r, indent=1))
     lines = [f"# pyinfer serve soak: {r['requests']} requests at concurrency {r['concurrency']} ({args.threads} threads, "
              f"KV budget {args.kv_budget}, {r['seconds']} s)", "",

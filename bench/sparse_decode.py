@@ -6,7 +6,7 @@ ratios to dense. Two controls separate sparsity from where the weights live:
     permuted gate/up and neuron-major down copies are (the dense model reads the memory-mapped file);
   - `--idle-models N`: N more models loaded and idle in the process, as bench/sparsity_curve.py has.
 
-  python bench/sparse_decode.py --rounds 9 --tokens 128     # -> bench/results/sparse_decode.{json,md}
+  python bench/sparse_decode.py --rounds 9 --tokens 128     # -> bench/results/sparsity/sparse_decode.{json,md}
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import pyinfer  # noqa: E402
 from compare_llamacpp import pyinfer_decode  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "sparsity"
 PROMPT = "Once upon a time"
 
 
@@ -73,7 +73,7 @@ def main() -> int:
                 model=Path(path).name, plan="auto (threshold 40%)")
     result = {"meta": meta, "rows": rows}
     suffix = f"_idle{len(idle)}" if idle else ""
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"sparse_decode{suffix}.json").write_text(json.dumps(result, indent=1))
     lines = [f"# Single-sequence decode, auto plan vs dense ({args.threads} threads, {args.rounds} rounds of "
              f"{args.tokens} tokens, {len(idle)} idle models)", "",

@@ -1,7 +1,7 @@
 """Sparse kernel times as a fraction of the dense GEMV of the same matrix (same run), as a markdown
 table and a plot of time against density.
 
-  python bench/sparse_kernels_table.py bench/results/sparse_kernels.json"""
+  python bench/sparse_kernels_table.py bench/results/kernels/sparse_kernels.json"""
 import json
 import sys
 from pathlib import Path

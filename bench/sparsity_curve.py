@@ -30,7 +30,7 @@ from pyinfer.sparsity.measure import measure_plan  # noqa: E402
 from pyinfer.sparsity.predictor import TrainConfig  # noqa: E402
 from pyinfer.tools.perplexity import perplexity  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "sparsity"
 RESULT_STEM = "sparsity_curve"
 AUTO_CONFIG = "thr 40%"  # what sparsity="auto" calibrates for SwiGLU models (pyinfer/sparsity/resolve.py)
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -157,7 +157,7 @@ def main() -> int:
                 rounds=args.rounds, gen=args.gen, profile_tokens=prof.tokens, train_tokens=args.train_tokens,
                 rank=args.rank, llamacpp_tok_s=statistics.median(speeds["llama.cpp"]) if llama else None,
                 date=time.strftime("%Y-%m-%d"), model=Path(path).name)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{RESULT_STEM}.json").write_text(json.dumps({"meta": meta, "rows": out}, indent=1))
     write_table(out, meta)
     plot(out, meta["model"])

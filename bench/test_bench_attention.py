@@ -2,8 +2,8 @@
 64), per kernel ISA and cache type: a 512-token prefill chunk at depth (the last chunk of a long prompt) and
 one decode step at depth. Each is checked once against numpy before timing.
 
-  pytest bench/test_bench_attention.py --benchmark-json bench/results/attention_kernels.json
-  python bench/kernels_table.py bench/results/attention_kernels.json > bench/results/attention_kernels.md"""
+  pytest bench/test_bench_attention.py --benchmark-json bench/results/kernels/attention_kernels.json
+  python bench/kernels_table.py bench/results/kernels/attention_kernels.json > bench/results/kernels/attention_kernels.md"""
 import numpy as np
 import pytest
 from checks import check_close

@@ -1,8 +1,8 @@
 """pytest-benchmark entries for the batched sparse FFN (one run of B decoding tokens) against the dense
 FFN of the same batch, to find the break-even that `SparseRuns` uses to fall back to dense.
 
-  pytest bench/test_bench_batch_union.py --benchmark-json bench/results/batch_union.json
-  python bench/batch_union_table.py bench/results/batch_union.json
+  pytest bench/test_bench_batch_union.py --benchmark-json bench/results/kernels/batch_union.json
+  python bench/batch_union_table.py bench/results/kernels/batch_union.json
 
 Two layer kinds, each at the real model's FFN shape and at LLaMA-7B's (synthetic Q4_1 weights):
   - "predicted" (ReLU-family models): gate/up rows of the batch's union of active neurons for every

@@ -1,6 +1,6 @@
 """pytest-benchmark entries for every op, at the real model's layer shapes, per kernel ISA.
 
-  pytest bench/test_bench_kernels.py --benchmark-json bench/results/kernels.json
+  pytest bench/test_bench_kernels.py --benchmark-json bench/results/kernels/kernels.json
 Compare ISAs within one run (ratios), never against numbers from another machine."""
 import numpy as np
 import pytest

@@ -2,8 +2,8 @@
 GEMV (decode, 1 token) and GEMM (prefill, 64 and 256 tokens: AMX tiles take 16) of a 2048 x 2048 weight, per
 kernel ISA.
 
-  pytest bench/test_bench_quant_types.py --benchmark-json bench/results/quant_kernels.json
-  python bench/quant_kernels_table.py bench/results/quant_kernels.json > bench/results/quant_kernels.md
+  pytest bench/test_bench_quant_types.py --benchmark-json bench/results/kernels/quant_kernels.json
+  python bench/quant_kernels_table.py bench/results/kernels/quant_kernels.json > bench/results/kernels/quant_kernels.md
 Each entry is checked once against gguf-py's dequantization before timing."""
 import numpy as np
 import pytest

@@ -3,8 +3,8 @@ measured in the same run: where decode of a 1.5B-8B model goes, the weights come
 fast as the bytes it streams. Each weight is repeated (the same row length, more rows) to 256 MB, so nothing of it
 is still in the caches when a pass comes back to it.
 
-  pytest bench/test_bench_roof.py --benchmark-json bench/results/roof_kernels.json
-  python bench/roof_table.py bench/results/roof_kernels.json > bench/results/roof_kernels.md
+  pytest bench/test_bench_roof.py --benchmark-json bench/results/roof/roof_kernels.json
+  python bench/roof_table.py bench/results/roof/roof_kernels.json > bench/results/roof/roof_kernels.md
 Each entry is checked once against gguf-py's dequantization (its first and last 64 rows) before timing."""
 import numpy as np
 import pytest

@@ -2,8 +2,8 @@
 at the real model's FFN shape and at LLaMA-7B's (4096 x 11008, synthetic weights; the shape of the
 ReLU-family models, ReluLLaMA / ProSparse / TurboSparse, that run at ~90% sparsity).
 
-  pytest bench/test_bench_sparse.py --benchmark-json bench/results/sparse_kernels.json
-  python bench/sparse_kernels_table.py bench/results/sparse_kernels.json
+  pytest bench/test_bench_sparse.py --benchmark-json bench/results/kernels/sparse_kernels.json
+  python bench/sparse_kernels_table.py bench/results/kernels/sparse_kernels.json
 
 Each entry is one engine run of a single node (plus a trivial input copy), so ratios between entries
 of one run are what to read."""

@@ -10,7 +10,7 @@ repository; this checks the whole file. Prints one JSON object; exit 1 on a mism
   python bench/tokenizer_check.py --vendor DIR
       llama.cpp's own tokenizer tests: every ggml-vocab-*.gguf in DIR (vendor/llama.cpp/models of the
       llama-cpp-python 0.3.36 sdist) with its .inp/.out cases, case for case; writes
-      bench/results/tokenizer_vendor.{json,md}
+      bench/results/robustness/tokenizer_vendor.{json,md}
 """
 from __future__ import annotations
 
@@ -144,8 +144,8 @@ def check_vendor(args) -> int:
             if Path(str(v) + ".inp").exists()]
     for r in rows:
         print(json.dumps(r))
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
+    out = Path(__file__).parent / "results" / "robustness"
+    out.mkdir(parents=True, exist_ok=True)
     (out / "tokenizer_vendor.json").write_text(json.dumps(rows, indent=1) + "\n")
     md = ["# llama.cpp's tokenizer tests (vendor/llama.cpp/models, llama-cpp-python 0.3.36)", "",
           "Each vocabulary's `.inp` cases tokenized by pyinfer (no BOS, special tokens as text, as "

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent / "results" / "gpu"
 
 
 def main() -> int:
@@ -65,7 +65,7 @@ def main() -> int:
               "two_backends_1_thread_each_ms": statistics.median(t_two) * 1e3,
               "speed_ratio": statistics.median(t_one) / statistics.median(t_two),
               "overlap_share_per_layer": shares, "timeline": spans}
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "two_backends.json").write_text(json.dumps(result, indent=1))
     print(f"one backend, 2 threads: {result['one_backend_2_threads_ms']:.2f} ms; two backends, 1 thread each: "
           f"{result['two_backends_1_thread_each_ms']:.2f} ms (x{result['speed_ratio']:.2f})")

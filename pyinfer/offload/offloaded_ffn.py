@@ -28,7 +28,7 @@ MAX_RANGE = 256 * 1024
 # Listed page ranges closer than this are read as one (`pyinfer plan` picks it).
 MERGE_GAP = 8192
 # Share of the budget above the minimum that the neuron cache gets when the plan has selective layers
-# (bench/results/neuron_cache.md measured it); the rest keeps the hottest neurons resident.
+# (bench/results/offload/neuron_cache_smollm2_*.md measured it); the rest keeps the hottest neurons resident.
 CACHE_SHARE = 0.0
 # Share of each selective layer's neurons read ahead after its resident prefix (default; `pyinfer plan` picks).
 WINDOW_SHARE = 0.0

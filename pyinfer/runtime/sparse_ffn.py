@@ -46,7 +46,7 @@ NEURON_DOWN_TYPES = {"q4_1": DType.Q4_1, "q8_0": DType.Q8_0}
 NEURON_DOWN_CHOICES = ("auto", "q4t", "q8_0", "q4_1")
 # Q4T shares each 32-neuron group's scales (20% of its bytes), read whenever one neuron of the group is
 # active; below this density most groups hold one or two active neurons and Q8_0's per-neuron scales
-# read fewer bytes (bench/results/sparse_kernels.md).
+# read fewer bytes (bench/results/kernels/sparse_kernels.md).
 Q4T_MIN_DENSITY = 0.2
 
 

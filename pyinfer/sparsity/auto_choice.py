@@ -4,7 +4,7 @@ decode steps, interleaved in alternating rounds; SETS independent measurements, 
 ratio to dense), and a plan is kept only where it is clearly faster: the threshold plan at KEEP_AT times dense,
 the gate-first plan (which also skips up rows, at a little more perplexity) at GATE_KEEP_AT times the better of
 the other two. One measurement was not enough: on Gemma 3 one timed the plan at 1.06x of dense where three
-later comparisons found 0.97x (bench/results/auto_choice_pure_cats.md). Each engine's speed is read from the
+later comparisons found 0.97x (bench/results/sparsity/auto_choice_pure_cats.md). Each engine's speed is read from the
 20th percentile of its step times: what another process or a noisy neighbour does to a step only adds time,
 and on a shared 2-core machine whole-run totals of two identical engines differ by up to 28% where this
 percentile stays within 3%. Where a whole model sits in the CPU's last-level cache, skipping a share of the FFN

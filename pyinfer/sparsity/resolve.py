@@ -2,14 +2,14 @@
 
 "auto" looks for a plan cached for this model and target; when there is none it calibrates one on the
 bundled calibration text (under a minute on 2 cores, like PowerInfer solving its placement on first
-load) and caches it. What it calibrates follows the measurements in bench/results/sparsity_curve.md:
+load) and caches it. What it calibrates follows the measurements in bench/results/sparsity/sparsity_curve.md:
 - SwiGLU and GeGLU models: the |act(gate) * up| criterion at 40% FFN sparsity, thresholds only (gate and up
   run dense, down only for active neurons): on SmolLM2 +0.8% perplexity at about 1.04x our dense decode
-  (bench/results/sparse_decode.md). Trained predictors measured worse there (quality and speed).
+  (bench/results/sparsity/sparse_decode.md). Trained predictors measured worse there (quality and speed).
   From the same profile, a second candidate: the same plan run gate-first (CATS's |act(gate)| cut first, so up
   and down are read only for the neurons that pass it; the cut keeps AUTO_GATE_RECALL of the neurons the
   threshold would keep). CATS's own plan (the gate cut alone at the same target) cost +12% perplexity on
-  SmolLM2 and +15% on Gemma 3 (bench/results/auto_choice_pure_cats.md), too much for a default. The candidate
+  SmolLM2 and +15% on Gemma 3 (bench/results/sparsity/auto_choice_pure_cats.md), too much for a default. The candidate
   is cached beside the plan; sparsity/auto_choice.py times both against dense and keeps what pays here.
 - ReLU models: exact sparsity (gate > 0) plus trained predictors, which then also skip the gate.
 """
