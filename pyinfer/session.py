@@ -8,20 +8,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from . import _core
 from .errors import PyinferError, UnsupportedModelError
-from .model.chat_template import chat_spans, render_chat
 from .model.arch import model_config, open_model
+from .model.chat_template import chat_spans, render_chat
 from .model.tokenizer import Tokenizer
-from .place.device import check_cuda, resolve_expert_placement, resolve_placement
-from .runtime.model_graph import CACHE_TYPES
 from .options import LoadOptions
+from .place.device import check_cuda, resolve_expert_placement, resolve_placement
 from .runtime.running import ModelParts, RunningModel, build_running, parse_device
-from .runtime.sparse_ffn import NEURON_DOWN_CHOICES, SparseRuns
+from .runtime.sparse_ffn import SparseRuns
 from .runtime.threads import default_threads, physical_cores
 from .sparsity.plan import selective_layers
 

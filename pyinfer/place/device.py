@@ -6,10 +6,7 @@ second CPU backend with memory of its own standing in for the GPU. It runs the v
 included, so a placement can be checked (and is tested) on a machine without one."""
 from __future__ import annotations
 
-import re
-
 from ..errors import PyinferError
-from ..runtime.running import parse_device  # noqa: F401  (the device names: runtime's, read here too)
 
 MARGIN_BYTES = 512 << 20    # left free by the default budget: the CUDA context, cuBLAS, other processes
 DEFAULT_CPU_SECONDS_PER_BYTE = 1e-10  # ~10 GB/s decode streaming, where `pyinfer place` did not measure
