@@ -9,7 +9,11 @@ anything and the sum equals the single-backend FFN up to the order of float addi
 With a sparsity plan the CPU side runs sparse (PowerInfer's split: the GPU computes its hot neurons, the CPU
 only the cold ones that fire): its blocks become an FFN of their own (SubFfnModel) and the layer's plan is
 restricted to them (restrict_plan: the same hot-first order, hot prefix and predictor rows), so
-runtime/sparse_ffn.py builds it unchanged."""
+runtime/sparse_ffn.py builds it unchanged. The device's share of a predictor layer is the same writer on its own
+blocks, each token keeping its own list (sparse_ffn's per_token side).
+
+Nothing here restates gate, up, activation and down: each side is one of sparse_ffn.py's two writers on a
+sub-model's weights (SubFfnModel.weights) under the side's backend."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +24,8 @@ from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile, GGUFTensor
 from ..sparsity.plan import LayerPlan, Predictor, SparsityPlan
 from .._core import DType
-from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, Guard, T
-from .sparse_ffn import neuron_major_down, permuted_rows, predicted_lists, q4t_down, raw_rows, sparse_ffn
+from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, T
+from .sparse_ffn import InRamNeurons, SparseRuns, dense_ffn, raw_rows, sparse_ffn
 
 
 def block_neurons(blocks: list[int], block: int) -> np.ndarray:
@@ -42,19 +46,10 @@ def side_weights(gguf: GGUFModelFile, il: int, blocks: list[int], block: int, n_
 
 def _side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int], block: int,
           tag: str, backend: int) -> T:
-    """The listed blocks' FFN, dense, on `backend`: F32 [T, d_model]."""
-    p = f"blk.{il}."
-    gate, up, down = side_weights(gguf, il, blocks, block, cfg.d_ff)
-    n = len(blocks) * block
-    types = [gguf.tensor(p + f"ffn_{k}.weight").dtype_id for k in ("gate", "up", "down")]
+    """The listed blocks' FFN, dense, on `backend`: F32 [T, d_model] (the dense writer, on their rows)."""
+    sub = SubFfnModel(gguf, il, blocks, block, cfg.d_ff)
     with b.weights_on(backend):
-        gate_w = b.weight(p + f"ffn_gate.{tag}", types[0], cfg.d_model, n, gate)
-        up_w = b.weight(p + f"ffn_up.{tag}", types[1], cfg.d_model, n, up)
-        down_w = b.weight(p + f"ffn_down.{tag}", types[2], n, cfg.d_model, down)
-    g = b.matmul(gate_w, h, f"gate.{tag}")                              # F32 [T, n]
-    u = b.matmul(up_w, h, f"up.{tag}")
-    b.gated_mul(g, u, out=g, act=cfg.activation)
-    return b.matmul(down_w, g, f"ffn_out.{tag}")                        # F32 [T, d_model]
+        return dense_ffn(b, sub.weights(b, "." + tag), h, il, cfg, tag="." + tag)
 
 
 class SubFfnModel:
@@ -78,6 +73,16 @@ class SubFfnModel:
         """What the sparse FFN and the device side read of a model file (no other attribute stands in)."""
         return self.own.get(name) or self._gguf.tensor(name)
 
+    def weights(self, b: GraphBuilder, tag: str, w=None):
+        """The FFN writers' weight getter for this side: the layer's own gate, up and down as weights named with
+        `tag` (made under the caller's weights_on), any other name from `w` (the model's)."""
+        def get(name: str) -> T:
+            if name not in self.own:
+                return w(name)
+            t = self.own[name]
+            return b.weight(name + tag, t.dtype_id, t.cols, t.rows, t.data)
+        return get
+
 
 def restrict_plan(plan: SparsityPlan, il: int, neurons: np.ndarray, n_ff: int) -> SparsityPlan:
     """The plan with layer `il` cut to `neurons` (original ids, ascending), renumbered 0..len-1 in that order:
@@ -99,19 +104,6 @@ def restrict_plan(plan: SparsityPlan, il: int, neurons: np.ndarray, n_ff: int) -
     return dataclasses.replace(plan, layers=layers)
 
 
-def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
-                        block: int, backend: int, sparsity: SparsityPlan, lp: LayerPlan, few_tokens: int) -> T:
-    """A predictor layer's device share, F32 [T, d_model]: in runs of up to `few_tokens` tokens (decode, a
-    batch's decode step), only the neurons of its blocks that the predictor picks, each token's own list
-    (PowerInfer's GPU side; no batch union, whose dense/sparse choice would be read on the host: a GPU reads
-    a row again per token from its cache instead); in longer runs, all of them. One copy of gate and up
-    (hot-first rows) serves both; the down is held twice, as the model's blocks (long runs) and neuron-major
-    (few tokens: Q4T for Q4_0/Q4_1 models, lossless, else Q8_0; device_down), which the placement
-    charges (gpu_placement.neuron_bytes)."""
-    with b.weights_on(backend):  # every weight of this share lives on the device
-        return _gpu_predictor_nodes(b, gguf, h, il, cfg, blocks, block, sparsity, lp, few_tokens)
-
-
 def device_down(gguf: GGUFModelFile, cfg: LlamaConfig, il: int) -> str:
     """The neuron-major down layer il's device side decodes with when it has a predictor (below):
     "q4t" for a Q4_0/Q4_1 down (lossless, 5/8 byte per weight), "q8_0" for other quantized ones, "f32" for
@@ -122,38 +114,22 @@ def device_down(gguf: GGUFModelFile, cfg: LlamaConfig, il: int) -> str:
     return "q4t" if down_t.type_name in ("Q4_0", "Q4_1") else "q8_0"
 
 
-def _gpu_predictor_nodes(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
-                         block: int, sparsity: SparsityPlan, lp: LayerPlan, few_tokens: int) -> T:
-    sub, n, p = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), len(blocks) * block, f"blk.{il}."
-    one, many = Guard(max_tokens=few_tokens), Guard(min_tokens=few_tokens + 1)
-    perm, pred = lp.perm.astype(np.int32), lp.predictor
-    gate_t, up_t, down_t = (sub.tensor(p + f"ffn_{k}.weight") for k in ("gate", "up", "down"))
-    gate_w = b.weight(p + "ffn_gate.gpu", gate_t.dtype_id, cfg.d_model, n, permuted_rows(sub, gate_t.name, perm))
-    up_w = b.weight(p + "ffn_up.gpu", up_t.dtype_id, cfg.d_model, n, permuted_rows(sub, up_t.name, perm))
-    perm_w = b.weight(p + "ffn.perm.gpu", int(DType.I32), n, 1, perm)
-
-    # Longer runs: the dense FFN in hot-first order, scattered back to the blocks' order for their down.
-    g = b.matmul(gate_w, h, "gate.gpu", run_if=many)                   # F32 [T, n], hot-first
-    b.gated_mul(g, b.matmul(up_w, h, "up.gpu", run_if=many), out=g, act=cfg.activation, run_if=many)
-    down_blocks = b.weight(p + "ffn_down.gpu", down_t.dtype_id, n, cfg.d_model, down_t.data)
-    out = b.matmul(down_blocks, b.scatter_cols(g, perm_w, "act.gpu", run_if=many), "ffn_out.gpu", run_if=many)
-
-    # Few tokens: predictor, each token's list, gathered gate and up, its down rows.
-    scales = row_map = None
-    q4t = q4t_down(sub, p + "ffn_down.weight") if device_down(gguf, cfg, il) == "q4t" else None
-    if q4t is not None:  # lossless; rows stay in the blocks' order, so list ids go through perm
-        down_w = b.weight(p + "ffn_down.gpu_q4t", int(DType.Q4T), cfg.d_model, n, q4t[0])
-        scales = b.weight(p + "ffn_down.gpu_q4t_scales", int(DType.F16), 2 * cfg.d_model, n // 32, q4t[1])
-        row_map = perm_w
-    else:
-        down_type, down = neuron_major_down(sub, p + "ffn_down.weight", perm, "q8_0")  # [n, d], hot-first rows
-        down_w = b.weight(p + "ffn_down.gpu_neurons", int(down_type), cfg.d_model, n, down.reshape(n, -1))
-    lists = predicted_lists(b, h, pred, lp.hot, n, p, ".gpu", one)    # I32 [T, n + 1]
-    act = b.matmul(gate_w, h, "gate_s.gpu", active=lists, run_if=one)  # F32 [T, n], listed entries only
-    up_s = b.matmul(up_w, h, "up_s.gpu", active=lists, run_if=one)
-    b.gated_act(act, up_s, lists, 0.0 if sparsity.mode == "gate" else lp.threshold, act=cfg.activation, run_if=one)
-    b.down_axpy(down_w, act, lists, out=out, scales=scales, row_map=row_map, run_if=one)
-    return out
+def _gpu_predictor_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int],
+                        block: int, backend: int, sparsity: SparsityPlan, few_tokens: int) -> T:
+    """A predictor layer's device share, F32 [T, d_model]: the sparse writer on the blocks' sub-model, each
+    token's own list in runs of up to `few_tokens` tokens (decode, a batch's decode step: PowerInfer's GPU side),
+    all of the blocks' neurons in longer runs. One copy of gate and up (hot-first rows) serves both; the down is
+    held twice, as the model's blocks (long runs) and neuron-major (few tokens: Q4T for Q4_0/Q4_1 models,
+    lossless, else Q8_0; device_down), which the placement charges (gpu_placement.neuron_bytes)."""
+    neurons = block_neurons(blocks, block)
+    sub, sub_cfg = SubFfnModel(gguf, il, blocks, block, cfg.d_ff), dataclasses.replace(cfg, d_ff=len(neurons))
+    sub_plan = restrict_plan(sparsity, il, neurons, cfg.d_ff)
+    w_sub = sub.weights(b, ".gpu")
+    down = "q4t" if device_down(gguf, cfg, il) == "q4t" else "q8_0"
+    with b.weights_on(backend):  # every weight of this share lives on the device
+        return sparse_ffn(b, w_sub, sub, h, il, sub_cfg, sub_plan, SparseRuns(max_tokens=few_tokens),
+                          neurons=InRamNeurons(sub, sub_cfg, sub_plan, down, w_sub, ".gpu"), tag=".gpu",
+                          per_token=True)
 
 
 def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, gpu_blocks: list[int],
@@ -184,12 +160,7 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     else:
         neurons = block_neurons(cpu, block)
         sub = SubFfnModel(gguf, il, cpu, block, cfg.d_ff)
-
-        def w_sub(name: str) -> T:  # the dense path's down: the CPU blocks of it
-            if name not in sub.own:
-                return w(name)
-            t = sub.tensor(name)
-            return b.weight(name + ".cpu", t.dtype_id, t.cols, t.rows, t.data)
+        w_sub = sub.weights(b, ".cpu", w)  # the dense path's down: the CPU blocks of it
         with b.weights_on(0):
             out = sparse_ffn(b, w_sub, sub, h, il, dataclasses.replace(cfg, d_ff=len(neurons)),
                              restrict_plan(sparsity, il, neurons, cfg.d_ff), runs, down_type)
@@ -214,4 +185,4 @@ def _gpu_side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCon
     few = runs.max_tokens if runs is not None else 1
     if few < 1 or (runs is not None and runs.single < 0):  # SparseRuns.never(): dense on the device too
         return _side(b, gguf, h, il, cfg, blocks, block, "gpu", device)
-    return _gpu_predictor_side(b, gguf, h, il, cfg, blocks, block, device, sparsity, sub_plan, few)
+    return _gpu_predictor_side(b, gguf, h, il, cfg, blocks, block, device, sparsity, few)

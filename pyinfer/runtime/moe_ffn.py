@@ -1,4 +1,5 @@
-"""The Mixture-of-Experts FFN (llama.cpp's build_moe_ffn): the router's logits, each token's top k experts and
+"""The Mixture-of-Experts FFN writer (llama.cpp's build_moe_ffn; runtime/sparse_ffn.py holds the dense and
+neuron-aware ones): the router's logits, each token's top k experts and
 their weights, the chosen experts' gate, up and down (only theirs: the merged *_exps tensors are read by
 expert), and the weighted sum; plus Qwen2-MoE's shared expert, which every token runs.
 
@@ -12,6 +13,7 @@ import numpy as np
 from .._core import DType
 from ..model.config import LlamaConfig
 from .graph_builder import GraphBuilder, T
+from .sparse_ffn import dense_ffn
 
 
 def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, record: bool = False,
@@ -50,8 +52,9 @@ def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
 
 def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weight, n: int, tag: str,
              shared: bool = True, cut: T | None = None, cut_fn: int = 0, record: bool = False) -> T:
-    """The route's experts among the `n` that weight(part) holds, weighted and summed (with the shared expert
-    when the model has one and `shared`): F32 [T, d_model]. `cut` (F32 [n, 3]): up only where the gate passes."""
+    """The one expert writer: the route's experts among the `n` that weight(part) holds (the side: the model's
+    merged tensors, an expert store, a device's share), weighted and summed (with the shared expert when the model
+    has one and `shared`): F32 [T, d_model]. `cut` (F32 [n, 3]): up only where the gate passes."""
     p, k = f"blk.{il}.", cfg.n_expert_used
     gate = b.moe_matmul(weight("gate"), h, route, n, k, "gate_exps" + tag)  # F32 [T, k * d_ff_expert]
     up = b.moe_matmul(weight("up"), h, route, n, k, "up_exps" + tag, gate=gate if cut is not None else None,
@@ -62,11 +65,8 @@ def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weig
     act = b.gated_mul(gate, up, out=None if record else gate, act=cfg.activation)
     out = b.moe_matmul(weight("down"), act, route, n, k, "down_exps" + tag)  # F32 [T, k * d_model]
     sh = shared_gate = None
-    if cfg.d_ff_shared and shared:
-        sg = b.matmul(w(p + "ffn_gate_shexp.weight"), h, "shexp_gate")      # F32 [T, d_ff_shared]
-        su = b.matmul(w(p + "ffn_up_shexp.weight"), h, "shexp_up")
-        sa = b.gated_mul(sg, su, out=sg, act=cfg.activation)
-        sh = b.matmul(w(p + "ffn_down_shexp.weight"), sa, "shexp")           # F32 [T, d_model]
+    if cfg.d_ff_shared and shared:  # the shared expert: the dense writer on its tensors, F32 [T, d_model]
+        sh = dense_ffn(b, w, h, il, cfg, tag=".shexp", parts=("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
         shared_gate = b.matmul(w(p + "ffn_gate_inp_shexp.weight"), h, "shexp_gate_logit")  # F32 [T, 1]
     return b.moe_combine(out, route, k, "moe_out" + tag, shared=sh, shared_gate=shared_gate)
 

@@ -1,4 +1,8 @@
-"""The FFN block of the llama graph, dense or neuron-aware.
+"""The FFN writers of a dense model's layer (llama.cpp's build_ffn): `dense_ffn` and the neuron-aware
+`sparse_ffn`. Every path calls them with its own side: where the weights or neuron rows come from (the model in
+RAM, an offload neuron store, a split layer's sub-model on a backend, a shared expert's tensors) and, for the
+sparse writer, whether a run decides sparse or dense from one union (the CPU) or each token keeps its own list
+(a device's share of a split layer). runtime/moe_ffn.py is the other writer, for experts.
 
 With a sparsity plan, gate and up are row-permuted copies (hot neurons first) and down gets a
 neuron-major copy (row j = neuron j's down column), so the three matrices of one neuron share an id.
@@ -28,18 +32,24 @@ from .threads import physical_cores
 _FLOAT_TYPES = {"F32", "F16", "BF16"}
 
 
-def dense_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, record: bool = False) -> T:
-    """act(gate) * up, then down: F32 [T, d_model]. `record`: the activation gets a tensor of its own, so the
-    layer's input, gate and up stay readable after a run (the profiler's view: b.records[layer])."""
+FFN_PARTS = ("ffn_gate", "ffn_up", "ffn_down")
+
+
+def dense_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, record: bool = False, tag: str = "",
+              parts: tuple[str, str, str] = FFN_PARTS) -> T:
+    """act(gate) * up, then down: F32 [T, d_model]; the one dense writer. `w`: the side's weights by the model's
+    names (blk.{il}.{part}.weight for `parts`: the layer's FFN, or a shared expert's tensors); `tag` names the
+    side's tensors apart. `record`: the activation gets a tensor of its own, so the layer's input, gate and up stay
+    readable after a run (the profiler's view: b.records[layer])."""
     p = f"blk.{il}."
-    gate = b.matmul(w(p + "ffn_gate.weight"), h, "gate")  # F32 [T, d_ff], pre-activation
-    up = b.matmul(w(p + "ffn_up.weight"), h, "up")
-    act = b.gated_mul(gate, up, name="act", out=None if record else gate, act=cfg.activation)
+    gate = b.matmul(w(p + f"{parts[0]}.weight"), h, "gate" + tag)  # F32 [T, d_ff], pre-activation
+    up = b.matmul(w(p + f"{parts[1]}.weight"), h, "up" + tag)
+    act = b.gated_mul(gate, up, name="act" + tag, out=None if record else gate, act=cfg.activation)
     if record:
         for t in (h, gate, up):
             b.graph.pin(t.id)
         b.records.append((h.id, gate.id, up.id))
-    return b.matmul(w(p + "ffn_down.weight"), act, "ffn_out")  # F32 [T, d_model]
+    return b.matmul(w(p + f"{parts[2]}.weight"), act, "ffn_out" + tag)  # F32 [T, d_model]
 
 
 NEURON_DOWN_TYPES = {"q4_1": DType.Q4_1, "q8_0": DType.Q8_0}
@@ -174,23 +184,24 @@ def ffn_arrays(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, il: in
 
 class InRamNeurons:
     """Where a sparse FFN's neuron rows come from when they are all in RAM: copies made here (hot-first gate
-    and up, neuron-major down). offload/offloaded_ffn.py's OffloadedFfn is the other source, with the same
-    calls: its rows are read from the bundle file by the nodes these calls add."""
+    and up, neuron-major down) from `gguf` (the model, or a split layer's sub-model). offload/offloaded_ffn.py's
+    OffloadedFfn is the other source, with the same calls: its rows are read from the bundle file by the nodes
+    these calls add. `tag` names this side's weights apart."""
 
-    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, w):
-        self.gguf, self.cfg, self.plan, self.down_type, self.w = gguf, cfg, plan, down_type, w
+    def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan, down_type: str, w, tag: str = ""):
+        self.gguf, self.cfg, self.plan, self.down_type, self.w, self.tag = gguf, cfg, plan, down_type, w, tag
 
     def layer_weights(self, b: GraphBuilder, il: int):
         """(gate, up, neuron-major down, Q4T scales or None) of layer `il`."""
         fa = ffn_arrays(self.gguf, self.cfg, self.plan, il, self.down_type)
-        p, d, n_ff = f"blk.{il}.", self.cfg.d_model, self.cfg.d_ff
-        gate_w = b.weight(p + "ffn_gate.perm", fa.gate_type, d, n_ff, fa.gate)
-        up_w = b.weight(p + "ffn_up.perm", fa.up_type, d, n_ff, fa.up)
-        down_t = b.weight(p + ("ffn_down.q4t" if fa.scales is not None else "ffn_down.neurons"), fa.down_type, d,
-                          n_ff, fa.down)
+        p, d, n_ff, tag = f"blk.{il}.", self.cfg.d_model, self.cfg.d_ff, self.tag
+        gate_w = b.weight(p + "ffn_gate.perm" + tag, fa.gate_type, d, n_ff, fa.gate)
+        up_w = b.weight(p + "ffn_up.perm" + tag, fa.up_type, d, n_ff, fa.up)
+        down_t = b.weight(p + ("ffn_down.q4t" if fa.scales is not None else "ffn_down.neurons") + tag, fa.down_type,
+                          d, n_ff, fa.down)
         scales = None
         if fa.scales is not None:
-            scales = b.weight(p + "ffn_down.q4t_scales", int(DType.F16), 2 * d, n_ff // 32, fa.scales)
+            scales = b.weight(p + "ffn_down.q4t_scales" + tag, int(DType.F16), 2 * d, n_ff // 32, fa.scales)
         return gate_w, up_w, down_t, scales
 
     def before_lists(self, b: GraphBuilder, il: int) -> None:
@@ -221,29 +232,34 @@ def predicted_lists(b: GraphBuilder, h: T, pred, hot: int, n: int, prefix: str, 
 
 
 def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, plan: SparsityPlan,
-               runs: SparseRuns, down_type: str = "auto", neurons=None) -> T:
-    """`neurons`: where the layer's neuron rows come from (InRamNeurons by default, or an
-    offload.OffloadedFfn whose neuron store streams them); the graph is the same either way."""
+               runs: SparseRuns, down_type: str = "auto", neurons=None, tag: str = "", per_token: bool = False) -> T:
+    """The one neuron-aware writer. `neurons`: where the layer's neuron rows come from (InRamNeurons by default,
+    or an offload.OffloadedFfn whose neuron store streams them); the graph is the same either way. `tag` names
+    this side's tensors apart. `per_token` (a device's share of a split layer, predictor layers only): runs of up
+    to runs.max_tokens tokens compute each token's own list, without a union (whose dense/sparse choice a GPU
+    would read on the host: it reads a row again per token from its cache instead), and longer runs go dense."""
     lp: LayerPlan = plan.layers[il]
     p = f"blk.{il}."
     n_ff, act_kind = cfg.d_ff, cfg.activation
-    neurons = neurons or InRamNeurons(gguf, cfg, plan, down_type, w)
-    perm_w = b.weight(p + "ffn.perm", int(DType.I32), n_ff, 1, lp.perm.astype(np.int32))
+    neurons = neurons or InRamNeurons(gguf, cfg, plan, down_type, w, tag)
+    perm_w = b.weight(p + "ffn.perm" + tag, int(DType.I32), n_ff, 1, lp.perm.astype(np.int32))
     gate_w, up_w, down_t, scales = neurons.layer_weights(b, il)
     row_map = perm_w if scales is not None else None  # Q4T rows stay in the original neuron order
     neurons.before_lists(b, il)
-    out = b.activation("ffn_out", cfg.d_model, rows=h.rows)
+    out = b.activation("ffn_out" + tag, cfg.d_model, rows=h.rows)
     if gate_w.dtype in INTEGER_DOT_WEIGHTS:
         b.quantize(h)  # one Q8A copy of h for the predictor and both paths
 
     # 1. Each token's active list (runs of at most max_tokens tokens), then the union, which picks the path.
     few = Guard(max_tokens=runs.max_tokens)
     pred = lp.predictor if lp.predictor is not None and lp.hot < n_ff else None
+    if per_token and pred is None:
+        raise ValueError("a per-token sparse side needs a predictor layer with cold neurons")
     gate_first = pred is None and (plan.mode == "gate" or lp.gate_threshold > 0)
     cats = plan.mode == "gate"
     gate = up = None  # computed before the choice only where the choice needs them (both paths use them)
     if pred is not None:
-        lists = predicted_lists(b, h, pred, lp.hot, n_ff, p, "", few)  # I32 [T, n_ff + 1]
+        lists = predicted_lists(b, h, pred, lp.hot, n_ff, p, tag, few)  # I32 [T, n_ff + 1]
     elif gate_first:
         # CATS stops at |act(gate)| > cut (SiLU or GELU); the contrib mode then also drops neurons whose
         # |act(gate) * up| is below its threshold.
@@ -255,31 +271,36 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
         up = b.matmul(up_w, h, "up")
         b.gated_mul(gate, up, out=gate, act=act_kind)
         lists = b.active_set(gate, n_ff, "active", threshold=lp.threshold, run_if=few)
-    limits = runs.predicted if pred is not None or gate_first else runs.threshold
-    # I32 [1, n_ff + 1]: count (-1: dense) and ids
-    union = b.active_union(lists, n_ff, p + "ffn.union", runs.max_tokens, *limits, max_single=runs.single)
-    neurons.after_union(b, il, union)
-    sparse, dense = Guard(when=union), Guard(when=union, sparse=False)
+    if per_token:  # each token's own list; the run's length picks the path
+        union, rows = None, lists
+        sparse, dense = few, Guard(min_tokens=runs.max_tokens + 1)
+    else:
+        limits = runs.predicted if pred is not None or gate_first else runs.threshold
+        # I32 [1, n_ff + 1]: count (-1: dense) and ids
+        union = b.active_union(lists, n_ff, p + "ffn.union" + tag, runs.max_tokens, *limits, max_single=runs.single)
+        neurons.after_union(b, il, union)
+        rows = union
+        sparse, dense = Guard(when=union), Guard(when=union, sparse=False)
 
-    # 2. Sparse: gate/up rows of the union for every token (each row read once), each token's own
-    #    activations, and the down rows of each token's list (column tiles shared by the batch).
+    # 2. Sparse: gate/up rows of the union (or of each token's list) for every token (each row read once), each
+    #    token's own activations, and the down rows of each token's list (column tiles shared by the batch).
     act = gate
     if pred is not None:
-        act = b.matmul(gate_w, h, "gate_s", active=union, run_if=sparse)
-        up_s = b.matmul(up_w, h, "up_s", active=union, run_if=sparse)
+        act = b.matmul(gate_w, h, "gate_s" + tag, active=rows, run_if=sparse)
+        up_s = b.matmul(up_w, h, "up_s" + tag, active=rows, run_if=sparse)
         b.gated_act(act, up_s, lists, 0.0 if cats else lp.threshold, act=act_kind, run_if=sparse)
     elif gate_first:
-        up_s = b.matmul(up_w, h, "up_s", active=union, run_if=sparse)
+        up_s = b.matmul(up_w, h, "up_s" + tag, active=rows, run_if=sparse)
         b.gated_act(gate, up_s, lists, 0.0 if cats else lp.threshold, act=act_kind, run_if=sparse)
     b.down_axpy(down_t, act, lists, out=out, scales=scales, row_map=row_map, union=union, run_if=sparse)
 
     # 3. Dense: the GEMMs, un-permuted before the original down.
     if gate is None:
-        gate = b.matmul(gate_w, h, "gate_d", run_if=dense)
+        gate = b.matmul(gate_w, h, "gate_d" + tag, run_if=dense)
     if up is None:
-        up = b.matmul(up_w, h, "up_d", run_if=dense)
+        up = b.matmul(up_w, h, "up_d" + tag, run_if=dense)
         b.gated_mul(gate, up, out=gate, act=act_kind, run_if=dense)
-    act_d = b.scatter_cols(gate, perm_w, "act", run_if=dense)
-    b.matmul(neurons.dense_down(b, il, dense), act_d, "ffn_out", out=out, run_if=dense)
+    act_d = b.scatter_cols(gate, perm_w, "act" + tag, run_if=dense)
+    b.matmul(neurons.dense_down(b, il, dense), act_d, "ffn_out" + tag, out=out, run_if=dense)
     neurons.done(b, il)
     return out
