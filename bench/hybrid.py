@@ -167,7 +167,7 @@ def main() -> int:
         row = {"config": name, "vram_budget": kw.get("vram_budget"), "setup_s": time.perf_counter() - t0,
                "same_greedy_tokens": m.generate(PROMPT, max_tokens=16, temperature=0) == want}
         if m.placement:
-            p = m.placement
+            p = m.placement.report
             row.update(gpu_neurons=sum(p["gpu_neurons"]), ffn_share_on_gpu=sum(p["gpu_neurons"]) / sum(p["n_ff"]),
                        ffn_bytes_on_gpu=p["ffn_bytes_on_gpu"],
                        head_on_gpu=p["head_on_gpu"], split_layers=len(p.get("split_layers", [])))

@@ -71,7 +71,7 @@ def standin_rows(pyinfer, args, base) -> tuple[list[dict], list[dict], dict]:
                          vram_budget=args.standin_budget, progress=True)
     setup = time.perf_counter() - t0
     one = pyinfer.load(args.model, n_threads=1, n_ctx=args.ctx, progress=False) if args.threads > 1 else None
-    p = split.session.placement
+    p = split.session.placement.report
     same = split.generate(PROMPT, max_tokens=16, temperature=0) == want
     spans = timeline.step_timeline(split)
     per_layer = [r for r in timeline.layer_overlap(split, spans) if r["layer"] in set(p["split_layers"])

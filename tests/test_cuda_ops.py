@@ -442,7 +442,7 @@ def test_moe_model_whole_and_split(kind, tmp_path):
     for budget in ("4G", half):
         m = pyinfer.load(path, n_threads=2, n_ctx=64, device=device, vram_budget=budget, progress=False)
         if budget == half:
-            assert m.session.placement["split_layers"]
+            assert m.session.placement.report["split_layers"]
         got = m.eval(ids, all_logits=True)
         assert np.abs(got - want).mean() <= 0.01 * np.abs(want).mean()
         assert m.generate("Once upon a time", max_tokens=8, temperature=0) == \

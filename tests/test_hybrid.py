@@ -11,6 +11,7 @@ import pyinfer
 from pyinfer import _core
 from pyinfer.errors import PyinferError
 from pyinfer.runtime.model_graph import build_model_graph
+from pyinfer.runtime.placement import Placement
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def model4(tmp_path_factory) -> str:
 def logits(m, gpu_blocks, two_backends: bool, head=False) -> np.ndarray:
     ids = list(range(1, 20))
     pl = {"gpu_blocks": gpu_blocks, "block": 32, "head_on_gpu": head}
-    b = build_model_graph(m.gguf, m.config, 64, hybrid=dict(pl, device=1))
+    b = build_model_graph(m.gguf, m.config, 64, placement=Placement.of(pl))
     kw = {"placement": b.placement, "backend_threads": [2, 1], "backend_memory": [0, 1]} if two_backends else {}
     e = _core.Engine(b.graph, max_tokens=64, max_outputs=64, n_threads=2, **kw)
     n = len(ids)
@@ -77,7 +78,7 @@ def test_load_on_the_standin_device(model4):
 
     minimum = sum(fixed_bytes(cpu.gguf, cpu.config, None, 64).values())
     m = pyinfer.load(model4, n_threads=2, n_ctx=64, device="standin", vram_budget=minimum + 24 * 1024)
-    assert 0 < sum(m.placement["gpu_neurons"]) < 4 * 128
+    assert 0 < sum(m.placement.report["gpu_neurons"]) < 4 * 128
     assert m.n_copies > 0 and m.running.n_segments > 1
     assert m.generate("Once upon a time", max_tokens=8, temperature=0) == \
         cpu.generate("Once upon a time", max_tokens=8, temperature=0)
@@ -128,7 +129,7 @@ def test_sparse_cpu_side_with_an_all_active_plan_equals_dense(tmp_path):
 
     minimum = sum(fixed_bytes(dense.gguf, dense.config, plan, 64).values())
     m = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=plan, device="standin", vram_budget=minimum + 40_000)
-    assert any(0 < k < n for k, n in zip(m.placement["gpu_neurons"], m.placement["n_ff"]))  # split layers
+    assert any(0 < k < n for k, n in zip(m.placement.report["gpu_neurons"], m.placement.report["n_ff"]))  # split layers
     np.testing.assert_allclose(decode_logits(m, TOKENS), want, rtol=1e-4, atol=1e-4)
 
 
@@ -169,10 +170,10 @@ def test_sparse_decode_on_both_sides_is_the_same_on_one_backend(tiny_model_path)
 
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     plan = varying_predictor_plan(m.gguf.fingerprint())
-    pl = {"gpu_blocks": [[0], [1, 2]], "block": 32, "head_on_gpu": False, "device": 1}
+    pl = {"gpu_blocks": [[0], [1, 2]], "block": 32, "head_on_gpu": False}
 
     def decode(two_backends: bool) -> np.ndarray:
-        b = build_model_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), hybrid=pl)
+        b = build_model_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), placement=Placement.of(pl))
         kw = {"placement": b.placement, "backend_threads": [2, 1], "backend_memory": [0, 1]} if two_backends else {}
         e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, **kw)
         out = []
@@ -192,7 +193,7 @@ def test_a_placement_file_is_checked_against_the_load(model4, tmp_path, monkeypa
     assert main(["place", "-m", model4, "-t", "1", "-c", "64", "--sparsity", "off", "--vram-budget", "200M",
                  "--tokens", "2", "-o", out]) == 0
     m = pyinfer.load(model4, n_threads=1, n_ctx=64, device="standin", vram_budget=out)
-    assert m.placement["gpu_blocks"] and m.generate("Hi", max_tokens=2, temperature=0) is not None
+    assert m.placement.report["gpu_blocks"] and m.generate("Hi", max_tokens=2, temperature=0) is not None
     with pytest.raises(PyinferError, match="placed for n_ctx 64"):
         pyinfer.load(model4, n_threads=1, n_ctx=32, device="standin", vram_budget=out)
 
@@ -249,8 +250,8 @@ def test_the_two_halves_of_a_split_layer_run_at_the_same_time(tiny_model_path, t
         tiny_model_path = str(write_tiny_llama(tmp_path / "f16.gguf", matrix_type=Q.F16, embed_type=Q.F16))
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     plan = varying_predictor_plan(m.gguf.fingerprint()) if sparse else None
-    pl = {"gpu_blocks": [[0], [1, 2]], "block": 32, "head_on_gpu": False, "device": 1}
-    b = build_model_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), hybrid=pl)
+    pl = {"gpu_blocks": [[0], [1, 2]], "block": 32, "head_on_gpu": False}
+    b = build_model_graph(m.gguf, m.config, 64, plan, SparseRuns(max_tokens=1), placement=Placement.of(pl))
     e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, placement=b.placement,
                      backend_threads=[2, 1], backend_memory=[0, 1])
     assert _halves_wait_for_each_other(e) == []
@@ -267,11 +268,11 @@ def test_the_device_side_of_a_batch_step_is_sparse_per_token(tiny_model_path):
 
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     plan = varying_predictor_plan(m.gguf.fingerprint())
-    pl = {"gpu_blocks": [[0, 1], [0, 1, 2]], "block": 32, "head_on_gpu": True, "device": 1}
+    pl = {"gpu_blocks": [[0, 1], [0, 1, 2]], "block": 32, "head_on_gpu": True}
     ids = np.array(TOKENS[:4], np.int32)
 
     def logits(runs: SparseRuns, one_by_one: bool) -> np.ndarray:
-        b = build_model_graph(m.gguf, m.config, 64, plan, runs, hybrid=pl)
+        b = build_model_graph(m.gguf, m.config, 64, plan, runs, placement=Placement.of(pl))
         e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, placement=b.placement,
                          backend_threads=[2, 1], backend_memory=[0, 1])
         if not one_by_one:
@@ -308,7 +309,7 @@ def test_a_q4_model_on_the_device_alone_decodes_as_the_cpu_with_q4t_downs(tiny_m
 
     cpu = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, neuron_down="q4t")
     dev = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=plan, device="standin", vram_budget="1G")
-    assert sum(dev.placement["gpu_neurons"]) == sum(dev.placement["n_ff"])
+    assert sum(dev.placement.report["gpu_neurons"]) == sum(dev.placement.report["n_ff"])
     np.testing.assert_array_equal(decode(dev), decode(cpu))
 
 

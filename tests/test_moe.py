@@ -902,11 +902,11 @@ def test_experts_split_with_the_standin_device_give_the_cpu_answer(paths, monkey
     if share == 1:
         budget += ep.head_bytes(f)  # the head is worth more per byte than a rarely chosen expert
     m = pyinfer.load(path, n_ctx=64, n_threads=2, device="standin", vram_budget=budget, progress=False)
-    placed = m.session.placement["gpu_experts"]
+    placed = m.session.placement.report["gpu_experts"]
     assert sum(map(len, placed)) == (0 if share == 0 else cfg.n_layers * cfg.n_expert if share == 1 else
                                      sum(map(len, placed)))
     if share == 0.4:
-        assert 0 < sum(map(len, placed)) < cfg.n_layers * cfg.n_expert and m.session.placement["split_layers"]
+        assert 0 < sum(map(len, placed)) < cfg.n_layers * cfg.n_expert and m.session.placement.report["split_layers"]
     np.testing.assert_allclose(m.eval(IDS[:20], all_logits=True), want, rtol=2e-5, atol=2e-5)
     m2 = pyinfer.load(path, n_ctx=64, n_threads=2, device="standin", vram_budget=budget, progress=False)
     ram = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)

@@ -28,9 +28,9 @@ def add_parsers(sub) -> dict:
 
 def _device_summary(model) -> dict | None:
     """Where a hybrid run put things (None on the CPU alone)."""
-    p = model.placement
-    if p is None:
+    if model.placement is None:
         return None
+    p = model.placement.report
     if "gpu_experts" in p:  # a Mixture of Experts, placed by whole experts
         n = sum(map(len, p["gpu_experts"]))
         return {"device": model.device, "vram_budget": p["vram_budget"], "gpu_experts": n,

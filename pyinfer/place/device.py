@@ -7,6 +7,7 @@ included, so a placement can be checked (and is tested) on a machine without one
 from __future__ import annotations
 
 from ..errors import PyinferError
+from ..runtime.placement import Placement
 
 MARGIN_BYTES = 512 << 20    # left free by the default budget: the CUDA context, cuBLAS, other processes
 DEFAULT_CPU_SECONDS_PER_BYTE = 1e-10  # ~10 GB/s decode streaming, where `pyinfer place` did not measure
@@ -83,27 +84,27 @@ def _default_budget(kind: str, index: int, vram_budget):
 
 
 def resolve_placement(kind: str, index: int, vram_budget, gguf, cfg, plan, n_ctx: int,
-                      cache_type: str = "f16") -> dict:
-    """The placement (as `pyinfer place` writes it) for this load."""
+                      cache_type: str = "f16") -> Placement:
+    """The placement for this load: a file from `pyinfer place` (checked against it), or solved now."""
     import os
 
     from ..tools.sizes import parse_size
     from .gpu_placement import GpuCosts, check_placement, place, read_placement
 
     if isinstance(vram_budget, (str, os.PathLike)) and os.path.isfile(vram_budget):
-        return check_placement(read_placement(str(vram_budget), gguf.fingerprint()), cfg, plan, n_ctx, cache_type,
-                               str(vram_budget))
+        return Placement.of(check_placement(read_placement(str(vram_budget), gguf.fingerprint()), cfg, plan, n_ctx,
+                                            cache_type, str(vram_budget)))
     vram_budget = _default_budget(kind, index, vram_budget)
     from .measure import sync_seconds
 
     sync, how = sync_seconds(index, 4 * cfg.d_model) if kind == "cuda" else (0.0, "stand-in: no transfer cost")
     costs = GpuCosts(DEFAULT_CPU_SECONDS_PER_BYTE, sync,
                      {"cpu_seconds_per_byte": "default (pyinfer place measures it)", "sync_seconds": how})
-    return place(gguf, cfg, plan, parse_size(vram_budget), n_ctx, costs, cache_type=cache_type).summary()
+    return Placement.of(place(gguf, cfg, plan, parse_size(vram_budget), n_ctx, costs, cache_type=cache_type).summary())
 
 
 def resolve_expert_placement(session, vram_budget, n_ctx: int, cache_type: str = "f16",
-                             progress: bool = True) -> dict:
+                             progress: bool = True) -> Placement:
     """A Mixture of Experts' placement (as `pyinfer place` writes it) for this load: a file, or solved now from
     the model's routing profile (offload/experts.py, measured once and cached) under a VRAM budget."""
     import os
@@ -117,7 +118,7 @@ def resolve_expert_placement(session, vram_budget, n_ctx: int, cache_type: str =
 
     if isinstance(vram_budget, (str, os.PathLike)) and os.path.isfile(vram_budget):
         d = read_bound_json(str(vram_budget), FORMAT, session.gguf.fingerprint(), "expert placement", "pyinfer place")
-        return check_expert_placement(d, session.config, n_ctx, cache_type, str(vram_budget))
+        return Placement.of(check_expert_placement(d, session.config, n_ctx, cache_type, str(vram_budget)))
     kind, index = session.kind, session.index
     vram_budget = _default_budget(kind, index, vram_budget)
     sync, how = sync_seconds(index, 4 * session.config.d_model) if kind == "cuda" else (0.0, "stand-in: no transfer "
@@ -125,5 +126,5 @@ def resolve_expert_placement(session, vram_budget, n_ctx: int, cache_type: str =
     costs = GpuCosts(DEFAULT_CPU_SECONDS_PER_BYTE, sync, {"cpu_seconds_per_byte": "default (pyinfer place measures "
                                                           "it)", "sync_seconds": how})
     counts = cached_profile(session, progress)["counts"]
-    return place_experts(session.gguf, session.config, parse_size(vram_budget), n_ctx, costs, counts,
-                         cache_type=cache_type).summary()
+    return Placement.of(place_experts(session.gguf, session.config, parse_size(vram_budget), n_ctx, costs, counts,
+                                      cache_type=cache_type).summary())

@@ -9,6 +9,7 @@ from ..errors import UnsupportedModelError
 from .graph_builder import T
 from .hybrid_ffn import hybrid_ffn
 from .moe_ffn import moe_ffn, split_moe_ffn
+from .placement import Placement
 from .sparse_ffn import SparseRuns, dense_ffn, sparse_ffn
 
 
@@ -58,30 +59,29 @@ class SparseFfn:
 
 
 class SplitFfn:
-    """Each layer's FFN split between the CPU and a device by a GPU placement (runtime/hybrid_ffn.py; a Mixture
-    of Experts by an expert placement, runtime/moe_ffn.py); the split places its own nodes, the only FFN that
-    does."""
+    """Each layer's FFN split between the CPU and a device by a placement (runtime/hybrid_ffn.py; a Mixture of
+    Experts by whole experts, runtime/moe_ffn.py); the split places its own nodes, the only FFN that does."""
 
-    def __init__(self, hybrid: dict, plan=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto"):
-        self.hybrid, self.plan, self.runs, self.down_type = hybrid, plan, runs, down_type
+    def __init__(self, placement: Placement, plan=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto"):
+        self.placement, self.plan, self.runs, self.down_type = placement, plan, runs, down_type
 
     def __call__(self, m, h: T, il: int) -> T:
-        hy = self.hybrid
+        pl = self.placement
         if m.cfg.is_moe:  # an expert placement (place/expert_placement.py): whole experts on each side
-            return split_moe_ffn(m.b, m.w, m.gguf, h, il, m.cfg, hy["gpu_experts"][il], hy["device"])
-        return hybrid_ffn(m.b, m.gguf, h, il, m.cfg, hy["gpu_blocks"][il], hy["block"], hy["device"], self.plan,
+            return split_moe_ffn(m.b, m.w, m.gguf, h, il, m.cfg, list(pl.gpu_experts[il]), pl.device)
+        return hybrid_ffn(m.b, m.gguf, h, il, m.cfg, list(pl.gpu_blocks[il]), pl.block, pl.device, self.plan,
                           self.runs, self.down_type, m.w)
 
 
 def choose_ffn(sparsity=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto", offload=None,
-               hybrid: dict | None = None, record: bool = False, experts=None, expert_cuts=None):
+               placement: Placement | None = None, record: bool = False, experts=None, expert_cuts=None):
     if record:
         return RecordedFfn()
-    if hybrid is not None:
+    if placement is not None:
         if expert_cuts is not None:
             raise UnsupportedModelError("cuts inside the experts (--target with a Mixture of Experts) run on the "
                                         "CPU only; an expert placement runs its experts whole")
-        return SplitFfn(hybrid, sparsity, runs, down_type)
+        return SplitFfn(placement, sparsity, runs, down_type)
     if sparsity is not None:
         return SparseFfn(sparsity, runs, down_type, offload)
     return DenseFfn(experts, expert_cuts)

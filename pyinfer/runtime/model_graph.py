@@ -11,7 +11,7 @@ from ..sparsity.plan import SparsityPlan
 from .blocks import ModelGraph
 from .ffn import choose_ffn
 from .graph_builder import GraphBuilder
-from .placement import CPU, assign_split
+from .placement import CPU, Placement, assign_split
 from .sparse_ffn import SparseRuns
 
 # KV cache element types by their llama.cpp names.
@@ -21,7 +21,7 @@ CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0}
 def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
                       runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
                       paged: tuple[int, int] | None = None, cache_type: str = "f16", offload=None,
-                      hybrid: dict | None = None, experts=None, expert_cuts=None) -> GraphBuilder:
+                      placement: Placement | None = None, experts=None, expert_cuts=None) -> GraphBuilder:
     """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
@@ -31,8 +31,8 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     `experts`: an offload.ExpertOffload (a Mixture of Experts under a memory limit): the experts come from its
     expert store. `expert_cuts`: a sparsity.expert_cuts.ExpertCuts (a Mixture of Experts): decode reads each
     chosen expert's up only for the neurons whose gate passes the expert's cut.
-    `hybrid`: a GPU placement (place/gpu_placement.py, as its summary) and "device", the engine backend that
-    stands for the GPU: the residual stream, norms and attention, each layer's placed FFN blocks and, if
+    `placement`: a GPU placement (runtime/placement.py), whose `device` is the engine backend that stands for the
+    GPU: the residual stream, norms and attention, each layer's placed FFN blocks and, if
     placed, the output head run there. Only the embedding lookup and the CPU's FFN blocks run on the CPU, so
     a layer wholly on the GPU costs no copy and a split one two (its FFN input down, the CPU's sum up)."""
     if cache_type not in CACHE_TYPES:
@@ -56,12 +56,12 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     def weight_source(name: str, data):
         return data if offload is None else offload.resident_copy(name, data)
 
-    ffn = choose_ffn(sparsity, runs, down_type, offload, hybrid, record, experts, expert_cuts)
+    ffn = choose_ffn(sparsity, runs, down_type, offload, placement, record, experts, expert_cuts)
     m = ModelGraph(b, gguf, cfg, n_ctx, weight_source, ffn, positions, slots, kv_table, block_size,
                    CACHE_TYPES[cache_type], seq_ctx=block_size * paged[1] if paged else n_ctx)
     # Where weights live (a split graph only): the embedding table in host memory; attention, norms and the
     # placed FFN neurons on the device (the split FFN tags its own); the head where the placement put it.
-    device = hybrid["device"] if hybrid is not None else None
+    device = placement.device if placement is not None else None
     with b.weights_on(CPU if device is not None else None):
         embed = m.w("token_embd.weight")                # [vocab, d_model]
     x = b.get_rows(embed, tokens, "x", scale=cfg.embed_scale)  # F32 [T, d_model], the residual stream
@@ -72,7 +72,7 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         # Only rows that need logits go through the final norm and the (large) output head.
         xo = b.select_rows(x, out_ids, "x_out")         # F32 [O, d_model]
         h = m.norm(xo, "output_norm.weight", "out_in")
-    head_home = (device if hybrid.get("head_on_gpu") else CPU) if device is not None else None
+    head_home = (device if placement.head_on_gpu else CPU) if device is not None else None
     with b.weights_on(head_home):
         # A tied head on the device is its own weight tensor over the same bytes (uploaded there; the lookup's
         # stays in host memory).

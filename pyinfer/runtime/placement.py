@@ -10,9 +10,35 @@ weights inside GraphBuilder.weights_on(backend), and then, in node order,
 No model code places anything."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from .graph_builder import GraphBuilder
 
 CPU = 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a load puts on its device, as the graph reads it: per layer the FFN's down blocks on the device (`block`
+    neurons each; a dense model) or its experts there (a Mixture of Experts), and whether the output head is;
+    `device` is the engine backend standing for the GPU. place/ returns it (from its program or a file from
+    `pyinfer place`); `report` is that placement's summary, what the file holds and `bench --json` reports."""
+    head_on_gpu: bool
+    gpu_blocks: tuple[tuple[int, ...], ...] = ()
+    block: int = 0
+    gpu_experts: tuple[tuple[int, ...], ...] | None = None
+    device: int = 1
+    report: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, summary: dict, device: int = 1) -> Placement:
+        """From a placement's summary (place/gpu_placement.py or place/expert_placement.py)."""
+        if "gpu_experts" in summary:
+            return cls(bool(summary["head_on_gpu"]), gpu_experts=tuple(tuple(int(e) for e in layer)
+                                                                      for layer in summary["gpu_experts"]),
+                       device=device, report=summary)
+        return cls(bool(summary["head_on_gpu"]), tuple(tuple(int(k) for k in layer) for layer in summary["gpu_blocks"]),
+                   int(summary["block"]), device=device, report=summary)
 
 
 def assign_split(b: GraphBuilder, device: int) -> None:

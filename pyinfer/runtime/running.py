@@ -11,6 +11,7 @@ import numpy as np
 from .. import _core
 from ..errors import PyinferError
 from .model_graph import build_model_graph
+from .placement import Placement
 from .sparse_ffn import SparseRuns
 
 
@@ -45,7 +46,7 @@ class ModelParts:
     cache_type: str = "f16"
     offload: object = None
     device: str = "cpu"
-    placement: dict | None = None
+    placement: Placement | None = None  # on backend 1 (engine_backends)
     isa: str = "auto"
     experts: object = None
     expert_cuts: object = None
@@ -60,7 +61,7 @@ def build_running(parts: ModelParts, n_ctx: int, max_tokens: int, runs: SparseRu
     try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line
         b = build_model_graph(p.gguf, p.config, n_ctx, p.sparsity, runs, down_type=p.neuron_down, paged=paged,
                               cache_type=p.cache_type, offload=p.offload,
-                              hybrid=dict(p.placement, device=1) if p.placement else None, experts=p.experts,
+                              placement=p.placement, experts=p.experts,
                               expert_cuts=p.expert_cuts)
         engine = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=p.n_threads,
                               isa=p.isa, **engine_backends(kind, index, p.n_threads, b.placement))
