@@ -22,8 +22,8 @@ sys.path.insert(1, str(Path(__file__).parents[1] / "tests"))
 import pyinfer  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from llamacpp_quantized import distance, llamacpp_logits, quantized_by_llamacpp  # noqa: E402
-from reference_llama import reference_logits  # noqa: E402
-from tiny_model import write_tiny_arch  # noqa: E402
+from support.reference_llama import reference_logits  # noqa: E402
+from support.tiny_model import write_tiny_arch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "robustness"
 FTYPES = {"Q4_K_M": 15, "Q8_0": 7}  # llama_ftype
@@ -51,7 +51,7 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
     """llama.cpp rounds its context up to a multiple of 256 before choosing Phi-3's long or short factors,
     so the original context is put well away from the 128 both engines run with: 4096 (short), 64 (long)."""
     if kind.startswith("gemma3"):
-        from tiny_model import write_tiny_gemma3
+        from support.tiny_model import write_tiny_gemma3
 
         f32 = {k: Q.F32 for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
         scaled = (lambda w: (w.add_string("gemma3.rope.scaling.type", "linear"),

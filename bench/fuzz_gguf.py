@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from gguf_fuzz import ALL_KINDS, ARCH_TARGETS, Fuzzer, make_cases, summarize, write_targets  # noqa: E402
+from support.gguf_fuzz import ALL_KINDS, ARCH_TARGETS, Fuzzer, make_cases, summarize, write_targets  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "robustness"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from tiny_model import write_tiny_llama  # noqa: E402
+from support.tiny_model import write_tiny_llama  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "robustness"
 WEIRD = [None, -1, 0, 1, 2 ** 31, 2 ** 63, 1e308, float("nan"), "x", [], {}, [1, 2], True, -0.5, "relu", "gate"]

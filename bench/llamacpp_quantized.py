@@ -24,7 +24,7 @@ import pyinfer  # noqa: E402
 from compare_llamacpp import LlamaCpp  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from pyinfer.model.arch import open_model  # noqa: E402
-from tiny_model import write_tiny_llama  # noqa: E402
+from support.tiny_model import write_tiny_llama  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "vs_llamacpp"
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}  # llama_ftype

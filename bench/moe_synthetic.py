@@ -89,7 +89,7 @@ def routing(seed: int = 7) -> np.ndarray:
 def write_model(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFWriter
-    from tiny_model import _add_tiny_vocab
+    from support.tiny_model import _add_tiny_vocab
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)

@@ -40,7 +40,7 @@ def random_q4_0(rng, rows: int, cols: int, scale: float) -> np.ndarray:
 def write_model(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFWriter
-    from tiny_model import _add_shape, _add_tiny_vocab
+    from support.tiny_model import _add_shape, _add_tiny_vocab
 
     rng = np.random.default_rng(seed)
     c = SHAPE

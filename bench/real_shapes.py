@@ -24,7 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
 from gguf import GGMLQuantizationType as Q
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from tiny_model import _add_shape, _copy_vocab, random_k_blocks  # noqa: E402
+from support.tiny_model import _add_shape, _copy_vocab, random_k_blocks  # noqa: E402
 
 # The published configurations (config.json of each model); `vocab` names llama.cpp's vocab file.
 SHAPES = {

@@ -5,7 +5,7 @@ at its smallest and that every table runs it.
 
   pytest bench/test_bench_backend_ops.py --benchmark-json bench/results/kernels/backend_ops.json"""
 import pytest
-from test_backend_ops import ALL, ISAS, compare, run_case
+from support.op_cases import ALL, ISAS, compare, run_case
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -149,7 +149,7 @@ def test_attention_decode(benchmark, isa, n_ctx):
         return b.attention(Q_, kc, vc, P, heads, kv_heads, hd, "o")
 
     eng, o = single_op_engine(build, max_tokens=1, n_threads=THREADS, isa=isa)
-    from reference_llama import rope
+    from support.reference_llama import rope
 
     qr = rope(q, pos, heads, 64, 1e5).reshape(heads, hd)
     kv = k.astype(np.float16).astype(np.float32).reshape(kv_heads, hd)  # the cache is fp16; other rows are zero

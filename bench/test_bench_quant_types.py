@@ -14,7 +14,7 @@ from pyinfer import _core
 from pyinfer._core import DType
 from pyinfer.runtime.graph_builder import single_op_engine
 from checks import deq, q8a, run_and_check
-from tiny_model import random_k_blocks
+from support.tiny_model import random_k_blocks
 
 ISAS = _core.available_isas().split(",")
 THREADS = 2

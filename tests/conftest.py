@@ -32,7 +32,7 @@ def real_model(real_model_path):
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> str:
-    from tiny_model import write_tiny_llama
+    from support.tiny_model import write_tiny_llama
 
     return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf"))
 

@@ -19,7 +19,7 @@ from gguf import quants
 from pyinfer import _core
 from pyinfer._core import DType
 from test_ops import q8a_reference, run_single
-from test_quant_types import random_blocks
+from support.tiny_model import random_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 ISAS = _core.available_isas().split(",")

@@ -9,8 +9,8 @@ from gguf import GGMLQuantizationType as Q
 
 import pyinfer
 from pyinfer.model.arch import ARCHITECTURES
-from reference_llama import reference_logits
-from tiny_model import write_tiny_arch
+from support.reference_llama import reference_logits
+from support.tiny_model import write_tiny_arch
 
 KINDS = ("llama3", "qwen2", "qwen3", "phi3")
 IDS = list(range(3, 51))  # 48 positions
@@ -62,7 +62,7 @@ def test_phi3_long_factors_beyond_the_original_context(paths):
 
 def test_llama3_rope_factors_are_used(paths, tmp_path):
     """Llama 3.1's rope_freqs.weight changes the answer (ignored, it gave logits 43% off llama.cpp's)."""
-    from tiny_model import write_tiny_llama
+    from support.tiny_model import write_tiny_llama
 
     with_f = pyinfer.load(paths["llama3", Q.F32], n_ctx=64, progress=False).eval(IDS, all_logits=True)
     ref_without = reference_logits(pyinfer.load(paths["llama3", Q.F32], n_ctx=64, progress=False).gguf, IDS)
@@ -102,7 +102,7 @@ def test_registry_lists_what_runs():
 
 def test_linear_rope_scaling(tmp_path):
     """rope.scaling linear (llama.cpp: every pair's frequency times 1 / factor); type none never scales."""
-    from tiny_model import write_tiny_llama
+    from support.tiny_model import write_tiny_llama
 
     def scaled(kind, factor):
         return lambda w: (w.add_string("llama.rope.scaling.type", kind), w.add_float32("llama.rope.scaling.factor", factor))
@@ -117,7 +117,7 @@ def test_linear_rope_scaling(tmp_path):
 
 def test_gemma3_scales_only_its_global_layers(tmp_path):
     """Gemma 3 4B-27B carry rope.scaling linear 8: llama.cpp applies it to the global layers only."""
-    from tiny_model import write_tiny_gemma3
+    from support.tiny_model import write_tiny_gemma3
 
     f32 = {k: Q.F32 for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
     path = str(write_tiny_gemma3(tmp_path / "g.gguf", types=f32))

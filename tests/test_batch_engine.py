@@ -12,7 +12,7 @@ from pyinfer.sparsity.plan import SparsityPlan
 def test_batched_sequences_match_single_sequence_runs(tiny_model_path, tmp_path, cache):
     path = tiny_model_path
     if cache == "q8_0":  # needs heads of 32 values
-        from tiny_model import write_tiny_llama
+        from support.tiny_model import write_tiny_llama
         path = str(write_tiny_llama(tmp_path / "hd32.gguf", config={"n_heads": 2, "n_kv_heads": 1}))
     m = pyinfer.load(path, n_threads=2, n_ctx=128, cache_type=cache)
     be = BatchEngine(m.session.parts(n_threads=2, cache_type=cache), num_blocks=12, block_size=4, max_seq_len=40,
@@ -63,7 +63,7 @@ def varied_plan(fingerprint: str, mode: str) -> SparsityPlan:
     "predictor" mode; thresholds otherwise."""
     from gguf import GGMLQuantizationType as Q
     from gguf import quants
-    from test_sparsity import D, FF, all_active_plan
+    from support.plans import D, FF, all_active_plan
 
     from pyinfer.sparsity.plan import Predictor
 

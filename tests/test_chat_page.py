@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-import serve_helpers  # noqa: E402
+from support import serve_helpers  # noqa: E402
 
 KEY = "page-key"
 SCREENSHOT = Path(__file__).resolve().parents[1] / "bench" / "results" / "chat_page.png"

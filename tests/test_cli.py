@@ -261,7 +261,7 @@ def test_serve_replicas_without_ray_says_how_to_install_it(tiny_model_path, tmp_
 
 
 def test_bench_at_depth_with_q8_0_cache(tiny_model_path, tmp_path):
-    from tiny_model import write_tiny_llama
+    from support.tiny_model import write_tiny_llama
 
     hd32 = str(write_tiny_llama(tmp_path / "hd32.gguf", config={"n_heads": 2, "n_kv_heads": 1}))
     rc, out, err = cli("bench", "-m", hd32, "-p", "16", "-g", "8", "-r", "1", "--depth", "100",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
-from test_quant_types import random_blocks
+from support.tiny_model import random_blocks
 
 from pyinfer import _core
 from pyinfer._core import DType
@@ -429,7 +429,7 @@ def test_moe_model_whole_and_split(kind, tmp_path):
     import pyinfer
     from pyinfer.model.arch import open_model
     from pyinfer.place import expert_placement as ep
-    from tiny_model import write_tiny_arch
+    from support.tiny_model import write_tiny_arch
 
     path = str(write_tiny_arch(tmp_path / f"{kind}.gguf", kind, seed=3, qtype=Q.Q8_0))
     cpu = pyinfer.load(path, n_threads=2, n_ctx=64, progress=False)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import pyinfer
-from tiny_model import write_tiny_llama
+from support.tiny_model import write_tiny_llama
 
 
 def run_cli(*args):
@@ -109,7 +109,7 @@ def test_unsupported_architecture(tmp_path):
 def test_unsupported_tensor_type_names_it_and_the_supported_ones(tmp_path):
     from gguf import GGMLQuantizationType as Q
 
-    from tiny_model import random_k_blocks, write_tiny_llama
+    from support.tiny_model import random_k_blocks, write_tiny_llama
 
     p = write_tiny_llama(tmp_path / "q2k.gguf", config=dict(d_model=256, d_ff=256, n_heads=4, n_kv_heads=2))
     # Same file with ffn_down's type switched to Q3_K (a K-quant pyinfer does not run) and its bytes to match

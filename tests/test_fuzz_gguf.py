@@ -3,9 +3,9 @@ and of the real model's header loads and runs one token, or fails with a one-lin
 import struct
 
 import pytest
-from gguf_fuzz import (ALL_KINDS, ARCH_TARGETS, Fuzzer, MutantFile, Mutation, _u64, make_cases, run_case, summarize,
+from support.gguf_fuzz import (ALL_KINDS, ARCH_TARGETS, Fuzzer, MutantFile, Mutation, _u64, make_cases, run_case, summarize,
                        write_targets)
-from tiny_model import write_tiny_arch, write_tiny_llama
+from support.tiny_model import write_tiny_arch, write_tiny_llama
 
 
 def test_300_seeded_mutants(tmp_path, real_model_path):
@@ -83,7 +83,7 @@ def test_structural_mutants_reach_chat_and_the_server(tmp_path, real_model_path,
     loads and serves or ends in a one-line error, through chat, special-token tokenization and the server."""
     import random
 
-    from gguf_fuzz import HOSTILE_TEMPLATES, STRUCTURAL_KINDS, mutate
+    from support.gguf_fuzz import HOSTILE_TEMPLATES, STRUCTURAL_KINDS, mutate
 
     src = write_tiny_llama(tmp_path / "tiny.gguf") if target == "tiny" else real_model_path
     mf = MutantFile(src, tmp_path)

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-import serve_helpers  # noqa: E402
+from support import serve_helpers  # noqa: E402
 
 KEY = "hostile-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

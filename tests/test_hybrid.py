@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
-from tiny_model import write_tiny_llama
+from support.tiny_model import write_tiny_llama
 
 import pyinfer
 from pyinfer import _core
@@ -119,7 +119,7 @@ def test_sparse_cpu_side_with_an_all_active_plan_equals_dense(tmp_path):
     # Every neuron predicted active: the CPU side's restricted sparse FFN plus the device's dense blocks must
     # give the dense model's decode logits (a float model: no Q8A rounding to flip).
     from gguf import GGMLQuantizationType as Q
-    from test_sparsity import TOKENS, all_active_plan, decode_logits
+    from support.plans import TOKENS, all_active_plan, decode_logits
 
     path = str(write_tiny_llama(tmp_path / "f32.gguf", seed=3, matrix_type=Q.F32, embed_type=Q.F32))
     dense = pyinfer.load(path, n_threads=2, n_ctx=64)
@@ -134,7 +134,7 @@ def test_sparse_cpu_side_with_an_all_active_plan_equals_dense(tmp_path):
 
 
 def test_restricted_plan_keeps_order_hot_prefix_and_predictor_rows():
-    from test_sparsity import all_active_plan
+    from support.plans import all_active_plan
 
     from pyinfer.runtime.hybrid_ffn import restrict_plan
 
@@ -163,8 +163,8 @@ def test_sparse_decode_on_both_sides_is_the_same_on_one_backend(tiny_model_path)
     # Random predictors (each token's list a different half of the cold neurons): the CPU side's restricted
     # plan and the device side's own predictor rows must pick the same neurons whether the device is a second
     # backend or not, so the decode logits agree bit for bit.
-    from test_offload import varying_predictor_plan
-    from test_sparsity import TOKENS
+    from support.plans import varying_predictor_plan
+    from support.plans import TOKENS
 
     from pyinfer.runtime.sparse_ffn import SparseRuns
 
@@ -240,7 +240,7 @@ def _halves_wait_for_each_other(engine) -> list[int]:
 def test_the_two_halves_of_a_split_layer_run_at_the_same_time(tiny_model_path, tmp_path, sparse, weights):
     # Neither half of a split layer waits for the other, only for the layer's input (the device's half once
     # waited for the CPU's: it read h's Q8A copy from the CPU's segment).
-    from test_offload import varying_predictor_plan
+    from support.plans import varying_predictor_plan
 
     from pyinfer.runtime.sparse_ffn import SparseRuns
 
@@ -261,8 +261,8 @@ def test_the_device_side_of_a_batch_step_is_sparse_per_token(tiny_model_path):
     # A run of up to runs.max_tokens tokens (a batch's decode step) is sparse on the device too, each token
     # with its own list: four tokens in one run give what four one-token runs give (float order aside), and
     # differ from the same run taken dense (random predictors drop about half the cold neurons).
-    from test_offload import varying_predictor_plan
-    from test_sparsity import TOKENS
+    from support.plans import varying_predictor_plan
+    from support.plans import TOKENS
 
     from pyinfer.runtime.sparse_ffn import SparseRuns
 
@@ -295,8 +295,8 @@ def test_the_device_side_of_a_batch_step_is_sparse_per_token(tiny_model_path):
 def test_a_q4_model_on_the_device_alone_decodes_as_the_cpu_with_q4t_downs(tiny_model_path):
     # The device's sparse side holds a Q4_1 model's downs as Q4T, the lossless form the CPU's auto choice
     # also takes: with every neuron on the device, decode equals the CPU's bit for bit.
-    from test_offload import varying_predictor_plan
-    from test_sparsity import TOKENS
+    from support.plans import varying_predictor_plan
+    from support.plans import TOKENS
 
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     plan = varying_predictor_plan(m.gguf.fingerprint())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
-from tiny_model import write_tiny_llama
+from support.tiny_model import write_tiny_llama
 
 import pyinfer
 from pyinfer.errors import PyinferError

@@ -4,7 +4,7 @@ import pytest
 
 import pyinfer
 from pyinfer.errors import PyinferError
-from reference_llama import reference_logits
+from support.reference_llama import reference_logits
 
 
 def _agree(got: np.ndarray, want: np.ndarray, min_corr: float):
@@ -22,7 +22,7 @@ def test_tiny_model_matches_numpy_reference(tiny_model_path, isa):
 
 @pytest.fixture(scope="module")
 def tiny_gemma_path(tmp_path_factory) -> str:
-    from tiny_model import write_tiny_gemma3
+    from support.tiny_model import write_tiny_gemma3
 
     return str(write_tiny_gemma3(tmp_path_factory.mktemp("gemma") / "tiny-gemma3.gguf"))
 
@@ -117,7 +117,7 @@ def test_eval_last_equals_all_logits_last_row(real_model):
 
 def test_q8_0_cache_tracks_the_f16_cache(tmp_path):
     """The q8_0 cache rounds K and V to 8 bits per 32 values: logits move a little, the argmax rarely."""
-    from tiny_model import write_tiny_llama
+    from support.tiny_model import write_tiny_llama
 
     path = write_tiny_llama(tmp_path / "hd32.gguf", config={"n_heads": 2, "n_kv_heads": 1})
     ids = list(np.random.default_rng(3).integers(0, 200, 120))

@@ -13,8 +13,8 @@ import pyinfer
 from pyinfer import _core
 from pyinfer._core import DType
 from pyinfer.runtime.graph_builder import single_op_engine
-from reference_llama import reference_logits
-from tiny_model import MOE_KINDS, random_k_blocks, write_tiny_arch
+from support.reference_llama import reference_logits
+from support.tiny_model import MOE_KINDS, random_k_blocks, write_tiny_arch
 
 ISAS = _core.available_isas().split(",")
 RNG = np.random.default_rng(26)

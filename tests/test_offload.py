@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 import pytest
-from test_sparsity import TOKENS, all_active_plan, decode_logits
-from tiny_model import TINY
+from support.plans import TOKENS, all_active_plan, decode_logits, varying_predictor_plan  # noqa: F401
+from support.tiny_model import TINY
 
 import pyinfer
 from pyinfer import _core
@@ -68,24 +68,6 @@ def test_offloaded_runs_equal_in_ram_bit_for_bit(tiny_model_path, cache, kind, d
         st = off.offload.stats()
         streamed = off.offload.plan.streamed_bytes
         assert (st["bytes_read"] > 0) == (streamed > 0)
-
-
-def varying_predictor_plan(fp, seed=5, hot=8):
-    """Random predictors: each token's list is a different ~half of the cold neurons."""
-    from gguf import GGMLQuantizationType as Q
-    from gguf import quants
-
-    plan = all_active_plan(fp, seed=seed, hot=hot)
-    rng = np.random.default_rng(seed)
-    for lp in plan.layers:
-        p = lp.predictor
-        rank, d = p.b1.shape[0], TINY["d_model"]
-        p.w1_q8 = quants.quantize(rng.normal(0, 0.5, (rank, d)).astype(np.float32), Q.Q8_0)
-        p.b1 = rng.normal(0, 0.1, rank).astype(np.float32)
-        p.w2_q8 = quants.quantize(rng.normal(0, 0.5, (FF - hot, rank)).astype(np.float32), Q.Q8_0)
-        p.cut = np.zeros(FF - hot, np.float32)
-        lp.freq = np.linspace(1.0, 0.1, FF).astype(np.float32)
-    return plan
 
 
 @pytest.mark.parametrize("down", ["q4t", "q8_0"])

@@ -122,7 +122,7 @@ def test_unbound_input_is_refused():
 @pytest.mark.parametrize("head_dim", [64, 640, 1024])
 def test_rope_rotates_every_pair(head_dim):
     """Head sizes over 512 used to rotate only the first 256 pairs."""
-    from reference_llama import rope
+    from support.reference_llama import rope
 
     heads, n_tok = 2, 3
     x = RNG.standard_normal((n_tok, heads * head_dim)).astype(np.float32)
@@ -179,7 +179,7 @@ def test_tensor_views_are_read_only():
 
 
 def test_sidecar_permutation_is_checked(tmp_path):
-    from test_sparsity import all_active_plan
+    from support.plans import all_active_plan
 
     from pyinfer.sparsity.plan import SparsityFileError, SparsityPlan
 

@@ -117,7 +117,7 @@ def test_rms_norm_add_silu_mul(isa):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_rope_matches_reference(isa):
-    from reference_llama import rope
+    from support.reference_llama import rope
 
     n_tok, heads, hd = 5, 3, 16
     x = RNG.standard_normal((n_tok, heads * hd)).astype(np.float32)
@@ -161,7 +161,7 @@ def test_get_rows_and_select_rows(isa):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("n_tok", [1, 6])
 def test_kv_store_and_attention(isa, n_tok):
-    from reference_llama import attention
+    from support.reference_llama import attention
 
     heads, kv_heads, hd, n_ctx = 6, 2, 32, 16
     q = RNG.standard_normal((n_tok, heads * hd)).astype(np.float32)

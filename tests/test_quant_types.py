@@ -8,26 +8,11 @@ from gguf import quants
 
 from pyinfer import _core
 from pyinfer._core import DType
+from support.tiny_model import random_blocks
 from test_ops import q8a_reference, run_single
 
 ISAS = _core.available_isas().split(",")
 NEW_TYPES = [Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-# Byte offsets of each type's fp16 fields inside a block (the rest of a block is free bits).
-FP16_FIELDS = {Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
-
-
-def random_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:
-    """Rows of random blocks: every packed bit random, fp16 scales in a realistic range. Exercises every
-    nibble, high bit, 6-bit scale and sign that real files can hold."""
-    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
-    nb = cols // block_elems
-    raw = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
-    for off in FP16_FIELDS[qtype]:
-        scale = (rng.uniform(0.2, 1.0, size=(rows, nb)) * rng.choice([-1, 1], size=(rows, nb))) * 0.02
-        raw[:, :, off:off + 2] = scale.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
-    return raw.reshape(rows, nb * block_bytes)
-
-
 def test_row_bytes_match_gguf():
     for qt in NEW_TYPES:
         block_elems, block_bytes = GGML_QUANT_SIZES[qt]
@@ -102,7 +87,7 @@ def test_k_quant_row_length_must_be_a_multiple_of_256():
 def test_a_token_gets_the_same_bits_alone_and_in_a_batch(isa, qtype):
     """Decode's GEMV (one token) and the many-token tiles sum the same products in the same order: a sequence's
     logits do not depend on what else shares its batch. 70 rows: 4-row tiles and a remainder."""
-    from tiny_model import random_k_blocks
+    from support.tiny_model import random_k_blocks
 
     rng = np.random.default_rng(int(qtype))
     rows, k, n_tok = 70, 1024, 5

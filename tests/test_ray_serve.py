@@ -12,7 +12,7 @@ pytest.importorskip("ray.serve")
 pytest.importorskip("fastapi")
 
 import httpx  # noqa: E402
-import serve_helpers  # noqa: E402
+from support import serve_helpers  # noqa: E402
 
 KEY = "ray-key"
 

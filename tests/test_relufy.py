@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reference_llama import reference_logits
-from tiny_model import write_tiny_llama
+from support.reference_llama import reference_logits
+from support.tiny_model import write_tiny_llama
 
 import pyinfer
 from pyinfer.model.config import Activation

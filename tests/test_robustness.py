@@ -248,7 +248,7 @@ def test_write_json_leaves_no_temporary_file_when_it_fails(tmp_path):
 def test_numeric_metadata_arrays_are_numpy_not_lists(tmp_path):
     from gguf import GGUFWriter
 
-    from tiny_model import write_tiny_llama
+    from support.tiny_model import write_tiny_llama
 
     src = write_tiny_llama(tmp_path / "plain.gguf")
     from pyinfer.model.gguf_check import read_gguf_header

@@ -15,7 +15,7 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def server(real_model_path):
-    from serve_helpers import start_server, stop_server
+    from support.serve_helpers import start_server, stop_server
 
     base, loop, model, srv, t = start_server(real_model_path, KEY, policy="hedge")
     yield base, loop, model

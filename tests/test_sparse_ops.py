@@ -337,7 +337,7 @@ def test_when_list_must_come_from_an_earlier_union():
 # quantization: the same bytes for every weight type, and one-line errors for bad input.
 @pytest.mark.parametrize("qtype", ["F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_neuron_major_repack_equals_numpy(qtype):
-    from test_quant_types import random_blocks
+    from support.tiny_model import random_blocks
 
     rng = np.random.default_rng(3)
     rows, cols, qt = 64, 512, Q[qtype]

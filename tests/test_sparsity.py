@@ -8,29 +8,9 @@ import pyinfer
 from pyinfer.runtime.sampling import Sampler, SamplingParams
 from pyinfer.errors import PyinferError
 from pyinfer.sparsity.plan import LayerPlan, Predictor, SparsityFileError, SparsityPlan
-from tiny_model import TINY, write_tiny_llama
+from support.plans import FF, L, TOKENS, all_active_plan, decode_logits
+from support.tiny_model import write_tiny_llama
 
-D, FF, L = TINY["d_model"], TINY["d_ff"], TINY["n_layers"]
-
-
-def all_active_plan(fingerprint: str, mode: str = "contrib", hot: int = 16, rank: int = 32, seed: int = 0,
-                    threshold: float = 0.0) -> SparsityPlan:
-    """Predictors that say "every neuron is active" (zero weights, cut-off below zero) and a random
-    neuron order, so the permutation is exercised too."""
-    rng = np.random.default_rng(seed)
-    layers = []
-    for _ in range(L):
-        pred = Predictor(quants.quantize(np.zeros((rank, D), np.float32), Q.Q8_0), np.zeros(rank, np.float32),
-                         quants.quantize(np.zeros((FF - hot, rank), np.float32), Q.Q8_0),
-                         np.full(FF - hot, -1.0, np.float32), {"recall": 1.0})
-        layers.append(LayerPlan(rng.permutation(FF).astype(np.int32), threshold, hot, pred))
-    return SparsityPlan(mode, 0.0, layers, fingerprint)
-
-
-def decode_logits(model, tokens):
-    """Logits of each position, computed one token at a time (the decode path)."""
-    out = [model.forward([t], i, np.array([0]))[0] for i, t in enumerate(tokens)]
-    return np.stack(out)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +19,6 @@ def float_model_path(tmp_path_factory):
                                 embed_type=Q.F32))
 
 
-TOKENS = [5, 17, 33, 2, 40, 41, 8, 60, 12]
 
 
 def test_all_active_predictor_reproduces_dense_logits(float_model_path):
@@ -234,7 +213,7 @@ def test_gelu_model_sparse_paths(tmp_path, monkeypatch):
     """A GeGLU model: the all-active plans reproduce dense decode (a gate-first one too), `auto` calibrates with
     the |GELU(g) u| criterion and emulated prefill equals token-by-token sparse decode, and so does its gate-first
     (CATS) candidate, which cuts on |GELU(g)|."""
-    from tiny_model import TINY_GEMMA3, write_tiny_gemma3
+    from support.tiny_model import TINY_GEMMA3, write_tiny_gemma3
 
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
     path = str(write_tiny_gemma3(tmp_path / "g.gguf", seed=2, types={k: Q.F32 for k in
@@ -286,8 +265,8 @@ def test_powerinfer_file_runs_its_own_predictors(tmp_path):
     when (fc2 relu(fc1 x))[j] >= threshold, with the Q8_0 predictor weights the engine holds."""
     from gguf import GGMLQuantizationType as GQ
 
-    from reference_llama import reference_logits
-    from tiny_model import write_tiny_llama
+    from support.reference_llama import reference_logits
+    from support.tiny_model import write_tiny_llama
 
     path = str(write_tiny_llama(tmp_path / "pwri.gguf", seed=7, matrix_type=Q.F32, embed_type=Q.F32,
                                 powerinfer=dict(rank=32, threshold=0.25)))
@@ -310,7 +289,7 @@ def test_powerinfer_file_runs_its_own_predictors(tmp_path):
         t = g.tensor(name)
         return quants.dequantize(np.asarray(t.data), GQ[t.type_name]).reshape(t.rows, t.cols).astype(np.float64)
 
-    import reference_llama as R
+    from support import reference_llama as R
 
     def q8(a):  # the engine's activation rounding before an integer dot: 8 bits per 32 values
         b = a.reshape(len(a), -1, 32)
@@ -347,7 +326,7 @@ def test_powerinfer_file_runs_its_own_predictors(tmp_path):
 def test_the_same_prompt_twice_gives_the_same_tokens_on_a_sparse_model(tiny_model_path):
     # The second call reuses the cached prompt; its last token must not be rerun alone (one token runs
     # sparse, the prompt ran dense), or greedy decoding would change between two identical calls.
-    from test_offload import varying_predictor_plan
+    from support.plans import varying_predictor_plan
 
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64)
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=varying_predictor_plan(m.gguf.fingerprint()))
@@ -406,7 +385,7 @@ def test_auto_keeps_a_plan_that_decodes_faster(tiny_model_path, tmp_path, monkey
 def test_a_plans_dense_layers_decode_dense_and_are_kept_in_its_file(tiny_model_path, tmp_path):
     """A layer marked dense runs the dense FFN (all marked: the dense model's logits, bit for bit); the marks
     survive the plan file."""
-    from test_offload import varying_predictor_plan
+    from support.plans import varying_predictor_plan
 
     from pyinfer.sparsity.plan import SparsityPlan
 

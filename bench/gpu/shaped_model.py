@@ -17,7 +17,7 @@ SMOLLM2 = {"n_layers": 30, "d_model": 576, "d_ff": 1536, "n_heads": 9, "n_kv_hea
 
 def main() -> int:
     from gguf import GGMLQuantizationType as Q
-    from tiny_model import write_tiny_llama
+    from support.tiny_model import write_tiny_llama
 
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)

@@ -489,7 +489,7 @@ ARCH_TARGETS = ("qwen3moe", "mixtral", "qwen2moe", "phi3", "qwen3", "qwen2", "ll
 
 def write_targets(tmp: Path, names=("tiny",)) -> dict[str, str]:
     """{target: path} of the tiny models named ("tiny": write_tiny_llama's; else an ARCH_TARGETS name)."""
-    from tiny_model import write_tiny_arch, write_tiny_gemma3, write_tiny_llama
+    from .tiny_model import write_tiny_arch, write_tiny_gemma3, write_tiny_llama
 
     out = {}
     for name in names:
@@ -555,8 +555,8 @@ class Fuzzer:
 
         wd = self.workdir / f"w{k}"
         wd.mkdir(parents=True, exist_ok=True)
-        code = ("import json, sys; sys.path.insert(0, %r); import gguf_fuzz; "
-                "gguf_fuzz.worker_main(json.loads(sys.argv[1]), sys.argv[2])" % str(Path(__file__).parent))
+        code = ("import json, sys; sys.path.insert(0, %r); from support import gguf_fuzz; "
+                "gguf_fuzz.worker_main(json.loads(sys.argv[1]), sys.argv[2])" % str(Path(__file__).parents[1]))
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         return subprocess.Popen([sys.executable, "-c", code, json.dumps(self.sources), str(wd)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

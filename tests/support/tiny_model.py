@@ -57,18 +57,27 @@ FP16_SCALES = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_
                Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
-def random_k_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.01) -> np.ndarray:
+def random_k_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.01, low: float = 0.3,
+                    signed: bool = False) -> np.ndarray:
     """Random blocks of any block type (gguf-py cannot quantize to K-quants): every bit random, fp16 scales in a
-    sane range. U8 [rows, row bytes]."""
+    sane range (|d| in [low, 1) * scale, either sign with `signed`). U8 [rows, row bytes]."""
     from gguf import GGML_QUANT_SIZES
 
     block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
     nb = cols // block_elems
     raw = rng.integers(0, 256, size=(rows, nb, block_bytes), dtype=np.uint8)
     for off in FP16_SCALES[qtype]:
-        d = (rng.uniform(0.3, 1.0, size=(rows, nb)) * scale).astype(np.float16)
-        raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
+        d = rng.uniform(low, 1.0, size=(rows, nb))
+        if signed:
+            d = d * rng.choice([-1, 1], size=(rows, nb))
+        raw[:, :, off:off + 2] = (d * scale).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, nb * block_bytes)
+
+
+def random_blocks(qtype: Q, rows: int, cols: int, rng) -> np.ndarray:
+    """The kernel tests' blocks: every packed bit random, fp16 scales of either sign (every nibble, high bit, 6-bit
+    scale and sign that real files can hold)."""
+    return random_k_blocks(qtype, rows, cols, rng, scale=0.02, low=0.2, signed=True)
 
 
 def add_random(w: GGUFWriter, rng, name: str, shape: tuple, qtype: Q, scale: float) -> None:

@@ -1,0 +1,374 @@
+"""The op harness's cases (tests/test_backend_ops.py runs them, bench/test_bench_backend_ops.py times them): one
+registry keyed by the core's Op enum, each case a small graph and what numpy says it computes."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from pyinfer import _core
+from pyinfer._core import DType, Op, RowMode
+from pyinfer.model.config import Activation
+from pyinfer.runtime.graph_builder import GraphBuilder
+
+ISAS = _core.available_isas().split(",")
+F32 = int(DType.F32)
+
+
+@dataclass
+class Case:
+    """What a case's builder returns: the tensors to read, what numpy says they hold, the run's token count and
+    inputs, the tolerance, and its own engine arguments where it places nodes itself."""
+    outputs: list
+    want: list
+    n_tokens: int
+    run_kw: dict = field(default_factory=dict)
+    rtol: float = 1e-5
+    atol: float = 1e-5
+    read: Callable[[np.ndarray], object] | None = None  # an engine output -> what `want` states of it
+    engine_kw: dict = field(default_factory=dict)
+
+
+def f32(b, rng, name, rows, cols, scale=1.0):
+    data = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+    return b.weight(name, F32, cols, rows, data), data
+
+
+def i32(b, name, values):
+    v = np.atleast_2d(np.asarray(values, np.int32))
+    return b.weight(name, int(DType.I32), v.shape[1], v.shape[0], v)
+
+
+def fresh(b, x, name):
+    """x copied into an activation (ops that write in place must not write a weight)."""
+    return b.add(x, b.weight(name + ".zero", F32, x.cols, x.n_rows, np.zeros((x.n_rows, x.cols), np.float32)),
+                 name=name)
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def q8a(x: np.ndarray) -> np.ndarray:
+    """x as the engine's activation quantization rounds it (per 32 values: d = amax / 127, q = rint(x / d))."""
+    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    d = amax / np.float32(127.0)
+    q = np.rint(xb * np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0))
+    return (q * d).reshape(x.shape)
+
+
+# ---- the cases, by op ------------------------------------------------------------------------------------------
+def get_rows(b, rng):
+    vocab, k = 40, 64
+    table = rng.standard_normal((vocab, k)).astype(np.float32)
+    tq, ids = quants.quantize(table, Q.Q8_0), [3, 0, 39, 3]
+    e = b.get_rows(b.weight("t", int(Q.Q8_0), k, vocab, tq), i32(b, "ids", np.array(ids)[:, None]), "e")
+    return Case([e], [quants.dequantize(tq, Q.Q8_0).reshape(vocab, k)[ids]], 4)
+
+
+def rms_norm(b, rng):
+    X, x = f32(b, rng, "x", 4, 80)
+    G, g = f32(b, rng, "g", 1, 80)
+    n = b.rms_norm(X, G, 1e-5, "n")
+    return Case([n], [x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * g], 4, atol=1e-6)
+
+
+def quantize(b, rng):
+    X, x = f32(b, rng, "x", 3, 96, 3.0)
+    q = b.quantize(X)
+    # Compare the dequantized blocks: d * q per value (the bytes are 4 d, 4 s, 32 q per block).
+    def read(got):
+        raw = got.reshape(3, 3, 40)
+        d = raw[..., :4].copy().view(np.float32)
+        qs = raw[..., 8:].view(np.int8).astype(np.float32)
+        return (qs * d).reshape(3, 96)
+    return Case([q], [q8a(x)], 3, rtol=1e-6, atol=1e-6, read=read)
+
+
+def mat_mul_f32(b, rng):
+    W, w = f32(b, rng, "w", 37, 96)
+    X, x = f32(b, rng, "x", 5, 96)
+    return Case([b.matmul(W, X, "y")], [x @ w.T], 5, rtol=1e-4, atol=1e-4)
+
+
+def mat_mul_q4_k(b, rng):
+    from .tiny_model import random_blocks
+
+    rows, k, n = 24, 512, 3
+    wq = random_blocks(Q.Q4_K, rows, k, rng)
+    X, x = f32(b, rng, "x", n, k)
+    y = b.matmul(b.weight("w", int(Q.Q4_K), k, rows, wq), X, "y")
+    want = q8a(x) @ quants.dequantize(wq, Q.Q4_K).reshape(rows, k).T
+    return Case([y], [want], n, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
+
+
+def rope(b, rng):
+    from .reference_llama import rope as rope_ref
+
+    n, heads, hd = 5, 3, 16
+    X, x = f32(b, rng, "x", n, heads * hd)
+    pos = np.array([0, 1, 7, 100, 2047], np.int32)
+    y = b.rope(fresh(b, X, "y"), i32(b, "p", pos[:, None]), heads, hd, 10000.0)
+    return Case([y], [rope_ref(x, pos, heads, hd, 10000.0)], n)
+
+
+def kv_store(b, rng):
+    n, cols, n_ctx = 3, 64, 8
+    cache = b.state("kc", cols, n_ctx)
+    K, k = f32(b, rng, "k", n, cols)
+    b.kv_store(cache, K, i32(b, "p", np.array([[5], [0], [2]])))
+    want = np.zeros((n_ctx, cols), np.float16)
+    want[[5, 0, 2]] = k.astype(np.float16)
+    return Case([cache], [want.view(np.uint16)], n, rtol=0, atol=0)  # F16 reads back as its bits
+
+
+def attention(b, rng):
+    from .reference_llama import attention as attention_ref
+
+    n, heads, kv_heads, hd, n_ctx = 6, 6, 2, 32, 16
+    P = i32(b, "p", np.arange(n)[:, None])
+    kc, vc = b.state("kc", kv_heads * hd, n_ctx), b.state("vc", kv_heads * hd, n_ctx)
+    K, k = f32(b, rng, "k", n, kv_heads * hd)
+    V, v = f32(b, rng, "v", n, kv_heads * hd)
+    Qw, q = f32(b, rng, "q", n, heads * hd)
+    b.kv_store(kc, K, P)
+    b.kv_store(vc, V, P)
+    o = b.attention(Qw, kc, vc, P, heads, kv_heads, hd, "o")
+    k16, v16 = (a.astype(np.float16).astype(np.float32) for a in (k, v))  # the cache is fp16
+    return Case([o], [attention_ref(q, k16, v16, heads, kv_heads, hd)], n, rtol=1e-4, atol=1e-5)
+
+
+def add(b, rng):
+    A, a = f32(b, rng, "a", 4, 80)
+    C, c = f32(b, rng, "c", 4, 80)
+    return Case([b.add(A, C, name="s")], [a + c], 4, rtol=1e-6, atol=0)
+
+
+def silu_mul(b, rng):
+    G, g = f32(b, rng, "g", 3, 203, 4.0)  # a tail after the SIMD loop
+    U, u = f32(b, rng, "u", 3, 203)
+    return Case([b.gated_mul(G, U, name="m", act=int(Activation.SILU))], [silu(g) * u], 3, atol=1e-5)
+
+
+def select_rows(b, rng):
+    E, e = f32(b, rng, "e", 4, 64)
+    out_ids = b.input("o", RowMode.OUTPUTS)
+    b.graph.input_out_ids = out_ids.id
+    sel = b.select_rows(fresh(b, E, "x"), out_ids, "sel")
+    pick = np.array([2, 0], np.int32)
+    return Case([sel], [e[pick]], 4, {"out_ids": pick}, rtol=0, atol=0)
+
+
+def bias_relu(b, rng):
+    X, x = f32(b, rng, "x", 3, 70)
+    B, bias = f32(b, rng, "b", 1, 70)
+    return Case([b.bias_relu(fresh(b, X, "y"), B)], [np.maximum(x + bias, 0)], 3, atol=1e-6)
+
+
+def _lists(lists: np.ndarray) -> list:
+    return [row[1:1 + row[0]] for row in lists]
+
+
+def active_set(b, rng):
+    n_ff, n = 64, 2
+    S, s = f32(b, rng, "s", n, n_ff)
+    act = b.active_set(S, n_ff, "act", threshold=1.0)
+    want = np.zeros((n, n_ff + 1), np.int32)
+    for t in range(n):
+        ids = np.flatnonzero(np.abs(s[t]) > 1.0)
+        want[t, 0], want[t, 1:1 + len(ids)] = len(ids), ids
+    return Case([act], [_lists(want)], n, rtol=0, atol=0, read=_lists)
+
+
+def gated_act(b, rng):
+    n_ff, n = 64, 2
+    G, g = f32(b, rng, "g", n, n_ff)
+    U, u = f32(b, rng, "u", n, n_ff)
+    S, s = f32(b, rng, "s", n, n_ff)
+    lists = b.active_set(S, n_ff, "act", threshold=0.5)
+    gate = fresh(b, G, "gate")
+    b.gated_act(gate, U, lists, 0.1, act=int(Activation.SILU))
+    a = silu(g) * u
+    want = np.where(np.abs(a) > 0.1, a, 0)
+    listed = np.abs(s) > 0.5  # only the listed entries are written
+    return Case([gate], [want[listed]], n, atol=1e-6, read=lambda got: got[listed])
+
+
+def down_axpy(b, rng):
+    n_ff, d, n = 70, 96, 3
+    Wt, wt = f32(b, rng, "w", n_ff, d)
+    a = (rng.standard_normal((n, n_ff)) * (rng.random((n, n_ff)) < 0.3)).astype(np.float32)
+    A = b.weight("a", F32, n_ff, n, a)
+    y = b.down_axpy(Wt, A, b.active_set(A, n_ff, "act", threshold=0.0))
+    want = a @ wt
+    return Case([y], [want], n, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def scatter_cols(b, rng):
+    X, x = f32(b, rng, "x", 2, 8)
+    perm = np.array([3, 0, 7, 1, 6, 2, 5, 4], np.int32)
+    y = b.scatter_cols(X, i32(b, "p", perm), "y")
+    want = np.zeros_like(x)
+    want[:, perm] = x
+    return Case([y], [want], 2, rtol=0, atol=0)
+
+
+def active_union(b, rng):
+    n_ff, n = 64, 3
+    s = (rng.random((n, n_ff)) < 0.1).astype(np.float32) * 2
+    lists = b.active_set(b.weight("s", F32, n_ff, n, s), n_ff, "act", threshold=1.0)
+    union = b.active_union(lists, n_ff, "u", max_tokens=4)
+    ids = np.flatnonzero(s.any(0))
+    want = np.zeros((1, n_ff + 1), np.int32)
+    want[0, 0], want[0, 1:1 + len(ids)] = len(ids), ids
+    return Case([union], [_lists(want)], n, rtol=0, atol=0, read=_lists)
+
+
+def neuron_fetch(b, rng):
+    d, n_ff, n = 64, 96, 3
+    gate = rng.standard_normal((n_ff, d)).astype(np.float32)
+    bundles = np.concatenate([gate, gate[::-1], gate * 2], axis=1)  # per neuron: gate | up | down rows
+    path = os.path.join(tempfile.mkdtemp(prefix="pyinfer-ops-"), "ffn.bundles")
+    with open(path, "wb") as f:
+        f.write(bundles.tobytes() + bytes(8192))
+    layer = {"n_ff": n_ff, "resident": 0, "file_offset": 0, "bundle_bytes": 12 * d, "part_offsets": [0, 4 * d, 8 * d],
+             "selective": False}
+    store = _core.NeuronStore(path, [layer])
+    G = b.paged_weight("g", F32, d, n_ff, store, 0, 0)
+    b.neuron_fetch(0)  # the whole cold tail becomes readable
+    X, x = f32(b, rng, "x", n, d)
+    y = b.matmul(G, X, "y")
+    b.neuron_fetch(0, release=True)
+    return Case([y], [x @ gate.T], n, rtol=1e-4, atol=1e-4)
+
+
+def copy(b, rng):
+    X, x = f32(b, rng, "x", 3, 40)
+    y = b.add(X, X, name="y")                  # on the CPU
+    with b.weights_on(1):
+        W, w = f32(b, rng, "w", 3, 40)
+    z = b.add(y, W, name="z")                  # on backend 1, in memory space 1: y is copied there
+    placement = [0, 1]
+    return Case([z], [2 * x + w], 3, rtol=1e-6, atol=0,
+                engine_kw={"placement": placement, "backend_threads": [1, 1], "backend_memory": [0, 1],
+                           "backend_kinds": ["cpu", "cpu"]})
+
+
+def _route(b, rng, n, n_exp, k):
+    L, logits = f32(b, rng, "logits", n, n_exp, 3.0)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    ids = np.argsort(-probs, -1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, ids, -1)
+    return b.moe_route(L, k), w / w.sum(-1, keepdims=True), ids
+
+
+def moe_route(b, rng):
+    route, w, ids = _route(b, rng, 9, 16, 4)
+    return Case([route], [np.concatenate([w, ids], 1).astype(np.float32)], 9, rtol=1e-5, atol=1e-6)
+
+
+def _experts_reference(weights, x, ids, rows_e):
+    return np.stack([np.concatenate([weights[e * rows_e:(e + 1) * rows_e] @ x[t] for e in ids[t]])
+                     for t in range(len(x))])
+
+
+def moe_mat_mul(b, rng):
+    n, n_exp, k, rows_e, cols = 3, 6, 2, 16, 64
+    route, _, ids = _route(b, rng, n, n_exp, k)
+    W, w = f32(b, rng, "experts", n_exp * rows_e, cols)
+    X, x = f32(b, rng, "x", n, cols)
+    return Case([b.moe_matmul(W, X, route, n_exp, k, "y")], [_experts_reference(w, x, ids, rows_e)], n,
+                rtol=1e-4, atol=1e-4)
+
+
+def moe_combine(b, rng):
+    n, n_exp, k, d = 5, 8, 3, 48
+    route, w, _ = _route(b, rng, n, n_exp, k)
+    E, e = f32(b, rng, "experts", n, k * d)
+    S, sh = f32(b, rng, "shared", n, d)
+    G, g = f32(b, rng, "gate", n, 1)
+    y = b.moe_combine(E, route, k, shared=S, shared_gate=G)
+    want = np.einsum("ts,tsd->td", w, e.reshape(n, k, d)) + sh / (1 + np.exp(-g))
+    return Case([y], [want], n, atol=1e-5)
+
+
+def expert_fetch(b, rng):
+    n, n_exp, k, rows_e, d = 3, 4, 2, 32, 64
+    w = rng.standard_normal((n_exp * rows_e, d)).astype(np.float32)
+    path = os.path.join(tempfile.mkdtemp(prefix="pyinfer-ops-"), "experts.bin")
+    with open(path, "wb") as f:
+        f.write(w.tobytes() * 3)  # gate, up and down parts: the same bytes
+    eb = rows_e * d * 4
+    store = _core.ExpertStore(path, [{"n_expert": n_exp, "file_offsets": [0, n_exp * eb, 2 * n_exp * eb],
+                                      "expert_bytes": [eb] * 3, "resident": []}], 4)
+    route, _, ids = _route(b, rng, n, n_exp, k)
+    b.expert_fetch(route, 0)
+    X, x = f32(b, rng, "x", n, d)
+    y = b.moe_matmul(b.expert_weight("w", F32, d, n_exp * rows_e, store, 0, 0), X, route, n_exp, k, "y")
+    return Case([y], [_experts_reference(w, x, ids, rows_e)], n, rtol=1e-4, atol=1e-4)
+
+
+def moe_route_split(b, rng):
+    n, n_exp, k = 4, 8, 3
+    route, w, ids = _route(b, rng, n, n_exp, k)
+    local = [1, 4, 6]
+    emap = np.full((1, n_exp), -1, np.int32)
+    emap[0, local] = np.arange(len(local))
+    part = b.moe_route_split(route, i32(b, "map", emap), len(local), k, "part")
+    here = np.isin(ids, local)
+    want = np.concatenate([np.where(here, w, 0), np.where(here, emap[0][ids], -1)], 1).astype(np.float32)
+    return Case([part], [want], n, rtol=1e-5, atol=1e-6)
+
+
+CASES: dict[Op, list[Callable]] = {
+    Op.GET_ROWS: [get_rows], Op.RMS_NORM: [rms_norm], Op.QUANTIZE: [quantize], Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
+    Op.ROPE: [rope], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention], Op.ADD: [add], Op.SILU_MUL: [silu_mul],
+    Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set],
+    Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
+    Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route],
+    Op.MOE_MAT_MUL: [moe_mat_mul], Op.MOE_COMBINE: [moe_combine], Op.EXPERT_FETCH: [expert_fetch],
+    Op.MOE_ROUTE_SPLIT: [moe_route_split],
+}
+# Cases no device runs: the active union is a guard's decision, read on the host; offload's fetches run on the CPU;
+# the copy case places its own nodes.
+HOST_ONLY = {active_union, neuron_fetch, expert_fetch, copy}
+ALL = [pytest.param(op, case, id=f"{op.name.lower()}-{case.__name__}") for op, cases in CASES.items() for case in cases]
+ON_DEVICES = [p for p in ALL if p.values[1] not in HOST_ONLY]
+
+
+def run_case(case: Callable, isa: str = "auto", device: str | None = None):
+    """(Case, outputs): the case's graph run once; with `device`, every node but the active unions on backend 1
+    of that kind ("cpu": the stand-in; "cuda:N")."""
+    b = GraphBuilder()
+    c = case(b, np.random.default_rng(11))
+    for t in c.outputs:
+        b.graph.pin(t.id)
+    kw = dict(c.engine_kw)
+    if device is not None:
+        kw = {"placement": [0 if op == Op.ACTIVE_UNION else 1 for op, _ in b.node_ops], "backend_threads": [1, 1],
+              "backend_memory": [0, 1], "backend_kinds": ["cpu", device]}
+    e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, isa=isa, **kw)
+    e.run(c.n_tokens, **c.run_kw)
+    rows = {RowMode.TOKENS: c.n_tokens, RowMode.OUTPUTS: len(c.run_kw.get("out_ids", []))}
+    outs = [np.array(e.tensor(t.id, rows.get(t.rows, t.n_rows))) for t in c.outputs]
+    return c, outs, e
+
+
+def compare(c: Case, got: list, want: list) -> None:
+    """Engine outputs `got` (read through the case's `read`) against `want` (already in that form)."""
+    for g, w in zip(got, want):
+        if c.read is not None:
+            g = c.read(g)
+        if isinstance(g, list):
+            for a, z in zip(g, w):
+                np.testing.assert_array_equal(a, z)
+            continue
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=c.rtol, atol=c.atol)
