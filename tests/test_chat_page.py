@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")
 from support import serve_helpers  # noqa: E402
 
 KEY = "page-key"
-SCREENSHOT = Path(__file__).resolve().parents[1] / "bench" / "results" / "chat_page.png"
+SCREENSHOT = Path(__file__).resolve().parents[1] / "bench" / "results" / "serving" / "chat_page.png"
 
 
 def browser_paths():
