@@ -24,7 +24,7 @@ GROUPS = [  # (folder, what it holds, name patterns), first match wins
      [r"^sparse_decode", r"^auto_choice", r"^sparsity_curve", r"^smollm2_powerlaw$", r"^predictors_", r"^cluster_order$",
       r"^relufy_"]),
     ("serving", "the server: load, soak, hostile input, the scheduler simulation, batch decode, Ray replicas, the chat page",
-     [r"^serve_", r"^batch_decode$", r"^chat_page$"]),
+     [r"^serve_", r"^batch_decode$", r"^chat_page$", r"^logprobs"]),
     ("robustness", "fuzzing, tokenizers against llama.cpp's cases, each architecture against llama.cpp",
      [r"^fuzz_", r"^tokenizer_", r"^arch_check$", r"^amx_perplexity"]),
     ("long_context", "decode at depth: attention kernels and KV cache types against llama.cpp",

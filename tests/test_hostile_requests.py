@@ -288,7 +288,7 @@ def test_typed_control_tokens_stay_text(server):
 
 
 # ---- 9: smaller defects --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("field,value", [("logprobs", 2), ("echo", True), ("best_of", 3), ("suffix", "end"),
+@pytest.mark.parametrize("field,value", [("logprobs", 99), ("logprobs", True), ("best_of", 3), ("suffix", "end"),
                                          ("logit_bias", {"1": 5})])
 def test_fields_that_would_be_ignored_are_refused(server, field, value):
     base, _, _ = server

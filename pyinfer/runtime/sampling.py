@@ -47,6 +47,28 @@ class SamplingParams:
                                    f"got {getattr(self, name)}")
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives per token a client may ask for (OpenAI's limit)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """F32 [..., vocab] -> F64 log-probabilities over the last axis (the model's own distribution: no temperature,
+    no penalties), log-sum-exp taken from each row's largest logit."""
+    x = logits.astype(np.float64)
+    mx = x.max(axis=-1, keepdims=True)
+    return x - (np.log(np.exp(x - mx).sum(axis=-1, keepdims=True)) + mx)
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> tuple[int, float, list[tuple[int, float]]]:
+    """(token, its log-probability, the `top` most likely tokens and theirs, best first) from F32 [vocab] logits."""
+    lp = log_softmax(logits)
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        ids = np.argpartition(-lp, top - 1)[:top] if top < lp.shape[0] else np.arange(lp.shape[0])
+        ids = ids[np.argsort(-lp[ids], kind="stable")]
+        best = [(int(i), float(lp[i])) for i in ids]
+    return int(token), float(lp[token]), best
+
+
 class Sampler:
     def __init__(self, params: SamplingParams):
         params.validate()

@@ -2,15 +2,15 @@
 
 Types are strict (a string "16" is not a max_tokens) and every number is bounded, so a bad value is a 400 that
 names its field before anything runs. Unknown fields are accepted and ignored, as OpenAI clients send fields
-this server has no use for (user, metadata, ...); the known ones it cannot honour (logprobs, echo, best_of,
-suffix, logit_bias) are refused unless they ask for nothing."""
+this server has no use for (user, metadata, ...); the known ones it cannot honour (best_of, suffix, logit_bias) are
+refused unless they ask for nothing."""
 from __future__ import annotations
 
 from typing import List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from ..runtime.sampling import PENALTY_LIMIT, SEED_MAX
+from ..runtime.sampling import MAX_TOP_LOGPROBS, PENALTY_LIMIT, SEED_MAX
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_MESSAGES = 1024        # a conversation longer than this is a client bug or an attack
@@ -42,8 +42,8 @@ class _Sampling(BaseModel):
     stop: Optional[Union[StrictStr, List[StrictStr]]] = None
     stream: Optional[StrictBool] = False
     n: Optional[StrictInt] = Field(None, ge=1, le=1)
+    logprobs: Optional[Union[StrictBool, StrictInt]] = None  # completions: how many alternatives; chat: on or off
     # Accepted only when they ask for nothing (see refuse_unsupported).
-    logprobs: Optional[Union[StrictBool, StrictInt]] = None
     logit_bias: Optional[dict] = None
     # Our extension: the client's lower bound on the output length (the l of A_min's interval [l, u]).
     pyinfer_min_output_tokens: Optional[StrictInt] = Field(None, ge=1)
@@ -62,7 +62,11 @@ class _Sampling(BaseModel):
                 raise APIError(400, f"'{name}' is not supported by this server", param=name)
 
     def _unsupported(self):
-        return (("logprobs", (None, False, 0)), ("logit_bias", (None, {})))
+        return (("logit_bias", (None, {})),)
+
+    def logprob_alternatives(self) -> int | None:
+        """None: no log-probabilities; else each token's and this many alternatives'."""
+        raise NotImplementedError
 
 
 class CompletionRequest(_Sampling):
@@ -72,7 +76,15 @@ class CompletionRequest(_Sampling):
     suffix: Optional[StrictStr] = None
 
     def _unsupported(self):
-        return super()._unsupported() + (("echo", (None, False)), ("best_of", (None, 1)), ("suffix", (None, "")))
+        return super()._unsupported() + (("best_of", (None, 1)), ("suffix", (None, "")))
+
+    def logprob_alternatives(self) -> int | None:
+        """The legacy API's `logprobs`: an integer, the alternatives per token (0: the chosen token's alone)."""
+        if self.logprobs is None:
+            return None
+        if isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"'logprobs' must be an integer in 0..{MAX_TOP_LOGPROBS}", param="logprobs")
+        return self.logprobs
 
     def text(self) -> str:
         if isinstance(self.prompt, str):
@@ -99,10 +111,17 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Sampling):
     messages: List[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
-    top_logprobs: Optional[StrictInt] = None
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    def _unsupported(self):
-        return super()._unsupported() + (("top_logprobs", (None, 0)),)
+    def logprob_alternatives(self) -> int | None:
+        """Chat's `logprobs` (true or false) and `top_logprobs` (alternatives, which need logprobs)."""
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            raise APIError(400, "'logprobs' must be true or false", param="logprobs")
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise APIError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
 
 def parse(model: type[BaseModel], body) -> BaseModel:
@@ -121,4 +140,5 @@ def parse(model: type[BaseModel], body) -> BaseModel:
         where = ".".join(loc) or "body"
         raise APIError(400, f"'{where}': {err.get('msg', 'invalid value')}", param=param) from None
     req.refuse_unsupported()
+    req.logprob_alternatives()  # its values checked now, before anything runs
     return req

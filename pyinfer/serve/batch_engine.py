@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import PyinferError
 from ..runtime.running import ModelParts, build_running
+from ..runtime.sampling import token_logprob
 from ..runtime.sparse_ffn import SparseRuns
 
 
@@ -22,6 +23,7 @@ class SeqWork:
     tokens: list[int]        # fed this step, in order
     start: int               # position of tokens[0] in the sequence
     blocks: list[int]        # the sequence's KV block table (covers start + len(tokens) tokens)
+    score: int | None = None  # score each of its tokens after the first: with this many alternatives (echo)
 
 
 class BatchEngine:
@@ -38,6 +40,7 @@ class BatchEngine:
         self.running = build_running(parts, num_blocks * block_size, max_batch_tokens, runs,
                                      (block_size, self.max_blocks))
         self.engine = self.running.engine
+        self.scores: dict[int, list] = {}  # the last step's scored tokens, by sequence (see step)
 
     @classmethod
     def of_session(cls, session, num_blocks: int, block_size: int, max_seq_len: int, max_batch_tokens: int = 512,
@@ -67,10 +70,13 @@ class BatchEngine:
             raise PyinferError("a KV block is listed twice in this step's block tables")
 
     def step(self, work: list[SeqWork]) -> dict[int, np.ndarray]:
-        """Runs every sequence's tokens; returns F32 [vocab] logits after each sequence's last token."""
+        """Runs every sequence's tokens; returns F32 [vocab] logits after each sequence's last token. A sequence
+        with `score` also has its tokens after the first scored by the logits before them (the prompt's
+        log-probabilities, `echo`): self.scores[seq_id] = [runtime.sampling.token_logprob(...), ...], this step's."""
         self._check_blocks(work)
         feed = [(w, i) for w in work for i in range(len(w.tokens))]
         out: dict[int, np.ndarray] = {}
+        self.scores = {}
         for c0 in range(0, len(feed), self.max_batch_tokens):
             chunk = feed[c0:c0 + self.max_batch_tokens]
             n = len(chunk)
@@ -78,18 +84,22 @@ class BatchEngine:
             positions = np.empty(n, np.int32)
             slots = np.empty(n, np.int32)
             table = np.zeros((n, self.max_blocks), np.int32)
-            out_rows, out_seqs = [], []
+            out_rows, out_of = [], []
             for row, (w, i) in enumerate(chunk):
                 pos = w.start + i
                 tokens[row], positions[row] = w.tokens[i], pos
                 slots[row] = w.blocks[pos // self.block_size] * self.block_size + pos % self.block_size
                 table[row, :len(w.blocks)] = w.blocks
-                if i == len(w.tokens) - 1:
+                if i == len(w.tokens) - 1 or w.score is not None:
                     out_rows.append(row)
-                    out_seqs.append(w.seq_id)
+                    out_of.append((w, i))
             self.running.run(n, tokens, positions, np.asarray(out_rows, np.int32), slots, table)
             if out_rows:
                 logits = self.running.logits()
-                for k, sid in enumerate(out_seqs):
-                    out[sid] = np.array(logits[k])
+                for k, (w, i) in enumerate(out_of):
+                    if i == len(w.tokens) - 1:
+                        out[w.seq_id] = np.array(logits[k])
+                    elif w.score is not None:  # row i's logits score the sequence's token i + 1
+                        self.scores.setdefault(w.seq_id, []).append(token_logprob(logits[k], w.tokens[i + 1],
+                                                                                   w.score))
         return out

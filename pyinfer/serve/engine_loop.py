@@ -2,7 +2,9 @@
 
 It owns one Scheduler (integers only) and one BatchEngine (tensors only) and moves requests between
 them. It runs on its own thread; front ends submit() and cancel() from any thread and get tokens back
-through each request's `emit` callback.
+through each request's `emit` callback: ("token", id), then ("done", reason) or ("error", message); a request
+asking for log-probabilities also gets ("logprob", (id, logprob, alternatives)) before each token and, with echo,
+("prompt_logprobs", [...]) once before the first.
 
 Eviction (A_min's cancel): the request's KV is freed and it restarts from scratch later, as the
 scheduler models. Tokens already streamed are never taken back: on restart the request replays them
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import PyinferError
-from ..runtime.sampling import Sampler
+from ..runtime.sampling import Sampler, token_logprob
 from .batch_engine import BatchEngine, SeqWork
 from .length_predictor import LengthPredictor
 from .policies import make_policy
@@ -36,6 +38,9 @@ class ServeRequest:
     sampler: Sampler                          # built (and its values checked) by the front end
     emit: Callable[[str, object], None]       # ("token", id) / ("done", reason) / ("error", message)
     lower: int | None = None                  # client's lower bound on the output length, if any
+    logprobs: int | None = None               # each token's log-probability and this many alternatives (None: off)
+    echo: bool = False                        # with logprobs: the prompt's tokens scored too ("prompt_logprobs")
+    prompt_scored: bool = False               # its prompt's log-probabilities went out (an eviction does not repeat them)
     id: int = -1
     emitted: list[int] = field(default_factory=list)
     arrived: float = field(default_factory=time.monotonic)
@@ -196,7 +201,8 @@ class EngineLoop:
             req, r = self._live[rid], self.sched.request(rid)
             blocks = self.sched.blocks.table(rid)
             if rid in admitted:
-                work.append(SeqWork(rid, req.prompt_ids, 0, blocks))
+                scored = req.echo and req.logprobs is not None and not req.prompt_scored
+                work.append(SeqWork(rid, req.prompt_ids, 0, blocks, req.logprobs if scored else None))
             else:
                 fed = req.emitted[r.generated - 1]
                 work.append(SeqWork(rid, [fed], r.prompt_len + r.generated - 1, blocks))
@@ -208,6 +214,9 @@ class EngineLoop:
                 self._fail(rid, f"engine failure: {type(e).__name__}: {e}")
             return
         finished = []                                                          # postprocess()
+        for rid, scores in self.batch.scores.items():
+            self._live[rid].prompt_scored = True
+            self._live[rid].emit("prompt_logprobs", scores)
         for rid in out.running:
             req, r = self._live[rid], self.sched.request(rid)
             if r.generated < len(req.emitted):
@@ -223,6 +232,8 @@ class EngineLoop:
                     continue
                 req.emitted.append(tok)
                 self.stats["tokens_generated_total"] += 1
+                if req.logprobs is not None:
+                    req.emit("logprob", token_logprob(logits[rid], tok, req.logprobs))
                 req.emit("token", tok)
             if r.generated + 1 >= req.max_tokens:
                 finished.append((rid, "length"))

@@ -20,6 +20,7 @@ from ..runtime.sampling import Sampler, SamplingParams
 from ..runtime.stops import StopMatcher
 from .api_models import APIError, ChatRequest, CompletionRequest, parse
 from .engine_loop import EngineLoop, EngineStopped, ServeRequest
+from .logprobs import chat_logprobs, completion_logprobs, prompt_entries
 from .http_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT, UNAUTHORIZED, BodyLimit, authorized
 from .metrics import make_registry
 from .webui import HEADERS as WEBUI_HEADERS
@@ -141,7 +142,8 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
             preparing -= 1
         return sampler, max_tokens, ids
 
-    async def generate(request: Request, body, sampler: Sampler, max_tokens: int, prompt_ids: list[int], chat: bool):
+    async def generate(request: Request, body, sampler: Sampler, max_tokens: int, prompt_ids: list[int], chat: bool,
+                       prompt_text: str = ""):
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="messages" if chat else "prompt")
         why = loop.check(len(prompt_ids), max_tokens)
@@ -157,7 +159,10 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
             except RuntimeError:  # event loop gone (shutdown): nobody is listening
                 pass
 
-        req = ServeRequest(prompt_ids, max_tokens, sampler, emit, body.pyinfer_min_output_tokens)
+        alternatives = body.logprob_alternatives()  # None: no log-probabilities
+        echo = not chat and bool(getattr(body, "echo", False))  # completions: the prompt first, scored with logprobs
+        req = ServeRequest(prompt_ids, max_tokens, sampler, emit, body.pyinfer_min_output_tokens,
+                           logprobs=alternatives, echo=echo)
         try:
             rid = loop.submit(req)
         except EngineStopped as e:
@@ -166,8 +171,17 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
 
+        scored = {"prompt": [], "pending": [], "all": []}  # log-probability entries: echo's, not yet sent, all
+
         def on_event(kind, payload):
             """(text, finish reason or None, whether the request is over) for one engine event."""
+            if kind == "logprob":
+                scored["pending"].append(payload)
+                scored["all"].append(payload)
+                return "", None, False
+            if kind == "prompt_logprobs":
+                scored["prompt"] = prompt_entries(prompt_ids, payload, alternatives)
+                return "", None, False
             if kind == "token":
                 text, stopped = matcher.push(decoder.push(payload))
                 if stopped:
@@ -178,13 +192,26 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
                 return matcher.flush(), payload, True
             raise APIError(500, str(payload), "server_error")
 
-        def chunk(text, finish):
+        offset = {"chars": len(prompt_text) if echo else 0}  # text_offset of the next token sent (completions)
+
+        def sent_logprobs(entries):
+            """The logprobs field of a chunk or a response that carries `entries` (None without logprobs)."""
+            if alternatives is None:
+                return None
+            if chat:
+                return chat_logprobs(tk, entries)
+            out = completion_logprobs(tk, entries, offset["chars"])
+            offset["chars"] += sum(len(t) for t in out["tokens"])
+            return out
+
+        def chunk(text, finish, entries=()):
+            logprobs = sent_logprobs(list(entries)) if entries else None
             if chat:
                 return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                        "choices": [{"index": 0, "delta": {"content": text} if text else {},
+                        "choices": [{"index": 0, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                                      "finish_reason": finish}]}
             return {"id": ident, "object": "text_completion", "created": created, "model": model_name,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
 
         if body.stream:
             state = {"over": False}
@@ -195,15 +222,22 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
                         first = chunk("", None)
                         first["choices"][0]["delta"] = {"role": "assistant"}
                         yield f"data: {json.dumps(first)}\n\n"
+                    elif echo and alternatives is None:  # the prompt first (scored, it waits for its scores)
+                        yield f"data: {json.dumps(chunk(prompt_text, None))}\n\n"
                     while not state["over"]:
                         try:
-                            text, finish, state["over"] = on_event(*await events.get())
+                            kind, payload = await events.get()
+                            text, finish, state["over"] = on_event(kind, payload)
                         except APIError as e:
                             state["over"] = True
                             yield f"data: {json.dumps(e.body())}\n\n"
                             break
-                        if text or finish:
-                            yield f"data: {json.dumps(chunk(text, finish))}\n\n"
+                        if kind == "prompt_logprobs":
+                            offset["chars"] = 0
+                            yield f"data: {json.dumps(chunk(prompt_text, None, scored['prompt']))}\n\n"
+                        elif text or finish or (kind == "token" and scored["pending"]):
+                            yield f"data: {json.dumps(chunk(text, finish, scored['pending']))}\n\n"
+                            scored["pending"].clear()
                     yield "data: [DONE]\n\n"
                 finally:
                     if not state["over"]:
@@ -241,16 +275,20 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         if chat:
             return {"id": ident, "object": "chat.completion", "created": created, "model": model_name,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "finish_reason": finish}], "usage": usage}
+                                 "logprobs": sent_logprobs(scored["all"]), "finish_reason": finish}], "usage": usage}
+        if echo:
+            offset["chars"] = 0
         return {"id": ident, "object": "text_completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], "usage": usage}
+                "choices": [{"index": 0, "text": (prompt_text if echo else "") + text,
+                             "logprobs": sent_logprobs(scored["prompt"] + scored["all"]), "finish_reason": finish}],
+                "usage": usage}
 
     async def completions(request: Request):
         body = await read_body(request, CompletionRequest)
         text = body.text()
         sampler, max_tokens, ids = await prepared(request, body, len(text.encode("utf-8", "replace")),
                                                   lambda: model.tokenize(text))
-        return await generate(request, body, sampler, max_tokens, ids, chat=False)
+        return await generate(request, body, sampler, max_tokens, ids, chat=False, prompt_text=text)
 
     async def chat_completions(request: Request):
         body = await read_body(request, ChatRequest)

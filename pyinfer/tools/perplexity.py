@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..runtime.sampling import log_softmax
+
 from ..errors import PyinferError
 
 
@@ -27,10 +29,7 @@ class PerplexityResult:
 
 def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """logits: F32 [n, vocab]; targets: [n] -> F64 [n] log-probabilities of the targets."""
-    x = logits.astype(np.float64)
-    mx = x.max(axis=1, keepdims=True)
-    lse = np.log(np.exp(x - mx).sum(axis=1)) + mx[:, 0]
-    return x[np.arange(len(targets)), targets] - lse
+    return log_softmax(logits)[np.arange(len(targets)), targets]
 
 
 def perplexity(model, text: str, ctx: int = 512, windows: int | None = None, progress: bool = True) -> PerplexityResult:
