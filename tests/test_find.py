@@ -1,0 +1,93 @@
+"""Models from where people keep them (issue 54, part): ollama's store and LM Studio's folder by name with -m, and
+`pyinfer list` over those, the Hugging Face cache and pyinfer's own cache. Fake stores in temporary folders: no
+network, no ollama."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pyinfer.errors import PyinferError
+from pyinfer.model.pull import resolve_model
+
+
+def ollama_store(root: Path, gguf: Path, name: str = "library/tiny", tag: str = "latest") -> Path:
+    """An ollama store holding `gguf` as NAME:TAG (a manifest naming its blob, plus a template layer)."""
+    digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    blob = root / "blobs" / f"sha256-{digest}"
+    shutil.copyfile(gguf, blob)
+    manifest = root / "manifests" / "registry.ollama.ai" / name / tag
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
+        {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "0" * 64, "size": 10},
+        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": blob.stat().st_size}]}))
+    return blob
+
+
+@pytest.fixture
+def stores(tmp_path, tiny_model_path, monkeypatch):
+    tiny = Path(tiny_model_path)
+    blob = ollama_store(tmp_path / "ollama", tiny)
+    ollama_store(tmp_path / "ollama", tiny, "someone/other", "q4")
+    lms = tmp_path / "lmstudio" / "pub" / "repo"
+    lms.mkdir(parents=True)
+    shutil.copyfile(tiny, lms / "repo-Q8_0.gguf")
+    hf = tmp_path / "hf" / "models--owner--repo" / "snapshots" / "abc123"
+    hf.mkdir(parents=True)
+    shutil.copyfile(tiny, hf / "model-Q4_K_M.gguf")
+    (hf / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 8)
+    env = {"OLLAMA_MODELS": str(tmp_path / "ollama"), "LMSTUDIO_MODELS": str(tmp_path / "lmstudio"),
+           "HF_HUB_CACHE": str(tmp_path / "hf"), "PYINFER_CACHE": str(tmp_path / "cache")}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return blob, lms / "repo-Q8_0.gguf", env
+
+
+def test_ollama_and_lmstudio_names_resolve(stores):
+    blob, lms_file, _ = stores
+    assert resolve_model("ollama:tiny") == blob == resolve_model("ollama:tiny:latest")
+    assert resolve_model("ollama:someone/other:q4") == blob
+    assert resolve_model("lmstudio:pub/repo") == lms_file == resolve_model("lmstudio:pub/repo/repo-Q8_0.gguf")
+    with pytest.raises(PyinferError, match=r"ollama model tiny:7b not found .*ollama pull tiny:7b"):
+        resolve_model("ollama:tiny:7b")
+    for bad in ("ollama:../etc", "ollama:a/b/c", "lmstudio:pub", "lmstudio:pub/../x"):
+        with pytest.raises(PyinferError, match="not an"):
+            resolve_model(bad)
+
+
+def test_a_manifest_without_its_blob_is_one_line(stores, tmp_path):
+    blob, _, _ = stores
+    blob.unlink()
+    with pytest.raises(PyinferError, match="its blob sha256-.* is missing"):
+        resolve_model("ollama:tiny")
+
+
+def run(env, *args):
+    r = subprocess.run([sys.executable, "-m", "pyinfer.cli", *args], capture_output=True, text=True, timeout=300,
+                       cwd=tempfile.gettempdir(), env=dict(os.environ, **env))
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_list_shows_every_store_and_generate_loads_from_ollama(stores):
+    _, _, env = stores
+    rc, out, err = run(env, "list", "--json")
+    assert rc == 0, err
+    rows = {r["model"]: r for r in json.loads(out)["models"]}
+    assert rows["ollama:tiny:latest"]["source"] == "ollama" and rows["ollama:tiny:latest"]["loads"]
+    assert rows["ollama:someone/other:q4"]["architecture"] == "llama"
+    assert rows["lmstudio:pub/repo/repo-Q8_0.gguf"]["types"]
+    hf = [r for r in rows.values() if r["source"] == "huggingface"]
+    assert {Path(r["path"]).name: r["loads"] for r in hf} == {"model-Q4_K_M.gguf": True, "broken.gguf": False}
+    assert next(r["why"] for r in hf if not r["loads"])
+    rc, out, err = run(env, "list")
+    assert rc == 0 and "ollama:tiny:latest" in out and "runs" in out
+    rc, out, err = run(env, "generate", "-m", "ollama:tiny", "-n", "3", "--temp", "0", "Hello")
+    assert rc == 0, err
+    rc, _, err = run(env, "generate", "-m", "ollama:nothing", "-n", "3", "Hello")
+    assert rc == 2 and err.strip().count("\n") == 0 and "ollama pull nothing:latest" in err
