@@ -91,3 +91,55 @@ def test_list_shows_every_store_and_generate_loads_from_ollama(stores):
     assert rc == 0, err
     rc, _, err = run(env, "generate", "-m", "ollama:nothing", "-n", "3", "Hello")
     assert rc == 2 and err.strip().count("\n") == 0 and "ollama pull nothing:latest" in err
+
+
+@pytest.fixture
+def hub(tmp_path, tiny_model_path, monkeypatch):
+    """A fake Hugging Face hub (support/fake_hub.py) with one repository of two quants and a sharded one; HF_ENDPOINT
+    points at it and the hub cache is a temporary folder."""
+    from support import fake_hub
+
+    data = Path(tiny_model_path).read_bytes()
+    fake_hub.FILES.clear()
+    fake_hub.FILES.update({("owner/tiny-GGUF", "tiny-Q4_K_M.gguf"): data, ("owner/tiny-GGUF", "tiny-Q8_0.gguf"): data,
+                           ("owner/tiny-GGUF", "mmproj-tiny.gguf"): b"GGUF",
+                           ("owner/big-GGUF", "big-Q4_K_M-00001-of-00002.gguf"): b"GGUF",
+                           ("owner/big-GGUF", "big-Q4_K_M-00002-of-00002.gguf"): b"GGUF"})
+    server = fake_hub.serve()
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}", "HF_HUB_CACHE": str(tmp_path / "hub"),
+           "HF_HUB_DISABLE_TELEMETRY": "1", "PYINFER_CACHE": str(tmp_path / "cache")}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    import huggingface_hub.constants as c  # the library reads its endpoint once, at import
+
+    monkeypatch.setattr(c, "ENDPOINT", env["HF_ENDPOINT"])
+    monkeypatch.setattr(c, "HUGGINGFACE_CO_URL_TEMPLATE", env["HF_ENDPOINT"] + "/{repo_id}/resolve/{revision}/{filename}")
+    yield env, data
+    server.shutdown()
+
+
+def test_hub_models_download_once_into_the_shared_cache(hub, monkeypatch):
+    env, data = hub
+    p = resolve_model("owner/tiny-GGUF")                       # no quant named: Q4_K_M
+    assert p.name == "tiny-Q4_K_M.gguf" and p.read_bytes() == data and str(p).startswith(env["HF_HUB_CACHE"])
+    assert resolve_model("owner/tiny-GGUF:q8_0").name == "tiny-Q8_0.gguf"
+    assert resolve_model("hf://owner/tiny-GGUF/tiny-Q8_0.gguf").name == "tiny-Q8_0.gguf"
+    with pytest.raises(PyinferError, match="has no Q5_K_M file; it has tiny-Q4_K_M.gguf, tiny-Q8_0.gguf"):
+        resolve_model("owner/tiny-GGUF:Q5_K_M")
+    with pytest.raises(PyinferError, match="split into shards"):
+        resolve_model("owner/big-GGUF")
+    with pytest.raises(PyinferError, match="owner/nothing.*no such repository"):
+        resolve_model("owner/nothing:Q4_K_M")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline: what the cache holds still resolves
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    assert resolve_model("owner/tiny-GGUF:Q8_0").name == "tiny-Q8_0.gguf"
+
+
+def test_generate_from_the_hub_on_the_command_line(hub):
+    env, _ = hub
+    rc, out, err = run(env, "generate", "-m", "owner/tiny-GGUF:Q8_0", "-n", "3", "--temp", "0", "Hello")
+    assert rc == 0, err
+    rc, out, err = run(env, "list", "--json")
+    assert rc == 0 and any(r["source"] == "huggingface" and r["loads"] for r in json.loads(out)["models"])

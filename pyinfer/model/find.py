@@ -1,5 +1,7 @@
-"""GGUF files where people keep them: ollama's store (`-m ollama:NAME[:TAG]`), LM Studio's models folder
-(`-m lmstudio:PUBLISHER/REPO[/FILE]`), files already in the Hugging Face cache, and pyinfer's own cache: what
+"""GGUF files where people keep them: the Hugging Face hub and its cache (`-m OWNER/REPO[:QUANT]`,
+`-m hf://OWNER/REPO/FILE.gguf`, through huggingface_hub: $HF_ENDPOINT, $HF_HUB_OFFLINE, the shared cache and its
+progress bars), ollama's store (`-m ollama:NAME[:TAG]`), LM Studio's models folder
+(`-m lmstudio:PUBLISHER/REPO[/FILE]`), and pyinfer's own cache: what
 `pyinfer list` shows (cli/list.py reads each file's header; nothing is loaded or downloaded).
 
 ollama keeps a manifest per model and tag (manifests/registry.ollama.ai/library/NAME/TAG, or .../USER/NAME/TAG) that
@@ -79,15 +81,88 @@ def resolve_lmstudio(ref: str) -> Path:
     raise PyinferError(f"LM Studio model {ref} not found in {', '.join(map(str, lmstudio_roots()))}")
 
 
+_REPO = re.compile(r"([A-Za-z0-9][\w.-]{0,95})/([A-Za-z0-9][\w.-]{0,95})(?::([\w.-]{1,64}))?")
+_SHARD = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when none is named
+
+
+def _hub_error(e: Exception, what: str) -> PyinferError:
+    name = type(e).__name__
+    why = {"RepositoryNotFoundError": "no such repository (or it is private: log in with `hf auth login`)",
+           "GatedRepoError": "the repository is gated: accept its terms on the hub and log in",
+           "EntryNotFoundError": "no such file in the repository",
+           "RemoteEntryNotFoundError": "no such file in the repository",
+           "LocalEntryNotFoundError": "not in the local cache, and the hub cannot be reached (offline?)",
+           "OfflineModeIsEnabled": "HF_HUB_OFFLINE is set and it is not in the local cache"}.get(name)
+    return PyinferError(f"{what}: {why or f'{name}: {str(e).splitlines()[0] if str(e) else name}'}")
+
+
+def pick_gguf(files: list[str], quant: str | None, repo: str) -> str:
+    """The repository's GGUF file for `quant` (a case-insensitive part of its name; none: Q4_K_M, or the only one)."""
+    ggufs = sorted(f for f in files if f.lower().endswith(".gguf") and not f.split("/")[-1].startswith("mmproj"))
+    if not ggufs:
+        raise PyinferError(f"{repo} holds no GGUF file")
+    want = (quant or DEFAULT_QUANT).lower()
+    match = [f for f in ggufs if want in f.split("/")[-1].lower()]
+    if not match and quant is None and len(ggufs) == 1:
+        match = ggufs
+    if not match:
+        raise PyinferError(f"{repo} has no {quant or DEFAULT_QUANT} file; it has {', '.join(ggufs)} "
+                           f"(name one as {repo}:QUANT)")
+    whole = [f for f in match if not _SHARD.search(f)]
+    if not whole:
+        raise PyinferError(f"{repo}'s {quant or DEFAULT_QUANT} is split into shards ({match[0]}, ...); pyinfer "
+                           "reads single-file GGUFs (llama.cpp's gguf-split --merge joins them)")
+    return whole[0]
+
+
+def _cached_files(repo: str) -> list[str]:
+    """The GGUF files of `repo` in the local cache's snapshots (offline: no listing from the hub)."""
+    snaps = hf_cache() / ("models--" + repo.replace("/", "--")) / "snapshots"
+    return sorted({str(p.relative_to(s)) for s in snaps.glob("*") for p in s.rglob("*.gguf")}) if snaps.is_dir() else []
+
+
+def resolve_hub(repo: str, filename: str | None = None, quant: str | None = None) -> Path:
+    """The GGUF of a hub repository in the shared cache, downloaded (with huggingface_hub's progress bar) if it is
+    not there yet: `filename`, or the one pick_gguf chooses for `quant`."""
+    try:
+        import huggingface_hub as hub
+    except ImportError:
+        raise PyinferError("models from the Hugging Face hub need huggingface_hub: pip install huggingface_hub") \
+            from None
+    if filename is None:
+        try:
+            files = hub.HfApi().list_repo_files(repo)
+        except Exception as e:  # noqa: BLE001 - offline, or the hub said no: the cache may still have it
+            files = _cached_files(repo)
+            if not files:
+                raise _hub_error(e, f"cannot list {repo} on the hub") from None
+        filename = pick_gguf(files, quant, repo)
+    try:
+        return Path(hub.hf_hub_download(repo, filename, cache_dir=str(hf_cache())))
+    except Exception as e:  # noqa: BLE001 - every failure of the download is one line
+        raise _hub_error(e, f"cannot fetch {filename} from {repo}") from None
+
+
 def resolve_store(path_or_name: str) -> Path | None:
-    """A model named by its store (`ollama:`, `lmstudio:`), or None when the name has no store prefix."""
+    """A model named by its store (`ollama:`, `lmstudio:`, `hf://`, or OWNER/REPO[:QUANT]), or None when the name
+    is none of these."""
     prefix, sep, rest = path_or_name.partition(":")
-    if not sep or not rest:
-        return None
-    if prefix == "ollama":
+    if sep and rest and prefix == "ollama":
         return resolve_ollama(rest)
-    if prefix == "lmstudio":
+    if sep and rest and prefix == "lmstudio":
         return resolve_lmstudio(rest)
+    if path_or_name.startswith("hf://"):
+        parts = path_or_name[len("hf://"):].split("/", 2)
+        if len(parts) == 3 and all(parts) and _REPO.fullmatch("/".join(parts[:2])):
+            return resolve_hub("/".join(parts[:2]), filename=parts[2])
+        if len(parts) == 2 and _REPO.fullmatch("/".join(parts)):
+            m = _REPO.fullmatch("/".join(parts))
+            return resolve_hub(f"{m.group(1)}/{m.group(2)}", quant=m.group(3))
+        raise PyinferError(f"not a hub model: {path_or_name!r} (hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO[:QUANT])")
+    m = _REPO.fullmatch(path_or_name)
+    if m and not path_or_name.lower().endswith(".gguf"):
+        return resolve_hub(f"{m.group(1)}/{m.group(2)}", quant=m.group(3))
     return None
 
 
