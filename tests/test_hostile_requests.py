@@ -289,12 +289,15 @@ def test_typed_control_tokens_stay_text(server):
 
 # ---- 9: smaller defects --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field,value", [("logprobs", 99), ("logprobs", True), ("best_of", 3), ("suffix", "end"),
-                                         ("logit_bias", {"1": 5})])
+                                         ("logit_bias", {"1": 5}), ("response_format", {"type": "json_object"}),
+                                         ("tools", [{"type": "function", "function": {"name": "f"}}]),
+                                         ("tool_choice", "required"), ("functions", [{"name": "f"}])])
 def test_fields_that_would_be_ignored_are_refused(server, field, value):
     base, _, _ = server
     r = post(base, {"prompt": "hi", "max_tokens": 2, field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
-    ok = post(base, {"prompt": "hi", "max_tokens": 2, "logprobs": None, "echo": False, "best_of": 1})
+    ok = post(base, {"prompt": "hi", "max_tokens": 2, "logprobs": None, "echo": False, "best_of": 1,
+                     "response_format": {"type": "text"}, "tools": [], "tool_choice": "none"})
     assert ok.status_code == 200
 
 

@@ -2,8 +2,9 @@
 
 Types are strict (a string "16" is not a max_tokens) and every number is bounded, so a bad value is a 400 that
 names its field before anything runs. Unknown fields are accepted and ignored, as OpenAI clients send fields
-this server has no use for (user, metadata, ...); the known ones it cannot honour (best_of, suffix, logit_bias) are
-refused unless they ask for nothing."""
+this server has no use for (user, metadata, ...); the known ones it cannot honour yet (best_of, suffix, logit_bias,
+structured outputs' response_format, tools and tool_choice, the legacy functions) are refused unless they ask for
+nothing: a client that asked for JSON or a tool call must not get free text with a 200."""
 from __future__ import annotations
 
 from typing import List, Literal, Optional, Union
@@ -43,8 +44,14 @@ class _Sampling(BaseModel):
     stream: Optional[StrictBool] = False
     n: Optional[StrictInt] = Field(None, ge=1, le=1)
     logprobs: Optional[Union[StrictBool, StrictInt]] = None  # completions: how many alternatives; chat: on or off
-    # Accepted only when they ask for nothing (see refuse_unsupported).
+    # Accepted only when they ask for nothing (see refuse_unsupported): each would change the answer, so a server
+    # that ignored them would answer something else than was asked.
     logit_bias: Optional[dict] = None
+    response_format: Optional[dict] = None
+    tools: Optional[list] = None
+    tool_choice: Optional[Union[StrictStr, dict]] = None
+    functions: Optional[list] = None
+    function_call: Optional[Union[StrictStr, dict]] = None
     # Our extension: the client's lower bound on the output length (the l of A_min's interval [l, u]).
     pyinfer_min_output_tokens: Optional[StrictInt] = Field(None, ge=1)
 
@@ -62,7 +69,9 @@ class _Sampling(BaseModel):
                 raise APIError(400, f"'{name}' is not supported by this server", param=name)
 
     def _unsupported(self):
-        return (("logit_bias", (None, {})),)
+        return (("logit_bias", (None, {})), ("response_format", (None, {"type": "text"})), ("tools", (None, [])),
+                ("tool_choice", (None, "none", "auto")), ("functions", (None, [])),
+                ("function_call", (None, "none", "auto")))
 
     def logprob_alternatives(self) -> int | None:
         """None: no log-probabilities; else each token's and this many alternatives'."""

@@ -40,7 +40,7 @@ class ServeRequest:
     lower: int | None = None                  # client's lower bound on the output length, if any
     logprobs: int | None = None               # each token's log-probability and this many alternatives (None: off)
     echo: bool = False                        # with logprobs: the prompt's tokens scored too ("prompt_logprobs")
-    prompt_scored: bool = False               # its prompt's log-probabilities went out (an eviction does not repeat them)
+    prompt_scored: bool = False               # its prompt's scores went out (an eviction does not repeat them)
     id: int = -1
     emitted: list[int] = field(default_factory=list)
     arrived: float = field(default_factory=time.monotonic)
