@@ -152,17 +152,16 @@ def resolve_store(path_or_name: str) -> Path | None:
         return resolve_ollama(rest)
     if sep and rest and prefix == "lmstudio":
         return resolve_lmstudio(rest)
-    if path_or_name.startswith("hf://"):
-        parts = path_or_name[len("hf://"):].split("/", 2)
-        if len(parts) == 3 and all(parts) and _REPO.fullmatch("/".join(parts[:2])):
-            return resolve_hub("/".join(parts[:2]), filename=parts[2])
-        if len(parts) == 2 and _REPO.fullmatch("/".join(parts)):
-            m = _REPO.fullmatch("/".join(parts))
-            return resolve_hub(f"{m.group(1)}/{m.group(2)}", quant=m.group(3))
-        raise PyinferError(f"not a hub model: {path_or_name!r} (hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO[:QUANT])")
-    m = _REPO.fullmatch(path_or_name)
-    if m and not path_or_name.lower().endswith(".gguf"):
+    hub = path_or_name.startswith("hf://")
+    ref = path_or_name[len("hf://"):] if hub else path_or_name
+    parts = ref.split("/", 2)
+    if hub and len(parts) == 3 and parts[2] and _REPO.fullmatch("/".join(parts[:2])):
+        return resolve_hub("/".join(parts[:2]), filename=parts[2])
+    m = _REPO.fullmatch(ref)
+    if m and (hub or not ref.lower().endswith(".gguf")):
         return resolve_hub(f"{m.group(1)}/{m.group(2)}", quant=m.group(3))
+    if hub:
+        raise PyinferError(f"not a hub model: {path_or_name!r} (hf://OWNER/REPO/FILE.gguf or hf://OWNER/REPO[:QUANT])")
     return None
 
 
