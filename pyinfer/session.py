@@ -210,12 +210,14 @@ class Session:
         bos, eos = self._bos_eos_text()
         return render_chat(self.chat_template, messages, bos, eos, add_generation_prompt)
 
-    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def chat_ids(self, messages: list[dict], add_generation_prompt: bool = True,
+                 tools: list[dict] | None = None) -> list[int]:
         """The prompt ids of a chat: the model's template rendered, its own text tokenized with control tokens and
         the messages' content as plain text (see Tokenizer.encode_chat), BOS first where the model wants one.
-        Roles must be ones the template knows (chat_template.template_roles)."""
+        Roles must be ones the template knows (chat_template.template_roles). `tools`: OpenAI's tool list, for a
+        template that renders it."""
         bos, eos = self._bos_eos_text()
-        text, spans = chat_spans(self.chat_template, messages, bos, eos, add_generation_prompt)
+        text, spans = chat_spans(self.chat_template, messages, bos, eos, add_generation_prompt, tools)
         ids = self.tokenizer.encode_chat(text, spans, [m["content"] for m in messages])
         tk = self.tokenizer
         return [tk.bos_id] + ids if tk.add_bos and tk.bos_id is not None and ids[:1] != [tk.bos_id] else ids

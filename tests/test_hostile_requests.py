@@ -83,7 +83,7 @@ def test_a_request_that_fails_in_the_engine_fails_alone(server):
     from pyinfer.serve.engine_loop import ServeRequest
 
     class Exploding(Sampler):
-        def __call__(self, logits):
+        def __call__(self, logits, allowed=None):
             raise RuntimeError("boom")
 
     got = []
@@ -289,7 +289,7 @@ def test_typed_control_tokens_stay_text(server):
 
 # ---- 9: smaller defects --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("field,value", [("logprobs", 99), ("logprobs", True), ("best_of", 3), ("suffix", "end"),
-                                         ("logit_bias", {"1": 5}), ("response_format", {"type": "json_object"}),
+                                         ("logit_bias", {"1": 5}), ("response_format", {"type": "json_schema"}),
                                          ("tools", [{"type": "function", "function": {"name": "f"}}]),
                                          ("tool_choice", "required"), ("functions", [{"name": "f"}])])
 def test_fields_that_would_be_ignored_are_refused(server, field, value):

@@ -200,12 +200,12 @@ def _check_messages(messages: list[dict]) -> None:
 
 
 def render_chat(template: str | None, messages: list[dict], bos_token: str = "", eos_token: str = "",
-                add_generation_prompt: bool = True) -> str:
+                add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
     _check_messages(messages)
-    return _render(template, messages, bos_token, eos_token, add_generation_prompt)
+    return _render(template, messages, bos_token, eos_token, add_generation_prompt, tools)
 
 
-def _render(template, messages, bos_token, eos_token, add_generation_prompt) -> str:
+def _render(template, messages, bos_token, eos_token, add_generation_prompt, tools=None) -> str:
     import jinja2
 
     if template is not None and not isinstance(template, str):
@@ -214,8 +214,9 @@ def _render(template, messages, bos_token, eos_token, add_generation_prompt) -> 
     try:
         compiled = _compiled(template or DEFAULT_TEMPLATE)
         with _deadline(MAX_RENDER_SECONDS):
+            # `tools`: OpenAI's tool list, as Hugging Face's apply_chat_template passes it (None: no tools)
             for piece in compiled.generate(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                                           add_generation_prompt=add_generation_prompt):
+                                           add_generation_prompt=add_generation_prompt, tools=tools):
                 size += len(piece)
                 if size > MAX_RENDER_CHARS:
                     raise ChatTemplateError(f"the chat template made a prompt of over {MAX_RENDER_CHARS} characters")
@@ -249,7 +250,7 @@ def check_roles(template: str | None, messages: list[dict]) -> None:
 
 
 def chat_spans(template: str | None, messages: list[dict], bos_token: str = "", eos_token: str = "",
-               add_generation_prompt: bool = True) -> tuple[str, list[tuple[int, int]] | None]:
+               add_generation_prompt: bool = True, tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]] | None]:
     """(the rendered prompt, the [start, end) character spans of it that are message content), or spans None when
     the template does something with the content that cannot be traced (then the caller must treat the whole
     prompt with suspicion).
@@ -259,9 +260,9 @@ def chat_spans(template: str | None, messages: list[dict], bos_token: str = "", 
     the template trimmed it."""
     check_roles(template, messages)
     _check_messages(messages)
-    text = _render(template, messages, bos_token, eos_token, add_generation_prompt)
+    text = _render(template, messages, bos_token, eos_token, add_generation_prompt, tools)
     marked = [dict(m, content=_MARK.format(i)) for i, m in enumerate(messages)]
-    skeleton = _render(template, marked, bos_token, eos_token, add_generation_prompt)
+    skeleton = _render(template, marked, bos_token, eos_token, add_generation_prompt, tools)
     pieces = _MARK_RE.split(skeleton)  # template text, index, template text, index, ...
     spans, pos = [], 0
     for k in range(0, len(pieces), 2):

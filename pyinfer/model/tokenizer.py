@@ -111,6 +111,7 @@ class Tokenizer:
             # byte-level: one character per byte; gemma4: characters of up to 4 bytes
             self._max_token_bytes = max(len(t) for t in tokens) * (4 if kind == "gemma4" else 1)
         self.tokens = tokens
+        self.kind, self.types = kind, types  # what token_bytes.token_bytes reads
         self.vocab_size = len(tokens)
         self.bos_id = _opt_id(metadata.get("tokenizer.ggml.bos_token_id"), len(tokens), "bos")
         self.eos_id = _opt_id(metadata.get("tokenizer.ggml.eos_token_id"), len(tokens), "eos")
@@ -181,16 +182,18 @@ class IncrementalDecoder:
 
     MAX_PENDING = 6
 
-    def __init__(self, tokenizer: Tokenizer):
-        self.tok = tokenizer
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
+        """`skip_special` off: special tokens are written as their text (a tool call's <tool_call> or [TOOL_CALLS],
+        which the tool-call parser reads)."""
+        self.tok, self.skip_special = tokenizer, skip_special
         self.ids: list[int] = []
         self.prefix = 0
         self.read = 0
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        before = self.tok.decode(self.ids[self.prefix:self.read])
-        after = self.tok.decode(self.ids[self.prefix:])
+        before = self.tok.decode(self.ids[self.prefix:self.read], self.skip_special)
+        after = self.tok.decode(self.ids[self.prefix:], self.skip_special)
         stuck = len(self.ids) - self.read > self.MAX_PENDING
         if len(after) > len(before) and (stuck or not after.endswith("\ufffd")):
             self.prefix, self.read = self.read, len(self.ids)

@@ -2,20 +2,35 @@
 
 Types are strict (a string "16" is not a max_tokens) and every number is bounded, so a bad value is a 400 that
 names its field before anything runs. Unknown fields are accepted and ignored, as OpenAI clients send fields
-this server has no use for (user, metadata, ...); the known ones it cannot honour yet (best_of, suffix, logit_bias,
-structured outputs' response_format, tools and tool_choice, the legacy functions) are refused unless they ask for
-nothing: a client that asked for JSON or a tool call must not get free text with a 200."""
+this server has no use for (user, metadata, ...); the known ones it cannot honour (best_of, suffix, logit_bias, the
+legacy functions and function_call, tools on the completions API) are refused unless they ask for nothing: a client
+that asked for a change to the answer must not get another answer with a 200. Structured outputs
+(`response_format`) and tool calls (`tools`, `tool_choice`, `parallel_tool_calls`) are typed here and honoured by
+structured.py."""
 from __future__ import annotations
 
+import json
 from typing import List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
+                      model_validator)
 
 from ..runtime.sampling import MAX_TOP_LOGPROBS, PENALTY_LIMIT, SEED_MAX
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_MESSAGES = 1024        # a conversation longer than this is a client bug or an attack
 MAX_STOP_CHARS = 256
+MAX_TOOLS = 128            # OpenAI's own limit on a request's tools
+# Other servers' extensions that change the answer: ignoring them would answer something else than was asked, so
+# each is a 400 (with what to send instead, where there is something).
+REFUSED_EXTENSIONS = {
+    "guided_json": "send 'response_format': {'type': 'json_schema', ...}", "json_schema": "send 'response_format'",
+    "guided_regex": "", "guided_choice": "send 'response_format' with an enum schema", "guided_grammar": "",
+    "structured_outputs": "send 'response_format'", "grammar": "", "guided_decoding_backend": "",
+    "min_p": "", "repetition_penalty": "send 'frequency_penalty'", "repeat_penalty": "send 'frequency_penalty'",
+    "typical_p": "", "mirostat": "", "ignore_eos": "", "min_tokens": "", "use_beam_search": "", "n_probs": "",
+}
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for a function's name
 Number = Union[StrictInt, StrictFloat]
 
 
@@ -27,6 +42,51 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class JsonSchemaFormat(BaseModel):
+    name: StrictStr = Field("response", max_length=64)
+    description: Optional[StrictStr] = None
+    schema_: Optional[dict] = Field(None, alias="schema")
+    strict: Optional[StrictBool] = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class FunctionDef(BaseModel):
+    name: StrictStr = Field(pattern=FUNCTION_NAME)
+    description: Optional[StrictStr] = None
+    parameters: Optional[dict] = None
+    strict: Optional[StrictBool] = None
+
+
+class ToolDef(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: StrictStr = Field(pattern=FUNCTION_NAME)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class CalledFunction(BaseModel):
+    name: StrictStr = Field(max_length=64)
+    arguments: StrictStr
+
+
+class ToolCallIn(BaseModel):
+    """A call the assistant made earlier in the conversation (sent back by the client with its result)."""
+    id: Optional[StrictStr] = Field(None, max_length=64)
+    type: Literal["function"] = "function"
+    function: CalledFunction
 
 
 class _Sampling(BaseModel):
@@ -44,16 +104,25 @@ class _Sampling(BaseModel):
     stream: Optional[StrictBool] = False
     n: Optional[StrictInt] = Field(None, ge=1, le=1)
     logprobs: Optional[Union[StrictBool, StrictInt]] = None  # completions: how many alternatives; chat: on or off
+    response_format: Optional[ResponseFormat] = None
     # Accepted only when they ask for nothing (see refuse_unsupported): each would change the answer, so a server
     # that ignored them would answer something else than was asked.
     logit_bias: Optional[dict] = None
-    response_format: Optional[dict] = None
     tools: Optional[list] = None
     tool_choice: Optional[Union[StrictStr, dict]] = None
     functions: Optional[list] = None
     function_call: Optional[Union[StrictStr, dict]] = None
     # Our extension: the client's lower bound on the output length (the l of A_min's interval [l, u]).
     pyinfer_min_output_tokens: Optional[StrictInt] = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_foreign_extensions(cls, body):
+        for name, instead in REFUSED_EXTENSIONS.items():
+            if isinstance(body, dict) and body.get(name) not in (None, False):
+                raise APIError(400, f"'{name}' is not supported by this server" + (f"; {instead}" if instead else ""),
+                               param=name)
+        return body
 
     def stops(self) -> list[str]:
         s = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -69,9 +138,8 @@ class _Sampling(BaseModel):
                 raise APIError(400, f"'{name}' is not supported by this server", param=name)
 
     def _unsupported(self):
-        return (("logit_bias", (None, {})), ("response_format", (None, {"type": "text"})), ("tools", (None, [])),
-                ("tool_choice", (None, "none", "auto")), ("functions", (None, [])),
-                ("function_call", (None, "none", "auto")))
+        return (("logit_bias", (None, {})), ("tools", (None, [])), ("tool_choice", (None, "none", "auto")),
+                ("functions", (None, [])), ("function_call", (None, "none", "auto")))
 
     def logprob_alternatives(self) -> int | None:
         """None: no log-probabilities; else each token's and this many alternatives'."""
@@ -110,17 +178,45 @@ class TextPart(BaseModel):
 
 class ChatMessage(BaseModel):
     role: StrictStr = Field(max_length=32)      # checked against the template's roles when rendered
-    content: Union[StrictStr, List[TextPart]]
+    content: Optional[Union[StrictStr, List[TextPart]]] = None  # None: an assistant turn that only called tools
+    tool_calls: Optional[List[ToolCallIn]] = Field(None, max_length=MAX_TOOLS)
+    tool_call_id: Optional[StrictStr] = Field(None, max_length=64)
+    name: Optional[StrictStr] = Field(None, max_length=64)
 
     def as_dict(self) -> dict:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": self.role, "content": content}
+        """The message as chat templates read it (Hugging Face's convention): a call's arguments as an object."""
+        if self.content is None and not self.tool_calls:
+            raise APIError(400, f"a '{self.role}' message needs 'content'", param="messages")
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        out = {"role": self.role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id or f"call_{i}", "type": "function",
+                                  "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                                 for i, c in enumerate(self.tool_calls)]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _arguments(text: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise APIError(400, "a tool call's 'arguments' must be a JSON object", param="messages") from None
 
 
 class ChatRequest(_Sampling):
     messages: List[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: Optional[List[ToolDef]] = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[StrictBool] = None
+
+    def _unsupported(self):  # chat honours tools and tool_choice (structured.py)
+        return tuple(u for u in super()._unsupported() if u[0] not in ("tools", "tool_choice"))
 
     def logprob_alternatives(self) -> int | None:
         """Chat's `logprobs` (true or false) and `top_logprobs` (alternatives, which need logprobs)."""

@@ -4,7 +4,9 @@ It owns one Scheduler (integers only) and one BatchEngine (tensors only) and mov
 them. It runs on its own thread; front ends submit() and cancel() from any thread and get tokens back
 through each request's `emit` callback: ("token", id), then ("done", reason) or ("error", message); a request
 asking for log-probabilities also gets ("logprob", (id, logprob, alternatives)) before each token and, with echo,
-("prompt_logprobs", [...]) once before the first.
+("prompt_logprobs", [...]) once before the first. A request with a grammar (`constraint`) samples only what its
+grammar allows: the masks of a step's constrained requests are computed together, then each is applied to its own
+row of logits only; a request whose grammar is complete ends there ("stop").
 
 Eviction (A_min's cancel): the request's KV is freed and it restarts from scratch later, as the
 scheduler models. Tokens already streamed are never taken back: on restart the request replays them
@@ -25,6 +27,7 @@ from typing import Callable
 from ..errors import PyinferError
 from ..runtime.sampling import Sampler, token_logprob
 from .batch_engine import BatchEngine, SeqWork
+from .grammar import Constraint, MaskBuffer
 from .length_predictor import LengthPredictor
 from .policies import make_policy
 from .request import Request
@@ -41,6 +44,7 @@ class ServeRequest:
     logprobs: int | None = None               # each token's log-probability and this many alternatives (None: off)
     echo: bool = False                        # with logprobs: the prompt's tokens scored too ("prompt_logprobs")
     prompt_scored: bool = False               # its prompt's scores went out (an eviction does not repeat them)
+    constraint: Constraint | None = None      # its grammar's state (structured outputs, tool calls), if any
     id: int = -1
     emitted: list[int] = field(default_factory=list)
     arrived: float = field(default_factory=time.monotonic)
@@ -68,7 +72,9 @@ class EngineLoop:
         self.failure: str | None = None  # why the engine thread ended, if it did
         self._on_stop: list[Callable[[], None]] = []
         self.stats = dict(requests_total=0, finished_total=0, cancelled_total=0, evictions_total=0,
-                          tokens_generated_total=0, steps_total=0, kv_peak_tokens=0, failed_total=0)
+                          tokens_generated_total=0, steps_total=0, kv_peak_tokens=0, failed_total=0,
+                          grammar_masks_total=0, grammar_steps_total=0, grammar_mask_seconds_total=0.0)
+        self._masks: MaskBuffer | None = None
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tok/s
         self.thread = threading.Thread(target=self._run, name="pyinfer-engine", daemon=True)
 
@@ -217,13 +223,18 @@ class EngineLoop:
         for rid, scores in self.batch.scores.items():
             self._live[rid].prompt_scored = True
             self._live[rid].emit("prompt_logprobs", scores)
+        allowed = self._grammar_masks(out.running, logits)
         for rid in out.running:
+            if rid not in self._live:  # its grammar failed (_grammar_masks)
+                continue
             req, r = self._live[rid], self.sched.request(rid)
             if r.generated < len(req.emitted):
                 tok = req.emitted[r.generated]  # replay after an eviction
             else:
                 try:
-                    tok = req.sampler(logits[rid])
+                    tok = req.sampler(logits[rid], allowed.get(rid))
+                    if req.constraint is not None and tok not in self.eos_ids:
+                        req.constraint.consume(tok)
                 except Exception as e:  # noqa: BLE001 - only this request fails
                     self._fail(rid, f"sampling failed: {type(e).__name__}: {e}")
                     continue
@@ -235,7 +246,9 @@ class EngineLoop:
                 if req.logprobs is not None:
                     req.emit("logprob", token_logprob(logits[rid], tok, req.logprobs))
                 req.emit("token", tok)
-            if r.generated + 1 >= req.max_tokens:
+            if req.constraint is not None and req.constraint.finished:
+                finished.append((rid, "stop"))  # the grammar is complete: only end-of-generation could follow
+            elif r.generated + 1 >= req.max_tokens:
                 finished.append((rid, "length"))
         with self._lock:
             self._recent.append((time.monotonic(), len(out.running)))
@@ -246,6 +259,34 @@ class EngineLoop:
             self.lengths.observe(len(self._live[rid].prompt_ids), len(self._live[rid].emitted))
             self.stats["finished_total"] += 1
             self._finish(rid, "done", reason)
+
+    def _grammar_masks(self, running: list[int], logits: dict) -> dict:
+        """{request id: bool [vocab]} for this step's constrained requests that sample (not replaying), computed
+        together. A request whose grammar fails is failed here and left out."""
+        todo = [rid for rid in running if self._live[rid].constraint is not None
+                and self.sched.request(rid).generated >= len(self._live[rid].emitted)]
+        if not todo:
+            return {}
+        started = time.perf_counter()
+        if self._masks is None:
+            self._masks = MaskBuffer(len(next(iter(logits.values()))))
+        try:
+            rows = self._masks.fill([self._live[rid].constraint for rid in todo])
+        except Exception as e:  # noqa: BLE001 - the library refused the batch: fail its requests, not the loop
+            for rid in todo:
+                self._fail(rid, f"grammar failed: {type(e).__name__}: {e}")
+            return {}
+        out = {}
+        for rid, row in zip(todo, rows):
+            why = self._live[rid].constraint.failed
+            if why:
+                self._fail(rid, f"grammar failed: {why}")
+            else:
+                out[rid] = row
+        self.stats["grammar_masks_total"] += len(todo)
+        self.stats["grammar_steps_total"] += 1
+        self.stats["grammar_mask_seconds_total"] += time.perf_counter() - started
+        return out
 
     def _finish(self, rid: int, kind: str, payload) -> None:
         req = self._live.pop(rid, None)

@@ -21,6 +21,8 @@ METRICS = (
     ("evictions_total", "evictions", "counter", "running requests evicted by the scheduler"),
     ("tokens_generated_total", "tokens_generated", "counter", "tokens sent to clients"),
     ("steps_total", "steps", "counter", "engine steps"),
+    ("grammar_masks_total", "grammar_masks", "counter", "token masks computed for constrained sequences"),
+    ("grammar_mask_seconds_total", "grammar_mask_seconds", "counter", "time spent computing and unpacking them"),
 )
 
 

@@ -20,9 +20,12 @@ from ..runtime.sampling import Sampler, SamplingParams
 from ..runtime.stops import StopMatcher
 from .api_models import APIError, ChatRequest, CompletionRequest, parse
 from .engine_loop import EngineLoop, EngineStopped, ServeRequest
+from .grammar import GrammarError, Grammars
 from .logprobs import chat_logprobs, completion_logprobs, prompt_entries
 from .http_limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONCURRENT, UNAUTHORIZED, BodyLimit, authorized
 from .metrics import make_registry
+from .structured import OutputPlan, plan_output, template_input
+from .tool_parser import ToolCallParser
 from .webui import HEADERS as WEBUI_HEADERS
 from .webui import load_files as webui_files
 
@@ -53,6 +56,7 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
 
     app = FastAPI(title="pyinfer", docs_url=None, redoc_url=None, openapi_url=None)
     tk = model.tokenizer
+    grammars = Grammars(tk, model.config.vocab_size, loop.eos_ids)  # structured outputs and tool calls
 
     @app.exception_handler(APIError)
     async def _api_error(_, e: APIError):
@@ -129,21 +133,30 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
             if msg["type"] == "http.disconnect":
                 return
 
-    async def prepared(request: Request, body, n_bytes: int, tokenize):
-        """(sampler, max_tokens, prompt ids) once the request passed every check, tokenized off the loop."""
+    async def prepared(request: Request, body, n_bytes: int, tokenize, plan: OutputPlan):
+        """(sampler, max_tokens, prompt ids, grammar state or None) once the request passed every check: tokenized
+        and its grammar compiled (or found compiled) off the loop."""
         nonlocal preparing
         refuse_if_unavailable()
         sampler, max_tokens = sampler_of(body)
         refuse_oversized(n_bytes, max_tokens)
+
+        def work():
+            ids = tokenize()
+            try:
+                return ids, grammars.constraint(plan.grammar, plan.param) if plan.grammar else None
+            except GrammarError as e:
+                raise APIError(400, str(e), param=e.param) from None
+
         preparing += 1
         try:
-            ids = await off_loop(tokenize)
+            ids, constraint = await off_loop(work)
         finally:
             preparing -= 1
-        return sampler, max_tokens, ids
+        return sampler, max_tokens, ids, constraint
 
     async def generate(request: Request, body, sampler: Sampler, max_tokens: int, prompt_ids: list[int], chat: bool,
-                       prompt_text: str = ""):
+                       prompt_text: str = "", constraint=None, plan: OutputPlan = OutputPlan()):
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", param="messages" if chat else "prompt")
         why = loop.check(len(prompt_ids), max_tokens)
@@ -162,12 +175,14 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         alternatives = body.logprob_alternatives()  # None: no log-probabilities
         echo = not chat and bool(getattr(body, "echo", False))  # completions: the prompt first, scored with logprobs
         req = ServeRequest(prompt_ids, max_tokens, sampler, emit, body.pyinfer_min_output_tokens,
-                           logprobs=alternatives, echo=echo)
+                           logprobs=alternatives, echo=echo, constraint=constraint)
         try:
             rid = loop.submit(req)
         except EngineStopped as e:
             raise APIError(503, str(e), "server_error", code="engine_stopped") from None
-        decoder, matcher = IncrementalDecoder(tk), StopMatcher(stops)
+        # With tools the answer is read for calls, whose markers may be special tokens: decoded as text.
+        parser = ToolCallParser(plan.tool_format, list(plan.tool_names), plan.auto) if plan.tool_names else None
+        decoder, matcher = IncrementalDecoder(tk, skip_special=parser is None), StopMatcher(stops)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = int(time.time())
 
@@ -204,12 +219,34 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
             offset["chars"] += sum(len(t) for t in out["tokens"])
             return out
 
-        def chunk(text, finish, entries=()):
+        def finish_reason(finish):
+            return "tool_calls" if finish == "stop" and parser is not None and parser.result.calls else finish
+
+        def chat_deltas(text: str, over: bool) -> list[dict]:
+            """The chat deltas that new text makes: content, or with tools the parser's pieces as OpenAI streams
+            them (a call's id and name first, then its arguments in fragments)."""
+            if parser is None:
+                return [{"content": text}] if text else []
+            out = []
+            for d in parser.push(text) + (parser.finish() if over else []):
+                if d[0] == "content":
+                    out.append({"content": d[1]})
+                elif d[0] == "call":
+                    call = parser.result.calls[d[1]]
+                    out.append({"tool_calls": [{"index": d[1], "id": call.id, "type": "function",
+                                                "function": {"name": call.name, "arguments": ""}}]})
+                else:
+                    out.append({"tool_calls": [{"index": d[1], "function": {"arguments": d[2]}}]})
+            return out
+
+        def chunk(text, finish, entries=(), delta=None):
             logprobs = sent_logprobs(list(entries)) if entries else None
             if chat:
+                if delta is None:
+                    delta = {"content": text} if text else {}
                 return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                        "choices": [{"index": 0, "delta": {"content": text} if text else {}, "logprobs": logprobs,
-                                     "finish_reason": finish}]}
+                        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                                     "finish_reason": finish_reason(finish)}]}
             return {"id": ident, "object": "text_completion", "created": created, "model": model_name,
                     "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
 
@@ -235,6 +272,15 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
                         if kind == "prompt_logprobs":
                             offset["chars"] = 0
                             yield f"data: {json.dumps(chunk(prompt_text, None, scored['prompt']))}\n\n"
+                        elif chat and parser is not None:
+                            deltas = chat_deltas(text, state["over"])
+                            if not deltas and (finish or (kind == "token" and scored["pending"])):
+                                deltas = [{}]  # the finish reason, or log-probabilities, on a chunk of their own
+                            for k, delta in enumerate(deltas):
+                                piece = chunk("", finish if k == len(deltas) - 1 else None,
+                                              scored["pending"] if k == 0 else (), delta)
+                                yield f"data: {json.dumps(piece)}\n\n"
+                            scored["pending"].clear()
                         elif text or finish or (kind == "token" and scored["pending"]):
                             yield f"data: {json.dumps(chunk(text, finish, scored['pending']))}\n\n"
                             scored["pending"].clear()
@@ -273,9 +319,16 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
         n_out = len(req.emitted)
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": n_out, "total_tokens": len(prompt_ids) + n_out}
         if chat:
+            message = {"role": "assistant", "content": text}
+            if parser is not None:
+                chat_deltas(text, True)
+                content = "".join(parser.result.content).strip()
+                message = {"role": "assistant", "content": content or None}
+                if parser.result.calls:
+                    message["tool_calls"] = [c.as_dict() for c in parser.result.calls]
             return {"id": ident, "object": "chat.completion", "created": created, "model": model_name,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "logprobs": sent_logprobs(scored["all"]), "finish_reason": finish}], "usage": usage}
+                    "choices": [{"index": 0, "message": message, "logprobs": sent_logprobs(scored["all"]),
+                                 "finish_reason": finish_reason(finish)}], "usage": usage}
         if echo:
             offset["chars"] = 0
         return {"id": ident, "object": "text_completion", "created": created, "model": model_name,
@@ -286,24 +339,33 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
     async def completions(request: Request):
         body = await read_body(request, CompletionRequest)
         text = body.text()
-        sampler, max_tokens, ids = await prepared(request, body, len(text.encode("utf-8", "replace")),
-                                                  lambda: model.tokenize(text))
-        return await generate(request, body, sampler, max_tokens, ids, chat=False, prompt_text=text)
+        plan = plan_output(body, grammars, None)
+        sampler, max_tokens, ids, constraint = await prepared(request, body, len(text.encode("utf-8", "replace")),
+                                                              lambda: model.tokenize(text), plan)
+        return await generate(request, body, sampler, max_tokens, ids, chat=False, prompt_text=text,
+                              constraint=constraint, plan=plan)
 
     async def chat_completions(request: Request):
         body = await read_body(request, ChatRequest)
-        messages = [m.as_dict() for m in body.messages]
+        plan = plan_output(body, grammars, model.chat_template)
+        messages, tools = template_input(plan, [m.as_dict() for m in body.messages])
 
         def chat_ids() -> list[int]:
+            # A tool's name, description or schema is rendered as the template's own text: control-token text
+            # there would become control tokens (messages' content is guarded by encode_chat).
+            calls = [m["tool_calls"] for m in messages if m.get("tool_calls")]
+            if (tools or calls) and tk.has_control_text(json.dumps([tools, calls])):
+                raise APIError(400, "'tools' or a message's 'tool_calls' holds a special token's text",
+                               param="tools" if tools else "messages")
             try:
-                return model.chat_ids(messages)
+                return model.chat_ids(messages, tools=tools)
             except PyinferError as e:  # the template refused these messages (roles, order) or went past its bounds
                 raise APIError(400, str(e), param="messages") from None
 
         n_bytes = sum(len(m["role"].encode("utf-8", "replace")) + len(m["content"].encode("utf-8", "replace"))
                       for m in messages)
-        sampler, max_tokens, ids = await prepared(request, body, n_bytes, chat_ids)
-        return await generate(request, body, sampler, max_tokens, ids, chat=True)
+        sampler, max_tokens, ids, constraint = await prepared(request, body, n_bytes, chat_ids, plan)
+        return await generate(request, body, sampler, max_tokens, ids, chat=True, constraint=constraint, plan=plan)
 
     async def models(request: Request):
         authorize(request)

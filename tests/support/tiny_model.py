@@ -147,23 +147,25 @@ def write_tiny_gemma3(path: Path, seed: int = 0, config: dict | None = None, typ
 def write_tiny_llama(path: Path, seed: int = 0, matrix_type: Q = Q.Q4_1, embed_type: Q = Q.Q8_0,
                      override_types: dict[str, np.dtype] | None = None, ffn_activation: str | None = None,
                      config: dict | None = None, powerinfer: dict | None = None, pad_vocab: int = 0,
-                     extra=None) -> Path:
-    """`config` overrides entries of TINY (e.g. n_heads=2 for a head size of 32). `powerinfer`
+                     extra=None, chat_template: str | None = None) -> Path:
+    """`config` overrides entries of TINY (e.g. n_heads=2 for a head size of 32; context=N for a longer context
+    than 256). `powerinfer`
     (dict(rank=R, threshold=T or None)) writes the layout of PowerInfer's converter instead: predictor MLPs
     blk.N.fc1/fc2, ffn_down stored transposed as ffn_down_t, `powerinfer.sparse_threshold`, no activation
     key, and the magic PWRI. `pad_vocab`: vocabulary entries (unused tokens pad it), for a head of a real
-    model's size. `extra(writer)`: adds keys or tensors of its own before the file is written."""
+    model's size. `extra(writer)`: adds keys or tensors of its own before the file is written. `chat_template`:
+    the file's template (a ChatML one without tools by default)."""
     rng = np.random.default_rng(seed)
     c = dict(TINY, **(config or {}))
     w = GGUFWriter(str(path), "llama")
-    _add_shape(w, c)
+    _add_shape(w, c, c.get("context", 256))
     if ffn_activation:
         w.add_string("pyinfer.ffn_activation", ffn_activation)
     if powerinfer and powerinfer.get("threshold") is not None:
         w.add_float32("powerinfer.sparse_threshold", powerinfer["threshold"])
     vocab_padded = _add_tiny_vocab(w, pad_vocab)  # rows need no padding; columns are multiples of 32
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    w.add_chat_template(chat_template or "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
     def add(name: str, shape: tuple[int, int] | tuple[int], qtype: Q, scale: float = 0.2):
         if override_types and name in override_types:

@@ -1,0 +1,165 @@
+"""How each model family writes a tool call, and the grammar that holds it to that form.
+
+A chat template that renders `tools` (Qwen 2.5/3 and Hermes, Llama 3.1-3.3, Mistral Nemo, Ministral/Devstral)
+also shows the model how to answer: the format is read from the template's own text. A template that knows no tools
+(Phi-3.5, Gemma, SmolLM2) gets the tool list in a system message and answers with one JSON object, as llama.cpp's
+"generic" format does.
+
+Every call is written as opener + arguments + closer: the opener holds the function's name, the arguments are the
+JSON of its `parameters` schema (llguidance's %json, so they always validate), and the closer is fixed. The same
+pieces drive the parser (tool_parser.py), so what the grammar allows is exactly what the parser reads.
+
+tool_choice: "required" and a named function constrain the whole answer to calls; "auto" lets the model write text
+until it writes the format's trigger (a lazy lexeme: the trigger may appear anywhere), then holds it to calls;
+"none" renders the tools and constrains nothing."""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import string
+from dataclasses import dataclass
+
+from .grammar import JSON_STYLE
+
+
+_WS = r"[ \t\n]*"  # a loose form's whitespace (Python's re and llguidance's regexes read it alike)
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    in_template: bool       # the template renders the tool list itself
+    prefix: str             # before the first call (the trigger, where there is one)
+    before_name: str        # each call: before_name, the function's name, before_args, arguments, closer
+    before_args: str
+    closer: str
+    separator: str          # between two calls
+    suffix: str             # after the last call
+    json_name: bool = True  # the name as a JSON string (quoted) or bare
+    parallel: bool = True   # more than one call per answer
+    id_chars: int = 0       # Mistral's templates want ids of exactly 9 letters and digits (0: call_<24 hex>)
+    also: tuple = ()        # other forms its models write when free to ("auto"): read, and held to, too
+    loose: bool = False     # a bare JSON object, any whitespace around its punctuation, maybe in a ```json fence
+
+    @property
+    def trigger(self) -> str:
+        """The text that starts the calls (a loose form's: its regular expression)."""
+        # a loose trigger ends at the name's opening quote: past the end of <tool_call>\n{"name": , so when a model
+        # writes the tags, the exact form's lazy trigger matches first and the parse is the exact form's
+        return r'\{' + _WS + r'"name"' + _WS + ":" + _WS + '"' if self.loose else self.prefix or self.before_name
+
+    def opener(self, name: str) -> str:
+        """A call's text up to its arguments (the exact forms)."""
+        return self.before_name + (json.dumps(name) if self.json_name else name) + self.before_args
+
+    def call_id(self) -> str:
+        if self.id_chars:
+            alphabet = string.ascii_letters + string.digits
+            return "".join(secrets.choice(alphabet) for _ in range(self.id_chars))
+        return "call_" + secrets.token_hex(12)
+
+    # ---- what the parser matches (Python regular expressions, at the parser's position) -----------------------
+    def trigger_re(self) -> str:
+        return self.trigger if self.loose else re.escape(self.trigger)
+
+    def opener_re(self, name: str) -> str:
+        if self.loose:  # up to the arguments' "{", not past it
+            return self.trigger + re.escape(json.dumps(name)[1:]) + _WS + "," + _WS + '"arguments"' + _WS + ":" \
+                + _WS + r"(?=\{)"
+        return re.escape(self.opener(name))
+
+    def closer_re(self) -> str:
+        return _WS + r"\}" if self.loose else re.escape(self.closer)
+
+    def next_re(self) -> str:
+        """From the end of a call to the start of the next one's opener."""
+        return _WS + r"(?=\{)" if self.loose else re.escape(self.separator)
+
+    def end_re(self) -> str | None:
+        return _WS + "```" if self.loose else re.escape(self.suffix) if self.suffix else None
+
+
+# Qwen2.5-Coder, free to choose ("auto"), mostly writes its call as a bare, pretty-printed JSON object in a
+# ```json fence instead of in <tool_call> tags (llama.cpp's Hermes handler accepts that too).
+HERMES_BARE = ToolFormat("hermes_bare", True, "", '{"name": ', ', "arguments": ', "}", "\n", "", loose=True)
+HERMES = ToolFormat("hermes", True, "", '<tool_call>\n{"name": ', ', "arguments": ', "}\n</tool_call>", "\n", "",
+                    also=(HERMES_BARE,))
+LLAMA3 = ToolFormat("llama3", True, "", '{"name": ', ', "parameters": ', "}", "", "", parallel=False)
+MISTRAL = ToolFormat("mistral", True, "[TOOL_CALLS][", '{"name": ', ', "arguments": ', "}", ", ", "]", id_chars=9)
+MISTRAL_ARGS = ToolFormat("mistral_args", True, "", "[TOOL_CALLS]", "[ARGS]", "", "", "", json_name=False,
+                          id_chars=9)
+GENERIC = ToolFormat("generic", False, '{"tool_calls": [', '{"name": ', ', "arguments": ', "}", ", ", "]}")
+FORMATS = (HERMES, LLAMA3, MISTRAL, MISTRAL_ARGS, GENERIC)
+
+
+def tool_format(template: str | None) -> ToolFormat:
+    """The format a chat template teaches its model (GENERIC where it renders no tools)."""
+    t = template or ""
+    if "tools" not in t:
+        return GENERIC
+    if "<tool_call>" in t:
+        return HERMES
+    if "[ARGS]" in t:
+        return MISTRAL_ARGS
+    if "[TOOL_CALLS]" in t:
+        return MISTRAL
+    if '"parameters": ' in t or "<|python_tag|>" in t:
+        return LLAMA3
+    return GENERIC
+
+
+def generic_system_text(tools: list[dict], parallel: bool) -> str:
+    """The system message that teaches the generic format to a model whose template knows no tools."""
+    listed = json.dumps([t["function"] for t in tools], indent=2)
+    many = "one or more calls" if parallel else "one call"
+    return (f"You can call these tools:\n{listed}\n\nTo call tools, answer with only this JSON object ({many}): "
+            '{"tool_calls": [{"name": "<tool name>", "arguments": {<its arguments>}}]}\n'
+            "Otherwise answer the user normally.")
+
+
+def tools_grammar(fmt: ToolFormat, tools: list[dict], choice: str, parallel: bool, literal) -> str:
+    """Lark text for llguidance. `choice`: "auto" (text, or calls from a trigger on, in `fmt` or one of its `also`
+    forms) or "required" (calls only, in `fmt`); the caller narrows `tools` to one for a named choice.
+    `literal(text)` writes text as the grammar must name it (control tokens by id, the rest quoted)."""
+    def lit(text: str) -> str:
+        return literal(text) if text else ""
+
+    def arguments(tool: dict, loose: bool) -> str:
+        schema = dict(tool["function"].get("parameters") or {"type": "object", "properties": {}})
+        # a loose form's model writes its arguments pretty-printed: let it, within bounds
+        style = dict(JSON_STYLE, whitespace_flexible=True, whitespace_pattern=r"[ \t\n]{1,64}") if loose \
+            else dict(JSON_STYLE)
+        schema.setdefault("x-guidance", style)
+        return f"%json {json.dumps(schema)}"
+
+    def opener(f: ToolFormat, name: str, skip_trigger: bool, first: bool) -> str:
+        if not f.loose:
+            return lit(f.opener(name)[len(f.trigger) if skip_trigger else 0:])
+        head = "" if skip_trigger else (_WS if not first else "") + f.trigger
+        return "/" + head + re.escape(json.dumps(name)[1:]) + _WS + "," + _WS + '"arguments"' + _WS + ":" + _WS + "/"
+
+    def calls(f: ToolFormat, tag: str, skip_first: bool) -> list[str]:
+        """Rules `calls{tag}`: f's calls, the first one's opener without its trigger when `skip_first`."""
+        closer = f"/{_WS}\\}}/" if f.loose else lit(f.closer)
+        rules = []
+        for which, skip in (("first", skip_first), ("call", False)):
+            rules.append(f"{which}{tag}: " + " | ".join(f"{which}{tag}_{i}" for i in range(len(tools))))
+            rules += [f"{which}{tag}_{i}: {opener(f, t['function']['name'], skip, which == 'first')} "
+                      f"{arguments(t, f.loose)} {closer}" for i, t in enumerate(tools)]
+        separator = "" if f.loose else lit(f.separator)
+        more = f"({separator} call{tag})*" if parallel and f.parallel else ""
+        end = f'/{_WS}```/?' if f.loose else lit(f.suffix)
+        return [f"calls{tag}: first{tag} {more} {end}"] + rules
+
+    lines = ["%llguidance {}"]
+    if choice != "auto":
+        return "\n".join(lines + [f"start: {lit(fmt.prefix)} calls"] + calls(fmt, "", False)) + "\n"
+    # auto: free text until a trigger (a lazy lexeme: the shortest text that ends in it), then calls only
+    forms = (fmt,) + fmt.also
+    lines += ["start: TEXT | " + " | ".join(f"start{k} calls{k}" for k in range(len(forms))), "TEXT: /(.|\\n)*/"]
+    for k, f in enumerate(forms):
+        trigger = f"/{f.trigger}/" if f.loose else lit(f.trigger)
+        lines.append(f"start{k}[lazy]: TEXT {trigger}")
+        lines += calls(f, str(k), not f.prefix)
+    return "\n".join(lines) + "\n"
