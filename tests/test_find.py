@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pyinfer.errors import PyinferError
@@ -93,6 +94,54 @@ def test_list_shows_every_store_and_generate_loads_from_ollama(stores):
     assert rc == 2 and err.strip().count("\n") == 0 and "ollama pull nothing:latest" in err
 
 
+def write_shards(src: Path, base: Path, n: int) -> list[Path]:
+    """`src` split as gguf-split splits: NAME-0000K-of-0000N.gguf, the metadata in the first (gguf-py's writer)."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    base.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(base), r.fields["general.architecture"].contents(),
+                        split_max_tensors=-(-len(r.tensors) // n))
+    for f in r.fields.values():
+        if f.name != "general.architecture" and not f.name.startswith("GGUF."):
+            w.add_key_value(f.name, f.contents(), f.types[0],
+                            sub_type=f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sorted(base.parent.glob(f"{base.stem}-*-of-*.gguf"))
+
+
+def same_model(a: Path, b: Path) -> bool:
+    """Same metadata (split keys aside) and the same tensors, byte for byte."""
+    import gguf
+
+    ra, rb = gguf.GGUFReader(str(a)), gguf.GGUFReader(str(b))
+    meta = [{k: str(f.contents()) for k, f in r.fields.items() if not k.startswith(("GGUF.", "split."))}
+            for r in (ra, rb)]
+    return meta[0] == meta[1] and [(t.name, t.tensor_type, bytes(t.data)) for t in ra.tensors] == \
+        [(t.name, t.tensor_type, bytes(t.data)) for t in rb.tensors]
+
+
+def test_a_local_sharded_model_is_joined_once(tmp_path, tiny_model_path, monkeypatch):
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path / "cache"))
+    shards = write_shards(Path(tiny_model_path), tmp_path / "m" / "tiny.gguf", 2)
+    assert [p.name for p in shards] == ["tiny-00001-of-00002.gguf", "tiny-00002-of-00002.gguf"]
+    joined = resolve_model(str(shards[1]))  # any shard names the model
+    assert joined == resolve_model(str(shards[0])) and same_model(joined, Path(tiny_model_path))
+    import pyinfer
+
+    a, b = pyinfer.load(str(joined), n_ctx=64), pyinfer.load(tiny_model_path, n_ctx=64)
+    assert np.array_equal(a.eval([1, 2, 3]), b.eval([1, 2, 3]))
+    shards[1].unlink()
+    (tmp_path / "cache").rename(tmp_path / "gone")
+    with pytest.raises(PyinferError, match="missing beside it: tiny-00002-of-00002.gguf"):
+        resolve_model(str(shards[0]))
+
+
 @pytest.fixture
 def hub(tmp_path, tiny_model_path, monkeypatch):
     """A fake Hugging Face hub (support/fake_hub.py) with one repository of two quants and a sharded one; HF_ENDPOINT
@@ -100,11 +149,11 @@ def hub(tmp_path, tiny_model_path, monkeypatch):
     from support import fake_hub
 
     data = Path(tiny_model_path).read_bytes()
+    shards = write_shards(Path(tiny_model_path), tmp_path / "shards" / "big-Q4_K_M.gguf", 3)
     fake_hub.FILES.clear()
     fake_hub.FILES.update({("owner/tiny-GGUF", "tiny-Q4_K_M.gguf"): data, ("owner/tiny-GGUF", "tiny-Q8_0.gguf"): data,
-                           ("owner/tiny-GGUF", "mmproj-tiny.gguf"): b"GGUF",
-                           ("owner/big-GGUF", "big-Q4_K_M-00001-of-00002.gguf"): b"GGUF",
-                           ("owner/big-GGUF", "big-Q4_K_M-00002-of-00002.gguf"): b"GGUF"})
+                           ("owner/tiny-GGUF", "mmproj-tiny.gguf"): b"GGUF"})
+    fake_hub.FILES.update({("owner/big-GGUF", p.name): p.read_bytes() for p in shards})
     server = fake_hub.serve()
     env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}", "HF_HUB_CACHE": str(tmp_path / "hub"),
            "HF_HUB_DISABLE_TELEMETRY": "1", "PYINFER_CACHE": str(tmp_path / "cache")}
@@ -118,7 +167,7 @@ def hub(tmp_path, tiny_model_path, monkeypatch):
     server.shutdown()
 
 
-def test_hub_models_download_once_into_the_shared_cache(hub, monkeypatch):
+def test_hub_models_download_once_into_the_shared_cache(hub, monkeypatch, tiny_model_path):
     env, data = hub
     p = resolve_model("owner/tiny-GGUF")                       # no quant named: Q4_K_M
     assert p.name == "tiny-Q4_K_M.gguf" and p.read_bytes() == data and str(p).startswith(env["HF_HUB_CACHE"])
@@ -126,8 +175,9 @@ def test_hub_models_download_once_into_the_shared_cache(hub, monkeypatch):
     assert resolve_model("hf://owner/tiny-GGUF/tiny-Q8_0.gguf").name == "tiny-Q8_0.gguf"
     with pytest.raises(PyinferError, match="has no Q5_K_M file; it has tiny-Q4_K_M.gguf, tiny-Q8_0.gguf"):
         resolve_model("owner/tiny-GGUF:Q5_K_M")
-    with pytest.raises(PyinferError, match="split into shards"):
-        resolve_model("owner/big-GGUF")
+    joined = resolve_model("owner/big-GGUF")  # three shards, fetched and joined once into pyinfer's cache
+    assert str(joined).startswith(env["PYINFER_CACHE"]) and same_model(joined, Path(tiny_model_path))
+    assert resolve_model("owner/big-GGUF") == joined
     with pytest.raises(PyinferError, match="owner/nothing.*no such repository"):
         resolve_model("owner/nothing:Q4_K_M")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline: what the cache holds still resolves

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from ..errors import PyinferError
+from .shards import SHARD, shard_names
 
 OLLAMA_MODEL_MEDIA = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY = "registry.ollama.ai"
@@ -110,10 +111,7 @@ def pick_gguf(files: list[str], quant: str | None, repo: str) -> str:
         raise PyinferError(f"{repo} has no {quant or DEFAULT_QUANT} file; it has {', '.join(ggufs)} "
                            f"(name one as {repo}:QUANT)")
     whole = [f for f in match if not _SHARD.search(f)]
-    if not whole:
-        raise PyinferError(f"{repo}'s {quant or DEFAULT_QUANT} is split into shards ({match[0]}, ...); pyinfer "
-                           "reads single-file GGUFs (llama.cpp's gguf-split --merge joins them)")
-    return whole[0]
+    return whole[0] if whole else match[0]  # shards sort by number: the first (resolve_hub fetches and joins all)
 
 
 def _cached_files(repo: str) -> list[str]:
@@ -138,10 +136,14 @@ def resolve_hub(repo: str, filename: str | None = None, quant: str | None = None
             if not files:
                 raise _hub_error(e, f"cannot list {repo} on the hub") from None
         filename = pick_gguf(files, quant, repo)
-    try:
-        return Path(hub.hf_hub_download(repo, filename, cache_dir=str(hf_cache())))
-    except Exception as e:  # noqa: BLE001 - every failure of the download is one line
-        raise _hub_error(e, f"cannot fetch {filename} from {repo}") from None
+    names = shard_names(filename) if SHARD.match(filename.rsplit("/", 1)[-1]) else [filename]
+    paths = []
+    for name in names:
+        try:
+            paths.append(Path(hub.hf_hub_download(repo, name, cache_dir=str(hf_cache()))))
+        except Exception as e:  # noqa: BLE001 - every failure of the download is one line
+            raise _hub_error(e, f"cannot fetch {name} from {repo}") from None
+    return paths[0]  # a sharded model: all its shards are in the same snapshot folder (pull.resolve_model joins)
 
 
 def resolve_store(path_or_name: str) -> Path | None:

