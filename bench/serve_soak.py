@@ -41,8 +41,11 @@ MALFORMED = ("wrong_type", "negative_max_tokens", "huge_max_tokens", "invalid_js
 # the slow head (the server closes the connection) and the hang-up (the client leaves; nothing to check but the
 # drain).
 HOSTILE = ("seed_negative", "tiny_temperature", "body_9mb", "role_4mb", "many_messages", "control_tokens",
-           "logprobs", "hang_up_whole", "unknown_path", "wrong_method", "slow_head", "invalid_utf8", "bad_role")
-HOSTILE_COMPLETES = {"tiny_temperature", "control_tokens"}
+           "logprobs", "hang_up_whole", "unknown_path", "wrong_method", "slow_head", "invalid_utf8", "bad_role",
+           "schema_explodes", "tools_10000", "regex_backtracking", "enum_50000")
+# logprobs=3 is served since issue 54; a regex of catastrophic backtracking and a huge enum compile (llguidance's
+# lexer does not backtrack) and answer within their bounds
+HOSTILE_COMPLETES = {"tiny_temperature", "control_tokens", "logprobs", "regex_backtracking", "enum_50000"}
 
 
 def plan(n: int, seed: int, hostile: bool = True) -> list[dict]:
@@ -137,6 +140,19 @@ async def hostile(http: httpx.AsyncClient, base: str, model: str, req: dict) -> 
                                                       "max_tokens": 8})
     elif bad == "logprobs":
         r = await http.post(base + "/v1/completions", headers=auth, json=dict(done, logprobs=3))
+    elif bad in ("schema_explodes", "regex_backtracking", "enum_50000"):
+        schema = {"schema_explodes": json.loads('{"type": "object", "properties": {"a": ' * 300 + '{"type": "integer"}'
+                                                + '}, "required": ["a"]}' * 300),
+                  "regex_backtracking": {"type": "string", "pattern": "^(a+)+$"},
+                  "enum_50000": {"enum": [f"value-{i}" for i in range(50_000)]}}[bad]
+        r = await http.post(chat, headers=auth, json={
+            "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": req["seed"],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    elif bad == "tools_10000":
+        tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+                 for i in range(10_000)]
+        r = await http.post(chat, headers=auth, json={"model": model, "messages": [{"role": "user", "content": "hi"}],
+                                                      "tools": tools, "tool_choice": "required", "max_tokens": 8})
     elif bad == "unknown_path":
         r = await http.post(base + "/v1/engines/x/completions", headers=auth, json=done)
     elif bad == "wrong_method":
