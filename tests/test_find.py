@@ -136,6 +136,10 @@ def test_a_local_sharded_model_is_joined_once(tmp_path, tiny_model_path, monkeyp
 
     a, b = pyinfer.load(str(joined), n_ctx=64), pyinfer.load(tiny_model_path, n_ctx=64)
     assert np.array_equal(a.eval([1, 2, 3]), b.eval([1, 2, 3]))
+    bad = tmp_path / "m" / "tiny-00001-of-00000.gguf"
+    bad.write_bytes(shards[0].read_bytes())
+    with pytest.raises(PyinferError, match="not a shard name"):
+        resolve_model(str(bad))
     shards[1].unlink()
     (tmp_path / "cache").rename(tmp_path / "gone")
     with pytest.raises(PyinferError, match="missing beside it: tiny-00002-of-00002.gguf"):

@@ -149,6 +149,14 @@ def test_streamed_tool_calls_add_up_to_the_whole_answer(hermes):
         [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls]
 
 
+def test_a_call_cut_short_is_not_a_finished_tool_call(hermes):
+    """max_tokens in the middle of the arguments: the finish reason says so (length), not tool_calls."""
+    base, _, client = hermes
+    r = client.chat.completions.create(model=model_of(base), messages=MSGS, tools=TOOLS, tool_choice="required",
+                                       max_tokens=6, temperature=0)
+    assert r.choices[0].finish_reason == "length"
+
+
 def test_the_answer_to_a_tool_result_renders(hermes):
     base, _, client = hermes
     msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
@@ -189,6 +197,9 @@ def post(base, body, path="/v1/chat/completions", timeout=60):
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS + TOOLS}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "integer"}}}]}, "tools"),
+    ({"messages": MSGS + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}]}]}, "messages"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),

@@ -15,7 +15,8 @@ from pyinfer.model.token_bytes import byte_level_alphabet, token_bytes  # noqa: 
 from pyinfer.model.tokenizer import Tokenizer  # noqa: E402
 from pyinfer.serve.grammar import Grammars  # noqa: E402
 from pyinfer.serve.structured import OutputPlan, template_input  # noqa: E402
-from pyinfer.serve.tool_formats import FORMATS, GENERIC, HERMES, tool_format, tools_grammar  # noqa: E402
+from pyinfer.serve.tool_formats import (FORMATS, GENERIC, HERMES, LLAMA3, MISTRAL, MISTRAL_ARGS,  # noqa: E402
+                                        tool_format, tools_grammar)
 from pyinfer.serve.tool_parser import ToolCallParser  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -126,6 +127,41 @@ def test_qwen_coders_bare_pretty_printed_calls_are_read_in_auto(tokenizer, gramm
         assert "".join(p.result.content).strip() in ("", "Sure:")
         if "Oslo" in text:
             assert json.loads(p.result.calls[1].arguments) == {"city": "Oslo", "unit": "C"}
+
+
+@pytest.mark.parametrize("fmt", [HERMES, LLAMA3], ids=["hermes", "llama3"])
+def test_auto_lets_an_answer_hold_json_that_names_no_tool(tokenizer, grammars, fmt):
+    """A code answer's {"name": "Alice"} is text: only an object naming one of the tools is a call."""
+    text = 'Example:\n```json\n{"name": "Alice", "age": 3}\n```'
+    grammar = grammars.from_lark(tools_grammar(fmt, TOOLS, "auto", True, grammars.literal))
+    ids = tokenizer.encode(text, add_bos=False)
+    assert grammars.constraint(grammar, "tools").matcher.try_consume_tokens(ids) == len(ids)
+    p = ToolCallParser(fmt, ["get_weather", "get_time"])
+    for ch in text:
+        p.push(ch)
+    p.finish()
+    assert "".join(p.result.content) == text and not p.result.calls
+
+
+def test_a_control_token_trigger_compiles_in_auto(tokenizer, monkeypatch):
+    """Mistral's [TOOL_CALLS] and [ARGS] are control tokens: no lazy lexeme can hold them."""
+    g = Grammars(tokenizer, tokenizer.vocab_size, tokenizer.end_of_generation)
+    ids = sorted(tokenizer.control_ids)[2:4]
+    import re
+
+    g._controls = ({"[TOOL_CALLS]": ids[0], "[ARGS]": ids[1]}, re.compile(r"\[TOOL_CALLS\]|\[ARGS\]"))
+    for fmt in (MISTRAL, MISTRAL_ARGS):
+        grammar = g.from_lark(tools_grammar(fmt, TOOLS, "auto", True, g.literal))
+        c = g.constraint(grammar, "tools")
+        text = tokenizer.encode("Sure. ", add_bos=False)
+        rest = fmt.prefix[len("[TOOL_CALLS]"):] + (fmt.before_name + json.dumps("get_time") + fmt.before_args
+                                                    if fmt.prefix else "get_time[ARGS]")
+        call = [ids[0]] + tokenizer.encode(rest.replace("[TOOL_CALLS]", "").replace("[ARGS]", ""), add_bos=False)
+        if fmt is MISTRAL_ARGS:
+            call = [ids[0]] + tokenizer.encode("get_time", add_bos=False) + [ids[1]]
+        call += tokenizer.encode('{"zone": "UTC"}' + fmt.closer + fmt.suffix, add_bos=False)
+        assert c.matcher.try_consume_tokens(text + call) == len(text + call), fmt.name
+        assert c.matcher.is_accepting()
 
 
 def test_auto_lets_the_model_answer_in_text(tokenizer, grammars):

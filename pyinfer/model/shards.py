@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from pathlib import Path
 
 from ..errors import ModelFormatError
@@ -21,8 +22,8 @@ def shard_names(first: str) -> list[str]:
     """All shard file names of a sharded model, from any one of them (the same folder)."""
     folder, _, name = first.rpartition("/")
     m = SHARD.match(name)
-    if m is None:
-        raise ModelFormatError(f"{first} is not a shard name (NAME-00001-of-0000N.gguf)")
+    if m is None or not 1 <= int(m["index"]) <= int(m["count"]):
+        raise ModelFormatError(f"{first} is not a shard name (NAME-0000K-of-0000N.gguf, 1 <= K <= N)")
     count = int(m["count"])
     prefix = f"{folder}/" if folder else ""
     return [f"{prefix}{m['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
@@ -31,7 +32,6 @@ def shard_names(first: str) -> list[str]:
 def join_shards(paths: list[Path], dest: Path, progress: bool = True) -> Path:
     """Writes the model of `paths` (its shards, in order) as one GGUF at `dest`; returns dest."""
     import gguf
-    from tqdm import tqdm
 
     readers = [gguf.GGUFReader(str(p)) for p in paths]
     first = readers[0]
@@ -41,9 +41,26 @@ def join_shards(paths: list[Path], dest: Path, progress: bool = True) -> Path:
     count = first.fields.get("split.count")
     if count is not None and int(count.contents()) != len(paths):
         raise ModelFormatError(f"{paths[0]} says the model has {int(count.contents())} shards; {len(paths)} given")
-    tmp = dest.with_name(dest.name + ".part")
+    # a name of its own: two processes joining the same model never write one file
+    tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(tmp), arch.contents(), endianess=first.endianess)
+    try:
+        _write_joined(first, readers, arch.contents(), tmp, len(paths), progress)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()  # a join that failed leaves nothing behind
+    return dest
+
+
+def _write_joined(first, readers, arch: str, tmp: Path, n_shards: int, progress: bool) -> None:
+    import gguf
+    from tqdm import tqdm
+
+    writer = gguf.GGUFWriter(str(tmp), arch, endianess=first.endianess)
+    alignment = first.fields.get(gguf.Keys.General.ALIGNMENT)
+    if alignment is not None:  # tensors padded as the file says, not to gguf-py's default
+        writer.data_alignment = int(alignment.contents())
     for field in first.fields.values():
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF.") \
                 or field.name in _SPLIT_KEYS:
@@ -58,10 +75,8 @@ def join_shards(paths: list[Path], dest: Path, progress: bool = True) -> Path:
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     with tqdm(total=sum(int(t.n_bytes) for t in tensors), unit="B", unit_scale=True, disable=not progress,
-              desc=f"joining {len(paths)} shards") as bar:
+              desc=f"joining {n_shards} shards") as bar:
         for t in tensors:
             writer.write_tensor_data(t.data)
             bar.update(int(t.n_bytes))
     writer.close()
-    os.replace(tmp, dest)
-    return dest

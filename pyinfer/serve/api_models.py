@@ -13,7 +13,7 @@ import json
 from typing import List, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
-                      model_validator)
+                      field_validator, model_validator)
 
 from ..runtime.sampling import MAX_TOP_LOGPROBS, PENALTY_LIMIT, SEED_MAX
 
@@ -61,6 +61,13 @@ class FunctionDef(BaseModel):
     description: Optional[StrictStr] = None
     parameters: Optional[dict] = None
     strict: Optional[StrictBool] = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object(cls, v):  # a call's arguments are a JSON object (OpenAI's rule; the parser reads objects)
+        if v is not None and v.get("type", "object") != "object":
+            raise ValueError("a function's parameters must be a JSON Schema of type 'object'")
+        return v
 
 
 class ToolDef(BaseModel):
@@ -202,9 +209,12 @@ class ChatMessage(BaseModel):
 
 def _arguments(text: str):
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except (ValueError, RecursionError):
-        raise APIError(400, "a tool call's 'arguments' must be a JSON object", param="messages") from None
+        value = None
+    if not isinstance(value, dict):
+        raise APIError(400, "a tool call's 'arguments' must be a JSON object", param="messages")
+    return value
 
 
 class ChatRequest(_Sampling):

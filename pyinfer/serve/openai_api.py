@@ -220,7 +220,8 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
             return out
 
         def finish_reason(finish):
-            return "tool_calls" if finish == "stop" and parser is not None and parser.result.calls else finish
+            # a call cut short (max_tokens, a stop string) is not a finished tool call
+            return "tool_calls" if finish == "stop" and parser is not None and parser.calls_complete else finish
 
         def chat_deltas(text: str, over: bool) -> list[dict]:
             """The chat deltas that new text makes: content, or with tools the parser's pieces as OpenAI streams
@@ -354,7 +355,7 @@ def create_app(model, loop: EngineLoop, model_name: str, api_key: Optional[str] 
             # A tool's name, description or schema is rendered as the template's own text: control-token text
             # there would become control tokens (messages' content is guarded by encode_chat).
             calls = [m["tool_calls"] for m in messages if m.get("tool_calls")]
-            if (tools or calls) and tk.has_control_text(json.dumps([tools, calls])):
+            if (tools or calls) and tk.has_control_text(json.dumps([tools, calls], ensure_ascii=False)):
                 raise APIError(400, "'tools' or a message's 'tool_calls' holds a special token's text",
                                param="tools" if tools else "messages")
             try:

@@ -24,6 +24,7 @@ from .grammar import JSON_STYLE
 
 
 _WS = r"[ \t\n]*"  # a loose form's whitespace (Python's re and llguidance's regexes read it alike)
+_WS_TRIGGER = r"[ \t\n]{0,8}"  # within its trigger: bounded, so the parser knows how much text to hold back
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,25 @@ class ToolFormat:
 
     @property
     def trigger(self) -> str:
-        """The text that starts the calls (a loose form's: its regular expression)."""
-        # a loose trigger ends at the name's opening quote: past the end of <tool_call>\n{"name": , so when a model
-        # writes the tags, the exact form's lazy trigger matches first and the parse is the exact form's
-        return r'\{' + _WS + r'"name"' + _WS + ":" + _WS + '"' if self.loose else self.prefix or self.before_name
+        """The fixed text that starts the calls (exact forms; with no prefix, a call's text before its name)."""
+        return self.prefix or self.before_name
+
+    def named(self, name: str) -> str:
+        """A call's text up to the end of its name (exact forms)."""
+        return self.before_name + (json.dumps(name) if self.json_name else name)
 
     def opener(self, name: str) -> str:
-        """A call's text up to its arguments (the exact forms)."""
-        return self.before_name + (json.dumps(name) if self.json_name else name) + self.before_args
+        """A call's text up to its arguments (exact forms)."""
+        return self.named(name) + self.before_args
+
+    def loose_named(self, name: str) -> str:
+        """A loose call's regular expression up to the comma after its name: past where <tool_call>\n{"name":
+        "NAME" ends, so when a model writes the tags the exact form's lazy trigger matches first."""
+        return (r'\{' + _WS_TRIGGER + r'"name"' + _WS_TRIGGER + ":" + _WS_TRIGGER + re.escape(json.dumps(name))
+                + _WS_TRIGGER + ",")
+
+    def loose_opener(self, name: str) -> str:
+        return self.loose_named(name) + _WS + '"arguments"' + _WS + ":" + _WS
 
     def call_id(self) -> str:
         if self.id_chars:
@@ -60,13 +72,18 @@ class ToolFormat:
         return "call_" + secrets.token_hex(12)
 
     # ---- what the parser matches (Python regular expressions, at the parser's position) -----------------------
-    def trigger_re(self) -> str:
-        return self.trigger if self.loose else re.escape(self.trigger)
+    def trigger_re(self, names: list[str]) -> str:
+        """Where the calls start: the prefix, or a call's text up to one of the tools' names (a JSON object that
+        names no tool is text)."""
+        if self.loose:
+            return "|".join(self.loose_named(n) for n in names)
+        if self.prefix:
+            return re.escape(self.prefix)
+        return "|".join(re.escape(self.named(n)) for n in names)
 
     def opener_re(self, name: str) -> str:
         if self.loose:  # up to the arguments' "{", not past it
-            return self.trigger + re.escape(json.dumps(name)[1:]) + _WS + "," + _WS + '"arguments"' + _WS + ":" \
-                + _WS + r"(?=\{)"
+            return self.loose_opener(name) + r"(?=\{)"
         return re.escape(self.opener(name))
 
     def closer_re(self) -> str:
@@ -133,33 +150,48 @@ def tools_grammar(fmt: ToolFormat, tools: list[dict], choice: str, parallel: boo
         schema.setdefault("x-guidance", style)
         return f"%json {json.dumps(schema)}"
 
-    def opener(f: ToolFormat, name: str, skip_trigger: bool, first: bool) -> str:
-        if not f.loose:
-            return lit(f.opener(name)[len(f.trigger) if skip_trigger else 0:])
-        head = "" if skip_trigger else (_WS if not first else "") + f.trigger
-        return "/" + head + re.escape(json.dumps(name)[1:]) + _WS + "," + _WS + '"arguments"' + _WS + ":" + _WS + "/"
+    def closer(f: ToolFormat) -> str:
+        return f"/{_WS}\\}}/" if f.loose else lit(f.closer)
 
-    def calls(f: ToolFormat, tag: str, skip_first: bool) -> list[str]:
-        """Rules `calls{tag}`: f's calls, the first one's opener without its trigger when `skip_first`."""
-        closer = f"/{_WS}\\}}/" if f.loose else lit(f.closer)
-        rules = []
-        for which, skip in (("first", skip_first), ("call", False)):
-            rules.append(f"{which}{tag}: " + " | ".join(f"{which}{tag}_{i}" for i in range(len(tools))))
-            rules += [f"{which}{tag}_{i}: {opener(f, t['function']['name'], skip, which == 'first')} "
-                      f"{arguments(t, f.loose)} {closer}" for i, t in enumerate(tools)]
+    def call_rules(f: ToolFormat, tag: str) -> tuple[list[str], str]:
+        """(rules, tail): rule `call{tag}` is one whole call of any tool; `tail` is what may follow the first call
+        (more calls, the end), as an expression (maybe empty)."""
+        rules = ["call" + tag + ": " + " | ".join(f"call{tag}_{i}" for i in range(len(tools)))]
+        for i, t in enumerate(tools):
+            name = t["function"]["name"]
+            head = f"/{_WS}{f.loose_opener(name)}/" if f.loose else lit(f.opener(name))
+            rules.append(f"call{tag}_{i}: {head} {arguments(t, f.loose)} {closer(f)}")
         separator = "" if f.loose else lit(f.separator)
         more = f"({separator} call{tag})*" if parallel and f.parallel else ""
-        end = f'/{_WS}```/?' if f.loose else lit(f.suffix)
-        return [f"calls{tag}: first{tag} {more} {end}"] + rules
+        end = f"/{_WS}```/?" if f.loose else lit(f.suffix)
+        return rules, f"{more} {end}".strip()
+
+    def head(rule: str, trigger: str) -> str:
+        """Free text, then `trigger`: a lazy lexeme (the shortest text that ends in it), except where the trigger
+        is a control token, which no text can hold (llguidance keeps tokens out of lexemes)."""
+        return f"{rule}: TEXT {trigger}" if trigger.startswith("<[") else f"{rule}[lazy]: TEXT {trigger}"
 
     lines = ["%llguidance {}"]
     if choice != "auto":
-        return "\n".join(lines + [f"start: {lit(fmt.prefix)} calls"] + calls(fmt, "", False)) + "\n"
-    # auto: free text until a trigger (a lazy lexeme: the shortest text that ends in it), then calls only
-    forms = (fmt,) + fmt.also
-    lines += ["start: TEXT | " + " | ".join(f"start{k} calls{k}" for k in range(len(forms))), "TEXT: /(.|\\n)*/"]
-    for k, f in enumerate(forms):
-        trigger = f"/{f.trigger}/" if f.loose else lit(f.trigger)
-        lines.append(f"start{k}[lazy]: TEXT {trigger}")
-        lines += calls(f, str(k), not f.prefix)
-    return "\n".join(lines) + "\n"
+        rules, tail = call_rules(fmt, "")
+        return "\n".join(lines + [f"start: {lit(fmt.prefix)} call {tail}"] + rules) + "\n"
+    alternatives = ["TEXT"]
+    lines.append("TEXT: /(.|\\n)*/")
+    for k, f in enumerate((fmt,) + fmt.also):
+        rules, tail = call_rules(f, str(k))
+        lines += rules
+        if f.prefix:
+            alternatives.append(f"head{k} call{k} {tail}")
+            lines.append(head(f"head{k}", lit(f.prefix)))
+            continue
+        for i, t in enumerate(tools):  # the trigger runs to the end of a tool's name (then the rest of that call)
+            name = t["function"]["name"]
+            alternatives.append(f"head{k}_{i} rest{k}_{i} {tail}")
+            if f.loose:
+                lines.append(head(f"head{k}_{i}", f"/{f.loose_named(name)}/"))
+                rest = "/" + _WS + '"arguments"' + _WS + ":" + _WS + "/"
+            else:
+                lines.append(head(f"head{k}_{i}", lit(f.named(name))))
+                rest = lit(f.before_args)
+            lines.append(f"rest{k}_{i}: {rest} {arguments(t, f.loose)} {closer(f)}")
+    return "\n".join(lines[:1] + ["start: " + " | ".join(alternatives)] + lines[1:]) + "\n"

@@ -6,13 +6,11 @@ grows: text cannot be part of anything else while the object is open) and closer
 model's own text of that object, so every prefix streamed is a prefix of the final string."""
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 
 from .tool_formats import ToolFormat
 
-_DECODER = json.JSONDecoder()
 
 
 @dataclass
@@ -40,9 +38,16 @@ class ToolCallParser:
         seen decides)."""
         self.forms, self.names = ((fmt,) + fmt.also) if auto else (fmt,), names
         self._use(fmt)
+        self.triggers = [(re.compile(f.trigger_re(names)), f) for f in self.forms]
         self.buf, self.pos, self.state = "", 0, "text"
-        self.args_start = self.args_sent = 0
+        self.args_sent = 0
+        self.scan = _ObjectEnd()
         self.result = Parsed()
+
+    @property
+    def calls_complete(self) -> bool:
+        """Every call read to its end (none cut in its arguments by max_tokens or a stop string)."""
+        return bool(self.result.calls) and self.state in ("between", "done")
 
     def _use(self, fmt: ToolFormat) -> None:
         self.fmt = fmt
@@ -71,16 +76,17 @@ class ToolCallParser:
         """One move; False when it needs more text."""
         buf, pos = self.buf, self.pos
         if self.state == "text":
-            found = [(m.start(), n, m, f) for n, f in enumerate(self.forms)
-                     for m in [re.compile(f.trigger_re()).search(buf, pos)] if m]
+            found = [(m.start(), n, m, f) for n, (pattern, f) in enumerate(self.triggers)
+                     for m in [pattern.search(buf, pos)] if m]
             if not found:
-                keep = max(_held_back(buf[pos:], f) for f in self.forms)
+                keep = max(_held_back(buf[pos:], f, self.names) for f in self.forms)
                 if len(buf) - pos > keep:
                     self._content(out, buf[pos:len(buf) - keep])
                     self.pos = len(buf) - keep
                 return False
             start, _, m, fmt = min(found, key=lambda x: x[:2])
-            if fmt.loose and any(len(buf) - _held_back(buf[pos:], f) <= start for f in self.forms if not f.loose):
+            if fmt.loose and any(len(buf) - _held_back(buf[pos:], f, self.names) <= start
+                                 for f in self.forms if not f.loose):
                 return False  # an exact form's trigger may be arriving around it (<tool_call> before its "{")
             self._use(fmt)
             text = buf[pos:start]
@@ -96,15 +102,13 @@ class ToolCallParser:
                 if m:
                     self.result.calls.append(ToolCall(self.fmt.call_id(), name))
                     out.append(("call", len(self.result.calls) - 1))
-                    self.pos = self.args_start = self.args_sent = m.end()
+                    self.pos = self.args_sent = m.end()
+                    self.scan = _ObjectEnd(m.end())
                     self.state = "arguments"
                     return True
             return False
         if self.state == "arguments":
-            try:
-                _, end = _DECODER.raw_decode(buf, self.args_start)
-            except ValueError:  # the object is still open: all the text so far is arguments
-                end = None
+            end = self.scan.feed(buf)  # None: the object is still open, all the text so far is arguments
             upto = len(buf) if end is None else end
             if upto > self.args_sent:
                 piece = buf[self.args_sent:upto]
@@ -140,18 +144,54 @@ class ToolCallParser:
             out.append(("content", text))
 
 
+class _ObjectEnd:
+    """Finds where a JSON object that starts at `start` ends, reading each character once however the text
+    arrives (the grammar made it valid JSON: only strings, their escapes and the nesting matter)."""
+
+    def __init__(self, start: int = 0):
+        self.at, self.depth, self.in_string, self.escaped = start, 0, False, False
+
+    def feed(self, text: str) -> int | None:
+        for i in range(self.at, len(text)):
+            c = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.at = i + 1
+                    return i + 1
+        self.at = len(text)
+        return None
+
+
 _FENCE = re.compile(r"```(?:json)?\s*$")
 # the end of a text that may still become a fence and a call's opening: ```json, then {, then "name"
-_LOOSE_TAIL = re.compile(r"(?:`{1,3}(?:j(?:s(?:on?)?)?)?[ \t\n]*)?(?:\{[^{}`]*)?$")
+_LOOSE_TAIL = re.compile(r"(?:`{1,3}(?:j(?:s(?:on?)?)?)?[ \t\n]{0,8})?(?:\{[^{}`]*)?$")
 
 
-def _held_back(text: str, fmt: ToolFormat) -> int:
+def _held_back(text: str, fmt: ToolFormat, names: list[str]) -> int:
     """How much of the end of `text` to hold back: it may be the start of `fmt`'s trigger (or, for a loose form,
     of a fence and the object it opens)."""
     if fmt.loose:
         m = _LOOSE_TAIL.search(text)
-        return len(text) - m.start() if len(text) - m.start() <= 48 else 0
-    for n in range(min(len(text), len(fmt.trigger) - 1), 0, -1):
-        if fmt.trigger.startswith(text[-n:]):
+        return len(text) - m.start() if len(text) - m.start() <= 160 else 0  # a trigger: at most ~110 characters
+    return max(_partial(text, trigger) for trigger in ([fmt.prefix] if fmt.prefix else
+                                                        [fmt.named(n) for n in names]))
+
+
+def _partial(text: str, trigger: str) -> int:
+    """Length of the longest end of `text` that is a start of `trigger` (and not all of it)."""
+    for n in range(min(len(text), len(trigger) - 1), 0, -1):
+        if trigger.startswith(text[-n:]):
             return n
     return 0
