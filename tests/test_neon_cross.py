@@ -35,6 +35,7 @@ def test_neon_matches_scalar(tmp_path):
         diff, of = float(line.split()[4]), float(line.split()[6])
         assert of > 0 and diff <= 1e-5 * of, out
     assert "f16 equal 1" in out
+    assert "silu equal 1" in out, out
     for t in ("Q8_0", "Q4_1", "Q4T"):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"axpy {t} "))
         assert float(line.split()[-1]) < 1e-4, out

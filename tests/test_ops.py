@@ -204,6 +204,20 @@ def test_bad_graph_and_run_inputs_raise_valueerror():
         GraphBuilder().weight("w", int(DType.Q4_1), 64, 4, np.zeros(10, np.uint8))
 
 
+def test_silu_mul_is_within_two_ulp_of_float64():
+    """The dense FFN's SiLU (a polynomial exp, the same bits on every table) against float64, from the clamp
+    (|g| > 87) inward."""
+    g = np.concatenate([np.linspace(-100, 100, 4001), RNG.standard_normal(4000) * 6]).astype(np.float32)[None, :]
+    u = np.ones_like(g)
+    want = g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64)))
+    for isa in ISAS:
+        eng, y = run_single(lambda b: b.gated_mul(b.weight("g", int(DType.F32), g.shape[1], 1, g),
+                                                  b.weight("u", int(DType.F32), g.shape[1], 1, u), act=0), 1, isa)
+        got = eng.tensor(y.id, 1).astype(np.float64)
+        big = np.abs(want) > 1e-30
+        assert np.max(np.abs(got[big] - want[big]) / np.abs(want[big])) < 2.5e-7, isa
+
+
 @pytest.mark.parametrize("act", [0, 1, 2, 3, 4])
 def test_gated_activations_match_numpy_and_agree_across_isas(act):
     """SiLU, ReLU, GELU(tanh, through the fp16 table), ReLU^2 and dReLU; every ISA gives the same values."""

@@ -93,13 +93,34 @@ void gelu_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
   if (i < n) gelu_mul_generic(gate + i, up + i, y + i, n - i);
 }
 
+// silu_mul_one (ops_float.h), 8 lanes: the same fused steps in the same order, so the same bits.
+void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 neg = _mm256_xor_ps(g, _mm256_set1_ps(-0.f));  // -g exactly, as the scalar negation
+    const __m256 x = _mm256_min_ps(_mm256_max_ps(neg, _mm256_set1_ps(kSiluClampLo)), _mm256_set1_ps(kSiluClampHi));
+    const __m256 nf = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT |
+                                      _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-kLn2Hi), x);
+    r = _mm256_fmadd_ps(nf, _mm256_set1_ps(-kLn2Lo), r);
+    __m256 p = _mm256_set1_ps(kExpC[6]);
+    for (int k = 5; k >= 0; --k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC[k]));
+    const __m256 scale = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nf), _mm256_set1_epi32(127)), 23));
+    const __m256 den = _mm256_fmadd_ps(p, scale, _mm256_set1_ps(1.f));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(g, den), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) silu_mul_generic(gate + i, up + i, y + i, n - i);
+}
+
 }  // namespace
 
 const KernelTable* kernels_avx2() {
   // Decode 4 rows a tile, as the AVX-512 table (matmul_x86.h's TileShape).
   static const KernelTable table{"avx2", matmul_x86<TileShape<4, 2, 4, 1>>, quantize_q8a_avx2, dot_f16_f32_avx2,
                                  axpy_f16_f32_avx2, f32_to_f16_avx2, axpy_rows_avx2,
-                                 attn_tile_avx2, kv_to_f32_avx2, gelu_mul_avx2};
+                                 attn_tile_avx2, kv_to_f32_avx2, gelu_mul_avx2, silu_mul_avx2};
   return &table;
 }
 

@@ -319,12 +319,31 @@ void f32_to_f16_neon(const float* x, uint16_t* y, int64_t n) {
   for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
+// silu_mul_one (ops_float.h), 4 lanes: the same fused steps in the same order, so the same bits.
+void silu_mul_neon(const float* gate, const float* up, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float32x4_t g = vld1q_f32(gate + i);
+    const float32x4_t x = vminq_f32(vmaxq_f32(vnegq_f32(g), vdupq_n_f32(kSiluClampLo)), vdupq_n_f32(kSiluClampHi));
+    const float32x4_t nf = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(kLog2e)));
+    float32x4_t r = vfmaq_f32(x, nf, vdupq_n_f32(-kLn2Hi));
+    r = vfmaq_f32(r, nf, vdupq_n_f32(-kLn2Lo));
+    float32x4_t p = vdupq_n_f32(kExpC[6]);
+    for (int k = 5; k >= 0; --k) p = vfmaq_f32(vdupq_n_f32(kExpC[k]), p, r);
+    const float32x4_t scale =
+        vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(nf), vdupq_n_s32(127)), 23));
+    const float32x4_t den = vfmaq_f32(vdupq_n_f32(1.f), p, scale);
+    vst1q_f32(y + i, vmulq_f32(vdivq_f32(g, den), vld1q_f32(up + i)));
+  }
+  if (i < n) silu_mul_generic(gate + i, up + i, y + i, n - i);
+}
+
 }  // namespace
 
 const KernelTable* kernels_neon() {
   static const KernelTable table{"neon", matmul_neon, quantize_q8a_neon, dot_f16_f32_neon,
                                  axpy_f16_f32_neon, f32_to_f16_neon, axpy_rows_neon,
-                                 attn_tile_neon, kv_to_f32_neon, gelu_mul_generic};
+                                 attn_tile_neon, kv_to_f32_neon, gelu_mul_generic, silu_mul_neon};
   return &table;
 }
 

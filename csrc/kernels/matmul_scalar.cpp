@@ -98,7 +98,8 @@ void matmul_float_weights(const MatMulArgs& a) {
 const KernelTable& kernels_scalar() {
   static const KernelTable table{"scalar", matmul_scalar, quantize_q8a_scalar, dot_f16_f32_scalar,
                                  axpy_f16_f32_scalar, f32_to_f16_scalar, axpy_rows_scalar,
-                                 attn_tile_generic, kv_to_f32_generic, gelu_mul_generic};
+                                 attn_tile_generic, kv_to_f32_generic, gelu_mul_generic,
+                                 silu_mul_generic};
   return table;
 }
 

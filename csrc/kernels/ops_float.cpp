@@ -104,6 +104,10 @@ const float* gelu_fp16_table() {
   return table.data();
 }
 
+void silu_mul_generic(const float* gate, const float* up, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = silu_mul_one(gate[i], up[i]);
+}
+
 void gelu_mul_generic(const float* gate, const float* up, float* y, int64_t n) {
   gated_act_row(Activation::GeluTanh, gate, up, y, n);
 }

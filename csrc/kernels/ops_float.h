@@ -2,6 +2,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "graph/dtype.h"
 #include "graph/op_params.h"
@@ -51,5 +52,28 @@ void add_row(const float* a, const float* b, float* y, int64_t n);
 void gated_act_row(Activation a, const float* gate, const float* up, float* y, int64_t n);
 // gated_act_row for GELU: the portable entry of KernelTable::gelu_mul.
 void gelu_mul_generic(const float* gate, const float* up, float* y, int64_t n);
+
+// SiLU(g) * u = g / (1 + exp(-g)) * u for the dense FFN (KernelTable::silu_mul): exp(-g) = 2^n * p(r), with
+// -g clamped to [-87.3, 88.3] (2^n stays a normal float), n = round(-g / ln 2), r = -g - n ln 2 in two fused steps
+// (Cody-Waite), p the Taylor polynomial of degree 6 (|r| <= ln 2 / 2: within 2 ulp of exp). Every multiply-add
+// is an explicit fused one (std::fma here, vfmadd / vfma in the SIMD tables), so no compiler contraction can make
+// two tables differ. The sparse FFN's gated_act keeps silu() (libm): it differs from this by an ulp or two.
+constexpr float kSiluClampLo = -87.3f, kSiluClampHi = 88.3f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187045e-06f;
+constexpr float kExpC[7] = {1.f, 1.f, 0.5f, 1.f / 6, 1.f / 24, 1.f / 120, 1.f / 720};
+inline float silu_mul_one(float g, float u) {
+  float x = -g;
+  x = x < kSiluClampLo ? kSiluClampLo : (x > kSiluClampHi ? kSiluClampHi : x);
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kExpC[6];
+  for (int k = 5; k >= 0; --k) p = std::fma(p, r, kExpC[k]);
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return g / std::fma(p, scale, 1.f) * u;
+}
+void silu_mul_generic(const float* gate, const float* up, float* y, int64_t n);
 
 }  // namespace pyinfer

@@ -57,6 +57,13 @@ int main() {
   printf("dot diff %g\n", ne->dot_f16_f32(h.data(), f.data(), 64) - sc.dot_f16_f32(h.data(), f.data(), 64));
   std::vector<uint16_t> h1(64), h2(64); ne->f32_to_f16(f.data(), h1.data(), 64); sc.f32_to_f16(f.data(), h2.data(), 64);
   printf("f16 equal %d\n", int(h1 == h2));
+  {  // SiLU(gate) * up: the same fused steps, so the same bits (203: a tail after the 4-lane loop)
+    std::vector<float> g(203), u(203), s1(203), s2(203);
+    for (int i = 0; i < 203; ++i) { g[i] = nd(rng) * 8; u[i] = nd(rng); }
+    g[0] = -120.f; g[1] = 120.f; g[2] = 0.f; g[3] = -0.f;
+    ne->silu_mul(g.data(), u.data(), s1.data(), 203); sc.silu_mul(g.data(), u.data(), s2.data(), 203);
+    printf("silu equal %d\n", int(std::memcmp(s1.data(), s2.data(), sizeof(float) * 203) == 0));
+  }
   {  // gather-GEMV over a row list equals the dense rows
     const DType wt = DType::Q4_1; const size_t rb = dtype_row_bytes(wt, k);
     std::vector<uint8_t> w(rows * rb); for (auto& b : w) b = rng() & 0xff;

@@ -271,6 +271,9 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         if (n.p.gated_mul.act == Activation::GeluTanh)
           kernels_.gelu_mul(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r),
                             dst.cols);
+        else if (n.p.gated_mul.act == Activation::SiLU)
+          kernels_.silu_mul(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r), row_ptr<float>(dst, r),
+                            dst.cols);
         else
           gated_act_row(n.p.gated_mul.act, row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, r),
                         row_ptr<float>(dst, r), dst.cols);
