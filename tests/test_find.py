@@ -195,5 +195,11 @@ def test_generate_from_the_hub_on_the_command_line(hub):
     env, _ = hub
     rc, out, err = run(env, "generate", "-m", "owner/tiny-GGUF:Q8_0", "-n", "3", "--temp", "0", "Hello")
     assert rc == 0, err
+    resolve_model("owner/big-GGUF")  # its three shards in the cache
     rc, out, err = run(env, "list", "--json")
-    assert rc == 0 and any(r["source"] == "huggingface" and r["loads"] for r in json.loads(out)["models"])
+    rows = {r["model"]: r for r in json.loads(out)["models"] if r["source"] == "huggingface"}
+    assert rc == 0 and rows["hf://owner/tiny-GGUF/tiny-Q8_0.gguf"]["loads"]
+    big = rows["hf://owner/big-GGUF/big-Q4_K_M-00001-of-00003.gguf"]  # one row for the model, not one per shard
+    assert big["shards"] == 3 and big["loads"] and not any("00002-of" in m for m in rows)
+    rc, out, err = run(env, "generate", "-m", "hf://owner/big-GGUF/big-Q4_K_M-00001-of-00003.gguf", "-n", "2", "Hi")
+    assert rc == 0, err

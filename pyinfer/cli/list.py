@@ -31,14 +31,28 @@ def describe(path: Path) -> dict:
     from ..model.gguf_check import read_gguf_header
     from ..model.gguf_file import SUPPORTED_TYPES
 
+    from ..model.shards import SHARD, shard_names
+
     info = {"path": str(path), "bytes": path.stat().st_size if path.exists() else None}
+    if SHARD.match(path.name):  # the whole model: every shard's size and tensors (each shard has a header)
+        shards = [path.parent / n for n in shard_names(path.name)]
+        info["shards"] = len(shards)
+        if not all(s.is_file() for s in shards):
+            return dict(info, loads=False, why="some of its shards are missing")
+        info["bytes"] = sum(s.stat().st_size for s in shards)
     try:
         header = read_gguf_header(path)
     except (ModelFormatError, OSError) as e:
         return dict(info, loads=False, why=str(e))
     arch = str(header.metadata.get("general.architecture", "?"))
     types = Counter()
-    for t in header.tensors:
+    tensors = list(header.tensors)
+    for shard in [path.parent / n for n in shard_names(path.name)[1:]] if "shards" in info else []:
+        try:
+            tensors += read_gguf_header(shard).tensors
+        except (ModelFormatError, OSError) as e:
+            return dict(info, loads=False, why=f"{shard.name}: {e}")
+    for t in tensors:
         try:
             types[GGMLQuantizationType(t.type_id).name] += 1
         except ValueError:
@@ -67,10 +81,23 @@ def candidates() -> list[tuple[str, str, Path]]:
     found += [("ollama", ref, p) for ref, p in ollama_models()]
     for root in lmstudio_roots():
         for p in sorted(root.glob("*/*/*.gguf")) if root.is_dir() else []:
-            found.append(("lmstudio", "lmstudio:" + "/".join(p.relative_to(root).parts), p))
+            if not _later_shard(p):
+                found.append(("lmstudio", "lmstudio:" + "/".join(p.relative_to(root).parts), p))
     for p in sorted(hf_cache().glob("models--*/snapshots/*/**/*.gguf")) if hf_cache().is_dir() else []:
-        found.append(("huggingface", str(p), p))
+        if _later_shard(p):
+            continue
+        snapshot = next(a for a in p.parents if a.parent.name == "snapshots")
+        repo = snapshot.parent.parent.name[len("models--"):].replace("--", "/", 1)
+        found.append(("huggingface", f"hf://{repo}/{p.relative_to(snapshot).as_posix()}", p))
     return found
+
+
+def _later_shard(path: Path) -> bool:
+    """A shard after the first of a split model: the first one names the model (-m joins them all)."""
+    from ..model.shards import SHARD
+
+    m = SHARD.match(path.name)
+    return m is not None and int(m["index"]) != 1
 
 
 def cmd_list(args) -> int:
@@ -85,5 +112,6 @@ def cmd_list(args) -> int:
         size = f"{r['bytes'] / 2**30:.2f} GiB" if r.get("bytes") else "?"
         types = ", ".join(f"{k} {v}" for k, v in list(r.get("types", {}).items())[:4])
         status = "runs" if r["loads"] else f"does not run: {r['why']}"
-        print(f"{r['model']}\n    {r['source']}, {r.get('architecture', '?')}, {size}, {types}; {status}")
+        shards = f" in {r['shards']} shards" if r.get("shards") else ""
+        print(f"{r['model']}\n    {r['source']}, {r.get('architecture', '?')}, {size}{shards}, {types}; {status}")
     return 0
