@@ -180,6 +180,16 @@ def test_a_named_choice_allows_only_that_tool(tokenizer, grammars):
     assert grammars.constraint(grammar, "tools").matcher.try_consume_tokens(other) < len(other)
 
 
+def test_logits_wider_than_the_vocabulary_get_masks_of_their_width(tokenizer):
+    """An embedding padded past the token list (rows of no text): the masks cover every row of the logits."""
+    from pyinfer.serve.grammar import MaskBuffer
+
+    width = tokenizer.vocab_size + 100
+    g = Grammars(tokenizer, width, tokenizer.end_of_generation)
+    mask = MaskBuffer(width).fill([g.constraint(g.from_json_schema({"enum": ["a"]}), "x")])
+    assert mask.shape == (1, width) and mask.any() and not mask[0, tokenizer.vocab_size:].any()
+
+
 def test_compiled_grammars_are_cached_and_states_are_separate(grammars, tokenizer):
     grammar = grammars.from_json_schema({"type": "object", "properties": {"a": {"type": "integer"}},
                                          "required": ["a"], "additionalProperties": False})

@@ -61,13 +61,13 @@ class Grammars:
         llg = _llguidance()
         with self._lock:
             if self._lltokenizer is None:
-                self._lltokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_TokenTable(self.tokenizer)),
+                self._lltokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_TokenTable(self.tokenizer, self.n_vocab)),
                                                     n_vocab=self.n_vocab, eos_token=self.eos_ids)
             return self._lltokenizer
 
     @staticmethod
     def from_json_schema(schema: dict) -> str:
-        """A JSON Schema as llguidance's grammar text (compiled by `matcher`)."""
+        """A JSON Schema as llguidance's grammar text (compiled by `constraint`)."""
         llg = _llguidance()
         return llg.LLMatcher.grammar_from_json_schema(schema, overrides=dict(JSON_STYLE))
 
@@ -161,9 +161,11 @@ class MaskBuffer:
 class _TokenTable:
     """What llguidance's TokenizerWrapper reads of a tokenizer: every token's bytes, and how to tokenize text."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, n_vocab: int):
         self._tokenizer = tokenizer
+        # rows of the logits past the vocabulary (an embedding padded to a round size) are tokens of no text
         self.tokens = token_bytes(tokenizer)
+        self.tokens += [b""] * (n_vocab - len(self.tokens))
         self.eos_token_id = tokenizer.eos_id
         self.bos_token_id = tokenizer.bos_id
         self.special_token_ids = sorted(tokenizer.control_ids)
@@ -175,5 +177,5 @@ class _TokenTable:
 
 
 def _first_line(message: str) -> str:
-    line = (message or "unknown error").strip().splitlines()[0] if (message or "").strip() else "unknown error"
-    return line[:300]
+    lines = (message or "").strip().splitlines()
+    return lines[0][:300] if lines else "unknown error"
