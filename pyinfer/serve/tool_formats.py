@@ -25,6 +25,7 @@ from .grammar import JSON_STYLE
 
 _WS = r"[ \t\n]*"  # a loose form's whitespace (Python's re and llguidance's regexes read it alike)
 _WS_TRIGGER = r"[ \t\n]{0,8}"  # within its trigger: bounded, so the parser knows how much text to hold back
+_LOOSE_BEFORE_ARGS = _WS + '"arguments"' + _WS + ":" + _WS  # a loose call from the comma after its name
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class ToolFormat:
                 + _WS_TRIGGER + ",")
 
     def loose_opener(self, name: str) -> str:
-        return self.loose_named(name) + _WS + '"arguments"' + _WS + ":" + _WS
+        return self.loose_named(name) + _LOOSE_BEFORE_ARGS
 
     def call_id(self) -> str:
         if self.id_chars:
@@ -189,7 +190,7 @@ def tools_grammar(fmt: ToolFormat, tools: list[dict], choice: str, parallel: boo
             alternatives.append(f"head{k}_{i} rest{k}_{i} {tail}")
             if f.loose:
                 lines.append(head(f"head{k}_{i}", f"/{f.loose_named(name)}/"))
-                rest = "/" + _WS + '"arguments"' + _WS + ":" + _WS + "/"
+                rest = f"/{_LOOSE_BEFORE_ARGS}/"
             else:
                 lines.append(head(f"head{k}_{i}", lit(f.named(name))))
                 rest = lit(f.before_args)
