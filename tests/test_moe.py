@@ -885,7 +885,9 @@ def test_room_left_holds_the_experts_the_profile_never_saw(paths):
 def test_experts_split_with_the_standin_device_give_the_cpu_answer(paths, monkeypatch, kind, share):
     """The stand-in device (a second CPU backend with memory of its own) computes the placed experts while the
     CPU computes the rest: prefill and decode logits equal the CPU's (to float rounding: the two weighted sums
-    add in another order), with none, some and all of the experts placed."""
+    add in another order), with none, some and all of the experts placed. In prefill, away from routing ties: where
+    the fp32 reference finds a router within 0.001 of a tie (this random model has one at 9e-5, position 15), that
+    rounding may take the other expert, as in test_prefill_matches_the_reference."""
     from pyinfer.place import expert_placement as ep
     from pyinfer.sparsity import expert_profile as ex
 
@@ -907,7 +909,11 @@ def test_experts_split_with_the_standin_device_give_the_cpu_answer(paths, monkey
                                      sum(map(len, placed)))
     if share == 0.4:
         assert 0 < sum(map(len, placed)) < cfg.n_layers * cfg.n_expert and m.session.placement.report["split_layers"]
-    np.testing.assert_allclose(m.eval(IDS[:20], all_logits=True), want, rtol=2e-5, atol=2e-5)
+    margins: list = []
+    reference_logits(cpu.gguf, IDS[:20], n_ctx=64, margins=margins)
+    clear = np.min(margins, axis=0) > 1e-3
+    assert clear.sum() >= 14
+    np.testing.assert_allclose(m.eval(IDS[:20], all_logits=True)[clear], want[clear], rtol=2e-5, atol=2e-5)
     m2 = pyinfer.load(path, n_ctx=64, n_threads=2, device="standin", vram_budget=budget, progress=False)
     ram = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
     for i in range(6):

@@ -103,3 +103,30 @@ def test_a_token_gets_the_same_bits_alone_and_in_a_batch(isa, qtype):
 
     batch = matmul(x)
     np.testing.assert_array_equal(np.concatenate([matmul(x[t:t + 1]) for t in range(n_tok)]), batch)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("rows,k,n_tok", [(70, 1024, 1), (70, 1024, 13), (20, 512, 300), (9, 22528, 6), (5, 67584, 1)])
+def test_every_kernel_table_gives_the_scalar_bits(qtype, rows, k, n_tok):
+    """Every path sums a row's products in one order (exact integer dots per block, then one fused float step per
+    block), so every x86 table gives the scalar reference's bits, for decode (one token; rows past 65,536 elements
+    take the generic tiles) and prefill (lane groups of 8 rows with a short last group; token tails; slabs of 256
+    tokens; rows too long for a chunk of several groups). NEON keeps an order of its own (tests/cpp/neon_vs_scalar.cpp checks it against the scalar
+    one within rounding)."""
+    isas = [i for i in ISAS if i in ("avx2", "avx512")]
+    if not isas:
+        pytest.skip("no x86 SIMD table on this CPU")
+    rng = np.random.default_rng(int(qtype) + k)
+    w = random_blocks(qtype, rows, k, rng)  # every bit random: Q8_0's -128 too
+    x = rng.standard_normal((n_tok, k)).astype(np.float32)
+
+    def matmul(isa):
+        def build(b):
+            return b.matmul(b.weight("w", int(qtype), k, rows, w),
+                            b.weight("x", int(DType.F32), k, n_tok, x), "y")
+        eng, y = run_single(build, n_tok, isa, max_tokens=max(16, n_tok))
+        return eng.tensor(y.id, n_tok)
+
+    want = matmul("scalar")
+    for isa in isas:
+        np.testing.assert_array_equal(matmul(isa), want, err_msg=isa)

@@ -117,8 +117,9 @@ void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
 }  // namespace
 
 const KernelTable* kernels_avx2() {
-  // Decode 4 rows a tile, as the AVX-512 table (matmul_x86.h's TileShape).
-  static const KernelTable table{"avx2", matmul_x86<TileShape<4, 2, 4, 1>>, quantize_q8a_avx2, dot_f16_f32_avx2,
+  // Decode 4 rows a tile, as the AVX-512 table; prefill one lane group (8 rows) x 4 tokens, which 16 registers hold
+  // (matmul_x86.h's TileShape).
+  static const KernelTable table{"avx2", matmul_x86<TileShape<1, 2, 4, 1>>, quantize_q8a_avx2, dot_f16_f32_avx2,
                                  axpy_f16_f32_avx2, f32_to_f16_avx2, axpy_rows_avx2,
                                  attn_tile_avx2, kv_to_f32_avx2, gelu_mul_avx2, silu_mul_avx2};
   return &table;

@@ -10,11 +10,17 @@
 namespace pyinfer {
 namespace {
 
-// One weight piece against one activation block: d * dx * sum_h scale[h] * sum(q * xq over half h) + m * s.
-inline float dot_piece(const Piece32& p, const BlockQ8A& x) {
+// One weight piece against one activation block, as every SIMD path sums it (matmul_x86.h): the exact integer dot
+// (Q6_K's halves times their scales), scaled by d_w * d_x into `acc`, the offset m * s into `off`, both fused.
+// Q4_K/Q5_K's d_w is d * sc, as their SIMD decoders form it; the legacy types' sc is 1.
+inline void dot_piece(DType type, const Piece32& p, const BlockQ8A& x, float& acc, float& off) {
   int32_t half[2] = {0, 0};
   for (int j = 0; j < 32; ++j) half[j / 16] += int32_t(p.q[j]) * x.qs[j];
-  return p.d * x.d * float(p.scale[0] * half[0] + p.scale[1] * half[1]) + p.m * x.s;
+  if (type == DType::Q6_K)
+    acc = std::fma(float(p.scale[0] * half[0] + p.scale[1] * half[1]), p.d * x.d, acc);
+  else
+    acc = std::fma(float(half[0] + half[1]), (p.d * float(p.scale[0])) * x.d, acc);
+  off = std::fma(p.m, x.s, off);
 }
 
 }  // namespace
@@ -28,13 +34,13 @@ void matmul_scalar(const MatMulArgs& a) {
     for (int64_t i = a.r0; i < a.r1; ++i) {
       const int64_t r = a.row_ids ? a.row_ids[i] : i;
       const uint8_t* w = a.row(r);
-      float sum = 0.f;
+      float acc = 0.f, off = 0.f;
       Piece32 p;
       for (int64_t b = 0; b < nb; ++b) {
         decode_piece(a.wtype, w, b, p);
-        sum += dot_piece(p, x[b]);
+        dot_piece(a.wtype, p, x[b], acc, off);
       }
-      out[r] = sum;
+      out[r] = acc + off;
     }
   }
 }

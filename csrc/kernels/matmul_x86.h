@@ -189,6 +189,20 @@ template <> struct WeightBlock<DType::Q6_K> {
     const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((g >> 1) * 4)), _mm256_set1_epi8(0x0f));
     const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
     p.q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+    load_scales(blk, j, c, p);
+  }
+  // Piece b's bytes q + 32 (0..63): decode takes them as the unsigned operand and the 32 back per activation lane.
+  static __m256i raw(const uint8_t* row, int64_t b) {
+    const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+    const int j = int(b % 8), half = j / 4, g = j % 4;
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * half + 32 * (g & 1)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * half));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((g >> 1) * 4)), _mm256_set1_epi8(0x0f));
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+  }
+  static void load_scales(const BlockQ6_K&, int j, const Cache& c, Piece& p) {
+    const int half = j / 4, g = j % 4;
     // Scales 2j (elements 0..15) and 2j + 1 (16..31): int16 number g * 2 (+ 1) of the half's vector.
     const char e0 = char(4 * g), e1 = char(4 * g + 1), o0 = char(4 * g + 2), o1 = char(4 * g + 3);
     const __m256i pick = _mm256_setr_epi8(e0, e1, e0, e1, e0, e1, e0, e1, e0, e1, e0, e1, e0, e1, e0, e1,
@@ -198,6 +212,21 @@ template <> struct WeightBlock<DType::Q6_K> {
     p.m = 0.f;
   }
 };
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
+// acc += four byte products per 32-bit lane: u unsigned, s signed.
+inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
 
 // Integer dot of a piece with 32 activation bytes, as 8 int32 partial sums. Unsigned x signed is what
 // maddubs takes: signed weights move their sign onto x. Pairs of products fit int16 (|q| <= 128 against
@@ -222,14 +251,55 @@ inline void load_pieces(const uint8_t* const* wrows, int64_t b, typename P::Cach
   for (int r = 0; r < NR; ++r) P::load(wrows[r], b, cache[r], w[r]);
 }
 
-// NR weight rows x NT tokens: each weight piece is decoded once and reused NT times.
+// The exact integer dot of a piece: the sum of piece_dot's 8 lanes.
+inline int32_t lane_sum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// The exact integer dots of rows 0..3 of pieces a (v) and b (u), from their 8-lane partial dots: rows 0..3 of a in
+// the low half, of b in the high one. Where a lane's partial fits 16 bits with room to add two (4 products of
+// weights under 32 by bytes: 15,748 at most), the lanes are packed to 16 bits and summed in pairs by a multiply-add
+// (one shuffle and one multiply a level, where a horizontal add is two shuffles and an add): decode's reduction was
+// what made the exact sums slower than the lane sums they replaced (Q4_K, one thread, in cache: 25 -> 21 GB/s).
+// Four rows' 8-lane partial dots (each at most 16,256 in magnitude: four products of |q| <= 32 and |x| <= 127) to [rows 0..3 of lanes 0..3 | of lanes 4..7].
+inline __m256i pack_sums4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+  const __m256i one = _mm256_set1_epi16(1);
+  auto level = [&](__m256i x, __m256i y) { return _mm256_madd_epi16(_mm256_packs_epi32(x, y), one); };
+  return level(level(v0, v1), level(v2, v3));
+}
+
+template <bool kPack>
+inline __m256i lane_sums4x2(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m256i u0, __m256i u1, __m256i u2,
+                            __m256i u3) {
+  __m256i a, b;
+  if constexpr (kPack) {
+    a = pack_sums4(v0, v1, v2, v3);
+    b = pack_sums4(u0, u1, u2, u3);
+  } else {
+    a = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    b = _mm256_hadd_epi32(_mm256_hadd_epi32(u0, u1), _mm256_hadd_epi32(u2, u3));
+  }
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// Every path sums a row's products in one order: per 32-element block b the exact integer dot n_b (a Q6_K block's
+// two halves already times their scales), then acc = fma(float(n_b), d_w * d_x, acc) block after block, the
+// offsets in their own chain off = fma(m_w, s_x, off), and acc + off last. Integers are exact and the float steps
+// are the same operations, so decode (gemv_tile), the generic tiles (tile) and prefill's lanes
+// (matmul_lanes_x86.h) give a token the same bits alone, in a batch, or through the gather path, and the scalar
+// reference (matmul_scalar.cpp) gives them too.
+
+// NR weight rows x NT tokens, generic: each weight piece is decoded once and reused NT times. For decode's last rows
+// and rows too long for gemv_rows.
 template <DType WT, int NR, int NT>
 inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int64_t nb, float (&res)[NR][NT]) {
   using P = WeightBlock<WT>;
-  __m256 acc[NR][NT];
-  float off[NR][NT];
+  float acc[NR][NT], off[NR][NT];
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) { acc[r][t] = _mm256_setzero_ps(); off[r][t] = 0.f; }
+    for (int t = 0; t < NT; ++t) acc[r][t] = off[r][t] = 0.f;
   typename P::Cache cache[NR];
   for (int64_t b = 0; b < nb; ++b) {
     Piece w[NR];
@@ -238,154 +308,199 @@ inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int6
       const BlockQ8A& xb = xrows[t][b];
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       for (int r = 0; r < NR; ++r) {
-        const __m256 p = _mm256_cvtepi32_ps(piece_dot<P>(w[r], xq));
-        acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(w[r].d * xb.d), acc[r][t]);
-        // An explicit FMA, as tile_tokens' vector one: the gather path (one token) and the dense path (token
-        // tiles) must give the same bits whatever the compiler's contraction setting.
+        acc[r][t] = std::fma(float(lane_sum(piece_dot<P>(w[r], xq))), w[r].d * xb.d, acc[r][t]);
         if (P::kOffset) off[r][t] = std::fma(w[r].m, xb.s, off[r][t]);
       }
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) res[r][t] = hsum(acc[r][t]) + off[r][t];
+    for (int t = 0; t < NT; ++t) res[r][t] = acc[r][t] + off[r][t];
 }
 
-// The activation scales of up to 8 tokens as the lanes of a vector, per block: d (the Q8A scale) and s (its
-// sum times d) of tokens 0..7, lanes past the tile's tokens 0. Built once per token tile and row chunk, they
-// are one aligned load per block in tile_tokens, where two 8-lane gathers were: on Zen 3 those cost about as
-// much as the block's integer dots.
-struct alignas(32) TokenScales {
-  float d[8], s[8];
+// Blocks per step of gemv_tile4: a super-block, or two blocks of the one-piece types.
+template <DType WT>
+constexpr int gemv_step() {
+  return WeightBlock<WT>::kPieces == 1 ? 2 : WeightBlock<WT>::kPieces;
+}
+
+// The fp16 d (and stored m) of a one-piece type's block b.
+template <DType WT>
+inline const uint16_t* block_fp16(const uint8_t* row, int64_t b) {
+  return reinterpret_cast<const uint16_t*>(row + b * int64_t(dtype_block_bytes(WT)));
+}
+
+// What decode precomputes from the activation once per call: its block scales, and per block the integers that
+// signed weights taken as unsigned need back (Q8_0 with VNNI: 128 * sum(x); Q6_K: minus 32 * the sum of each
+// lane's four bytes).
+struct DecodeActivation {
+  const float* d;
+  const int32_t* sum;     // [nb], Q8_0
+  const __m256i* lanes;   // [nb], Q6_K
 };
 
-template <int NT>
-inline void token_scales(const BlockQ8A* x0, int32_t x_stride, int64_t nb, TokenScales* out) {
-  for (int64_t b = 0; b < nb; ++b) {
-    TokenScales& o = out[b];
-    for (int t = 0; t < 8; ++t) {
-      if (t < NT) {
-        const BlockQ8A& xt = *reinterpret_cast<const BlockQ8A*>(reinterpret_cast<const uint8_t*>(x0 + b) + t * x_stride);
-        o.d[t] = xt.d;
-        o.s[t] = xt.s;
-      } else {
-        o.d[t] = o.s[t] = 0.f;
-      }
-    }
-  }
-}
-
-// NR weight rows x NT (2..8) tokens of consecutive activation rows `x_stride` bytes apart, their scales in
-// `xs` (token_scales). Like tile(), but the per-block float work is vectorised across the tokens, so each
-// (row, token) pair costs the integer dot, a lane permute and an FMA.
-template <typename P, int NR, int NT>
-inline void tile_tokens(const uint8_t* const* wrows, const BlockQ8A* x0, int32_t x_stride, int64_t nb,
-                        const TokenScales* xs, float (&res)[NR][NT]) {
-  static_assert(NT >= 2 && NT <= 8, "tokens are lanes of one vector");
-  __m256 acc[NR][NT];
-  __m256 off[NR];
-  for (int r = 0; r < NR; ++r) {
-    off[r] = _mm256_setzero_ps();
-    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
-  }
-  typename P::Cache cache[NR];
-  for (int64_t b = 0; b < nb; ++b) {
-    Piece w[NR];
-    load_pieces<P, NR>(wrows, b, cache, w);
-    const __m256 dx = _mm256_load_ps(xs[b].d);
-    __m256 dd[NR];
-    for (int r = 0; r < NR; ++r) {
-      dd[r] = _mm256_mul_ps(dx, _mm256_set1_ps(w[r].d));
-      if (P::kOffset) off[r] = _mm256_fmadd_ps(_mm256_load_ps(xs[b].s), _mm256_set1_ps(w[r].m), off[r]);
-    }
-    for (int t = 0; t < NT; ++t) {
-      const BlockQ8A& xt = *reinterpret_cast<const BlockQ8A*>(reinterpret_cast<const uint8_t*>(x0 + b) + t * x_stride);
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xt.qs));
-      const __m256i tt = _mm256_set1_epi32(t);
-      for (int r = 0; r < NR; ++r) {
-        const __m256 p = _mm256_cvtepi32_ps(piece_dot<P>(w[r], xq));
-        acc[r][t] = _mm256_fmadd_ps(p, _mm256_permutevar8x32_ps(dd[r], tt), acc[r][t]);
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r) {
-    float o[8];
-    _mm256_storeu_ps(o, off[r]);
-    for (int t = 0; t < NT; ++t) res[r][t] = hsum(acc[r][t]) + o[t];
-  }
-}
-
-// Decode (one token), one tile of NR weight rows. The same sums in the same order as tile<WT, NR, 1> and
-// tile_tokens (a token gets the same bits alone, in a batch, or through the gather path), in fewer instructions:
-// a super-block's pieces are unrolled (a K-quant's scales and its bytes are read once for its pieces), a K-quant's
-// eight scale products d_w * d_x are one vector multiply per super-block and reach the FMA as a broadcast from
-// memory, and the activation's scales `xd` are a contiguous copy made once per call. With `pf`, each super-block
-// step asks for the next `pf_bytes` of the stream from `pf` on into L2 (gemv_rows keeps them kAheadBytes ahead).
-template <DType WT, int NR>
-inline void gemv_tile(const uint8_t* const* wrows, const BlockQ8A* x, const float* xd, int64_t nb, float (&res)[NR],
-                      const char* pf, int64_t pf_bytes) {
+// Decode (one token), one tile of 4 weight rows, the rows as the lanes of the float work: pieces go in pairs (a
+// K-quant's scales and its bytes are read once for its pieces), the four rows' integer dots of a pair are reduced
+// together (lane_sums4x2), and their scale products d_w * d_x are one vector a piece. Signed weights go in as
+// unsigned bytes where the activation alone can give the difference back: Q8_0 with VNNI as q + 128 (minus
+// 128 * sum(x) a block), Q6_K as q + 32 (each lane's dot starts at minus 32 * its four activation bytes, so its sum
+// is exact and small enough to pack; its two scales multiply the rows' half sums after the reduction). With `pf`,
+// each super-block step asks for the next `pf_bytes` of the stream from `pf` on into L2 (gemv_rows keeps them
+// kAheadBytes ahead).
+template <DType WT>
+inline void gemv_tile4(const uint8_t* const* wrows, const BlockQ8A* x, const DecodeActivation& xa, int64_t nb,
+                       float (&res)[4], const char* pf, int64_t pf_bytes) {
   using P = WeightBlock<WT>;
-  constexpr int K = P::kPieces;
-  __m256 acc[NR];
-  float off[NR];
-  for (int r = 0; r < NR; ++r) { acc[r] = _mm256_setzero_ps(); off[r] = 0.f; }
-  typename P::Cache cache[NR]{};  // (zeroed: the row-lane path below never fills it, and reads none of it)
-  // Q4_K and Q5_K in tiles of 4 rows: scales and offsets are unpacked for the four rows at once, and the offsets of
-  // the four rows are the lanes of one vector, each lane the same FMA chain as a row's scalar one (the bits do not
-  // change), one instruction a piece instead of eight.
-  constexpr bool kRowLanes = K == 8 && P::kOffset && NR == 4;
-  __m128 off4 = _mm_setzero_ps();
+  constexpr int K = gemv_step<WT>();
+  constexpr bool kBiased = WT == DType::Q8_0 && kVnni;
+  constexpr bool kSixBit = WT == DType::Q6_K;
+  constexpr bool kOnePiece = P::kPieces == 1;
+  const float* xd = xa.d;
+  __m128 acc = _mm_setzero_ps(), off = _mm_setzero_ps();
+  typename P::Cache cache[4]{};  // (zeroed: the paths below fill only what they read)
+  // Q4_K and Q5_K: scales and offsets are unpacked for the four rows at once, already in [piece][row] order.
+  constexpr bool kRowLanes = P::kPieces == 8 && P::kOffset;
   for (int64_t sb = 0; sb < nb / K; ++sb) {
     const int64_t b0 = sb * K;  // so that b0 + j splits into super-block and piece at compile time
     if (pf)
       for (int64_t o = 0; o < pf_bytes; o += 64) _mm_prefetch(pf + sb * pf_bytes + o, _MM_HINT_T1);
-    alignas(32) float sv[NR * K];       // scale products d_w * d_x: [row][piece], or [piece][row] for row lanes
+    alignas(32) float sv[kRowLanes ? 4 * K : 1];    // scale products d_w * d_x, [piece][row]
     alignas(32) float mins[kRowLanes ? 4 * K : 1];  // [piece][row]
+    alignas(16) int8_t sc6[kSixBit ? 64 : 1];        // Q6_K: [piece][half][row] scales
+    __m128 d4 = _mm_setzero_ps();                    // Q6_K: the rows' super-block d
     if constexpr (kRowLanes) {
       P::prepare_rows4(wrows, sb, xd + b0, sv, mins);
-    } else if constexpr (K == 8) {
-      const __m256 dx = _mm256_loadu_ps(xd + b0);
-      for (int r = 0; r < NR; ++r) {
-        P::prepare(wrows[r], sb, cache[r]);
-        _mm256_store_ps(sv + r * K, _mm256_mul_ps(P::scales(cache[r]), dx));
+    } else if constexpr (kSixBit) {
+      __m128i s[4];
+      for (int r = 0; r < 4; ++r) {
+        const auto& blk = reinterpret_cast<const BlockQ6_K*>(wrows[r])[sb];
+        s[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales));
       }
+      d4 = _mm_cvtph_ps(_mm_setr_epi16(short(reinterpret_cast<const BlockQ6_K*>(wrows[0])[sb].d),
+                                       short(reinterpret_cast<const BlockQ6_K*>(wrows[1])[sb].d),
+                                       short(reinterpret_cast<const BlockQ6_K*>(wrows[2])[sb].d),
+                                       short(reinterpret_cast<const BlockQ6_K*>(wrows[3])[sb].d), 0, 0, 0, 0));
+      // Scale k of row r to byte 4 k + r.
+      const __m128i t01 = _mm_unpacklo_epi8(s[0], s[1]), t01h = _mm_unpackhi_epi8(s[0], s[1]);
+      const __m128i t23 = _mm_unpacklo_epi8(s[2], s[3]), t23h = _mm_unpackhi_epi8(s[2], s[3]);
+      auto* o = reinterpret_cast<__m128i*>(sc6);
+      _mm_store_si128(o, _mm_unpacklo_epi16(t01, t23));
+      _mm_store_si128(o + 1, _mm_unpackhi_epi16(t01, t23));
+      _mm_store_si128(o + 2, _mm_unpacklo_epi16(t01h, t23h));
+      _mm_store_si128(o + 3, _mm_unpackhi_epi16(t01h, t23h));
+    } else if constexpr (P::kPieces == 8) {
+      for (int r = 0; r < 4; ++r) P::prepare(wrows[r], sb, cache[r]);
+      d4 = _mm_setr_ps(cache[0].d, cache[1].d, cache[2].d, cache[3].d);
     }
-#pragma GCC unroll 8
-    for (int j = 0; j < K; ++j) {
-      const int64_t b = b0 + j;
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-      for (int r = 0; r < NR; ++r) {
-        Piece w;
-        P::load(wrows[r], b, cache[r], w);
-        const __m256 p = _mm256_cvtepi32_ps(piece_dot<P>(w, xq));
-        const __m256 scale = K == 1 ? _mm256_set1_ps(w.d * xd[b])
-                             : _mm256_broadcast_ss(kRowLanes ? &sv[j * NR + r] : &sv[r * K + j]);
-        acc[r] = _mm256_fmadd_ps(p, scale, acc[r]);
-        if (P::kOffset && !kRowLanes) off[r] = std::fma(w.m, x[b].s, off[r]);
+    // One-piece types: the rows' d (and offsets) of both blocks, one conversion.
+    __m256 dd = _mm256_setzero_ps(), mm = _mm256_setzero_ps();
+    if constexpr (kOnePiece) {
+      alignas(16) uint16_t h[8], hm[8];
+      for (int k = 0; k < 2; ++k)
+        for (int r = 0; r < 4; ++r) {
+          const uint16_t* f = block_fp16<WT>(wrows[r], b0 + k);
+          h[4 * k + r] = f[0];
+          if constexpr (WT == DType::Q4_1 || WT == DType::Q5_1) hm[4 * k + r] = f[1];
+        }
+      dd = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+      if constexpr (WT == DType::Q4_1 || WT == DType::Q5_1)
+        mm = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hm)));
+      else if constexpr (P::kOffset)
+        mm = _mm256_mul_ps(_mm256_set1_ps(WT == DType::Q5_0 ? -16.f : -8.f), dd);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < K; j += 2) {
+      __m256i v[2][4];
+      for (int h = 0; h < 2; ++h) {
+        const int64_t b = b0 + j + h;
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+        for (int r = 0; r < 4; ++r) {
+          if constexpr (kBiased) {
+            const auto& blk = reinterpret_cast<const BlockQ8_0*>(wrows[r])[b];
+            const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs)),
+                                               _mm256_set1_epi8(char(0x80)));
+            v[h][r] = dot4(_mm256_setzero_si256(), u, xq);
+          } else if constexpr (kSixBit) {
+            v[h][r] = dot4(xa.lanes[b], P::raw(wrows[r], b), xq);
+          } else {
+            Piece w;
+            P::load(wrows[r], b, cache[r], w);
+            v[h][r] = piece_dot<P>(w, xq);
+          }
+        }
       }
-      if constexpr (kRowLanes)
-        off4 = _mm_fmadd_ps(_mm_load_ps(&mins[4 * j]), _mm_set1_ps(x[b].s), off4);
+      __m256i n;
+      if constexpr (kSixBit) {
+        auto scaled = [&](int h) {  // [rows' half 0 | half 1] sums times their scales
+          const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc6 + 8 * (j + h))));
+          return _mm256_mullo_epi32(pack_sums4(v[h][0], v[h][1], v[h][2], v[h][3]), s);
+        };
+        const __m256i a = scaled(0), b = scaled(1);
+        n = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+      } else {
+        constexpr bool kPack = !P::kSigned && !P::kSubScales;  // weights 0..31: a lane's 4 products fit 16 bits
+        n = lane_sums4x2<kPack>(v[0][0], v[0][1], v[0][2], v[0][3], v[1][0], v[1][1], v[1][2], v[1][3]);
+      }
+      if constexpr (kBiased)
+        n = _mm256_sub_epi32(n, _mm256_setr_m128i(_mm_set1_epi32(xa.sum[b0 + j]), _mm_set1_epi32(xa.sum[b0 + j + 1])));
+      const __m256 f = _mm256_cvtepi32_ps(n);
+      __m256 scale2 = _mm256_setzero_ps();  // one-piece types: both blocks' scale products
+      if constexpr (kOnePiece)
+        scale2 = _mm256_mul_ps(dd, _mm256_setr_m128(_mm_set1_ps(xd[b0]), _mm_set1_ps(xd[b0 + 1])));
+      for (int h = 0; h < 2; ++h) {
+        const int64_t b = b0 + j + h;
+        __m128 scale;
+        if constexpr (kRowLanes)
+          scale = _mm_load_ps(&sv[4 * (j + h)]);
+        else if constexpr (kOnePiece)
+          scale = h ? _mm256_extractf128_ps(scale2, 1) : _mm256_castps256_ps128(scale2);
+        else
+          scale = _mm_mul_ps(d4, _mm_set1_ps(xd[b]));
+        acc = _mm_fmadd_ps(h ? _mm256_extractf128_ps(f, 1) : _mm256_castps256_ps128(f), scale, acc);
+        if constexpr (kRowLanes)
+          off = _mm_fmadd_ps(_mm_load_ps(&mins[4 * (j + h)]), _mm_set1_ps(x[b].s), off);
+        else if constexpr (kOnePiece && P::kOffset)
+          off = _mm_fmadd_ps(h ? _mm256_extractf128_ps(mm, 1) : _mm256_castps256_ps128(mm), _mm_set1_ps(x[b].s), off);
+      }
     }
   }
-  if constexpr (kRowLanes) _mm_storeu_ps(off, off4);
-  for (int r = 0; r < NR; ++r) res[r] = hsum(acc[r]) + off[r];
+  _mm_storeu_ps(res, _mm_add_ps(acc, off));
 }
 
-// Blocks per row whose token scales fit the stack (a row of 16,384 elements); the decoded path never has
-// more (its 48 KiB of decoded pieces hold at least two rows), longer rows take tile() when not decoded.
-constexpr int64_t kMaxScaleBlocks = 512;
-// Decode copies the activation's scales to the stack for rows of up to 65,536 elements; longer ones take tile().
+// Decode copies the activation's scales to the stack for rows of up to 65,536 elements (Q6_K: 16,384, for its
+// lanes); longer ones take tile().
 constexpr int64_t kMaxDecodeBlocks = 2048;
+constexpr int64_t kMaxSixBitBlocks = 512;
 
-// Decode rows [r, r1) of one token (row t0 of the activation) in tiles of NR rows (gemv_tile).
-template <DType WT, int NR, typename RowOf>
+template <DType WT>
+constexpr bool gemv_fits(int64_t nb) {
+  return nb <= (WT == DType::Q6_K ? kMaxSixBitBlocks : kMaxDecodeBlocks) && nb % gemv_step<WT>() == 0;
+}
+
+// Decode rows [r, r1) of one token (row t0 of the activation) in tiles of 4 rows (gemv_tile4).
+template <DType WT, typename RowOf>
 void gemv_rows(const MatMulArgs& a, RowOf row, int64_t r, int64_t r0, int64_t r1, int64_t t0, const BlockQ8A* const* xr,
                int64_t nb) {
+  constexpr int NR = 4;
   int64_t ahead = r0 + NR;
   float xd[kMaxDecodeBlocks];
+  int32_t xsum[WT == DType::Q8_0 ? kMaxDecodeBlocks : 1];
+  __m256i lanes[WT == DType::Q6_K ? kMaxSixBitBlocks : 1];
   for (int64_t b = 0; b < nb; ++b) xd[b] = xr[0][b].d;
+  for (int64_t b = 0; b < nb && (WT == DType::Q8_0 || WT == DType::Q6_K); ++b) {
+    if constexpr (WT == DType::Q8_0) {
+      int32_t s = 0;
+      for (int e = 0; e < 32; ++e) s += xr[0][b].qs[e];
+      xsum[b] = 128 * s;
+    } else if constexpr (WT == DType::Q6_K) {
+      const __m256i four = dot4(_mm256_setzero_si256(), _mm256_set1_epi8(1),
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[0][b].qs)));
+      lanes[b] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(four, 5));
+    }
+  }
+  const DecodeActivation xa{xd, xsum, lanes};
   // Contiguous rows (no gather list, no pages): one stream, prefetched a fixed distance ahead in bytes.
   const bool stream = !a.row_ids && !a.w_rows;
-  const int64_t pieces = nb / WeightBlock<WT>::kPieces, tile_bytes = NR * int64_t(a.w_row_bytes);
+  const int64_t pieces = nb / gemv_step<WT>(), tile_bytes = NR * int64_t(a.w_row_bytes);
   // The stream's first byte not yet asked for, and its end. Each tile asks for the bytes that keep the
   // prefetch kAheadBytes past it, at most three tiles' worth: from a call's start (every matmul of a decode
   // step is one) the distance builds up over the first tiles instead of in one burst.
@@ -403,171 +518,67 @@ void gemv_rows(const MatMulArgs& a, RowOf row, int64_t r, int64_t r0, int64_t r1
       prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, r1));  // x86_common.h
     }
     float res[NR];
-    gemv_tile<WT, NR>(wr, xr[0], xd, nb, res, pf_step ? pf_next : nullptr, pf_step);
+    gemv_tile4<WT>(wr, xr[0], xa, nb, res, pf_step ? pf_next : nullptr, pf_step);
     pf_next += pf_step * pieces;
     for (int i = 0; i < NR; ++i) a.dst[t0 * a.ldd + row(r + i)] = res[i];
   }
   for (; r < r1; ++r) {
     const uint8_t* wr[1] = {a.row(row(r))};
-    float res[1];
-    gemv_tile<WT, 1>(wr, xr[0], xd, nb, res, nullptr, 0);
-    a.dst[t0 * a.ldd + row(r)] = res[0];
+    float res[1][1];
+    tile<WT, 1, 1>(wr, xr, nb, res);
+    a.dst[t0 * a.ldd + row(r)] = res[0][0];
   }
 }
 
-template <DType WT, int NR, int NT>
-void rows_for_tokens(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0) {
+// Decode: rows [a.r0, a.r1) of the one token, through gemv_rows, or in generic tiles of 4 rows where a row is too
+// long for gemv_rows' stack copies of the activation's scales.
+template <DType WT>
+void decode_rows(const MatMulArgs& a) {
   const int64_t nb = a.k / kQuantBlock;
-  const BlockQ8A* xr[NT];
-  for (int t = 0; t < NT; ++t)
-    xr[t] = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + (t0 + t) * a.x_row_bytes);
+  const BlockQ8A* xr[1] = {static_cast<const BlockQ8A*>(a.x)};
   auto row = [&](int64_t i) -> int64_t { return a.row_ids ? a.row_ids[i] : i; };
-  TokenScales xs[NT > 1 ? kMaxScaleBlocks : 1];
-  if constexpr (NT > 1)
-    if (nb <= kMaxScaleBlocks) token_scales<NT>(xr[0], int32_t(a.x_row_bytes), nb, xs);
-  int64_t r = r0;
-  int64_t ahead = r0 + NR;  // decode: the first row not yet prefetched (the first tile is loaded on demand)
-  if constexpr (NT == 1) {
-    if (nb <= kMaxDecodeBlocks && nb % WeightBlock<WT>::kPieces == 0) {
-      return gemv_rows<WT, NR>(a, row, r, r0, r1, t0, xr, nb);
-    }
-  }
-  for (; r + NR <= r1; r += NR) {
+  if (gemv_fits<WT>(nb)) return gemv_rows<WT>(a, row, a.r0, a.r0, a.r1, 0, xr, nb);
+  constexpr int NR = 4;
+  int64_t r = a.r0, ahead = a.r0 + NR;  // the first row not yet prefetched (the first tile is loaded on demand)
+  for (; r + NR <= a.r1; r += NR) {
     const uint8_t* wr[NR];
     for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
-    if (NT == 1) prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, r1));  // x86_common.h
-    float res[NR][NT];
-    if constexpr (NT > 1) {
-      if (nb <= kMaxScaleBlocks)
-        tile_tokens<WeightBlock<WT>, NR, NT>(wr, xr[0], int32_t(a.x_row_bytes), nb, xs, res);
-      else
-        tile<WT, NR, NT>(wr, xr, nb, res);
-    } else {
-      tile<WT, NR, NT>(wr, xr, nb, res);
-    }
-    for (int i = 0; i < NR; ++i)
-      for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r + i)] = res[i][t];
+    prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, a.r1));  // x86_common.h
+    float res[NR][1];
+    tile<WT, NR, 1>(wr, xr, nb, res);
+    for (int i = 0; i < NR; ++i) a.dst[row(r + i)] = res[i][0];
   }
-  for (; r < r1; ++r) {
+  for (; r < a.r1; ++r) {
     const uint8_t* wr[1] = {a.row(row(r))};
-    float res[1][NT];
-    tile<WT, 1, NT>(wr, xr, nb, res);
-    for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r)] = res[0][t];
+    float res[1][1];
+    tile<WT, 1, 1>(wr, xr, nb, res);
+    a.dst[row(r)] = res[0][0];
   }
 }
 
-// Tile shapes: rows x 1 token for decode, rows x tokens for prefill; an ISA with 32 vector registers
-// (AVX-512VL) holds bigger tiles. Decode takes 4 rows a tile on both x86 tables since its weights stream through
-// gemv_tile's byte-distance prefetch (adjacent rows are one stream, not four): on a 2-core Zen 4 VM, 16 decode
-// steps of the Qwen2.5-1.5B-shaped Q4_K_M file (bench/real_shapes.py) took 0.65 s with 4 rows, 0.75-0.76 with 2
-// and 0.78-0.82 with 8 on AVX-512; the AVX2 table on the same CPU 0.70 s with 4, 0.72-0.73 with 2, 0.84 with 1.
-// (Before that prefetch, 2 rows were best on Zen 4 and 1 row on a Zen 3 VM, AVX2 only: each row was a stream.)
-// Float weights (F16, BF16, F32: matmul_float_x86.h) have no gemv_tile and keep the row-distance prefetch, so they
-// keep the decode rows measured for it (kFloatDecodeRows).
-template <int kDecodeRows, int kRows, int kTokens, int kFloatDecodeRows>
+}  // namespace
+}  // namespace pyinfer
+
+#include "kernels/matmul_lanes_x86.h"  // prefill's lane groups, on the pieces above
+
+namespace pyinfer {
+namespace {
+
+// Tile shapes: decode takes 4 rows a tile on both x86 tables (gemv_tile4), since its weights stream through the
+// byte-distance prefetch (adjacent rows are one stream, not four): on a 2-core Zen 4 VM, 16 decode steps of the
+// Qwen2.5-1.5B-shaped Q4_K_M file (bench/real_shapes.py) took 0.65 s with 4 rows, 0.75-0.76 with 2 and 0.78-0.82
+// with 8 on AVX-512. Prefill takes lane groups of 8 rows x tokens (matmul_lanes_x86.h); an ISA with 32 vector
+// registers (AVX-512VL) holds more groups. Float weights (F16, BF16, F32: matmul_float_x86.h) keep the rows
+// measured for their own row-distance prefetch (kFloatDecodeRows); `rows` and `tokens` are their prefill tile.
+template <int kLaneGroups, int kRows, int kTokens, int kFloatDecodeRows>
 struct TileShape {
-  static constexpr int decode_rows = kDecodeRows, rows = kRows, tokens = kTokens, float_decode_rows = kFloatDecodeRows;
+  static constexpr int lane_groups = kLaneGroups, rows = kRows, tokens = kTokens, float_decode_rows = kFloatDecodeRows;
 };
-
-// Prefill decodes each weight piece once per row chunk into plain bytes (q, d, m), then every token tile of
-// the run reads those instead of decoding the packed blocks again: the decode (shuffles and masks for
-// Q5_0, nibble splits, fp16 scales) was about half the instructions per (row, token) pair.
-struct DecodedPiece {
-  int8_t q[32];
-  float d, m;
-  int16_t sc[2];  // Q6_K's scales of elements 0..15 and 16..31
-};
-
-template <typename Source>
-struct DecodedBlock : OnePiecePerBlock {
-  static constexpr bool kOffset = Source::kOffset;  // Q8_0, Q6_K: no offset to gather and accumulate
-  static constexpr bool kSigned = Source::kSigned;
-  static constexpr bool kSubScales = Source::kSubScales;
-  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
-    const DecodedPiece& dp = reinterpret_cast<const DecodedPiece*>(row)[b];
-    p.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp.q));
-    if (kSubScales) p.sc16 = _mm256_setr_m128i(_mm_set1_epi16(dp.sc[0]), _mm_set1_epi16(dp.sc[1]));
-    p.d = dp.d;
-    p.m = dp.m;
-  }
-};
-
-// Rows [c0, c1) decoded to `out` (row i - c0 at out + (i - c0) * nb).
-template <DType WT>
-void decode_rows(const MatMulArgs& a, int64_t c0, int64_t c1, int64_t nb, DecodedPiece* out) {
-  using P = WeightBlock<WT>;
-  for (int64_t i = c0; i < c1; ++i) {
-    const uint8_t* w = a.row(a.row_ids ? a.row_ids[i] : i);
-    typename P::Cache cache;
-    DecodedPiece* o = out + (i - c0) * nb;
-    for (int64_t b = 0; b < nb; ++b) {
-      if (b % P::kPieces == 0) P::prepare(w, b / P::kPieces, cache);
-      Piece p;
-      P::load(w, b, cache, p);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o[b].q), p.q);
-      o[b].d = p.d;
-      o[b].m = p.m;
-      if (P::kSubScales) {
-        o[b].sc[0] = int16_t(_mm256_extract_epi16(p.sc16, 0));
-        o[b].sc[1] = int16_t(_mm256_extract_epi16(p.sc16, 8));
-      }
-    }
-  }
-}
-
-template <DType WT, int NR, int NT>
-void decoded_rows_for_tokens(const MatMulArgs& a, const DecodedPiece* chunk, int64_t c0, int64_t c1, int64_t nb,
-                             int64_t t0) {
-  using D = DecodedBlock<WeightBlock<WT>>;
-  const auto* x0 = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + t0 * a.x_row_bytes);
-  auto row = [&](int64_t i) -> int64_t { return a.row_ids ? a.row_ids[i] : i; };
-  TokenScales xs[kMaxScaleBlocks];
-  token_scales<NT>(x0, int32_t(a.x_row_bytes), nb, xs);
-  int64_t r = c0;
-  for (; r < c1; r += NR) {
-    const int nr = int(c1 - r < NR ? c1 - r : NR);
-    const uint8_t* wr[NR];
-    for (int i = 0; i < NR; ++i)  // a short last tile repeats its last row and drops the copies
-      wr[i] = reinterpret_cast<const uint8_t*>(chunk + (r + (i < nr ? i : nr - 1) - c0) * nb);
-    float res[NR][NT];
-    tile_tokens<D, NR, NT>(wr, x0, int32_t(a.x_row_bytes), nb, xs, res);
-    for (int i = 0; i < nr; ++i)
-      for (int t = 0; t < NT; ++t) a.dst[(t0 + t) * a.ldd + row(r + i)] = res[i][t];
-  }
-}
 
 template <DType WT, typename S>
 void matmul_typed(const MatMulArgs& a) {
-  if (a.n_tok == 1) return rows_for_tokens<WT, S::decode_rows, 1>(a, a.r0, a.r1, 0);
-  const int64_t nb = a.k / kQuantBlock;
-  // Row chunks outer so a chunk of weights stays in L1/L2 while every token tile passes over it.
-  constexpr int64_t kRowChunk = 64;
-  // 160 KiB on the stack (within L2): 8 rows of an 8,960-element ffn_down, where 48 KiB held fewer rows than a tile
-  // and sent those matrices down the path that unpacks each block once per token tile (256 tokens, 2 threads, Zen 4:
-  // Q4_K 1536 x 8960 87 -> 119 GMAC/s, Q6_K 63 -> 76, Q4_K 4096 x 12288 99 -> 116; 256 KiB gained 1-4% more).
-  constexpr int64_t kDecodedPieces = (160 << 10) / sizeof(DecodedPiece);
-  const int64_t decoded_rows = nb > 0 ? kDecodedPieces / nb : 0;
-  if (a.n_tok >= 2 * S::tokens && decoded_rows >= S::rows && nb <= kMaxScaleBlocks) {
-    DecodedPiece chunk[kDecodedPieces];
-    const int64_t rows = decoded_rows < kRowChunk ? decoded_rows - decoded_rows % S::rows : kRowChunk;
-    for (int64_t c0 = a.r0; c0 < a.r1; c0 += rows) {
-      const int64_t c1 = c0 + rows < a.r1 ? c0 + rows : a.r1;
-      decode_rows<WT>(a, c0, c1, nb, chunk);
-      int64_t t = 0;
-      for (; t + S::tokens <= a.n_tok; t += S::tokens)
-        decoded_rows_for_tokens<WT, S::rows, S::tokens>(a, chunk, c0, c1, nb, t);
-      for (; t + 2 <= a.n_tok; t += 2) decoded_rows_for_tokens<WT, S::rows, 2>(a, chunk, c0, c1, nb, t);
-      if (t < a.n_tok) rows_for_tokens<WT, S::rows, 1>(a, c0, c1, t);
-    }
-    return;
-  }
-  for (int64_t c0 = a.r0; c0 < a.r1; c0 += kRowChunk) {
-    const int64_t c1 = c0 + kRowChunk < a.r1 ? c0 + kRowChunk : a.r1;
-    int64_t t = 0;
-    for (; t + S::tokens <= a.n_tok; t += S::tokens) rows_for_tokens<WT, S::rows, S::tokens>(a, c0, c1, t);
-    for (; t + 2 <= a.n_tok; t += 2) rows_for_tokens<WT, S::rows, 2>(a, c0, c1, t);
-    if (t < a.n_tok) rows_for_tokens<WT, S::rows, 1>(a, c0, c1, t);
-  }
+  if (a.n_tok == 1) return decode_rows<WT>(a);
+  matmul_lanes<WT, S::lane_groups, 4>(a);
 }
 
 // Every integer-dot type, and the float weights (matmul_float_x86.h).
