@@ -1,5 +1,6 @@
 """Markdown table from bench/test_bench_roof.py's JSON: per weight type, the decode GEMV's GB/s of weights at
-each real row length and its share of the read bandwidth measured in the same run, one and two threads.
+each real row length and its share of the read bandwidth measured in the same run, one and two threads; then
+prefill's GEMM (256 tokens, 2 threads) as GMAC/s at the same shapes.
 With `--before OLD.json` (the same benchmarks under an older build) each cell also gives the old share (of the
 old run's own read bandwidth, or of this run's where the old build had no probe).
 
@@ -11,14 +12,17 @@ from collections import defaultdict
 
 def load(path: str):
     data = json.load(open(path))
-    cells, roofs = {}, {}
+    cells, roofs, prefill = {}, {}, {}
     for b in data["benchmarks"]:
         p, e = b["params"], b["extra_info"]
+        if b["name"].startswith("test_gemm_prefill"):
+            prefill[(p["qtype"], p["matrix"])] = e["macs"] / b["stats"]["min"] / 1e9  # two threads: the least disturbed round
+            continue
         gbps = e["weight_bytes"] / b["stats"]["median"] / 1e9
         cells[(p["qtype"], p["matrix"], p["threads"])] = gbps
         if e.get("read_gbps"):
             roofs[p["threads"]] = e["read_gbps"]
-    return data, cells, roofs
+    return data, cells, roofs, prefill
 
 
 def main() -> None:
@@ -26,8 +30,8 @@ def main() -> None:
     ap.add_argument("json")
     ap.add_argument("--before")
     args = ap.parse_args()
-    data, cells, roofs = load(args.json)
-    _, before, before_roofs = load(args.before) if args.before else (None, {}, {})
+    data, cells, roofs, prefill = load(args.json)
+    _, before, before_roofs, before_prefill = load(args.before) if args.before else (None, {}, {}, {})
     cpu = data["machine_info"].get("cpu", {}).get("brand_raw", "")
     isa = data["benchmarks"][0]["extra_info"]["isa"]
     print(f"Decode GEMV (1 token) streaming a 256 MB weight of each row length, {cpu}, kernel table {isa}. "
@@ -54,6 +58,21 @@ def main() -> None:
                 cell = f"{g:.1f} ({g / roofs[t]:.0%})"
                 if (q, m, t) in before:
                     cell += f" ← {before[(q, m, t)] / before_roofs.get(t, roofs[t]):.0%}"
+                out.append(cell)
+            print(f"| {q} | " + " | ".join(out) + " |")
+        print()
+    if prefill:
+        print("### Prefill GEMM, 256 tokens, 2 threads: GMAC/s, fastest of 9 rounds" + (" (after the arrow, before)" if before_prefill else "")
+              + "\n")
+        print("| type | " + " | ".join(matrices) + " |")
+        print("|---|" + "---|" * len(matrices))
+        for q in dict.fromkeys(q for q, _ in prefill):
+            out = []
+            for m in matrices:
+                g = prefill.get((q, m))
+                cell = "" if g is None else f"{g:.0f}"
+                if g is not None and (q, m) in before_prefill:
+                    cell += f" ← {before_prefill[(q, m)]:.0f}"
                 out.append(cell)
             print(f"| {q} | " + " | ".join(out) + " |")
         print()

@@ -3,6 +3,8 @@ measured in the same run: where decode of a 1.5B-8B model goes, the weights come
 fast as the bytes it streams. Each weight is repeated (the same row length, more rows) to 256 MB, so nothing of it
 is still in the caches when a pass comes back to it.
 
+Prefill's GEMM (256 tokens, 2 threads) of the integer-dot types at the same shapes is timed beside them, as GMAC/s.
+
   pytest bench/test_bench_roof.py --benchmark-json bench/results/roof/roof_kernels.json
   python bench/roof_table.py bench/results/roof/roof_kernels.json > bench/results/roof/roof_kernels.md
 Each entry is checked once against gguf-py's dequantization (its first and last 64 rows) before timing."""
@@ -58,3 +60,27 @@ def test_gemv_roof(benchmark, qtype, matrix, threads):
     benchmark.extra_info.update(rows=n, k=k, weight_bytes=int(w.nbytes), threads=threads, isa=ISA,
                                 read_gbps=roof)
     benchmark.pedantic(eng.run, args=(1,), rounds=15, warmup_rounds=2)
+
+
+PREFILL_TOKENS = 256
+
+
+@pytest.mark.parametrize("matrix", list(MATRICES))
+@pytest.mark.parametrize("qtype", [t.name for t in TYPES if t not in (Q.F16, Q.BF16)])
+def test_gemm_prefill(benchmark, qtype, matrix):
+    qt = Q[qtype]
+    rows, k = MATRICES[matrix]
+    rng = np.random.default_rng(0)
+    w = random_blocks(qt, rows, k, rng)
+    x = rng.standard_normal((PREFILL_TOKENS, k)).astype(np.float32)
+    eng, y = single_op_engine(lambda b: b.matmul(b.weight("w", int(qt), k, rows, w),
+                                                 b.weight("x", int(DType.F32), k, PREFILL_TOKENS, x), "y"),
+                              max_tokens=PREFILL_TOKENS, n_threads=2, isa=ISA)
+    eng.run(PREFILL_TOKENS)
+    got = eng.tensor(y.id, PREFILL_TOKENS)
+    for t in (slice(0, 3), slice(PREFILL_TOKENS - 3, PREFILL_TOKENS)):
+        for sl in (slice(0, 64), slice(rows - 64, rows)):
+            check_close(got[t, sl], q8a(x[t]) @ deq(w[sl], qt, 64, k).T, f"GEMM {qtype} {matrix}")
+    benchmark.extra_info.update(rows=rows, k=k, tokens=PREFILL_TOKENS, macs=rows * k * PREFILL_TOKENS, threads=2,
+                                isa=ISA)
+    benchmark.pedantic(eng.run, args=(PREFILL_TOKENS,), rounds=9, warmup_rounds=1)
