@@ -50,12 +50,7 @@ void pack_rows(const MatMulArgs& a, int64_t first, int64_t nb, PackedBlock* out)
   using P = WeightBlock<WT>;
   for (int i = 0; i < kAmxTile; ++i) {
     const int64_t r = first + i;
-    const uint8_t* w = a.row(a.row_ids ? a.row_ids[r] : r);
-    typename P::Cache cache{};
-    for (int64_t b = 0; b < nb; ++b) {
-      if (b % P::kPieces == 0) P::prepare(w, b / P::kPieces, cache);
-      Piece p;
-      P::load(w, b, cache, p);
+    each_piece<P>(a.row(a.row_ids ? a.row_ids[r] : r), nb, [&](int64_t b, const Piece& p) {
       scatter_dwords(&out[b].q[0][4 * i], p.q);
       if constexpr (P::kSubScales) {
         out[b].d[i] = p.d * float(int16_t(_mm256_extract_epi16(p.sc16, 0)));
@@ -64,7 +59,7 @@ void pack_rows(const MatMulArgs& a, int64_t first, int64_t nb, PackedBlock* out)
         out[b].d[i] = p.d;
         out[b].m[i] = p.m;
       }
-    }
+    });
   }
 }
 

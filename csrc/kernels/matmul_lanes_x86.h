@@ -72,12 +72,7 @@ void decode_lane_rows(const MatMulArgs& a, int64_t c0, int64_t c1, int64_t nb, L
     LB* blocks = out + (g0 - c0) / kLaneRows * nb;
     for (int r = 0; r < kLaneRows; ++r) {
       const int64_t i = g0 + r < c1 ? g0 + r : c1 - 1;
-      const uint8_t* w = a.row(a.row_ids ? a.row_ids[i] : i);
-      typename P::Cache cache{};
-      for (int64_t b = 0; b < nb; ++b) {
-        if (b % P::kPieces == 0) P::prepare(w, b / P::kPieces, cache);
-        Piece p;
-        P::load(w, b, cache, p);
+      each_piece<P>(a.row(a.row_ids ? a.row_ids[i] : i), nb, [&](int64_t b, const Piece& p) {
         alignas(32) int8_t q[32];
         _mm256_store_si256(reinterpret_cast<__m256i*>(q), p.q);
         LB& lb = blocks[b];
@@ -96,7 +91,7 @@ void decode_lane_rows(const MatMulArgs& a, int64_t c0, int64_t c1, int64_t nb, L
             lb.ints[2][r] = 128 * (sc0 * sum[0] + sc1 * sum[1]);
           }
         }
-      }
+      });
     }
   }
 }

@@ -184,12 +184,8 @@ template <> struct WeightBlock<DType::Q6_K> {
   static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
     const int j = int(b % 8), half = j / 4, g = j % 4;
-    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * half + 32 * (g & 1)));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * half));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128((g >> 1) * 4)), _mm256_set1_epi8(0x0f));
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
-    p.q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-    load_scales(blk, j, c, p);
+    p.q = _mm256_sub_epi8(raw(row, b), _mm256_set1_epi8(32));
+    load_scales(j, c, p);
   }
   // Piece b's bytes q + 32 (0..63): decode takes them as the unsigned operand and the 32 back per activation lane.
   static __m256i raw(const uint8_t* row, int64_t b) {
@@ -201,7 +197,7 @@ template <> struct WeightBlock<DType::Q6_K> {
     const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
     return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
   }
-  static void load_scales(const BlockQ6_K&, int j, const Cache& c, Piece& p) {
+  static void load_scales(int j, const Cache& c, Piece& p) {
     const int half = j / 4, g = j % 4;
     // Scales 2j (elements 0..15) and 2j + 1 (16..31): int16 number g * 2 (+ 1) of the half's vector.
     const char e0 = char(4 * g), e1 = char(4 * g + 1), o0 = char(4 * g + 2), o1 = char(4 * g + 3);
@@ -291,6 +287,19 @@ inline __m256i lane_sums4x2(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m2
 // are the same operations, so decode (gemv_tile), the generic tiles (tile) and prefill's lanes
 // (matmul_lanes_x86.h) give a token the same bits alone, in a batch, or through the gather path, and the scalar
 // reference (matmul_scalar.cpp) gives them too.
+
+// Every piece of a row in order, a K-quant super-block's scales unpacked at its first piece: fn(b, piece). For the
+// prefill paths that decode a chunk of rows once (lane blocks, AMX tiles).
+template <typename P, typename Fn>
+inline void each_piece(const uint8_t* row, int64_t nb, Fn fn) {
+  typename P::Cache cache{};
+  for (int64_t b = 0; b < nb; ++b) {
+    if (b % P::kPieces == 0) P::prepare(row, b / P::kPieces, cache);
+    Piece p;
+    P::load(row, b, cache, p);
+    fn(b, p);
+  }
+}
 
 // NR weight rows x NT tokens, generic: each weight piece is decoded once and reused NT times. For decode's last rows
 // and rows too long for gemv_rows.
