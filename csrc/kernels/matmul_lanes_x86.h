@@ -6,7 +6,7 @@
 // activation bytes, broadcast, adds four products to each of 8 rows at once. A block's 8 dots leave each row's
 // exact integer dot in its lane; the block's float work (convert, scale, accumulate, offset) is then one
 // instruction per 8 rows instead of one per row and 4 elements (it was 3 of the 4 instructions per piece before:
-// dot, convert, lane permute, FMA). Each lane sums exactly what decode's gemv_tile sums for its row, in the
+// dot, convert, lane permute, FMA). Each lane sums exactly what decode's gemv_tile4 sums for its row, in the
 // same order (acc = fma(float(int dot), d_w * d_x, acc) block after block, offsets in their own chain, added
 // last), so a token gets the same bits alone and in a batch.
 //

@@ -182,10 +182,8 @@ template <> struct WeightBlock<DType::Q6_K> {
     c.hi = _mm256_permute4x64_epi64(s16, 0xee);
   }
   static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
-    const auto& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
-    const int j = int(b % 8), half = j / 4, g = j % 4;
     p.q = _mm256_sub_epi8(raw(row, b), _mm256_set1_epi8(32));
-    load_scales(j, c, p);
+    load_scales(int(b % 8), c, p);
   }
   // Piece b's bytes q + 32 (0..63): decode takes them as the unsigned operand and the 32 back per activation lane.
   static __m256i raw(const uint8_t* row, int64_t b) {
@@ -255,18 +253,19 @@ inline int32_t lane_sum(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// The exact integer dots of rows 0..3 of pieces a (v) and b (u), from their 8-lane partial dots: rows 0..3 of a in
-// the low half, of b in the high one. Where a lane's partial fits 16 bits with room to add two (4 products of
-// weights under 32 by bytes: 15,748 at most), the lanes are packed to 16 bits and summed in pairs by a multiply-add
-// (one shuffle and one multiply a level, where a horizontal add is two shuffles and an add): decode's reduction was
-// what made the exact sums slower than the lane sums they replaced (Q4_K, one thread, in cache: 25 -> 21 GB/s).
-// Four rows' 8-lane partial dots (each at most 16,256 in magnitude: four products of |q| <= 32 and |x| <= 127) to [rows 0..3 of lanes 0..3 | of lanes 4..7].
+// Four rows' 8-lane partial dots to [rows 0..3 of lanes 0..3 | of lanes 4..7], where each partial is at most
+// 16,256 in magnitude (four products of |q| <= 32 and |x| <= 127), so two of them fit 16 bits: packed to 16 bits and
+// summed in pairs by a multiply-add, one shuffle and one multiply a level where a horizontal add is two shuffles and
+// an add. Decode's reduction was what made the exact sums slower than the lane sums they replaced (Q4_K, one
+// thread, in cache: 25 -> 21 GB/s with horizontal adds).
 inline __m256i pack_sums4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
   const __m256i one = _mm256_set1_epi16(1);
   auto level = [&](__m256i x, __m256i y) { return _mm256_madd_epi16(_mm256_packs_epi32(x, y), one); };
   return level(level(v0, v1), level(v2, v3));
 }
 
+// The exact integer dots of rows 0..3 of pieces a (v) and b (u), from their 8-lane partial dots: rows 0..3 of a in
+// the low half, of b in the high one. kPack: the partials fit pack_sums4 (weights under 32).
 template <bool kPack>
 inline __m256i lane_sums4x2(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m256i u0, __m256i u1, __m256i u2,
                             __m256i u3) {
@@ -284,7 +283,7 @@ inline __m256i lane_sums4x2(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m2
 // Every path sums a row's products in one order: per 32-element block b the exact integer dot n_b (a Q6_K block's
 // two halves already times their scales), then acc = fma(float(n_b), d_w * d_x, acc) block after block, the
 // offsets in their own chain off = fma(m_w, s_x, off), and acc + off last. Integers are exact and the float steps
-// are the same operations, so decode (gemv_tile), the generic tiles (tile) and prefill's lanes
+// are the same operations, so decode (gemv_tile4), the generic tiles (tile) and prefill's lanes
 // (matmul_lanes_x86.h) give a token the same bits alone, in a batch, or through the gather path, and the scalar
 // reference (matmul_scalar.cpp) gives them too.
 
@@ -309,7 +308,7 @@ inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int6
   float acc[NR][NT], off[NR][NT];
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) acc[r][t] = off[r][t] = 0.f;
-  typename P::Cache cache[NR];
+  typename P::Cache cache[NR]{};  // (filled at each super-block's first piece, b = 0 included)
   for (int64_t b = 0; b < nb; ++b) {
     Piece w[NR];
     load_pieces<P, NR>(wrows, b, cache, w);
@@ -365,7 +364,7 @@ inline void gemv_tile4(const uint8_t* const* wrows, const BlockQ8A* x, const Dec
   constexpr bool kOnePiece = P::kPieces == 1;
   const float* xd = xa.d;
   __m128 acc = _mm_setzero_ps(), off = _mm_setzero_ps();
-  typename P::Cache cache[4]{};  // (zeroed: the paths below fill only what they read)
+  typename P::Cache cache[4]{};  // (zeroed: Q4_K/Q5_K's row lanes never fill it, and their loads read only q)
   // Q4_K and Q5_K: scales and offsets are unpacked for the four rows at once, already in [piece][row] order.
   constexpr bool kRowLanes = P::kPieces == 8 && P::kOffset;
   for (int64_t sb = 0; sb < nb / K; ++sb) {
@@ -396,9 +395,6 @@ inline void gemv_tile4(const uint8_t* const* wrows, const BlockQ8A* x, const Dec
       _mm_store_si128(o + 1, _mm_unpackhi_epi16(t01, t23));
       _mm_store_si128(o + 2, _mm_unpacklo_epi16(t01h, t23h));
       _mm_store_si128(o + 3, _mm_unpackhi_epi16(t01h, t23h));
-    } else if constexpr (P::kPieces == 8) {
-      for (int r = 0; r < 4; ++r) P::prepare(wrows[r], sb, cache[r]);
-      d4 = _mm_setr_ps(cache[0].d, cache[1].d, cache[2].d, cache[3].d);
     }
     // One-piece types: the rows' d (and offsets) of both blocks, one conversion.
     __m256 dd = _mm256_setzero_ps(), mm = _mm256_setzero_ps();
@@ -462,7 +458,7 @@ inline void gemv_tile4(const uint8_t* const* wrows, const BlockQ8A* x, const Dec
           scale = _mm_load_ps(&sv[4 * (j + h)]);
         else if constexpr (kOnePiece)
           scale = h ? _mm256_extractf128_ps(scale2, 1) : _mm256_castps256_ps128(scale2);
-        else
+        else  // Q6_K
           scale = _mm_mul_ps(d4, _mm_set1_ps(xd[b]));
         acc = _mm_fmadd_ps(h ? _mm256_extractf128_ps(f, 1) : _mm256_castps256_ps128(f), scale, acc);
         if constexpr (kRowLanes)
@@ -485,27 +481,28 @@ constexpr bool gemv_fits(int64_t nb) {
   return nb <= (WT == DType::Q6_K ? kMaxSixBitBlocks : kMaxDecodeBlocks) && nb % gemv_step<WT>() == 0;
 }
 
-// Decode rows [r, r1) of one token (row t0 of the activation) in tiles of 4 rows (gemv_tile4).
+// Decode of the one token x, rows [a.r0, a.r1) in tiles of 4 (gemv_tile4); returns the first row left (under 4).
 template <DType WT, typename RowOf>
-void gemv_rows(const MatMulArgs& a, RowOf row, int64_t r, int64_t r0, int64_t r1, int64_t t0, const BlockQ8A* const* xr,
-               int64_t nb) {
+int64_t gemv_rows(const MatMulArgs& a, RowOf row, const BlockQ8A* x, int64_t nb) {
   constexpr int NR = 4;
-  int64_t ahead = r0 + NR;
+  const int64_t r0 = a.r0, r1 = a.r1;
+  int64_t r = r0, ahead = r0 + NR;
   float xd[kMaxDecodeBlocks];
   int32_t xsum[WT == DType::Q8_0 ? kMaxDecodeBlocks : 1];
   __m256i lanes[WT == DType::Q6_K ? kMaxSixBitBlocks : 1];
-  for (int64_t b = 0; b < nb; ++b) xd[b] = xr[0][b].d;
-  for (int64_t b = 0; b < nb && (WT == DType::Q8_0 || WT == DType::Q6_K); ++b) {
-    if constexpr (WT == DType::Q8_0) {
+  for (int64_t b = 0; b < nb; ++b) xd[b] = x[b].d;
+  if constexpr (WT == DType::Q8_0)
+    for (int64_t b = 0; b < nb; ++b) {
       int32_t s = 0;
-      for (int e = 0; e < 32; ++e) s += xr[0][b].qs[e];
+      for (int e = 0; e < 32; ++e) s += x[b].qs[e];
       xsum[b] = 128 * s;
-    } else if constexpr (WT == DType::Q6_K) {
+    }
+  if constexpr (WT == DType::Q6_K)
+    for (int64_t b = 0; b < nb; ++b) {
       const __m256i four = dot4(_mm256_setzero_si256(), _mm256_set1_epi8(1),
-                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[0][b].qs)));
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs)));
       lanes[b] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(four, 5));
     }
-  }
   const DecodeActivation xa{xd, xsum, lanes};
   // Contiguous rows (no gather list, no pages): one stream, prefetched a fixed distance ahead in bytes.
   const bool stream = !a.row_ids && !a.w_rows;
@@ -527,28 +524,23 @@ void gemv_rows(const MatMulArgs& a, RowOf row, int64_t r, int64_t r0, int64_t r1
       prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, r1));  // x86_common.h
     }
     float res[NR];
-    gemv_tile4<WT>(wr, xr[0], xa, nb, res, pf_step ? pf_next : nullptr, pf_step);
+    gemv_tile4<WT>(wr, x, xa, nb, res, pf_step ? pf_next : nullptr, pf_step);
     pf_next += pf_step * pieces;
-    for (int i = 0; i < NR; ++i) a.dst[t0 * a.ldd + row(r + i)] = res[i];
+    for (int i = 0; i < NR; ++i) a.dst[row(r + i)] = res[i];
   }
-  for (; r < r1; ++r) {
-    const uint8_t* wr[1] = {a.row(row(r))};
-    float res[1][1];
-    tile<WT, 1, 1>(wr, xr, nb, res);
-    a.dst[t0 * a.ldd + row(r)] = res[0][0];
-  }
+  return r;
 }
 
 // Decode: rows [a.r0, a.r1) of the one token, through gemv_rows, or in generic tiles of 4 rows where a row is too
-// long for gemv_rows' stack copies of the activation's scales.
+// long for gemv_rows' stack copies of the activation's scales; the last rows one at a time.
 template <DType WT>
 void decode_rows(const MatMulArgs& a) {
   const int64_t nb = a.k / kQuantBlock;
   const BlockQ8A* xr[1] = {static_cast<const BlockQ8A*>(a.x)};
   auto row = [&](int64_t i) -> int64_t { return a.row_ids ? a.row_ids[i] : i; };
-  if (gemv_fits<WT>(nb)) return gemv_rows<WT>(a, row, a.r0, a.r0, a.r1, 0, xr, nb);
   constexpr int NR = 4;
   int64_t r = a.r0, ahead = a.r0 + NR;  // the first row not yet prefetched (the first tile is loaded on demand)
+  if (gemv_fits<WT>(nb)) r = gemv_rows<WT>(a, row, xr[0], nb);
   for (; r + NR <= a.r1; r += NR) {
     const uint8_t* wr[NR];
     for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
