@@ -26,6 +26,7 @@ class DType(enum.IntEnum):
     BF16 = 30
     Q8A = 1000
     Q4T = 1001
+    Q8T = 1002
 
 class Op(enum.IntEnum):
     GET_ROWS = 0

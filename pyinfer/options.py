@@ -20,6 +20,8 @@ class LoadOptions:
     """`n_threads`: CPU threads (None: the machine's default). `sparsity`: "off", "auto" (calibrate on first use,
     then cached), a sparsity file from `pyinfer train-predictors`, or a SparsityPlan; `target`: FFN sparsity for
     "auto" (default 0.4; a Mixture of Experts: the share of each chosen expert's neurons decode skips).
+    sparsity "input": the input-sparse plan (TEAL and CATS cuts) with the most skipping within `sparsity_quality`
+    percent of the dense model's perplexity on held-out calibration text (sparsity/input_choice.py).
     `neuron_down`: the neuron-major down's type for sparse decode. `cache_type`: the KV cache's element type, "f16"
     or "q8_0" (half the memory and bytes per decode step, llama.cpp's -ctk/-ctv q8_0).
     `ram_budget` (a size, or a plan file from `pyinfer plan`): the most bytes of weights kept in RAM; the FFN neurons
@@ -37,6 +39,7 @@ class LoadOptions:
     n_threads: int | None = None
     sparsity: Any = "off"
     target: float | None = None
+    sparsity_quality: float = 3.0
     neuron_down: str = "auto"
     cache_type: str = "f16"
     ram_budget: Size | os.PathLike = None
@@ -83,7 +86,11 @@ class LoadOptions:
             if getattr(args, key, None) is not None and budget is None and limit is None:
                 raise PyinferError(f"{flag} needs --ram-budget or --mem-limit")
         mmap = True if getattr(args, "mmap", False) else False if getattr(args, "no_mmap", False) else None
+        quality = getattr(args, "sparsity_quality", None)
+        if quality is not None and not 0.0 < quality <= 100.0:
+            raise PyinferError("--sparsity-quality must be a perplexity increase in percent in (0, 100]")
         read = cls(n_threads=getattr(args, "threads", None), sparsity=getattr(args, "sparsity", "off"), target=target,
+                   sparsity_quality=3.0 if quality is None else quality,
                    cache_type=getattr(args, "cache_type", "f16"), ram_budget=budget,
                    neuron_cache=getattr(args, "neuron_cache", None), neuron_window=getattr(args, "neuron_window", None),
                    device=getattr(args, "device", "cpu"), vram_budget=getattr(args, "vram_budget", None), mmap=mmap,

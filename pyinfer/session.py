@@ -52,7 +52,8 @@ class Session:
             o.cache_type
         ram_budget, neuron_cache, neuron_window, mem_limit = o.ram_budget, o.neuron_cache, o.neuron_window, o.mem_limit
         device, vram_budget, progress, mmap = o.device, o.vram_budget, o.progress, o.mmap
-        self.offload = self.experts = self.expert_cuts = self.placement = None  # what parts() reads before they are set
+        # what parts() reads before they are set
+        self.offload = self.experts = self.expert_cuts = self.placement = self.sparsity = None
         self.device, self.isa = str(device), o.isa
         self.path = str(path)
         if mem_limit is not None:
@@ -77,8 +78,16 @@ class Session:
             print(f"pyinfer: {n_threads} CPU threads with a device on {physical_cores()} cores leave its executor "
                   f"thread no core of its own (on a 16-core H200 machine -t 16 decoded 3.6x slower than -t 8); "
                   f"the default is {default_threads(device)}", file=sys.stderr)
-        self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
-                                         self.n_threads, progress)
+        if sparsity == "input":  # chosen by quality on held-out text, with engines built as this session's
+            from .sparsity.input_choice import input_plan
+
+            if str(device) != "cpu" or mem_limit is not None or ram_budget is not None:
+                raise UnsupportedModelError("input sparsity runs in RAM on the CPU for now (no --device, "
+                                            "--mem-limit or --ram-budget)")
+            self.sparsity = input_plan(self, o.sparsity_quality, progress)
+        else:
+            self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
+                                             self.n_threads, progress)
         # self.expert_cuts: a Mixture of Experts given a target: CATS inside its experts in decode
         if self.config.is_moe and sparsity == "auto" and target:
             from .sparsity.expert_cuts import resolve_expert_cuts
@@ -100,7 +109,13 @@ class Session:
             self.sparsity = None
         self.memory = self._plan_memory(mem_limit, ram_budget, kv_rows, max_batch, device, mmap, progress)
         self.max_batch = self.memory.max_batch if self.memory else max_batch
-        self.auto_choice = None  # sparsity="auto": decode timed with and without its plan on this machine
+        self.auto_choice = None  # sparsity="auto" or "input": decode timed with and without its plan here
+        if sparsity == "input" and self.sparsity is not None:  # kept only where it decodes faster than dense
+            from .sparsity.auto_choice import keep_if_faster
+            from .sparsity.input_choice import input_plan_path
+
+            self.sparsity, self.auto_choice = keep_if_faster(
+                self, self.sparsity, input_plan_path(self.gguf.fingerprint(), o.sparsity_quality), progress)
         if sparsity == "auto" and target is None and self.sparsity is not None and self.sparsity.info.get("auto") \
                 and ram_budget is None and self.memory is None and str(device) == "cpu":
             # (an explicit target, a plan file, offload and a device keep the plan: sparse saves reads there)

@@ -25,6 +25,11 @@ enum class DType : int32_t {
   // elements, 16 bytes). The Q4_1/Q4_0 scales stay shared by groups of 32 neurons, in a side F16 tensor
   // [n_ff / 32, 2 * d] (scales, then offsets), so the transposition is lossless. Not a GGUF type.
   Q4T = 1001,
+  // Input-major 8-bit rows for input-sparse projections (runtime/input_sparse.py): row i = input i's column of a
+  // [d_out, d_in] weight as int8 + 128 (bytes 0..255, so VNNI's unsigned operand takes them as they are), its
+  // scales shared by groups of 32 inputs in a side F16 tensor [d_in / 32, d_out]: the blocks of the weight's own
+  // Q8_0 form, read input-major. Not a GGUF type.
+  Q8T = 1002,
 };
 
 constexpr int kQuantBlock = 32;  // elements per block of the legacy types and of activations (Q8A)
@@ -82,8 +87,9 @@ inline constexpr DTypeTraits kDTypeTraits[] = {
     {DType::Q6_K, "Q6_K", kSuperBlock, int32_t(sizeof(BlockQ6_K)), true, true},
     {DType::Q8A, "Q8A", kQuantBlock, int32_t(sizeof(BlockQ8A)), false, true},
     {DType::Q4T, "Q4T", kQuantBlock, 16, false, true},  // nibbles only: its scales live in a side tensor
+    {DType::Q8T, "Q8T", kQuantBlock, 32, false, true},  // bytes only: its scales live in a side tensor
 };
-inline constexpr int kDTypeCount = 14;
+inline constexpr int kDTypeCount = 15;
 static_assert(sizeof(kDTypeTraits) / sizeof(kDTypeTraits[0]) == kDTypeCount,
               "a DType was added or removed: update kDTypeTraits and every switch over DType");
 

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "kernels/kernels.h"
+#include "kernels/sparse_ffn_q8t_x86.h"
 #include "kernels/sparse_ffn_walk.h"
 
 namespace pyinfer {
@@ -72,11 +73,13 @@ inline __m256i two_rows(const uint8_t* r0, const uint8_t* r1, int64_t b) {
 void axpy_q4t(const AxpyRowsArgs& a) {
   const int64_t half = a.scales_stride / 2, width = a.c1 - a.c0;
   const __m256i mask = _mm256_set1_epi8(0x0f);
+  int64_t ahead = 0;  // the first list position whose slice is not yet asked for
+  const int64_t distance = axpy_ahead_rows(width / 2);
   for_each_q4t_group(a, [&](const Q4TGroup& g) {
-    // Active rows are scattered: prefetch this thread's slice of the next group's rows while this one runs.
-    for (int64_t p = g.end; p < a.n && a.ids[p] / kQuantBlock == g.group + 1; ++p) {
-      const char* row = reinterpret_cast<const char*>(a.row(a.ids[p]) + a.c0 / 2);
-      for (int64_t off = 0; off < width / 2; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+    // Active rows are scattered: this thread's slices of the rows `distance` past this group are asked for.
+    for (const int64_t upto = std::min(a.n, g.end + distance); ahead < upto; ++ahead) {
+      const char* row = reinterpret_cast<const char*>(a.row(a.ids[ahead]) + a.c0 / 2);
+      for (int64_t off = 0; off < width / 2; off += 64) prefetch_l2(row + off);
     }
     Q4TCoefs qc;
     quantize_group_coefs(a, g, qc);
@@ -132,6 +135,7 @@ void axpy_q4t(const AxpyRowsArgs& a) {
 }  // namespace
 
 void axpy_rows_avx2(const AxpyRowsArgs& a) {
+  if (a.wtype == DType::Q8T) return axpy_q8t_x86<Q8TDotAvx2>(a);
   axpy_dispatch(a, axpy_q4t, [&](int64_t k, auto nn) { axpy_group_q4_1<decltype(nn)::value>(a, k); },
                 [&](int64_t k, auto nn) { axpy_group<decltype(nn)::value>(a, k); });
 }

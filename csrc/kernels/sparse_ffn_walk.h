@@ -1,11 +1,13 @@
 // How every ISA walks the active neurons of a down axpy; the ISA files supply only the arithmetic.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "kernels/kernels.h"
+#include "kernels/prefetch.h"
 
 namespace pyinfer {
 // Internal linkage: each ISA file gets its own copy, compiled with its own flags (with one shared inline copy,
@@ -77,9 +79,46 @@ inline void quantize_group_coefs(const AxpyRowsArgs& a, const Q4TGroup& g, Q4TCo
   for (int64_t k = n; k < out.n4; ++k) out.q[k] = out.q_lo[k] = 0;
 }
 
+// Q8T rows hold w + 128: a group's integer sum carries 128 times its coefficient digits' sum, taken off once.
+inline int32_t q8t_bias(const Q4TCoefs& qc) {
+  int32_t s = 0;
+  for (int64_t k = 0; k < qc.n4; ++k) s += qc.q[k];
+  return 128 * s;
+}
+
 // The group's row pointers, padded like its coefficients (with its first row: a zero coefficient adds nothing).
 inline void group_rows(const AxpyRowsArgs& a, const Q4TGroup& g, int64_t n4, const uint8_t** rows) {
   for (int64_t k = 0; k < n4; ++k) rows[k] = a.row(a.ids[g.begin + (g.begin + k < g.end ? k : 0)]);
+}
+
+// Active rows are scattered, which the hardware prefetcher cannot follow: before rows [k, k + 4) are computed,
+// this thread's slice of the rows kAxpyAheadRows further down the list is asked for (into L2). Without it a
+// Q8_0 down axpy over 39% of Qwen2.5-0.5B's neurons (476-byte slices per thread) took 2.2x the dense down's
+// time; the Q4T walk prefetches a group ahead instead.
+constexpr int64_t kAxpyAheadRows = 24;
+// ... or as many rows as kAxpyAheadBytes of this thread's slices hold, where that is more: a group's rows are
+// read together (up to 32 of them, a column chunk at a time), so the distance must reach past the next group.
+constexpr int64_t kAxpyAheadBytes = 96 << 10;
+inline int64_t axpy_ahead_rows(int64_t slice_bytes) {
+  return std::max(kAxpyAheadRows, kAxpyAheadBytes / std::max<int64_t>(slice_bytes, 1));
+}
+
+template <typename Block>
+inline void prefetch_slice(const AxpyRowsArgs& a, int64_t k) {
+  const int64_t bytes = (a.c1 - a.c0) / kQuantBlock * int64_t(sizeof(Block));
+  const char* p = reinterpret_cast<const char*>(a.row(a.ids[k])) + a.c0 / kQuantBlock * int64_t(sizeof(Block));
+  for (int64_t off = 0; off < bytes; off += 64) prefetch_l2(p + off);
+}
+
+template <typename Block, typename Four, typename One>
+inline void for_rows_prefetched(const AxpyRowsArgs& a, Four four, One one) {
+  int64_t ahead = 0;  // the first list position not yet asked for
+  const int64_t distance = axpy_ahead_rows((a.c1 - a.c0) / kQuantBlock * int64_t(sizeof(Block)));
+  const auto ask = [&](int64_t upto) {
+    for (upto = std::min(upto, a.n); ahead < upto; ++ahead) prefetch_slice<Block>(a, ahead);
+  };
+  for_rows_by4(0, a.n, [&](int64_t k) { ask(k + 4 + distance); four(k); },
+               [&](int64_t k) { ask(k + 1 + distance); one(k); });
 }
 
 // An ISA's entry point: Q4T, Q4_1 and Q8_0 by its kernels (q41 / q80 take a row index and the rows per
@@ -90,8 +129,11 @@ inline void axpy_dispatch(const AxpyRowsArgs& a, Q4T q4t, Q41 q41, Q80 q80) {
   using One = std::integral_constant<int, 1>;
   switch (a.wtype) {
     case DType::Q4T: return q4t(a);
-    case DType::Q4_1: return for_rows_by4(0, a.n, [&](int64_t k) { q41(k, Four{}); }, [&](int64_t k) { q41(k, One{}); });
-    case DType::Q8_0: return for_rows_by4(0, a.n, [&](int64_t k) { q80(k, Four{}); }, [&](int64_t k) { q80(k, One{}); });
+    case DType::Q8T: return axpy_rows_scalar(a);  // (x86 tables run their own kernel: sparse_ffn_q8t_x86.h)
+    case DType::Q4_1:
+      return for_rows_prefetched<BlockQ4_1>(a, [&](int64_t k) { q41(k, Four{}); }, [&](int64_t k) { q41(k, One{}); });
+    case DType::Q8_0:
+      return for_rows_prefetched<BlockQ8_0>(a, [&](int64_t k) { q80(k, Four{}); }, [&](int64_t k) { q80(k, One{}); });
     default: return axpy_rows_scalar(a);
   }
 }

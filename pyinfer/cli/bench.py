@@ -111,7 +111,14 @@ def cmd_bench(args) -> int:
         if o.get("cache_hit_rate") is not None:
             print(f"         neuron cache {o['cache_bytes'] / 2**20:.1f} MiB: {o['cache_hit_rate']:.0%} of listed cold "
                   f"neurons found there; listed reads through {o['io_engine']}")
-    if sparsity is not None:
+    if sparsity is not None and sparsity["mode"] == "input":
+        from ..sparsity.input_bytes import describe_input_plan
+
+        b = sparsity["bytes_per_token"]
+        print(f"sparsity {describe_input_plan(model.sparsity)}")
+        print(f"         weights read per token {b['sparse'] / 2**20:.1f} MiB against {b['dense'] / 2**20:.1f} dense "
+              f"({b['sparse'] / max(b['dense'], 1):.2f}x; site densities per layer with --json)")
+    elif sparsity is not None:
         mean = {k: sum(row[k] for row in sparsity["layers"]) / len(sparsity["layers"])
                 for k in ("computed_density", "true_density", "recall")}
         plan = model.sparsity
@@ -140,5 +147,12 @@ def _measure_sparsity(model) -> dict:
     from ..sparsity.measure import measure_plan
 
     plan = model.sparsity
-    rows = measure_plan(model, plan, model.tokenize(bundled_calibration_text()), 1024)
+    ids = model.tokenize(bundled_calibration_text())
+    if plan.mode == "input":
+        from ..sparsity.input_bytes import bytes_per_token, measure_densities
+
+        dens = measure_densities(model.gguf, model.config, plan, ids, model.n_threads)
+        return {"mode": plan.mode, "levels": plan.info.get("levels", {}), "quality": plan.info.get("quality"),
+                "layers": dens, "bytes_per_token": bytes_per_token(model.gguf, model.config, plan, dens)}
+    rows = measure_plan(model, plan, ids, 1024)
     return {"mode": plan.mode, "target": plan.target, "layers": rows}

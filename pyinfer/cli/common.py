@@ -35,10 +35,15 @@ def describe_cuts(cuts) -> str:
 
 
 def sparsity_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sparsity", default="off", metavar="off|auto|FILE",
+    p.add_argument("--sparsity", default="off", metavar="off|auto|input|FILE",
                    help="activation sparsity for decode: off (default), auto (calibrate on first use on bundled "
                         "public-domain text, then cached; kept only where it decodes faster than dense on this "
-                        "machine, timed once), or a file from `pyinfer train-predictors`")
+                        "machine, timed once), input (skip the weight columns of each projection's small inputs "
+                        "and the up rows of small gates, as much as --sparsity-quality allows), or a file from "
+                        "`pyinfer train-predictors`")
+    p.add_argument("--sparsity-quality", type=float, default=None, metavar="PCT",
+                   help="with --sparsity input: the most perplexity (percent, on held-out calibration text) the "
+                        "cuts may add (default 3): less keeps more of the model, more skips more bytes")
     p.add_argument("--target", type=float, default=None,
                    help="FFN sparsity that --sparsity auto calibrates for (default: 0.4 for SwiGLU models); "
                         "an explicit target keeps the plan without timing it against dense. A Mixture-of-Experts "

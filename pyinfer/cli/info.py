@@ -1,13 +1,14 @@
 """`pyinfer info`: the model, the kernels in use and CUDA devices."""
 from __future__ import annotations
 
-from .common import load_model, model_args
+from .common import load_model, model_args, sparsity_args
 
 
 def add_parsers(sub) -> dict:
     """This module's subcommands: name -> handler."""
     i = sub.add_parser("info", help="model metadata, kernel ISA and CUDA devices")
     model_args(i)
+    sparsity_args(i)
 
     return {"info": cmd_info}
 
@@ -39,6 +40,17 @@ def cmd_info(args) -> int:
         from ..sparsity.auto_choice import describe
 
         print(f"sparsity   {describe(model.session.auto_choice)}")
+    if model.sparsity is not None and model.sparsity.mode == "input":
+        from ..sparsity.calibrate import bundled_calibration_text
+        from ..sparsity.input_bytes import bytes_per_token, describe_input_plan, measure_densities
+
+        plan = model.sparsity
+        dens = measure_densities(model.gguf, c, plan, model.tokenize(bundled_calibration_text()), model.n_threads)
+        b = bytes_per_token(model.gguf, c, plan, dens)
+        print(f"sparsity   {describe_input_plan(plan)}; weights read per token {b['sparse'] / 2**20:.1f} MiB of "
+              f"{b['dense'] / 2**20:.1f} ({b['sparse'] / max(b['dense'], 1):.2f}x)")
+        print("           kept per layer (attn_in attn_out ffn_in up ffn_mid): " + "  ".join(
+            "/".join(f"{d[k]:.2f}" for k in ("attn_in", "attn_out", "ffn_in", "up", "ffn_mid")) for d in dens))
     print(f"kernels    {model.isa} (available: {_core.available_isas()})  threads={model.n_threads}")
     from ..place.device import cuda_devices
 

@@ -33,6 +33,9 @@ class ModelGraph:
     seq_ctx: int = 0                 # the most positions one sequence can hold (n_ctx, or a paged table's)
     embedding: T | None = None       # the stream's first tensor (the embedding lookup's output)
     stream: T | None = None          # the residual stream after the latest residual add (the FFN's input, unnormed)
+    # (ModelGraph, x, weight name, node name) -> x @ W.T: how a layer's projections are computed, chosen outside
+    # the model code (runtime/input_sparse.py); None: the dense matmul.
+    projection: object = None
     _weights: dict[str, T] = field(default_factory=dict)
 
     # ---- weights --------------------------------------------------------------------------------------
@@ -55,6 +58,12 @@ class ModelGraph:
         g = self.gguf.tensor(name)
         return self.b.weight(alias, g.dtype_id, g.cols, g.rows, self.weight_source(name, g.data))
 
+    def project(self, x: T, weight: str, name: str) -> T:
+        """x @ W.T by this graph's projection builder (dense, input-sparse or recorded)."""
+        if self.projection is None:
+            return self.b.matmul(self.w(weight), x, name)
+        return self.projection(self, x, weight, name)
+
     def optional(self, name: str) -> T | None:
         return self.w(name) if name in self.gguf.tensors else None
 
@@ -64,7 +73,7 @@ class ModelGraph:
 
     def linear(self, x: T, weight: str, name: str, bias: str | None = None) -> T:
         """x @ W.T (+ bias, when the file has one)."""
-        y = self.b.matmul(self.w(weight), x, name)
+        y = self.project(x, weight, name)
         if bias is not None and bias in self.gguf.tensors:
             self.b.add(y, self.w(bias), out=y)
         return y

@@ -23,7 +23,7 @@ class DenseFfn:
     def __call__(self, m, h: T, il: int) -> T:
         if m.cfg.is_moe:
             return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts, stream=m.stream, cuts=self.cuts)
-        return dense_ffn(m.b, m.w, h, il, m.cfg)
+        return dense_ffn(m.b, m.w, h, il, m.cfg, project=m.project)
 
 
 def _dense_only(m, what: str) -> None:
@@ -58,6 +58,25 @@ class SparseFfn:
         return sparse_ffn(m.b, m.w, m.gguf, h, il, m.cfg, self.plan, self.runs, self.down_type, self.offload)
 
 
+class InputSparseFfn:
+    """An input-sparse plan's FFN (mode "input"): a layer with a gate cut runs the neuron-aware writer in file
+    order (gate dense, up only for the neurons whose |act(gate)| passes the cut, down by input for those whose
+    |act(gate) * up| passes the layer's threshold: CATS with TEAL's cut on down); a layer without one runs the
+    dense writer through the graph's projections (each of gate, up and down skipping its input's small entries)."""
+
+    def __init__(self, plan, runs: SparseRuns):
+        self.plan, self.runs = plan, runs
+
+    def __call__(self, m, h: T, il: int) -> T:
+        _dense_only(m, "input sparsity")
+        lp = self.plan.layers[il]
+        if lp.dense:  # (projections of a dense layer run dense too: input_sparse.site_threshold)
+            return dense_ffn(m.b, m.w, h, il, m.cfg)
+        if lp.gate_threshold > 0:
+            return sparse_ffn(m.b, m.w, m.gguf, h, il, m.cfg, self.plan, self.runs)
+        return dense_ffn(m.b, m.w, h, il, m.cfg, project=m.project)
+
+
 class SplitFfn:
     """Each layer's FFN split between the CPU and a device by a placement (runtime/hybrid_ffn.py; a Mixture of
     Experts by whole experts, runtime/moe_ffn.py); the split places its own nodes, the only FFN that does."""
@@ -82,6 +101,8 @@ def choose_ffn(sparsity=None, runs: SparseRuns = SparseRuns(), down_type: str = 
             raise UnsupportedModelError("cuts inside the experts (--target with a Mixture of Experts) run on the "
                                         "CPU only; an expert placement runs its experts whole")
         return SplitFfn(placement, sparsity, runs, down_type)
+    if sparsity is not None and sparsity.mode == "input":
+        return InputSparseFfn(sparsity, runs)
     if sparsity is not None:
         return SparseFfn(sparsity, runs, down_type, offload)
     return DenseFfn(experts, expert_cuts)

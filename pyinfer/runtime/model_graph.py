@@ -4,6 +4,7 @@ backend runs each node (runtime/placement.py) are decided here, outside the mode
 from __future__ import annotations
 
 from .._core import DType, RowMode
+from ..errors import UnsupportedModelError
 from ..model.arch import architecture
 from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
@@ -11,6 +12,7 @@ from ..sparsity.plan import SparsityPlan
 from .blocks import ModelGraph
 from .ffn import choose_ffn
 from .graph_builder import GraphBuilder
+from .input_sparse import InputSparseProjections, RecordedInputs
 from .placement import CPU, Placement, assign_split
 from .sparse_ffn import SparseRuns
 
@@ -41,6 +43,7 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     b = GraphBuilder()
     b.records = []
     b.expert_gates = []  # a recorded Mixture of Experts: each layer's gate of its chosen experts
+    b.input_records = []  # recorded: each layer's (attn_in, attn_out) ids
 
     tokens = b.input("tokens")                          # I32 [T]
     positions = b.input("positions")                    # I32 [T]
@@ -59,6 +62,12 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     ffn = choose_ffn(sparsity, runs, down_type, offload, placement, record, experts, expert_cuts)
     m = ModelGraph(b, gguf, cfg, n_ctx, weight_source, ffn, positions, slots, kv_table, block_size,
                    CACHE_TYPES[cache_type], seq_ctx=block_size * paged[1] if paged else n_ctx)
+    if record:
+        m.projection = RecordedInputs()
+    elif sparsity is not None and sparsity.mode == "input":
+        if offload is not None or placement is not None:
+            raise UnsupportedModelError("an input-sparse plan runs in RAM on the CPU (no --mem-limit or device yet)")
+        m.projection = InputSparseProjections(sparsity, runs, gguf)
     # Where weights live (a split graph only): the embedding table in host memory; attention, norms and the
     # placed FFN neurons on the device (the split FFN tags its own); the head where the placement put it.
     device = placement.device if placement is not None else None

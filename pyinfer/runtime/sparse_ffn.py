@@ -27,6 +27,7 @@ from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import LayerPlan, SparsityPlan
 from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, Guard, T
+from .input_major import by_input_weight
 from .threads import physical_cores
 
 _FLOAT_TYPES = {"F32", "F16", "BF16"}
@@ -36,20 +37,24 @@ FFN_PARTS = ("ffn_gate", "ffn_up", "ffn_down")
 
 
 def dense_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, record: bool = False, tag: str = "",
-              parts: tuple[str, str, str] = FFN_PARTS) -> T:
+              parts: tuple[str, str, str] = FFN_PARTS, project=None) -> T:
     """act(gate) * up, then down: F32 [T, d_model]; the one dense writer. `w`: the side's weights by the model's
     names (blk.{il}.{part}.weight for `parts`: the layer's FFN, or a shared expert's tensors); `tag` names the
     side's tensors apart. `record`: the activation gets a tensor of its own, so the layer's input, gate and up stay
-    readable after a run (the profiler's view: b.records[layer])."""
+    readable after a run (the profiler's view: b.records[layer]). `project`: (x, weight name, node name) -> x @ W.T
+    when the graph computes its projections otherwise than densely (ModelGraph.project: input-sparse)."""
     p = f"blk.{il}."
-    gate = b.matmul(w(p + f"{parts[0]}.weight"), h, "gate" + tag)  # F32 [T, d_ff], pre-activation
-    up = b.matmul(w(p + f"{parts[1]}.weight"), h, "up" + tag)
+    if project is None:
+        def project(x, weight, name):
+            return b.matmul(w(weight), x, name)
+    gate = project(h, p + f"{parts[0]}.weight", "gate" + tag)  # F32 [T, d_ff], pre-activation
+    up = project(h, p + f"{parts[1]}.weight", "up" + tag)
     act = b.gated_mul(gate, up, name="act" + tag, out=None if record else gate, act=cfg.activation)
     if record:
         for t in (h, gate, up):
             b.graph.pin(t.id)
         b.records.append((h.id, gate.id, up.id))
-    return b.matmul(w(p + f"{parts[2]}.weight"), act, "ffn_out" + tag)  # F32 [T, d_model]
+    return project(act, p + f"{parts[2]}.weight", "ffn_out" + tag)  # F32 [T, d_model]
 
 
 NEURON_DOWN_TYPES = {"q4_1": DType.Q4_1, "q8_0": DType.Q8_0}
@@ -193,6 +198,9 @@ class InRamNeurons:
 
     def layer_weights(self, b: GraphBuilder, il: int):
         """(gate, up, neuron-major down, Q4T scales or None) of layer `il`."""
+        if self.plan.mode == "input":  # neurons in file order: gate and up as they are, down by input
+            down_t, scales = by_input_weight(b, self.gguf, f"blk.{il}.ffn_down.weight", self.tag)
+            return self.w(f"blk.{il}.ffn_gate.weight"), self.w(f"blk.{il}.ffn_up.weight"), down_t, scales
         fa = ffn_arrays(self.gguf, self.cfg, self.plan, il, self.down_type)
         p, d, n_ff, tag = f"blk.{il}.", self.cfg.d_model, self.cfg.d_ff, self.tag
         gate_w = b.weight(p + "ffn_gate.perm" + tag, fa.gate_type, d, n_ff, fa.gate)
@@ -244,7 +252,8 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     neurons = neurons or InRamNeurons(gguf, cfg, plan, down_type, w, tag)
     perm_w = b.weight(p + "ffn.perm" + tag, int(DType.I32), n_ff, 1, lp.perm.astype(np.int32))
     gate_w, up_w, down_t, scales = neurons.layer_weights(b, il)
-    row_map = perm_w if scales is not None else None  # Q4T rows stay in the original neuron order
+    in_order = plan.mode == "input"  # neurons in file order: no permutation to map or undo
+    row_map = perm_w if scales is not None and not in_order else None  # Q4T rows stay in the original order
     neurons.before_lists(b, il)
     out = b.activation("ffn_out" + tag, cfg.d_model, rows=h.rows)
     if gate_w.dtype in INTEGER_DOT_WEIGHTS:
@@ -300,7 +309,7 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     if up is None:
         up = b.matmul(up_w, h, "up_d" + tag, run_if=dense)
         b.gated_mul(gate, up, out=gate, act=act_kind, run_if=dense)
-    act_d = b.scatter_cols(gate, perm_w, "act" + tag, run_if=dense)
+    act_d = gate if in_order else b.scatter_cols(gate, perm_w, "act" + tag, run_if=dense)
     b.matmul(neurons.dense_down(b, il, dense), act_d, "ffn_out" + tag, out=out, run_if=dense)
     neurons.done(b, il)
     return out

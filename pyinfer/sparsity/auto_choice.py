@@ -176,6 +176,8 @@ def measure_choice(session, plan, gate_plan=None, tokens: int = DECODE_TOKENS, r
             ratio["layers"] = min(m["layers"] / m["dense"] for m in mixed)
             out.update(sparse_layers=pays, layers_tok_s=rate["layers"], layers_ratio=ratio["layers"])
     out.update(chose=choose(ratio), sparse_tok_s=rate["sparse"], dense_tok_s=rate["dense"], ratio=ratio["sparse"])
+    if plan.mode == "input":
+        out["plan"] = "input-sparse plan"
     if "gate" in rate:
         out.update(gate_tok_s=rate["gate"], gate_ratio=ratio["gate"], gate_keep_at=GATE_KEEP_AT)
     return dict(out, tokens=tokens, rounds=rounds, sets=sets, percentile=PERCENTILE, keep_at=KEEP_AT,
@@ -193,8 +195,9 @@ def _engine(session, plan, n_ctx: int, max_tokens: int):
 
 def describe(choice: dict) -> str:
     n_layers = len(choice.get("layer_ratios", []))
-    kept = {"sparse": "keeps the threshold plan", "gate": "keeps the gate-first plan", "dense": "decodes dense",
-            "layers": f"keeps the threshold plan in {len(choice.get('sparse_layers', []))} of {n_layers} layers"
+    what = choice.get("plan", "threshold plan")
+    kept = {"sparse": f"keeps the {what}", "gate": "keeps the gate-first plan", "dense": "decodes dense",
+            "layers": f"keeps the {what} in {len(choice.get('sparse_layers', []))} of {n_layers} layers"
             }[choice["chose"]]
     gate = (f", gate-first {choice['gate_tok_s']:.1f} ({choice['gate_ratio']:.2f}x)" if "gate_tok_s" in choice
             else "")

@@ -20,8 +20,13 @@ from ..tools.atomic_file import atomic_write
 
 FORMAT = "pyinfer-sparsity"
 FORMAT_VERSION = 1
-# contrib: |act(gate) * up| > t (ours); gate: |act(gate)| > t (CATS, SiLU or GELU); relu: gate > 0 (ReLU models)
-MODES = ("contrib", "gate", "relu")
+# contrib: |act(gate) * up| > t (ours); gate: |act(gate)| > t (CATS, SiLU or GELU); relu: gate > 0 (ReLU models);
+# input: TEAL, every projection skips the weight columns of its input's small entries (|x| > t per input site)
+MODES = ("contrib", "gate", "relu", "input")
+# The input sites of an input-sparse layer, each with its own threshold: what q, k and v read (the attention
+# norm's output), what the output projection reads, what gate and up read (the FFN norm's output). The fourth,
+# down's input act(gate) * up, is the layer's `threshold`.
+INPUT_SITES = ("attn_in", "attn_out", "ffn_in")
 
 
 class SparsityFileError(PyinferError):
@@ -97,6 +102,8 @@ class LayerPlan:
     # Decode this layer dense: `auto` timed its sparse path slower than its dense FFN on this machine
     # (sparsity/auto_choice.py; offload and a device split run every layer sparse all the same).
     dense: bool = False
+    # Mode "input": |x| thresholds of the INPUT_SITES (0: that site dense).
+    inputs: tuple[float, float, float] | None = None
 
 
 @dataclass
@@ -133,6 +140,8 @@ class SparsityPlan:
                   "thresholds": [float(lp.threshold) for lp in self.layers],
                   "gate_thresholds": [float(lp.gate_threshold) for lp in self.layers],
                   "dense_layers": self.dense_layers,
+                  "input_thresholds": [list(map(float, lp.inputs)) if lp.inputs is not None else None
+                                       for lp in self.layers],
                   "predictor_stats": [lp.predictor.stats if lp.predictor else None for lp in self.layers]}
         arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)}
         for il, lp in enumerate(self.layers):
@@ -188,6 +197,15 @@ class SparsityPlan:
             raise SparsityFileError(f"{path}: its dense layers are not layer numbers")
         for il in dense:
             layers[il].dense = True
+        inputs = header.get("input_thresholds") or [None] * len(layers)
+        if not isinstance(inputs, list) or len(inputs) != len(layers) or not all(
+                x is None or (isinstance(x, list) and len(x) == len(INPUT_SITES) and
+                              all(is_number(v) and math.isfinite(v) for v in x)) for x in inputs):
+            raise SparsityFileError(f"{path}: its input thresholds are not {len(INPUT_SITES)} numbers per layer")
+        for lp, x in zip(layers, inputs):
+            lp.inputs = tuple(float(v) for v in x) if x is not None else None
+        if header["mode"] == "input" and any(lp.inputs is None for lp in layers):
+            raise SparsityFileError(f"{path}: an input-sparse plan without input thresholds")
         plan = cls(header["mode"], float(header["target"]), layers, header["fingerprint"], header.get("info", {}))
         if n_layers is not None and len(layers) != n_layers:
             raise SparsityFileError(f"{path} has {len(layers)} layers; the model has {n_layers}")

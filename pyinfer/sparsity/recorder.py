@@ -19,6 +19,8 @@ from ..runtime.model_graph import build_model_graph
 # callback(layer, h F32 [T, d_model], gate F32 [T, d_ff] pre-activation, up F32 [T, d_ff]); views valid
 # until the next window
 LayerCallback = Callable[[int, np.ndarray, np.ndarray, np.ndarray], None]
+# Input sites: callback(layer, {site: F32 [T, width]}) for attn_in, attn_out, ffn_in and ffn_mid (act(gate) * up)
+SitesCallback = Callable[[int, dict], None]
 # A Mixture of Experts: callback(layer, route F32 [T, 2k] (weights, then ids), gate F32 [T, k * d_ff_expert]
 # of the chosen experts, pre-activation)
 ExpertCallback = Callable[[int, np.ndarray, np.ndarray], None]
@@ -28,7 +30,7 @@ class Recorder:
     def __init__(self, gguf: GGUFModelFile, cfg: LlamaConfig, n_threads: int, window: int = 256):
         self.cfg, self.window = cfg, window
         b = build_model_graph(gguf, cfg, window, record=True)
-        self._records, self._expert_gates = b.records, b.expert_gates
+        self._records, self._expert_gates, self._inputs = b.records, b.expert_gates, b.input_records
         self._engine = _core.Engine(b.graph, max_tokens=window, max_outputs=1, n_threads=n_threads)
 
     def run(self, ids: list[int], max_tokens: int, on_layer: LayerCallback, desc: str = "calibrating",
@@ -41,6 +43,24 @@ class Recorder:
         for n in self._windows(ids, n_win * self.window, desc, progress):
             for il, (h_id, g_id, u_id) in enumerate(self._records):
                 on_layer(il, tensor(h_id, n), tensor(g_id, n), tensor(u_id, n))
+        return n_win * self.window
+
+    def run_sites(self, ids: list[int], max_tokens: int, on_layer: SitesCallback, desc: str = "calibrating inputs",
+                  progress: bool = True) -> int:
+        """Like run(), handing each layer's four projection inputs and |act(gate)| (zeros where the activation
+        has no gate-first cut) to `on_layer`; returns the tokens used."""
+        if len(self._inputs) != len(self._records) or any(i is None for r in self._inputs for i in r):
+            raise PyinferError("this architecture's attention does not go through the shared projections")
+        n_win = min(len(ids), max_tokens) // self.window
+        if n_win < 1:
+            raise PyinferError(f"calibration text is too short: {len(ids)} tokens, need at least {self.window}")
+        tensor, act = self._engine.tensor, self.cfg.activation
+        for n in self._windows(ids, n_win * self.window, desc, progress):
+            for il, ((h_id, g_id, u_id), (a_id, o_id)) in enumerate(zip(self._records, self._inputs)):
+                on_layer(il, {"attn_in": tensor(a_id, n), "attn_out": tensor(o_id, n), "ffn_in": tensor(h_id, n),
+                              "ffn_mid": gated(act, tensor(g_id, n), tensor(u_id, n)),
+                              "gate": gate_criterion(act, tensor(g_id, n)) if act in GATE_FIRST else
+                              np.zeros_like(tensor(g_id, n))})
         return n_win * self.window
 
     def run_experts(self, ids: list[int], max_tokens: int, on_layer: ExpertCallback, desc: str = "routing profile",

@@ -92,7 +92,7 @@ def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, targ
         return plan
     if isinstance(spec, (str, os.PathLike)):
         return SparsityPlan.load(spec, fp, cfg.n_layers, cfg.d_ff)
-    raise PyinferError(f"sparsity must be 'off', 'auto' or a path to a sparsity file, got {spec!r}")
+    raise PyinferError(f"sparsity must be 'off', 'auto', 'input' or a path to a sparsity file, got {spec!r}")
 
 
 def _cached_plan(path: Path, fingerprint: str, cfg: LlamaConfig, what: str = "sparsity plan",

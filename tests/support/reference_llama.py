@@ -150,7 +150,7 @@ def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None):
 
 
 def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margins: list | None = None,
-                     expert_cuts: np.ndarray | None = None, kept: list | None = None) -> np.ndarray:
+                     expert_cuts: np.ndarray | None = None, kept: list | None = None, input_cut=None) -> np.ndarray:
     """F32 [len(tokens), vocab]. Per architecture:
       gemma3: embeddings times sqrt(d_model), QK-norm, five sliding-window layers (RoPE base 10000) per global
         one, norms after attention and after the FFN, GELU(tanh) gating;
@@ -162,7 +162,12 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
       all but llama rotate NEOX pairs.
     `margins` (a list): each MoE layer appends, per token, the gap between its k-th and (k+1)-th expert
     probability (a routing so near a tie that noise may choose the other expert). `expert_cuts` ([n_layers,
-    n_expert]): each MoE layer cuts its experts' neurons as moe() says (`kept` collects the shares kept)."""
+    n_expert]): each MoE layer cuts its experts' neurons as moe() says (`kept` collects the shares kept).
+    `input_cut(layer, site, x, gate=None) -> x`: an input-sparse plan's view of each projection input (attn_in,
+    attn_out, ffn_in, ffn_mid; the last also given the gate's pre-activation)."""
+    if input_cut is None:
+        def input_cut(il, site, x, gate=None):
+            return x
     c = model_config(f)
     arch = f.architecture
     W = Weights(f.path)
@@ -194,7 +199,7 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         p = f"blk.{il}."
         local = gemma and (il + 1) % 6 != 0
         base = 10000.0 if local else c.rope_base
-        h = rms_norm(x, W[p + "attn_norm.weight"], c.norm_eps)
+        h = input_cut(il, "attn_in", rms_norm(x, W[p + "attn_norm.weight"], c.norm_eps))
         if p + "attn_qkv.weight" in W:
             qkv = lin(h, p, "attn_qkv")
             q, k, v = qkv[:, :qw], qkv[:, qw:qw + kvw], qkv[:, qw + kvw:]
@@ -207,11 +212,12 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor)
         k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor)
         window = int(meta.get("gemma3.attention.sliding_window", 0)) if local else 0
-        o = lin(attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window), p, "attn_output")
+        o = lin(input_cut(il, "attn_out", attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window)), p,
+                "attn_output")
         if gemma:
             o = rms_norm(o, W[p + "post_attention_norm.weight"], c.norm_eps)
         x = x + o
-        h = rms_norm(x, W[p + "ffn_norm.weight"], c.norm_eps)
+        h = input_cut(il, "ffn_in", rms_norm(x, W[p + "ffn_norm.weight"], c.norm_eps))
         if p + "ffn_gate_inp.weight" in W:
             k = int(meta[f"{arch}.expert_used_count"])
             x = x + moe(h, W, p, c.activation, k, norm=arch != "qwen2moe", margins=margins,
@@ -223,7 +229,7 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         else:
             g, u = h @ W[p + "ffn_gate.weight"].T, h @ W[p + "ffn_up.weight"].T
         down = W[p + "ffn_down.weight"] if p + "ffn_down.weight" in W else W[p + "ffn_down_t.weight"].T  # PowerInfer
-        y = (gated_act(c.activation, g) * u) @ down.T
+        y = input_cut(il, "ffn_mid", gated_act(c.activation, g) * u, g) @ down.T
         if gemma:
             y = rms_norm(y, W[p + "post_ffw_norm.weight"], c.norm_eps)
         x = x + y

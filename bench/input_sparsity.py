@@ -1,0 +1,178 @@
+"""Input-sparse plans (TEAL's cuts on projection inputs, CATS's gate cut; runtime/input_sparse.py) against dense:
+quality and speed per method and level, and the bytes one decode step reads.
+
+Per model: thresholds calibrated on a calibration text (never the evaluation text), then for each config
+(levels per site: attn_in, attn_out, ffn_in, ffn_mid = down's input, gate = CATS's cut on |act(gate)|)
+  - perplexity on WikiText-2 (--windows windows of 512, every token computed as sparse decode computes it;
+    skipped with --no-ppl, e.g. for random-weight models of a real shape, whose perplexity means nothing),
+  - decode speed against dense: engines alternating within each round (order flipped every round), --tokens
+    greedy steps after a short prompt, the median of per-round ratios and the lowest round,
+  - weights read per decode step with the plan and without (sparsity/input_bytes.py).
+
+  python bench/input_sparsity.py -m ~/.cache/pyinfer/Qwen2.5-Coder-0.5B-Instruct.gguf --tag qwen05
+  python bench/input_sparsity.py -m /work/models/qwen2.5-1.5b-q4_k_m.gguf --no-ppl --tag shaped_1p5b
+  -> bench/results/sparsity/input_<tag>.{json,md,png}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import pyinfer  # noqa: E402
+from compare_llamacpp import pyinfer_decode  # noqa: E402
+from pyinfer.sparsity.input_bytes import bytes_per_token, measure_densities  # noqa: E402
+from pyinfer.sparsity.input_calibrate import profile_inputs  # noqa: E402
+from pyinfer.tools.perplexity import perplexity  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "sparsity"
+DATA = Path(__file__).parent.parent.parent / "shared" / "data"
+# name -> levels per site; "method" groups a curve
+CONFIGS = {
+    "down 50%": ("TEAL down", {"ffn_mid": 0.5}),
+    "down 70%": ("TEAL down", {"ffn_mid": 0.7}),
+    "down 80%": ("TEAL down", {"ffn_mid": 0.8}),
+    "gate 20%": ("CATS", {"gate": 0.2}),
+    "gate 30%": ("CATS", {"gate": 0.3}),
+    "gate 50%": ("CATS", {"gate": 0.5}),
+    "attn_out 50%": ("TEAL attention", {"attn_out": 0.5}),
+    "attn_in 20%": ("TEAL attention", {"attn_in": 0.2}),
+    "ffn_in 20%": ("TEAL FFN input", {"ffn_in": 0.2}),
+    "mix down 60 gate 20": ("mix", {"ffn_mid": 0.6, "gate": 0.2}),
+    "mix down 70 gate 30": ("mix", {"ffn_mid": 0.7, "gate": 0.3}),
+    "mix down 70 gate 30 attn_out 50": ("mix", {"ffn_mid": 0.7, "gate": 0.3, "attn_out": 0.5}),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--tag", required=True)
+    ap.add_argument("--configs", nargs="*", default=None, help="config names (default: all)")
+    ap.add_argument("--windows", type=int, default=16)
+    ap.add_argument("--no-ppl", action="store_true", help="speed and bytes only (random-weight models)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--calibration", default=str(DATA / "pride-and-prejudice.txt"))
+    args = ap.parse_args()
+    names = args.configs or list(CONFIGS)
+
+    dense = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, progress=False)
+    cfg, gguf = dense.config, dense.gguf
+    cal_ids = dense.tokenize(Path(args.calibration).read_text(encoding="utf-8", errors="replace")[:400_000])
+    t0 = time.time()
+    prof = profile_inputs(gguf, cfg, cal_ids[:4096], 4096, args.threads, progress=False)
+    profile_s = time.time() - t0
+    plans = {n: prof.plan(CONFIGS[n][1], cfg.d_ff) for n in names}
+    held = cal_ids[-1024:]  # densities measured on calibration text the thresholds never saw
+
+    # Check once before timing: each plan loads and decodes the same first token as the dense model after the
+    # prompt (prefill is dense in both).
+    prompt = dense.tokenize("The history of the city begins")
+    want = int(np.argmax(dense.forward(prompt, 0, np.array([len(prompt) - 1]))[0]))
+    models = {"dense": dense}
+    for n in names:
+        models[n] = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, sparsity=plans[n], progress=False)
+        got = int(np.argmax(models[n].forward(prompt, 0, np.array([len(prompt) - 1]))[0]))
+        assert got == want, f"{n}: prefill is dense, so its first token must be dense's"
+
+    rows = {n: {"method": CONFIGS[n][0], "levels": CONFIGS[n][1]} for n in names}
+    for n in names:
+        dens = measure_densities(gguf, cfg, plans[n], held, args.threads)
+        b = bytes_per_token(gguf, cfg, plans[n], dens)
+        rows[n].update(bytes_dense=b["dense"], bytes_sparse=b["sparse"], bytes_ratio=b["sparse"] / b["dense"])
+
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    dense_tok_s = []
+    for r in range(args.rounds):
+        order = list(models) if r % 2 == 0 else list(models)[::-1]
+        secs = {k: pyinfer_decode(models[k], prompt, args.tokens)[0] for k in order}
+        dense_tok_s.append(args.tokens / secs["dense"])
+        for n in names:
+            ratios[n].append(secs["dense"] / secs[n])
+        print(f"round {r}: " + ", ".join(f"{k} {args.tokens / v:.1f}" for k, v in secs.items()), flush=True)
+    for n in names:
+        rows[n].update(speed_ratio=statistics.median(ratios[n]), speed_lowest=min(ratios[n]))
+
+    base_ppl = None
+    if not args.no_ppl:
+        text = (DATA / "wikitext-2-raw-test.txt").read_text(encoding="utf-8")
+        base_ppl = perplexity(dense, text, ctx=512, windows=args.windows, progress=False).perplexity
+        for n in names:
+            del models[n]
+            m = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, sparsity=plans[n], emulate_prefill=True,
+                             progress=False)
+            p = perplexity(m, text, ctx=512, windows=args.windows, progress=False).perplexity
+            rows[n].update(ppl=p, ppl_change=p / base_ppl - 1.0)
+            print(f"{n}: ppl {p:.4f} ({(p / base_ppl - 1) * 100:+.2f}%)", flush=True)
+
+    out = {"model": Path(args.model).name, "machine": platform.processor() or platform.machine(),
+           "isa": dense.isa, "threads": args.threads, "rounds": args.rounds, "tokens": args.tokens,
+           "windows": None if args.no_ppl else args.windows, "dense_ppl": base_ppl,
+           "dense_tok_s": statistics.median(dense_tok_s), "profile_seconds": round(profile_s, 1),
+           "configs": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"input_{args.tag}"
+    stem.with_suffix(".json").write_text(json.dumps(out, indent=1))
+    lines = [f"# Input sparsity on {out['model']} ({out['isa']}, {args.threads} threads)", "",
+             f"Dense decode {out['dense_tok_s']:.1f} tok/s (median of {args.rounds} rounds of {args.tokens} steps)"
+             + (f"; dense perplexity {base_ppl:.4f} (WikiText-2, {args.windows} windows of 512)" if base_ppl else
+                "; random weights: speed and bytes only"), "",
+             "| config | method | decode / dense (lowest round) | weights read / token (MiB) | bytes / dense |"
+             + (" ΔPPL |" if base_ppl else ""),
+             "|---|---|---|---|---|" + ("---|" if base_ppl else "")]
+    for n, r in rows.items():
+        lines.append(f"| {n} | {r['method']} | {r['speed_ratio']:.3f}x ({r['speed_lowest']:.3f}) | "
+                     f"{r['bytes_sparse'] / 2**20:.1f} of {r['bytes_dense'] / 2**20:.1f} | {r['bytes_ratio']:.2f} |"
+                     + (f" {r['ppl_change'] * 100:+.2f}% |" if base_ppl else ""))
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    _plot(out, stem.with_suffix(".png"))
+    return 0
+
+
+def _plot(out: dict, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = out["configs"]
+    has_ppl = out["dense_ppl"] is not None
+    fig, axes = plt.subplots(1, 2 if has_ppl else 1, figsize=(11 if has_ppl else 6, 4), squeeze=False)
+    ax = axes[0][0]
+    for method in dict.fromkeys(r["method"] for r in rows.values()):
+        pts = [(r["bytes_ratio"], r["speed_ratio"]) for r in rows.values() if r["method"] == method]
+        ax.scatter(*zip(*pts), label=method)
+    ax.plot([0.4, 1.1], [1 / 0.4, 1 / 1.1], "k:", label="time follows bytes")
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.set_xlabel("weights read per token / dense")
+    ax.set_ylabel("decode speed / dense")
+    ax.set_ylim(0.4, 1.6)
+    ax.legend(fontsize=7)
+    ax.set_title(out["model"], fontsize=9)
+    if has_ppl:
+        ax = axes[0][1]
+        for method in dict.fromkeys(r["method"] for r in rows.values()):
+            pts = sorted((r["bytes_ratio"], r["ppl_change"] * 100) for r in rows.values() if r["method"] == method)
+            ax.plot(*zip(*pts), "o-", label=method)
+        ax.axhline(3.0, color="red", lw=0.5, ls="--", label="+3% bound")
+        ax.axhline(0.0, color="grey", lw=0.5)
+        ax.set_xlabel("weights read per token / dense")
+        ax.set_ylabel("perplexity change (%)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
