@@ -6,7 +6,8 @@ Per model: thresholds calibrated on a calibration text (never the evaluation tex
   - perplexity on WikiText-2 (--windows windows of 512, every token computed as sparse decode computes it;
     skipped with --no-ppl, e.g. for random-weight models of a real shape, whose perplexity means nothing),
   - decode speed against dense: engines alternating within each round (order flipped every round), --tokens
-    greedy steps after a short prompt, the median of per-round ratios and the lowest round,
+    one-token steps over held-out calibration text (teacher-forced) after a 16-token prompt, the median of
+    per-round ratios and the lowest round, and the share of down's inputs the last step kept,
   - weights read per decode step with the plan and without (sparsity/input_bytes.py).
 
   python bench/input_sparsity.py -m ~/.cache/pyinfer/Qwen2.5-Coder-0.5B-Instruct.gguf --tag qwen05
@@ -27,7 +28,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import pyinfer  # noqa: E402
-from compare_llamacpp import pyinfer_decode  # noqa: E402
 from pyinfer.sparsity.input_bytes import bytes_per_token, measure_densities  # noqa: E402
 from pyinfer.sparsity.input_calibrate import profile_inputs  # noqa: E402
 from pyinfer.tools.perplexity import perplexity  # noqa: E402
@@ -39,33 +39,46 @@ CONFIGS = {
     "down 50%": ("TEAL down", {"ffn_mid": 0.5}),
     "down 70%": ("TEAL down", {"ffn_mid": 0.7}),
     "down 80%": ("TEAL down", {"ffn_mid": 0.8}),
+    "down 90%": ("TEAL down", {"ffn_mid": 0.9}),
     "gate 20%": ("CATS", {"gate": 0.2}),
     "gate 30%": ("CATS", {"gate": 0.3}),
     "gate 50%": ("CATS", {"gate": 0.5}),
     "attn_out 50%": ("TEAL attention", {"attn_out": 0.5}),
     "attn_in 20%": ("TEAL attention", {"attn_in": 0.2}),
     "ffn_in 20%": ("TEAL FFN input", {"ffn_in": 0.2}),
-    "mix down 60 gate 20": ("mix", {"ffn_mid": 0.6, "gate": 0.2}),
-    "mix down 70 gate 30": ("mix", {"ffn_mid": 0.7, "gate": 0.3}),
-    "mix down 70 gate 30 attn_out 50": ("mix", {"ffn_mid": 0.7, "gate": 0.3, "attn_out": 0.5}),
+    "down 70 attn_out 50": ("mix", {"ffn_mid": 0.7, "attn_out": 0.5}),
+    "down 80 attn_out 50": ("mix", {"ffn_mid": 0.8, "attn_out": 0.5}),
+    "down 70 gate 30": ("mix", {"ffn_mid": 0.7, "gate": 0.3}),
 }
+SPEED_SET = ["down 70%", "down 80%", "down 90%", "gate 30%", "attn_out 50%", "down 80 attn_out 50"]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-m", "--model", help="GGUF file")
     ap.add_argument("--tag", required=True)
-    ap.add_argument("--configs", nargs="*", default=None, help="config names (default: all)")
-    ap.add_argument("--windows", type=int, default=16)
+    ap.add_argument("--configs", nargs="*", default=None,
+                    help="config names (default: all; with --no-ppl the speed set: " + ", ".join(SPEED_SET) + ")")
+    ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--no-ppl", action="store_true", help="speed and bytes only (random-weight models)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calibration", default=str(DATA / "pride-and-prejudice.txt"))
+    ap.add_argument("--mmap", action="store_true",
+                    help="every engine maps the file (one copy in the page cache) instead of reading its own: "
+                         "for models whose copies would not fit in RAM side by side")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the tag's JSON")
     args = ap.parse_args()
-    names = args.configs or list(CONFIGS)
+    if args.plot_only:
+        _plot(json.loads((RESULTS / f"input_{args.tag}.json").read_text()), RESULTS / f"input_{args.tag}.png")
+        return 0
+    if not args.model:
+        ap.error("--model is required (except with --plot-only)")
+    names = args.configs or (SPEED_SET if args.no_ppl else list(CONFIGS))
 
-    dense = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, progress=False)
+    mmap = True if args.mmap else None
+    dense = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, progress=False, mmap=mmap)
     cfg, gguf = dense.config, dense.gguf
     cal_ids = dense.tokenize(Path(args.calibration).read_text(encoding="utf-8", errors="replace")[:400_000])
     t0 = time.time()
@@ -80,7 +93,8 @@ def main() -> int:
     want = int(np.argmax(dense.forward(prompt, 0, np.array([len(prompt) - 1]))[0]))
     models = {"dense": dense}
     for n in names:
-        models[n] = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, sparsity=plans[n], progress=False)
+        models[n] = pyinfer.load(args.model, n_threads=args.threads, n_ctx=512, sparsity=plans[n], progress=False,
+                                 mmap=mmap)
         got = int(np.argmax(models[n].forward(prompt, 0, np.array([len(prompt) - 1]))[0]))
         assert got == want, f"{n}: prefill is dense, so its first token must be dense's"
 
@@ -88,19 +102,26 @@ def main() -> int:
     for n in names:
         dens = measure_densities(gguf, cfg, plans[n], held, args.threads)
         b = bytes_per_token(gguf, cfg, plans[n], dens)
-        rows[n].update(bytes_dense=b["dense"], bytes_sparse=b["sparse"], bytes_ratio=b["sparse"] / b["dense"])
+        rows[n].update(bytes_dense=b["dense"], bytes_sparse=b["sparse"], bytes_ratio=b["sparse"] / b["dense"],
+                       densities=dens)
 
     ratios: dict[str, list[float]] = {n: [] for n in names}
     dense_tok_s = []
+    text_ids = held[:16 + args.tokens]  # teacher-forced: every engine decodes the same text tokens
     for r in range(args.rounds):
         order = list(models) if r % 2 == 0 else list(models)[::-1]
-        secs = {k: pyinfer_decode(models[k], prompt, args.tokens)[0] for k in order}
+        secs = {k: forced_decode(models[k], text_ids, 16) for k in order}
         dense_tok_s.append(args.tokens / secs["dense"])
         for n in names:
             ratios[n].append(secs["dense"] / secs[n])
         print(f"round {r}: " + ", ".join(f"{k} {args.tokens / v:.1f}" for k, v in secs.items()), flush=True)
     for n in names:
         rows[n].update(speed_ratio=statistics.median(ratios[n]), speed_lowest=min(ratios[n]))
+        # The share of down's inputs the last timed decode step kept (its unions of one token), beside the share
+        # on held-out calibration text that the bytes column is computed from: on random weights they differ.
+        mids = [int(u[0]) / cfg.d_ff for u in models[n].layer_unions() if len(u) == cfg.d_ff + 1 and u[0] >= 0]
+        dens = [d["ffn_mid"] for d in rows[n]["densities"]]
+        rows[n].update(down_kept_decode=float(np.mean(mids)) if mids else None, down_kept_calibration=float(np.mean(dens)))
 
     base_ppl = None
     if not args.no_ppl:
@@ -120,23 +141,38 @@ def main() -> int:
            "dense_tok_s": statistics.median(dense_tok_s), "profile_seconds": round(profile_s, 1),
            "configs": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"input_{args.tag}"
-    stem.with_suffix(".json").write_text(json.dumps(out, indent=1))
+    def path(ext: str) -> Path:  # (a tag may hold dots: "qwen2.5-1.5b")
+        return RESULTS / f"input_{args.tag}.{ext}"
+
+    path("json").write_text(json.dumps(out, indent=1))
     lines = [f"# Input sparsity on {out['model']} ({out['isa']}, {args.threads} threads)", "",
-             f"Dense decode {out['dense_tok_s']:.1f} tok/s (median of {args.rounds} rounds of {args.tokens} steps)"
+             f"Dense decode {out['dense_tok_s']:.1f} tok/s (median of {args.rounds} rounds of {args.tokens} "
+             f"teacher-forced steps on held-out calibration text)"
              + (f"; dense perplexity {base_ppl:.4f} (WikiText-2, {args.windows} windows of 512)" if base_ppl else
                 "; random weights: speed and bytes only"), "",
-             "| config | method | decode / dense (lowest round) | weights read / token (MiB) | bytes / dense |"
-             + (" ΔPPL |" if base_ppl else ""),
-             "|---|---|---|---|---|" + ("---|" if base_ppl else "")]
+             "| config | method | decode / dense (lowest round) | weights read / token (MiB) | bytes / dense "
+             "| down's inputs kept: calibration / decode |" + (" ΔPPL |" if base_ppl else ""),
+             "|---|---|---|---|---|---|" + ("---|" if base_ppl else "")]
     for n, r in rows.items():
+        dec = f"{r['down_kept_decode']:.2f}" if r.get("down_kept_decode") is not None else "-"
         lines.append(f"| {n} | {r['method']} | {r['speed_ratio']:.3f}x ({r['speed_lowest']:.3f}) | "
-                     f"{r['bytes_sparse'] / 2**20:.1f} of {r['bytes_dense'] / 2**20:.1f} | {r['bytes_ratio']:.2f} |"
-                     + (f" {r['ppl_change'] * 100:+.2f}% |" if base_ppl else ""))
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+                     f"{r['bytes_sparse'] / 2**20:.1f} of {r['bytes_dense'] / 2**20:.1f} | {r['bytes_ratio']:.2f} | "
+                     f"{r['down_kept_calibration']:.2f} / {dec} |" + (f" {r['ppl_change'] * 100:+.2f}% |" if base_ppl else ""))
+    path("md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    _plot(out, stem.with_suffix(".png"))
+    _plot(out, path("png"))
     return 0
+
+
+def forced_decode(model, ids: list[int], prompt: int) -> float:
+    """Seconds of one-token steps over ids[prompt:] after a prefill of ids[:prompt] (the text's own tokens fed in,
+    as auto's timing does: a random-weight model's greedy output repeats one token, whose activations say nothing
+    of a text's)."""
+    model.forward(ids[:prompt], 0, np.array([prompt - 1]))
+    t0 = time.perf_counter()
+    for i in range(prompt, len(ids)):
+        model.forward([ids[i]], i, np.array([0]))
+    return time.perf_counter() - t0
 
 
 def _plot(out: dict, path: Path) -> None:

@@ -20,9 +20,12 @@ def main(path: str) -> None:
            "| shape | op | density | us | vs dense GEMV |", "|---|---|---|---|---|"]
     curves = {}
     for shape in shapes:
-        for op, dense in (("gather_gemv", "gate_gemv"), ("down_axpy_q4t", "down_gemv"), ("down_axpy_q8_0", "down_gemv")):
+        for op, dense in (("gather_gemv", "gate_gemv"), ("down_axpy_q4t", "down_gemv"), ("down_axpy_q8_0", "down_gemv"),
+                          ("down_axpy_q8t", "down_gemv")):
+            if (shape, dense, 1.0) not in med or not any(k[0] == shape and k[1] == op for k in med):
+                continue  # (a run of some of the entries: pytest -k)
             base = med[(shape, dense, 1.0)]
-            if op != "down_axpy_q8_0":
+            if op not in ("down_axpy_q8_0", "down_axpy_q8t"):
                 out.append(f"| {shape} | {dense} (dense) | 1.0 | {base:.1f} | 1.00 |")
             pts = sorted((k[2], v) for k, v in med.items() if k[0] == shape and k[1] == op)
             for dens, us in sorted(pts, reverse=True):

@@ -85,6 +85,8 @@ class Session:
                 raise UnsupportedModelError("input sparsity runs in RAM on the CPU for now (no --device, "
                                             "--mem-limit or --ram-budget)")
             self.sparsity = input_plan(self, o.sparsity_quality, progress)
+            if not any(v > 0 for v in self.sparsity.info.get("levels", {}).values()):
+                self.sparsity = None  # every rung past the quality bound: nothing to cut, nothing to time
         else:
             self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
                                              self.n_threads, progress)

@@ -64,35 +64,55 @@ inline void q8t_store(const __m256i* acc, __m256i bias, __m256 d, const uint16_t
   }
 }
 
+// Per group, four rows at a time stream across the thread's whole slice (four sequential streams, as the Q8_0
+// axpy reads), their sums kept per column in a stack buffer; then the group's scale step. Sweeping the columns
+// with all of a group's rows at once (up to 32 streams in flight) ran at 13 GB/s where the Q8_0 float axpy read
+// 23 (7B-shaped down, every input active).
+constexpr int64_t kQ8TSliceMax = 4096;  // columns per call at most: the slice is cut into pieces of this width
+
 template <typename Dot>
-void axpy_q8t_x86(const AxpyRowsArgs& a) {
-  const int64_t width = a.c1 - a.c0;
+void axpy_q8t_slice(const AxpyRowsArgs& a) {
+  const int64_t width = a.c1 - a.c0, chunks = width / kQuantBlock;
+  alignas(32) int32_t sums[kQ8TSliceMax];  // per chunk: its four dword vectors (lane order, q8t_quad's)
   int64_t ahead = 0;  // the first list position whose slice is not yet asked for
   const int64_t distance = axpy_ahead_rows(width);
   for_each_q4t_group(a, [&](const Q4TGroup& g) {
-    for (const int64_t upto = std::min(a.n, g.end + distance); ahead < upto; ++ahead) {
-      const char* row = reinterpret_cast<const char*>(a.row(a.ids[ahead]) + a.c0);
-      for (int64_t off = 0; off < width; off += 64) prefetch_l2(row + off);
-    }
     Q4TCoefs qc;
     quantize_group_coefs(a, g, qc);
     const uint8_t* rows[kQuantBlock];
     group_rows(a, g, qc.n4, rows);
-    __m256i coef[kQuantBlock / 4];
-    for (int64_t k = 0; k < qc.n4; k += 4)
-      coef[k / 4] = _mm256_set1_epi32(int32_t(uint32_t(uint8_t(qc.q[k])) | uint32_t(uint8_t(qc.q[k + 1])) << 8 |
-                                              uint32_t(uint8_t(qc.q[k + 2])) << 16 |
-                                              uint32_t(uint8_t(qc.q[k + 3])) << 24));
+    for (int64_t k = 0; k < qc.n4; k += 4) {
+      for (const int64_t upto = std::min(a.n, g.begin + k + 4 + distance); ahead < upto; ++ahead) {
+        const char* row = reinterpret_cast<const char*>(a.row(a.ids[ahead]) + a.c0);
+        for (int64_t off = 0; off < width; off += 64) prefetch_l2(row + off);
+      }
+      const __m256i coef = _mm256_set1_epi32(int32_t(uint32_t(uint8_t(qc.q[k])) | uint32_t(uint8_t(qc.q[k + 1])) << 8 |
+                                                     uint32_t(uint8_t(qc.q[k + 2])) << 16 |
+                                                     uint32_t(uint8_t(qc.q[k + 3])) << 24));
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        __m256i* acc = reinterpret_cast<__m256i*>(sums + 32 * ch);
+        __m256i v[4];
+        for (int j = 0; j < 4; ++j) v[j] = k == 0 ? _mm256_setzero_si256() : _mm256_load_si256(acc + j);
+        q8t_quad<Dot>(rows + k, a.c0 + ch * kQuantBlock, coef, v);
+        for (int j = 0; j < 4; ++j) _mm256_store_si256(acc + j, v[j]);
+      }
+    }
     const __m256i bias = _mm256_set1_epi32(Dot::kBiased ? q8t_bias(qc) : 0);
     const __m256 d = _mm256_set1_ps(qc.d);
     const uint16_t* scale = a.scales + int64_t(g.group) * a.scales_stride;
-    for (int64_t c = a.c0; c < a.c1; c += kQuantBlock) {
-      __m256i acc[4];
-      for (auto& v : acc) v = _mm256_setzero_si256();
-      for (int64_t k = 0; k < qc.n4; k += 4) q8t_quad<Dot>(rows + k, c, coef[k / 4], acc);
-      q8t_store(acc, bias, d, scale, a.y, c);
-    }
+    for (int64_t ch = 0; ch < chunks; ++ch)
+      q8t_store(reinterpret_cast<const __m256i*>(sums + 32 * ch), bias, d, scale, a.y, a.c0 + ch * kQuantBlock);
   });
+}
+
+template <typename Dot>
+void axpy_q8t_x86(const AxpyRowsArgs& a) {
+  for (int64_t c = a.c0; c < a.c1; c += kQ8TSliceMax) {  // (a slice wider than the buffer: piece by piece)
+    AxpyRowsArgs piece = a;
+    piece.c0 = c;
+    piece.c1 = std::min(a.c1, c + kQ8TSliceMax);
+    axpy_q8t_slice<Dot>(piece);
+  }
 }
 
 }  // namespace

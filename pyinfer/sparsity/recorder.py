@@ -90,7 +90,8 @@ class Recorder:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+    """x * sigmoid(x), with the sigmoid as a tanh: no overflow warning where |x| is large (random weights)."""
+    return x * (0.5 + 0.5 * np.tanh(0.5 * x))
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
