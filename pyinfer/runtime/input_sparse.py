@@ -1,14 +1,10 @@
 """Input-sparse projections (TEAL): a projection y = W x skips the weight columns that the small entries of its
 input would multiply, so their bytes are never fetched.
 
-Decode reads a transposed copy of W made at load (row i = input i's column of W, so one skipped input is one
-skipped row): Q8T for quantized weights (8-bit rows, the scales of each 32 inputs in a side table: the weight's
-own blocks for Q8_0, a Q8_0 rounding of the others, 8.5 bits a weight), F32 for float ones. Q4T (nibbles,
-5 bits a weight) was measured first: its axpy unpacks nibbles and pairs rows at run time, about three times a
-dense GEMV's work per weight, so at 30% density it took 1.4x the dense matmul's time where Q8T's integer dot4
-takes less (bench/results/sparsity/input_*.md). The copy is kept beside the original, which prefill and batches denser than the break-even read: the
-projections' bytes are held twice. The active list of an input is |x_i| > t, t per layer and input site
-(sparsity/input_calibrate.py), shared by the projections reading that input (q, k, v; gate, up).
+Decode reads an input-major copy of W made at load (runtime/input_major.py: row i = input i's column of W, so
+one skipped input is one skipped row), kept beside the original, which prefill and batches denser than the
+break-even read: a cut projection's bytes are held twice. The active list of an input is |x_i| > t, t per layer
+and input site (sparsity/input_calibrate.py), shared by the projections reading that input (q, k, v; gate, up).
 
 `ModelGraph.linear` and the FFN writer (`dense_ffn`) call a projection builder; this one builds the sparse
 path (active list, union, axpy over the listed rows) and the dense matmul, each guarded by the union's choice.
@@ -26,7 +22,6 @@ from .sparse_ffn import SparseRuns
 # weight part -> its input site (ffn_down's input is act(gate) * up: the layer's own `threshold`)
 SITE_OF_PART = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_output": "attn_out",
                 "ffn_gate": "ffn_in", "ffn_up": "ffn_in", "ffn_down": "ffn_mid"}
-SITES = INPUT_SITES + ("ffn_mid",)
 _LAYER_WEIGHT = re.compile(r"blk\.(\d+)\.([a-z_]+)\.weight$")
 
 

@@ -2,9 +2,9 @@
 calibration text (never evaluation text), kept as quantiles, so a plan at any sparsity level is read off it
 without running the model again.
 
-A level s cuts every input site of every layer at its own s-quantile of |x|: each projection skips a share s of
-its weight columns. TEAL allocates levels per layer by a greedy search; here one level for all (the allocation
-is the next step), chosen by `sparsity/auto_choice.py` or by the user (--target).
+A level s cuts an input site of every layer at that layer's s-quantile of |x|: each projection reading it skips a
+share s of its weight columns. TEAL allocates levels per layer by a greedy search; here one level per site for
+all layers (the allocation is a next step), chosen by sparsity/input_choice.py within a quality bound.
 """
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ Thresholds come from the calibration text's first CALIBRATION_TOKENS tokens (spa
 plan is then chosen by perplexity on held-out windows of the same text (its tail, which calibration never saw;
 never evaluation text): the rungs of LADDER, each skipping more bytes than the one before, are scored by a
 binary search, every token computed as sparse decode computes it, and the last rung within `quality` percent of
-the dense model's perplexity is kept. Per model and method:
-bench/results/sparsity/input_*.md. A per-layer allocation (TEAL's greedy
-search) would fit the bound tighter; the ladder is what a first load can afford.
+the dense model's perplexity is kept, then `auto`'s timing keeps it only where it decodes faster (session.py).
+Per model and method: bench/results/sparsity/input_*.md. A per-layer allocation (TEAL's greedy search) would fit
+the bound tighter; the ladder is what a first load can afford.
 """
 from __future__ import annotations
 
