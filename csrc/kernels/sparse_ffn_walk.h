@@ -129,7 +129,7 @@ inline void axpy_dispatch(const AxpyRowsArgs& a, Q4T q4t, Q41 q41, Q80 q80) {
   using One = std::integral_constant<int, 1>;
   switch (a.wtype) {
     case DType::Q4T: return q4t(a);
-    case DType::Q8T: return axpy_rows_scalar(a);  // (x86 tables run their own kernel: sparse_ffn_q8t_x86.h)
+    case DType::Q8T: return axpy_rows_scalar(a);  // (every table runs its own kernel before dispatching here)
     case DType::Q4_1:
       return for_rows_prefetched<BlockQ4_1>(a, [&](int64_t k) { q41(k, Four{}); }, [&](int64_t k) { q41(k, One{}); });
     case DType::Q8_0:
