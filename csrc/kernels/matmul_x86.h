@@ -370,7 +370,7 @@ inline void gemv_tile4(const uint8_t* const* wrows, const BlockQ8A* x, const Dec
   for (int64_t sb = 0; sb < nb / K; ++sb) {
     const int64_t b0 = sb * K;  // so that b0 + j splits into super-block and piece at compile time
     if (pf)
-      for (int64_t o = 0; o < pf_bytes; o += 64) prefetch_l2(pf + sb * pf_bytes + o);
+      for (int64_t o = 0; o < pf_bytes; o += 64) _mm_prefetch(pf + sb * pf_bytes + o, _MM_HINT_T1);
     alignas(32) float sv[kRowLanes ? 4 * K : 1];    // scale products d_w * d_x, [piece][row]
     alignas(32) float mins[kRowLanes ? 4 * K : 1];  // [piece][row]
     alignas(16) int8_t sc6[kSixBit ? 64 : 1];        // Q6_K: [piece][half][row] scales
@@ -507,8 +507,6 @@ int64_t gemv_rows(const MatMulArgs& a, RowOf row, const BlockQ8A* x, int64_t nb)
   // Contiguous rows (no gather list, no pages): one stream, prefetched a fixed distance ahead in bytes.
   const bool stream = !a.row_ids && !a.w_rows;
   const int64_t pieces = nb / gemv_step<WT>(), tile_bytes = NR * int64_t(a.w_row_bytes);
-  // A gather's distance in rows: at least kAheadRows, and as many as kAheadBytes hold (short rows).
-  const int64_t gather_rows = std::max(kAheadRows, kAheadBytes / std::max<int64_t>(1, int64_t(a.w_row_bytes)));
   // The stream's first byte not yet asked for, and its end. Each tile asks for the bytes that keep the
   // prefetch kAheadBytes past it, at most three tiles' worth: from a call's start (every matmul of a decode
   // step is one) the distance builds up over the first tiles instead of in one burst.
@@ -523,7 +521,7 @@ int64_t gemv_rows(const MatMulArgs& a, RowOf row, const BlockQ8A* x, int64_t nb)
       pf_step = std::min((target - pf_next) / pieces, 3 * tile_bytes / pieces);
       if (pf_step < 0) pf_step = 0;
     } else {
-      prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + gather_rows + NR, r1));  // x86_common.h
+      prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, r1));  // x86_common.h
     }
     float res[NR];
     gemv_tile4<WT>(wr, x, xa, nb, res, pf_step ? pf_next : nullptr, pf_step);

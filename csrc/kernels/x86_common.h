@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "kernels/kernels.h"
-#include "kernels/prefetch.h"
 
 namespace pyinfer {
 namespace {
@@ -41,7 +40,7 @@ inline void prefetch_rows_ahead(const MatMulArgs& a, RowOf row, int64_t& ahead, 
   for (int n = 0; n < 2 && ahead + NR <= until; ++n, ahead += NR)
     for (int i = 0; i < NR; ++i) {
       const char* p = reinterpret_cast<const char*>(a.row(row(ahead + i)));
-      for (size_t off = 0; off < a.w_row_bytes; off += 64) prefetch_l2(p + off);
+      for (size_t off = 0; off < a.w_row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
     }
 }
 
