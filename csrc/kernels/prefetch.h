@@ -17,15 +17,4 @@ inline void prefetch_l2(const void* p) {
 #endif
 }
 
-// One cache line asked for into L1 (T0).
-inline void prefetch_l1(const void* p) {
-#if defined(__x86_64__) || defined(_M_X64)
-  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
-#elif defined(__aarch64__)
-  asm volatile("prfm pldl1keep, %0" : : "Q"(*static_cast<const char*>(p)));
-#else
-  __builtin_prefetch(p, 0, 3);
-#endif
-}
-
 }  // namespace pyinfer
