@@ -55,14 +55,12 @@ def transposed_weight(gguf: GGUFModelFile, name: str) -> tuple[DType, np.ndarray
     if t.type_name == "Q8_0" and t.rows % 32 == 0:
         rows, scales = q8t_from_q8_0(raw_rows(gguf, name), t.rows, t.cols)
         return DType.Q8T, rows, scales
-    if t.type_name not in _FLOAT and t.rows % 32 == 0:
-        wt = _core.neuron_major(raw_rows(gguf, name), DType(t.dtype_id), t.cols, np.arange(t.cols, dtype=np.int32),
-                                DType.F32, physical_cores()).view(np.float32).reshape(t.cols, t.rows)
-        rows, scales = q8t_from_float(wt)
-        return DType.Q8T, rows, scales
     wt = _core.neuron_major(raw_rows(gguf, name), DType(t.dtype_id), t.cols, np.arange(t.cols, dtype=np.int32),
-                            DType.F32, physical_cores()).view(np.float32)
-    return DType.F32, wt.reshape(t.cols, t.rows), None  # float weights, or rows no multiple of 32: exact F32
+                            DType.F32, physical_cores()).view(np.float32).reshape(t.cols, t.rows)
+    if t.type_name in _FLOAT or t.rows % 32:
+        return DType.F32, wt, None  # float weights, or rows no multiple of 32: exact F32
+    rows, scales = q8t_from_float(wt)
+    return DType.Q8T, rows, scales
 
 
 def by_input_weight(b: GraphBuilder, gguf: GGUFModelFile, weight: str, tag: str = "") -> tuple[T, T | None]:

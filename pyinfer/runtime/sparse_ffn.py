@@ -27,7 +27,7 @@ from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import LayerPlan, SparsityPlan
 from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, Guard, T
-from .input_major import by_input_weight
+from .input_major import by_input_weight, raw_rows
 from .threads import physical_cores
 
 _FLOAT_TYPES = {"F32", "F16", "BF16"}
@@ -101,12 +101,6 @@ def q4t_from_blocks(data: np.ndarray, type_name: str, d: int, n_ff: int) -> tupl
     nibbles = np.ascontiguousarray((qn[:, :, 0, :] | (qn[:, :, 1, :] << 4)).reshape(n_ff, d // 2), dtype=np.uint8)
     scales = np.ascontiguousarray(np.concatenate([scale.T, offset.T], axis=1))  # [G, 2d]
     return nibbles, scales
-
-
-def raw_rows(gguf: GGUFModelFile, name: str) -> np.ndarray:
-    """The tensor's bytes as U8 [rows, row_bytes] (a view of the mapped file)."""
-    t = gguf.tensor(name)
-    return np.asarray(t.data).view(np.uint8).reshape(t.rows, -1)
 
 
 def neuron_major_down(gguf: GGUFModelFile, name: str, perm: np.ndarray, down_type: str = "q4_1"

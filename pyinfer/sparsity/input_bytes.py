@@ -6,14 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.config import GATE_FIRST
+from ..runtime.input_sparse import SITE_OF_PART, site_threshold
 from .input_calibrate import SITES
 from .plan import INPUT_SITES, SparsityPlan
 from .recorder import Recorder
 
 MEASURE_TOKENS = 512
-# weight part -> its input site
-PARTS = {"attn_q": "attn_in", "attn_k": "attn_in", "attn_v": "attn_in", "attn_output": "attn_out",
-         "ffn_gate": "ffn_in", "ffn_up": "ffn_in", "ffn_down": "ffn_mid"}
 
 
 def measure_densities(gguf, cfg, plan: SparsityPlan, ids: list[int], n_threads: int) -> list[dict[str, float]]:
@@ -41,8 +39,6 @@ def measure_densities(gguf, cfg, plan: SparsityPlan, ids: list[int], n_threads: 
 
 def bytes_per_token(gguf, cfg, plan: SparsityPlan, densities: list[dict[str, float]]) -> dict[str, int]:
     """Weight bytes one decode step reads: dense (every layer matrix and the head) and with the plan."""
-    from ..runtime.input_sparse import site_threshold
-
     dense = sparse = 0
     for name, t in gguf.tensors.items():
         if t.rows == 1 or name == "token_embd.weight" and not cfg.tied_output:
@@ -50,7 +46,7 @@ def bytes_per_token(gguf, cfg, plan: SparsityPlan, densities: list[dict[str, flo
         nbytes = int(np.asarray(t.data).nbytes)
         dense += nbytes
         parts = name.split(".")
-        if len(parts) < 4 or parts[0] != "blk" or parts[2] not in PARTS:
+        if len(parts) < 4 or parts[0] != "blk" or parts[2] not in SITE_OF_PART:
             sparse += nbytes
             continue
         il, part = int(parts[1]), parts[2]
@@ -60,7 +56,7 @@ def bytes_per_token(gguf, cfg, plan: SparsityPlan, densities: list[dict[str, flo
             sparse += {"ffn_gate": nbytes, "ffn_up": int(nbytes * d["up"]),
                        "ffn_down": int(copy_bytes(t) * d["ffn_mid"]) + copy_side_bytes(t)}[part]
         elif site_threshold(plan, name) is not None:
-            sparse += int(copy_bytes(t) * d[PARTS[part]]) + copy_side_bytes(t)
+            sparse += int(copy_bytes(t) * d[SITE_OF_PART[part]]) + copy_side_bytes(t)
         else:
             sparse += nbytes
     return {"dense": dense, "sparse": sparse}
