@@ -111,12 +111,12 @@ def test_unsupported_tensor_type_names_it_and_the_supported_ones(tmp_path):
 
     from support.tiny_model import random_k_blocks, write_tiny_llama
 
-    p = write_tiny_llama(tmp_path / "q2k.gguf", config=dict(d_model=256, d_ff=256, n_heads=4, n_kv_heads=2))
-    # Same file with ffn_down's type switched to Q3_K (a K-quant pyinfer does not run) and its bytes to match
+    p = write_tiny_llama(tmp_path / "f32.gguf", config=dict(d_model=256, d_ff=256, n_heads=4, n_kv_heads=2))
+    # Same file with ffn_down's type switched to IQ1_S (a 1.56-bit type pyinfer does not run) and its bytes to match
     from gguf import GGUFReader, GGUFWriter
 
     r = GGUFReader(str(p))
-    w = GGUFWriter(str(tmp_path / "q3k.gguf"), "llama")
+    w = GGUFWriter(str(tmp_path / "iq1s.gguf"), "llama")
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
@@ -135,14 +135,14 @@ def test_unsupported_tensor_type_names_it_and_the_supported_ones(tmp_path):
     for t in r.tensors:
         shape = [int(d) for d in reversed(t.shape)]
         if t.name == "blk.0.ffn_down.weight":
-            raw = rng.integers(0, 256, size=(shape[0], shape[1] // 256 * 110), dtype=np.uint8)
-            w.add_tensor(t.name, raw, raw_dtype=Q.Q3_K)
+            raw = rng.integers(0, 256, size=(shape[0], shape[1] // 256 * 50), dtype=np.uint8)
+            w.add_tensor(t.name, raw, raw_dtype=Q.IQ1_S)
         else:
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    rc, _, err = run_cli("generate", "-m", str(tmp_path / "q3k.gguf"), "hi")
-    assert_one_line_error(rc, err, "type Q3_K")
-    assert "Q4_K" in err and "Q6_K" in err and "Q5_0" in err
+    rc, _, err = run_cli("generate", "-m", str(tmp_path / "iq1s.gguf"), "hi")
+    assert_one_line_error(rc, err, "type IQ1_S")
+    assert "Q4_K" in err and "IQ2_XXS" in err and "MXFP4" in err
 
 
 def test_relu_family_never_runs_as_silu():

@@ -1,5 +1,9 @@
-"""The 5-bit and K-quant weight types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) against gguf-py's dequantize, for
-every kernel ISA this CPU can run: the embedding lookup (GetRows) and the integer-dot matmul."""
+"""The 5-bit, K-quant and low-bit weight types (Q5_0 .. Q6_K; Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 and the IQ2/IQ3 grid
+types) against gguf-py's dequantize and, for the low-bit ones, against llama.cpp's own quantizer and dequantizer
+(tests/data/llamacpp_low_bit.npz, bench/llamacpp_quant_fixture.py), for every kernel ISA this CPU can run: the
+embedding lookup (GetRows) and the integer-dot matmul."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
@@ -8,11 +12,13 @@ from gguf import quants
 
 from pyinfer import _core
 from pyinfer._core import DType
-from support.tiny_model import random_blocks
+from support.tiny_model import LOW_BIT_TYPES, random_blocks
 from test_ops import q8a_reference, run_single
 
 ISAS = _core.available_isas().split(",")
-NEW_TYPES = [Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+NEW_TYPES = [Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K] + LOW_BIT_TYPES
+INTEGER_DOT = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K] + LOW_BIT_TYPES
+LLAMACPP_BLOCKS = Path(__file__).parent / "data" / "llamacpp_low_bit.npz"
 def test_row_bytes_match_gguf():
     for qt in NEW_TYPES:
         block_elems, block_bytes = GGML_QUANT_SIZES[qt]
@@ -83,7 +89,7 @@ def test_k_quant_row_length_must_be_a_multiple_of_256():
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("qtype", INTEGER_DOT)
 def test_a_token_gets_the_same_bits_alone_and_in_a_batch(isa, qtype):
     """Decode's GEMV (one token) and the many-token tiles sum the same products in the same order: a sequence's
     logits do not depend on what else shares its batch. 70 rows: 4-row tiles and a remainder."""
@@ -105,7 +111,7 @@ def test_a_token_gets_the_same_bits_alone_and_in_a_batch(isa, qtype):
     np.testing.assert_array_equal(np.concatenate([matmul(x[t:t + 1]) for t in range(n_tok)]), batch)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("qtype", INTEGER_DOT)
 @pytest.mark.parametrize("rows,k,n_tok", [(70, 1024, 1), (70, 1024, 13), (20, 512, 300), (9, 22528, 6), (5, 67584, 1)])
 def test_every_kernel_table_gives_the_scalar_bits(qtype, rows, k, n_tok):
     """Every path sums a row's products in one order (exact integer dots per block, then one fused float step per
@@ -130,3 +136,37 @@ def test_every_kernel_table_gives_the_scalar_bits(qtype, rows, k, n_tok):
     want = matmul("scalar")
     for isa in isas:
         np.testing.assert_array_equal(matmul(isa), want, err_msg=isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", LOW_BIT_TYPES)
+def test_llamacpp_quantized_blocks_decode_as_llamacpp_decodes_them(isa, qtype):
+    """Blocks made by llama.cpp's quantizer (not random bits: its grids' real indices, IQ2_XXS's signs with their
+    parity, MXFP4's exponents) decode to llama.cpp's own floats, and the matmul over them is the integer dot of
+    those floats with the quantized activation."""
+    data = np.load(LLAMACPP_BLOCKS)
+    w, want = data[f"{qtype.name}.blocks"], data[f"{qtype.name}.dequantized"]
+    rows, k = want.shape
+    np.testing.assert_array_equal(quants.dequantize(w, qtype).reshape(rows, k), want)  # gguf-py agrees with llama.cpp
+    ids = np.arange(rows, dtype=np.int32)
+
+    def lookup(b):
+        return b.get_rows(b.weight("table", int(qtype), k, rows, w), b.weight("ids", int(DType.I32), 1, rows, ids), "rows")
+
+    eng, out = run_single(lookup, rows, isa)
+    np.testing.assert_allclose(eng.tensor(out.id, rows), want, rtol=1e-6, atol=1e-7)
+    x = np.random.default_rng(int(qtype)).standard_normal((3, k)).astype(np.float32)
+    eng, y = run_single(lambda b: b.matmul(b.weight("w", int(qtype), k, rows, w),
+                                           b.weight("x", int(DType.F32), k, 3, x), "y"), 3, isa)
+    q, d = q8a_reference(x)
+    ref = (q * d).reshape(3, k).astype(np.float64) @ want.T.astype(np.float64)
+    np.testing.assert_allclose(eng.tensor(y.id, 3), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_low_bit_types_load_by_name():
+    """The GGUF loader accepts every low-bit type (they were refused before) and maps it to the kernels' id."""
+    from pyinfer.model.gguf_file import SUPPORTED_TYPES
+
+    for qtype in LOW_BIT_TYPES:
+        assert SUPPORTED_TYPES[qtype.name] == int(qtype) == int(getattr(DType, qtype.name))
+        assert _core.row_bytes(DType(int(qtype)), 256) == GGML_QUANT_SIZES[qtype][1] * 256 // GGML_QUANT_SIZES[qtype][0]

@@ -14,11 +14,21 @@ enum class DType : int32_t {
   Q5_0 = 6,
   Q5_1 = 7,
   Q8_0 = 8,
+  Q2_K = 10,
+  Q3_K = 11,
   Q4_K = 12,
   Q5_K = 13,
   Q6_K = 14,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
   I32 = 26,
   BF16 = 30,
+  MXFP4 = 39,
   // Activations quantized on the fly for integer-dot GEMV/GEMM. Not a GGUF type.
   Q8A = 1000,
   // Neuron-major 4-bit down projection: row j = neuron j's down column as nibbles (GGML order per 32
@@ -49,6 +59,23 @@ struct BlockQ4_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qs[128
 struct BlockQ5_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
 // Q6_K: 16 sub-blocks of 16 with int8 scales; x = d * sc * (q - 32), q = 4 low bits in ql, 2 high in qh.
 struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+// Q2_K: 16 sub-blocks of 16, scales[i] = 4-bit scale | 4-bit min << 4; x = d * sc * q - dmin * mn, q 2 bits.
+struct BlockQ2_K { uint8_t scales[16]; uint8_t qs[64]; uint16_t d; uint16_t dmin; };
+// Q3_K: 16 sub-blocks of 16 with 6-bit scales (minus 32) packed in 12 bytes; x = d * sc * (q - 4 * !hmask bit).
+struct BlockQ3_K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; };
+// The non-linear 4-bit types: nibbles index a 16-entry int8 table (kIq4Values, iq_tables.h).
+struct BlockIQ4_NL { uint16_t d; uint8_t qs[16]; };
+// IQ4_XS: 8 sub-blocks of 32 with 6-bit scales (minus 32): 4 low bits in scales_l, 2 high in scales_h.
+struct BlockIQ4_XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; };
+// MXFP4: an E8M0 exponent and 32 E2M1 nibbles (kMxfp4Values, doubled, so the exponent is taken as half).
+struct BlockMXFP4 { uint8_t e; uint8_t qs[16]; };
+// The grid types (iq_tables.h): groups of 8 (IQ2) or 4 (IQ3) magnitudes from a table, signs from 7-bit indices
+// with an implied parity bit (or stored bytes for IQ2_S / IQ3_S), a 4-bit scale per 32 or 16 elements.
+struct BlockIQ2_XXS { uint16_t d; uint16_t qs[32]; };
+struct BlockIQ2_XS { uint16_t d; uint16_t qs[32]; uint8_t scales[8]; };
+struct BlockIQ2_S { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t scales[8]; };
+struct BlockIQ3_XXS { uint16_t d; uint8_t qs[96]; };
+struct BlockIQ3_S { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t signs[32]; uint8_t scales[4]; };
 // Activation block: fp32 scale and s = d * sum(q), which folds Q4_1's offset and Q4_0's -8 into one FMA.
 struct BlockQ8A { float d; float s; int8_t qs[32]; };
 static_assert(sizeof(BlockQ4_0) == 18, "GGUF Q4_0 layout");
@@ -60,6 +87,10 @@ static_assert(sizeof(BlockQ5_1) == 24, "GGUF Q5_1 layout");
 static_assert(sizeof(BlockQ4_K) == 144, "GGUF Q4_K layout");
 static_assert(sizeof(BlockQ5_K) == 176, "GGUF Q5_K layout");
 static_assert(sizeof(BlockQ6_K) == 210, "GGUF Q6_K layout");
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockIQ4_NL) == 18 &&
+              sizeof(BlockIQ4_XS) == 136 && sizeof(BlockMXFP4) == 17 && sizeof(BlockIQ2_XXS) == 66 &&
+              sizeof(BlockIQ2_XS) == 74 && sizeof(BlockIQ2_S) == 82 && sizeof(BlockIQ3_XXS) == 98 &&
+              sizeof(BlockIQ3_S) == 110, "GGUF low-bit layouts");
 
 // One row per type: every fact the graph, the kernels (CPU and CUDA), the bindings and the checks need about
 // a type, in one place (ggml's type_traits). Adding a type is one row here; the count check below fails until
@@ -85,11 +116,21 @@ inline constexpr DTypeTraits kDTypeTraits[] = {
     {DType::Q4_K, "Q4_K", kSuperBlock, int32_t(sizeof(BlockQ4_K)), true, true},
     {DType::Q5_K, "Q5_K", kSuperBlock, int32_t(sizeof(BlockQ5_K)), true, true},
     {DType::Q6_K, "Q6_K", kSuperBlock, int32_t(sizeof(BlockQ6_K)), true, true},
+    {DType::Q2_K, "Q2_K", kSuperBlock, int32_t(sizeof(BlockQ2_K)), true, true},
+    {DType::Q3_K, "Q3_K", kSuperBlock, int32_t(sizeof(BlockQ3_K)), true, true},
+    {DType::IQ4_NL, "IQ4_NL", kQuantBlock, int32_t(sizeof(BlockIQ4_NL)), true, true},
+    {DType::IQ4_XS, "IQ4_XS", kSuperBlock, int32_t(sizeof(BlockIQ4_XS)), true, true},
+    {DType::MXFP4, "MXFP4", kQuantBlock, int32_t(sizeof(BlockMXFP4)), true, true},
+    {DType::IQ2_XXS, "IQ2_XXS", kSuperBlock, int32_t(sizeof(BlockIQ2_XXS)), true, true},
+    {DType::IQ2_XS, "IQ2_XS", kSuperBlock, int32_t(sizeof(BlockIQ2_XS)), true, true},
+    {DType::IQ2_S, "IQ2_S", kSuperBlock, int32_t(sizeof(BlockIQ2_S)), true, true},
+    {DType::IQ3_XXS, "IQ3_XXS", kSuperBlock, int32_t(sizeof(BlockIQ3_XXS)), true, true},
+    {DType::IQ3_S, "IQ3_S", kSuperBlock, int32_t(sizeof(BlockIQ3_S)), true, true},
     {DType::Q8A, "Q8A", kQuantBlock, int32_t(sizeof(BlockQ8A)), false, true},
     {DType::Q4T, "Q4T", kQuantBlock, 16, false, true},  // nibbles only: its scales live in a side tensor
     {DType::Q8T, "Q8T", kQuantBlock, 32, false, true},  // bytes only: its scales live in a side tensor
 };
-inline constexpr int kDTypeCount = 15;
+inline constexpr int kDTypeCount = 25;
 static_assert(sizeof(kDTypeTraits) / sizeof(kDTypeTraits[0]) == kDTypeCount,
               "a DType was added or removed: update kDTypeTraits and every switch over DType");
 

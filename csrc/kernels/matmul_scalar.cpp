@@ -13,14 +13,22 @@ namespace {
 // One weight piece against one activation block, as every SIMD path sums it (matmul_x86.h): the exact integer dot
 // (Q6_K's halves times their scales), scaled by d_w * d_x into `acc`, the offset m * s into `off`, both fused.
 // Q4_K/Q5_K's d_w is d * sc, as their SIMD decoders form it; the legacy types' sc is 1.
+// Sub-scale types (Q6_K, Q3_K, Q2_K, IQ2_XS, IQ2_S) scale each half's integer dot; Q2_K's half mins are a second
+// integer dot (the mins against the halves' activation sums) times -dmin * d_x, in the offsets' chain.
 inline void dot_piece(DType type, const Piece32& p, const BlockQ8A& x, float& acc, float& off) {
-  int32_t half[2] = {0, 0};
-  for (int j = 0; j < 32; ++j) half[j / 16] += int32_t(p.q[j]) * x.qs[j];
-  if (type == DType::Q6_K)
+  int32_t half[2] = {0, 0}, xsum[2] = {0, 0};
+  for (int j = 0; j < 32; ++j) {
+    half[j / 16] += int32_t(p.q[j]) * x.qs[j];
+    xsum[j / 16] += x.qs[j];
+  }
+  if (piece_has_sub_scales(type))
     acc = std::fma(float(p.scale[0] * half[0] + p.scale[1] * half[1]), p.d * x.d, acc);
   else
     acc = std::fma(float(half[0] + half[1]), (p.d * float(p.scale[0])) * x.d, acc);
-  off = std::fma(p.m, x.s, off);
+  if (piece_has_half_mins(type))
+    off = std::fma(float(p.mins[0] * xsum[0] + p.mins[1] * xsum[1]), p.m * x.d, off);
+  else
+    off = std::fma(p.m, x.s, off);
 }
 
 }  // namespace

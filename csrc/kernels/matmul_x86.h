@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/kernels.h"
 #include "kernels/matmul_float_x86.h"
@@ -40,7 +41,8 @@ inline __m256i fifth_bits(const uint8_t* qh_bytes) {
 // elements 0..15 and 16..31: element j is d * sc[j / 16] * q[j].
 struct Piece {
   __m256i q;
-  __m256i sc16;  // only for kSubScales types
+  __m256i sc16;   // only for kSubScales types
+  __m256i min16;  // only for kHalfMins types (Q2_K): its two halves' mins as 16-bit lanes, like sc16
   float d, m;
 };
 
@@ -207,6 +209,28 @@ template <> struct WeightBlock<DType::Q6_K> {
   }
 };
 
+}  // namespace
+}  // namespace pyinfer
+
+#include "kernels/matmul_lowbit_x86.h"  // Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 and the IQ2/IQ3 grid types
+
+namespace pyinfer {
+namespace {
+
+// Whether a weight block type has Q2_K's per-half mins (only the low-bit blocks declare kHalfMins).
+template <typename P, typename = void> struct HasHalfMins { static constexpr bool value = false; };
+template <typename P> struct HasHalfMins<P, std::void_t<decltype(P::kHalfMins)>> { static constexpr bool value = P::kHalfMins; };
+template <typename P> constexpr bool half_mins_of() { return HasHalfMins<P>::value; }
+template <DType WT> constexpr bool low_bit_type() {
+  return WT == DType::Q2_K || WT == DType::Q3_K || WT == DType::IQ4_NL || WT == DType::IQ4_XS || WT == DType::MXFP4 ||
+         WT == DType::IQ2_XXS || WT == DType::IQ2_XS || WT == DType::IQ2_S || WT == DType::IQ3_XXS || WT == DType::IQ3_S;
+}
+
+// Q2_K's offset of a piece against 32 activation bytes: the mins times the halves' sums, as 8 int32 partials.
+inline __m256i half_mins_dot(const Piece& w, __m256i xq) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), w.min16);
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr bool kVnni = true;
 #else
@@ -317,12 +341,63 @@ inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int6
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       for (int r = 0; r < NR; ++r) {
         acc[r][t] = std::fma(float(lane_sum(piece_dot<P>(w[r], xq))), w[r].d * xb.d, acc[r][t]);
-        if (P::kOffset) off[r][t] = std::fma(w[r].m, xb.s, off[r][t]);
+        if constexpr (half_mins_of<P>())
+          off[r][t] = std::fma(float(lane_sum(half_mins_dot(w[r], xq))), w[r].m * xb.d, off[r][t]);
+        else if (P::kOffset)
+          off[r][t] = std::fma(w[r].m, xb.s, off[r][t]);
       }
     }
   }
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) res[r][t] = acc[r][t] + off[r][t];
+}
+
+// Decode of the low-bit types, 4 rows a tile: the rows' exact integer dots of two pieces reduced together
+// (lane_sums4x2, as gemv_tile4 does), then each row's float steps as one 4-lane vector, in tile()'s order (a row's
+// acc = fma(float(dot), d_w * d_x, acc) block after block; Q2_K's mins in their own chain). tile() reduced every
+// piece of every row on its own (Q2_K decode at a third of this speed).
+template <DType WT>
+inline void lowbit_tile4(const uint8_t* const* wrows, const BlockQ8A* x, int64_t nb, float (&res)[4]) {
+  using P = WeightBlock<WT>;
+  constexpr bool kMins = half_mins_of<P>();
+  __m128 acc = _mm_setzero_ps(), off = _mm_setzero_ps();
+  typename P::Cache cache[4]{};
+  auto step = [&](int64_t b, const Piece (&w)[4], __m128 dot, __m128 mins) {
+    const __m128 dx = _mm_set1_ps(x[b].d);
+    acc = _mm_fmadd_ps(dot, _mm_mul_ps(_mm_setr_ps(w[0].d, w[1].d, w[2].d, w[3].d), dx), acc);
+    if constexpr (kMins) off = _mm_fmadd_ps(mins, _mm_mul_ps(_mm_setr_ps(w[0].m, w[1].m, w[2].m, w[3].m), dx), off);
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    Piece w[2][4];
+    __m256i v[2][4], u[2][4];
+    for (int h = 0; h < 2; ++h) {
+      load_pieces<P, 4>(wrows, b + h, cache, w[h]);
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + h].qs));
+      for (int r = 0; r < 4; ++r) {
+        v[h][r] = piece_dot<P>(w[h][r], xq);
+        if constexpr (kMins) u[h][r] = half_mins_dot(w[h][r], xq);
+      }
+    }
+    const __m256 f = _mm256_cvtepi32_ps(lane_sums4x2<false>(v[0][0], v[0][1], v[0][2], v[0][3], v[1][0], v[1][1], v[1][2], v[1][3]));
+    __m256 fm = _mm256_setzero_ps();
+    if constexpr (kMins)
+      fm = _mm256_cvtepi32_ps(lane_sums4x2<false>(u[0][0], u[0][1], u[0][2], u[0][3], u[1][0], u[1][1], u[1][2], u[1][3]));
+    step(b, w[0], _mm256_castps256_ps128(f), _mm256_castps256_ps128(fm));
+    step(b + 1, w[1], _mm256_extractf128_ps(f, 1), _mm256_extractf128_ps(fm, 1));
+  }
+  if (b < nb) {  // an odd last block (IQ4_NL, MXFP4)
+    Piece w[4];
+    load_pieces<P, 4>(wrows, b, cache, w);
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    alignas(16) float dot[4], mins[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int r = 0; r < 4; ++r) {
+      dot[r] = float(lane_sum(piece_dot<P>(w[r], xq)));
+      if constexpr (kMins) mins[r] = float(lane_sum(half_mins_dot(w[r], xq)));
+    }
+    step(b, w, _mm_load_ps(dot), _mm_load_ps(mins));
+  }
+  _mm_storeu_ps(res, _mm_add_ps(acc, off));
 }
 
 // Blocks per step of gemv_tile4: a super-block, or two blocks of the one-piece types.
@@ -478,6 +553,7 @@ constexpr int64_t kMaxSixBitBlocks = 512;
 
 template <DType WT>
 constexpr bool gemv_fits(int64_t nb) {
+  if constexpr (low_bit_type<WT>()) return false;  // the generic tiles (matmul_lowbit_x86.h)
   return nb <= (WT == DType::Q6_K ? kMaxSixBitBlocks : kMaxDecodeBlocks) && nb % gemv_step<WT>() == 0;
 }
 
@@ -541,6 +617,15 @@ void decode_rows(const MatMulArgs& a) {
   constexpr int NR = 4;
   int64_t r = a.r0, ahead = a.r0 + NR;  // the first row not yet prefetched (the first tile is loaded on demand)
   if (gemv_fits<WT>(nb)) r = gemv_rows<WT>(a, row, xr[0], nb);
+  if constexpr (low_bit_type<WT>())
+    for (; r + NR <= a.r1; r += NR) {
+      const uint8_t* wr[NR];
+      for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
+      prefetch_rows_ahead<NR>(a, row, ahead, std::min(r + kAheadRows + NR, a.r1));  // x86_common.h
+      float res[NR];
+      lowbit_tile4<WT>(wr, xr[0], nb, res);
+      for (int i = 0; i < NR; ++i) a.dst[row(r + i)] = res[i];
+    }
   for (; r + NR <= a.r1; r += NR) {
     const uint8_t* wr[NR];
     for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
@@ -576,10 +661,47 @@ struct TileShape {
   static constexpr int lane_groups = kLaneGroups, rows = kRows, tokens = kTokens, float_decode_rows = kFloatDecodeRows;
 };
 
+// Prefill of Q2_K (its half mins are not in the lane blocks): tiles of NR rows x NT tokens from (r, t).
+template <DType WT, int NR, int NT>
+void prefill_tile_at(const MatMulArgs& a, int64_t nb, int64_t r, int64_t t) {
+  const uint8_t* wr[NR];
+  const BlockQ8A* xr[NT];
+  int64_t out_row[NR];
+  for (int i = 0; i < NR; ++i) {
+    out_row[i] = a.row_ids ? a.row_ids[r + i] : r + i;
+    wr[i] = a.row(out_row[i]);
+  }
+  for (int j = 0; j < NT; ++j)
+    xr[j] = reinterpret_cast<const BlockQ8A*>(static_cast<const uint8_t*>(a.x) + (t + j) * int64_t(a.x_row_bytes));
+  float res[NR][NT];
+  tile<WT, NR, NT>(wr, xr, nb, res);
+  for (int i = 0; i < NR; ++i)
+    for (int j = 0; j < NT; ++j) a.dst[(t + j) * a.ldd + out_row[i]] = res[i][j];
+}
+
+template <DType WT>
+void prefill_tiles(const MatMulArgs& a) {
+  const int64_t nb = a.k / kQuantBlock;
+  int64_t t = 0;
+  for (; t + 4 <= a.n_tok; t += 4) {
+    int64_t r = a.r0;
+    for (; r + 4 <= a.r1; r += 4) prefill_tile_at<WT, 4, 4>(a, nb, r, t);
+    for (; r < a.r1; ++r) prefill_tile_at<WT, 1, 4>(a, nb, r, t);
+  }
+  for (; t < a.n_tok; ++t) {
+    int64_t r = a.r0;
+    for (; r + 4 <= a.r1; r += 4) prefill_tile_at<WT, 4, 1>(a, nb, r, t);
+    for (; r < a.r1; ++r) prefill_tile_at<WT, 1, 1>(a, nb, r, t);
+  }
+}
+
 template <DType WT, typename S>
 void matmul_typed(const MatMulArgs& a) {
   if (a.n_tok == 1) return decode_rows<WT>(a);
-  matmul_lanes<WT, S::lane_groups, 4>(a);
+  if constexpr (half_mins_of<WeightBlock<WT>>())
+    return prefill_tiles<WT>(a);
+  else
+    matmul_lanes<WT, S::lane_groups, 4>(a);
 }
 
 // Every integer-dot type, and the float weights (matmul_float_x86.h).
@@ -594,6 +716,16 @@ void matmul_x86(const MatMulArgs& a) {
     case DType::Q4_K: return matmul_typed<DType::Q4_K, S>(a);
     case DType::Q5_K: return matmul_typed<DType::Q5_K, S>(a);
     case DType::Q6_K: return matmul_typed<DType::Q6_K, S>(a);
+    case DType::Q2_K: return matmul_typed<DType::Q2_K, S>(a);
+    case DType::Q3_K: return matmul_typed<DType::Q3_K, S>(a);
+    case DType::IQ4_NL: return matmul_typed<DType::IQ4_NL, S>(a);
+    case DType::IQ4_XS: return matmul_typed<DType::IQ4_XS, S>(a);
+    case DType::MXFP4: return matmul_typed<DType::MXFP4, S>(a);
+    case DType::IQ2_XXS: return matmul_typed<DType::IQ2_XXS, S>(a);
+    case DType::IQ2_XS: return matmul_typed<DType::IQ2_XS, S>(a);
+    case DType::IQ2_S: return matmul_typed<DType::IQ2_S, S>(a);
+    case DType::IQ3_XXS: return matmul_typed<DType::IQ3_XXS, S>(a);
+    case DType::IQ3_S: return matmul_typed<DType::IQ3_S, S>(a);
     default:
       if (!float_matmul_x86<S>(a)) matmul_float_weights(a);
   }

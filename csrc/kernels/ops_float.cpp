@@ -23,7 +23,10 @@ void dequantize_row(DType type, const uint8_t* src, float* dst, int64_t n) {
       for (int64_t b = 0; b < n / kQuantBlock; ++b) {
         Piece32 p;
         decode_piece(type, src, b, p);
-        for (int j = 0; j < 32; ++j) dst[b * 32 + j] = p.d * float(p.scale[j / 16] * p.q[j]) + p.m;
+        if (piece_has_half_mins(type))
+          for (int j = 0; j < 32; ++j) dst[b * 32 + j] = p.d * float(p.scale[j / 16] * p.q[j]) + p.m * float(p.mins[j / 16]);
+        else
+          for (int j = 0; j < 32; ++j) dst[b * 32 + j] = p.d * float(p.scale[j / 16] * p.q[j]) + p.m;
       }
       break;
   }

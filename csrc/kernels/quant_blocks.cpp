@@ -1,6 +1,7 @@
 #include "kernels/quant_blocks.h"
 
 #include "kernels/fp16.h"
+#include "kernels/iq_tables.h"
 #include "kernels/kquant_scales.h"
 
 namespace pyinfer {
@@ -21,10 +22,18 @@ void nibbles_and_high_bit(const uint8_t* qs, const uint8_t* qh_bytes, int8_t* q)
   }
 }
 
+// 8 grid magnitudes with the signs of `signs` (bit k set: element k negative).
+void signed_grid(const uint8_t* grid, int n, uint8_t signs, int8_t* q) {
+  for (int k = 0; k < n; ++k) q[k] = int8_t((signs >> k) & 1 ? -int(grid[k]) : int(grid[k]));
+}
+
+uint32_t load_u32(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24; }
+
 }  // namespace
 
 void decode_piece(DType type, const uint8_t* row, int64_t b, Piece32& p) {
   p.scale[0] = p.scale[1] = 1;
+  p.mins[0] = p.mins[1] = 0;
   p.m = 0.f;
   const int64_t sb = b / 8;  // K-quant super-block and sub-block
   const int j = int(b % 8);
@@ -95,6 +104,114 @@ void decode_piece(DType type, const uint8_t* row, int64_t b, Piece32& p) {
         p.q[l] = int8_t((((ql[l] >> shift) & 0x0f) | (((qh[l] >> (2 * g)) & 3) << 4)) - 32);
       p.scale[0] = blk.scales[8 * half + 2 * g];
       p.scale[1] = blk.scales[8 * half + 2 * g + 1];
+      p.d = fp16_to_fp32(blk.d);
+      break;
+    }
+    case DType::Q2_K: {
+      // Like Q6_K's pieces: 2 bits of qs[32 * half ..] at bit 2g, one scale and min per 16 elements.
+      const auto& blk = reinterpret_cast<const BlockQ2_K*>(row)[sb];
+      const int half = j / 4, g = j % 4;
+      for (int l = 0; l < 32; ++l) p.q[l] = int8_t((blk.qs[32 * half + l] >> (2 * g)) & 3);
+      for (int h = 0; h < 2; ++h) {
+        p.scale[h] = blk.scales[2 * j + h] & 0x0f;
+        p.mins[h] = blk.scales[2 * j + h] >> 4;
+      }
+      p.d = fp16_to_fp32(blk.d);
+      p.m = -fp16_to_fp32(blk.dmin);
+      break;
+    }
+    case DType::Q3_K: {
+      const auto& blk = reinterpret_cast<const BlockQ3_K*>(row)[sb];
+      const int half = j / 4, g = j % 4;
+      for (int l = 0; l < 32; ++l)
+        p.q[l] = int8_t(((blk.qs[32 * half + l] >> (2 * g)) & 3) - ((blk.hmask[l] >> j) & 1 ? 0 : 4));
+      int8_t sc[16];
+      unpack_q3k_scales(blk.scales, sc);
+      p.scale[0] = sc[2 * j];
+      p.scale[1] = sc[2 * j + 1];
+      p.d = fp16_to_fp32(blk.d);
+      break;
+    }
+    case DType::IQ4_NL:
+    case DType::MXFP4: {
+      const bool nl = type == DType::IQ4_NL;
+      const uint8_t* qs = nl ? reinterpret_cast<const BlockIQ4_NL*>(row)[b].qs : reinterpret_cast<const BlockMXFP4*>(row)[b].qs;
+      const int8_t* values = nl ? kIq4Values : kMxfp4Values;
+      for (int l = 0; l < 16; ++l) {
+        p.q[l] = values[qs[l] & 0x0f];
+        p.q[l + 16] = values[qs[l] >> 4];
+      }
+      p.d = nl ? fp16_to_fp32(reinterpret_cast<const BlockIQ4_NL*>(row)[b].d) : e8m0_half(reinterpret_cast<const BlockMXFP4*>(row)[b].e);
+      break;
+    }
+    case DType::IQ4_XS: {
+      const auto& blk = reinterpret_cast<const BlockIQ4_XS*>(row)[sb];
+      const uint8_t* qs = blk.qs + 16 * j;
+      for (int l = 0; l < 16; ++l) {
+        p.q[l] = kIq4Values[qs[l] & 0x0f];
+        p.q[l + 16] = kIq4Values[qs[l] >> 4];
+      }
+      const int ls = ((blk.scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((blk.scales_h >> (2 * j)) & 3) << 4);
+      p.scale[0] = p.scale[1] = ls - 32;
+      p.d = fp16_to_fp32(blk.d);
+      break;
+    }
+    // The grid types' scales (0.5 + s) / 4 (IQ2) and (0.5 + s) / 2 (IQ3_XXS) are the odd integers 2 s + 1 times
+    // d / 8 and d / 4: a power of two, so d * 2^-k is exact and every table keeps integer scales.
+    case DType::IQ2_XXS: {
+      const auto& blk = reinterpret_cast<const BlockIQ2_XXS*>(row)[sb];
+      const uint8_t* w = reinterpret_cast<const uint8_t*>(blk.qs) + 8 * j;
+      const uint32_t aux = load_u32(w + 4);
+      for (int l = 0; l < 4; ++l) signed_grid(kIq2xxsGrid.v[w[l]], 8, kIqSigns.v[(aux >> (7 * l)) & 127], p.q + 8 * l);
+      p.scale[0] = p.scale[1] = 2 * int(aux >> 28) + 1;
+      p.d = fp16_to_fp32(blk.d) * 0.125f;
+      break;
+    }
+    case DType::IQ2_XS: {
+      const auto& blk = reinterpret_cast<const BlockIQ2_XS*>(row)[sb];
+      for (int l = 0; l < 4; ++l) {
+        const uint16_t v = blk.qs[4 * j + l];
+        signed_grid(kIq2xsGrid.v[v & 511], 8, kIqSigns.v[v >> 9], p.q + 8 * l);
+      }
+      p.scale[0] = 2 * (blk.scales[j] & 0x0f) + 1;
+      p.scale[1] = 2 * (blk.scales[j] >> 4) + 1;
+      p.d = fp16_to_fp32(blk.d) * 0.125f;
+      break;
+    }
+    case DType::IQ2_S: {
+      const auto& blk = reinterpret_cast<const BlockIQ2_S*>(row)[sb];
+      for (int l = 0; l < 4; ++l) {
+        const int index = blk.qs[4 * j + l] | ((blk.qh[j] << (8 - 2 * l)) & 0x300);
+        signed_grid(kIq2sGrid.v[index], 8, blk.qs[32 + 4 * j + l], p.q + 8 * l);
+      }
+      p.scale[0] = 2 * (blk.scales[j] & 0x0f) + 1;
+      p.scale[1] = 2 * (blk.scales[j] >> 4) + 1;
+      p.d = fp16_to_fp32(blk.d) * 0.125f;
+      break;
+    }
+    case DType::IQ3_XXS: {
+      const auto& blk = reinterpret_cast<const BlockIQ3_XXS*>(row)[sb];
+      const uint8_t* qs = blk.qs + 8 * j;
+      const uint32_t aux = load_u32(blk.qs + 64 + 4 * j);
+      for (int l = 0; l < 4; ++l) {
+        const uint8_t signs = kIqSigns.v[(aux >> (7 * l)) & 127];
+        signed_grid(kIq3xxsGrid.v[qs[2 * l]], 4, signs, p.q + 8 * l);
+        signed_grid(kIq3xxsGrid.v[qs[2 * l + 1]], 4, uint8_t(signs >> 4), p.q + 8 * l + 4);
+      }
+      p.scale[0] = p.scale[1] = 2 * int(aux >> 28) + 1;
+      p.d = fp16_to_fp32(blk.d) * 0.25f;
+      break;
+    }
+    case DType::IQ3_S: {
+      const auto& blk = reinterpret_cast<const BlockIQ3_S*>(row)[sb];
+      const uint8_t* qs = blk.qs + 8 * j;
+      const int qh = blk.qh[j];
+      for (int l = 0; l < 4; ++l) {
+        const uint8_t signs = blk.signs[4 * j + l];
+        signed_grid(kIq3sGrid.v[qs[2 * l] | ((qh << (8 - 2 * l)) & 256)], 4, signs, p.q + 8 * l);
+        signed_grid(kIq3sGrid.v[qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)], 4, uint8_t(signs >> 4), p.q + 8 * l + 4);
+      }
+      p.scale[0] = p.scale[1] = 1 + 2 * ((blk.scales[j / 2] >> (4 * (j % 2))) & 0x0f);
       p.d = fp16_to_fp32(blk.d);
       break;
     }

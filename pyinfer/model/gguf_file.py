@@ -16,8 +16,9 @@ from .config import LlamaConfig
 from .gguf_check import GGUFHeader, TensorInfo, read_gguf_header
 
 # GGML type names that our kernels run (GGML ids are the _core.DType values).
-SUPPORTED_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12,
-                   "Q5_K": 13, "Q6_K": 14, "BF16": 30}
+SUPPORTED_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10,
+                   "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18,
+                   "IQ4_NL": 20, "IQ3_S": 21, "IQ2_S": 22, "IQ4_XS": 23, "BF16": 30, "MXFP4": 39}
 GGUF_MAGIC = b"GGUF"
 POWERINFER_MAGIC = b"PWRI"  # PowerInfer's converter overwrites the magic; the layout after it is GGUF's
 # Element types that gguf's reader gives typed views of; block types are rows of bytes.

@@ -10,7 +10,8 @@ from .._core import DType, Op, RowMode, RunIf, Storage
 from ..model.config import GATE_FIRST, Activation
 
 INTEGER_DOT_WEIGHTS = {DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1, DType.Q8_0, DType.Q4_K, DType.Q5_K,
-                       DType.Q6_K}
+                       DType.Q6_K, DType.Q2_K, DType.Q3_K, DType.IQ4_NL, DType.IQ4_XS, DType.MXFP4, DType.IQ2_XXS,
+                       DType.IQ2_XS, DType.IQ2_S, DType.IQ3_XXS, DType.IQ3_S}
 
 
 @dataclass(frozen=True)

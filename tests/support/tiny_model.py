@@ -54,7 +54,10 @@ GEMMA3_TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q5_0, "attn_v": Q.Q8_0, "attn_outp
 
 # Byte offsets of each block type's fp16 scales (d, and dmin or m): random bits there could be inf or NaN.
 FP16_SCALES = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
-               Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+               Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,),
+               Q.IQ2_XXS: (0,), Q.IQ2_XS: (0,), Q.IQ2_S: (0,), Q.IQ3_XXS: (0,), Q.IQ3_S: (0,), Q.MXFP4: ()}
+# The low-bit types of MoE quants (llama.cpp's Q2_K .. IQ2_S mixes, gpt-oss's MXFP4).
+LOW_BIT_TYPES = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S]
 
 
 def random_k_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.01, low: float = 0.3,
@@ -71,6 +74,8 @@ def random_k_blocks(qtype: Q, rows: int, cols: int, rng, scale: float = 0.01, lo
         if signed:
             d = d * rng.choice([-1, 1], size=(rows, nb))
         raw[:, :, off:off + 2] = (d * scale).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    if qtype == Q.MXFP4:  # an E8M0 exponent byte, 2^(e - 128) near `scale` (its values are up to 12)
+        raw[:, :, 0] = 127 + np.round(np.log2(scale)).astype(int) + rng.integers(-2, 1, size=(rows, nb))
     return raw.reshape(rows, nb * block_bytes)
 
 
