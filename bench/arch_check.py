@@ -23,7 +23,7 @@ import pyinfer  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from llamacpp_quantized import distance, llamacpp_logits, quantized_by_llamacpp  # noqa: E402
 from support.reference_llama import reference_logits  # noqa: E402
-from support.tiny_model import write_tiny_arch  # noqa: E402
+from support.tiny_model import MOE_KINDS, write_tiny_arch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "robustness"
 FTYPES = {"Q4_K_M": 15, "Q8_0": 7}  # llama_ftype
@@ -43,6 +43,9 @@ CASES = [
     ("qwen3moe", "qwen3moe", "ggml-vocab-qwen2.gguf", "qwen3 attention, softmax top-2 of 8 experts, renormalized"),
     ("Mixtral (llama + experts)", "mixtral", "ggml-vocab-llama-spm.gguf", "llama layer, top-2 of 8 experts, renormalized"),
     ("qwen2moe", "qwen2moe", "ggml-vocab-qwen2.gguf", "qwen2 attention, top-2 of 8 not renormalized, sigmoid-gated shared expert"),
+    ("olmoe", "olmoe", "ggml-vocab-llama-bpe.gguf", "q/k RMS-normed as whole rows, NEOX RoPE, top-2 of 8 not renormalized"),
+    ("granitemoe", "granitemoe", "ggml-vocab-llama-bpe.gguf",
+     "embedding, attention, residual and logit multipliers; top-2 of 8 renormalized; ungated shared expert"),
 ]
 MOE = dict(n_expert=8, n_expert_used=2, d_ff_expert=256, d_ff_shared=512)
 
@@ -58,9 +61,10 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
                              w.add_float32("gemma3.rope.scaling.factor", 8.0))) if kind.endswith("linear8") else None
         return write_tiny_gemma3(path, seed=3, types=f32, extra=scaled)
     hd = 128 if kind in ("qwen3", "qwen3moe") else 64
-    if kind in ("qwen3moe", "mixtral", "qwen2moe"):
-        moe = dict(MOE, d_ff=MOE["d_ff_expert"]) if kind == "mixtral" else MOE  # Mixtral's experts are d_ff wide
-        return write_tiny_arch(path, kind, seed=len(kind), config=dict(SHAPE, head_dim=hd, **moe), vocab_from=vocab)
+    if kind in MOE_KINDS:
+        moe = dict(MOE, d_ff=MOE["d_ff_expert"]) if kind in ("mixtral", "olmoe", "granitemoe") else MOE  # experts d_ff wide
+        shape = dict(SHAPE, n_kv_heads=SHAPE["n_heads"]) if kind == "olmoe" else SHAPE  # OLMoE: k_norm is d wide
+        return write_tiny_arch(path, kind, seed=len(kind), config=dict(shape, head_dim=hd, **moe), vocab_from=vocab)
     extra = {"orig_ctx": 64 if kind == "phi3-long" else 4096} if kind.startswith("phi3") else {}
     return write_tiny_arch(path, kind.removesuffix("-long"), seed=len(kind), config=dict(SHAPE, head_dim=hd),
                            vocab_from=vocab, **extra)

@@ -295,7 +295,7 @@ class CudaBackend final : public Backend {
       {
         cuda::Rows b = rows_of(src(BinarySrc::b), rows);
         if (is_bias_row(src(BinarySrc::b))) b.stride = 0;  // one bias row for every row
-        return cuda::add(rows_of(src(BinarySrc::a), rows), b, rows_of(dst, rows), stream_);
+        return cuda::add(rows_of(src(BinarySrc::a), rows), b, rows_of(dst, rows), n.p.add.scale, stream_);
       }
       case OpKind::SiluMul:
         return cuda::gated_mul(rows_of(src(GatedMulSrc::gate), rows), rows_of(src(GatedMulSrc::up), rows),

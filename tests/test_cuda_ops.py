@@ -139,7 +139,7 @@ def test_gated_mul_add_bias_relu(act):
     def build(b):
         g, u = f32(b, "g", 3, 96), f32(b, "u", 3, 96)
         return (b.gated_mul(g, u, name="act", act=act), b.add(g, u, name="sum"),
-                b.bias_relu(b.add(g, u, name="sum2"), f32(b, "bias", 1, 96)))
+                b.bias_relu(b.add(g, u, name="sum2"), f32(b, "bias", 1, 96)), b.add(g, u, name="scaled", scale=0.22))
     close(*both(build, 3), 1e-5)
 
 

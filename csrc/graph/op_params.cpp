@@ -19,6 +19,7 @@ constexpr ParamField kAttention[] = {PYI_I32(attention, heads), PYI_I32(attentio
                                  PYI_I32(attention, head_dim), PYI_I32(attention, block_size),
                                  PYI_I32(attention, window), PYI_F32(attention, scale)};
 constexpr ParamField kGatedMul[] = {PYI_I32(gated_mul, act)};
+constexpr ParamField kAdd[] = {PYI_F32(add, scale)};
 constexpr ParamField kActiveSet[] = {PYI_I32(active_set, n_ff), PYI_I32(active_set, hot), PYI_I32(active_set, mode),
                                  PYI_I32(active_set, gate_fn), PYI_F32(active_set, threshold)};
 constexpr ParamField kGatedAct[] = {PYI_I32(gated_act, act), PYI_F32(gated_act, threshold)};
@@ -49,7 +50,7 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::KvStore, "kv_store", "KV_STORE", {"x", "rows"}, nullptr, 0},
     {OpKind::Attention, "attention", "ATTENTION", {"q", "k_cache", "v_cache", "positions", "table"}, kAttention,
      count(kAttention)},
-    {OpKind::Add, "add", "ADD", {"a", "b"}, nullptr, 0},
+    {OpKind::Add, "add", "ADD", {"a", "b"}, kAdd, count(kAdd)},
     {OpKind::SiluMul, "silu_mul", "SILU_MUL", {"gate", "up"}, kGatedMul, count(kGatedMul)},
     {OpKind::SelectRows, "select_rows", "SELECT_ROWS", {"x", "rows"}, nullptr, 0},
     {OpKind::BiasRelu, "bias_relu", "BIAS_RELU", {"x", "bias"}, nullptr, 0},

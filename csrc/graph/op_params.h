@@ -89,6 +89,7 @@ struct AttentionParams {
   float scale;         // multiplies q.k
 };
 struct GatedMulParams { Activation act; };
+struct AddParams { float scale; };  // dst = a + scale * b (0: 1; Granite's residual multiplier)
 struct ActiveSetParams { int32_t n_ff, hot; ActiveSetMode mode; GateFn gate_fn; float threshold; };
 struct GatedActParams { Activation act; float threshold; };  // 0 where |act(gate) * up| <= threshold
 // Count -1 ("run dense") when the run has more than max_tokens tokens, when the mean list density exceeds
@@ -113,6 +114,7 @@ union OpParams {
   RopeParams rope;
   AttentionParams attention;
   GatedMulParams gated_mul;
+  AddParams add;
   ActiveSetParams active_set;
   GatedActParams gated_act;
   ActiveUnionParams active_union;

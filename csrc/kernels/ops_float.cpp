@@ -91,8 +91,15 @@ void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, fl
   }
 }
 
-void add_row(const float* a, const float* b, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+void add_row(const float* a, const float* b, float* y, int64_t n, float scale) {
+  if (scale == 0.f || scale == 1.f) {
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float sb = scale * b[i];  // rounded on its own, as llama.cpp's scale node then its add
+    y[i] = a[i] + sb;
+  }
 }
 
 const float* gelu_fp16_table() {

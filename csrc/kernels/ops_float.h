@@ -48,7 +48,7 @@ void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, floa
 // factors: F32 [head_dim / 2] frequency divisors or nullptr; freq_scale and attn_factor as RopeParams (1: none).
 void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode,
               const float* factors = nullptr, float freq_scale = 1.f, float attn_factor = 1.f);
-void add_row(const float* a, const float* b, float* y, int64_t n);
+void add_row(const float* a, const float* b, float* y, int64_t n, float scale = 0.f);  // a + scale * b (0: 1)
 void gated_act_row(Activation a, const float* gate, const float* up, float* y, int64_t n);
 // gated_act_row for GELU: the portable entry of KernelTable::gelu_mul.
 void gelu_mul_generic(const float* gate, const float* up, float* y, int64_t n);

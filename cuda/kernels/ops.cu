@@ -115,13 +115,13 @@ __global__ void kv_store_kernel(Rows x, const int32_t* rows, Rows cache) {
 
 // Element-wise over [rows, cols]: grid.y is the row.
 enum class Binary { Add, Gated, BiasRelu };
-__global__ void binary_kernel(Rows a, Rows b, const float* bias, Rows y, Binary op, Activation act) {
+__global__ void binary_kernel(Rows a, Rows b, const float* bias, Rows y, Binary op, Activation act, float scale = 1.f) {
   const int64_t r = blockIdx.x;
   for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.y) * blockDim.x) {
     const float x = at<float>(a, r)[c];
     float v;
     switch (op) {
-      case Binary::Add: v = x + at<float>(b, r)[c]; break;
+      case Binary::Add: v = x + __fmul_rn(scale, at<float>(b, r)[c]); break;  // scale 1: exact
       case Binary::Gated: v = gated(act, x, at<float>(b, r)[c]); break;
       default: v = fmaxf(0.f, x + bias[c]); break;
     }
@@ -197,8 +197,10 @@ void kv_store_f16(const Rows& x, const int32_t* rows, const Rows& cache, cudaStr
   if (x.rows > 0) kv_store_kernel<<<row_grid(x.cols, x.rows), kThreads, 0, s>>>(x, rows, cache);
 }
 
-void add(const Rows& a, const Rows& b, const Rows& y, cudaStream_t s) {
-  if (y.rows > 0) binary_kernel<<<row_grid(y.cols, y.rows), kThreads, 0, s>>>(a, b, nullptr, y, Binary::Add, Activation::SiLU);
+void add(const Rows& a, const Rows& b, const Rows& y, float scale, cudaStream_t s) {
+  if (y.rows > 0)
+    binary_kernel<<<row_grid(y.cols, y.rows), kThreads, 0, s>>>(a, b, nullptr, y, Binary::Add, Activation::SiLU,
+                                                                 scale == 0.f ? 1.f : scale);
 }
 
 void gated_mul(const Rows& gate, const Rows& up, const Rows& y, Activation act, cudaStream_t s) {

@@ -103,6 +103,11 @@ class LlamaConfig:
     expert_norm: bool = True
     expert_gating: int = 0
     d_ff_shared: int = 0
+    # Granite MoE's shared expert is added ungated (Qwen2-MoE's is gated by ffn_gate_inp_shexp).
+    shared_expert_gated: bool = True
+    # Granite: each residual branch times residual_scale before its add, the logits divided by logit_scale (0: off).
+    residual_scale: float = 0.0
+    logit_scale: float = 0.0
 
     @property
     def is_moe(self) -> bool:

@@ -79,19 +79,21 @@ class ModelGraph:
         return y
 
     def attention(self, h: T, il: int, qk_norm: bool = False, factors: T | None = None, rope_base: float | None = None,
-                  window: int = 0, scale: float | None = None, freq_scale: float | None = None) -> T:
+                  window: int = 0, scale: float | None = None, freq_scale: float | None = None,
+                  qk_norm_rows: bool = False) -> T:
         """Self-attention of layer `il` on h (F32 [T, d_model]) to the output projection (F32 [T, d_model]):
         q, k, v (with their biases if present), per-head RMS norm of q and k (`qk_norm`), RoPE (the
         architecture's pairing, `factors` dividing each pair's frequency), the KV cache, causal attention
         (`window`: sliding-window layers) and the output projection. `rope_base` and `freq_scale`: this layer's
-        (default: the model's)."""
+        (default: the model's). `qk_norm_rows`: q and k are each normalised as whole rows, not per head (OLMoE)."""
         b, c, p = self.b, self.cfg, f"blk.{il}."
         q = self.linear(h, p + "attn_q.weight", "q", p + "attn_q.bias")  # F32 [T, n_heads * head_dim]
         k = self.linear(h, p + "attn_k.weight", "k", p + "attn_k.bias")  # F32 [T, n_kv_heads * head_dim]
         v = self.linear(h, p + "attn_v.weight", "v", p + "attn_v.bias")
-        if qk_norm:  # each head normalised on its own
-            q = self.norm(q, p + "attn_q_norm.weight", "q_normed", segment=c.head_dim)
-            k = self.norm(k, p + "attn_k_norm.weight", "k_normed", segment=c.head_dim)
+        if qk_norm or qk_norm_rows:  # each head normalised on its own, or each whole row
+            segment = 0 if qk_norm_rows else c.head_dim
+            q = self.norm(q, p + "attn_q_norm.weight", "q_normed", segment=segment)
+            k = self.norm(k, p + "attn_k_norm.weight", "k_normed", segment=segment)
         base = c.rope_base if rope_base is None else rope_base
         scale_f = c.rope_freq_scale if freq_scale is None else freq_scale
         for x, heads in ((q, c.n_heads), (k, c.n_kv_heads)):
@@ -115,8 +117,9 @@ class ModelGraph:
     def residual(self, x: T, y: T) -> T:
         """x + y, in place on the residual stream; its first add makes the stream a tensor of its own, so the
         stream is written where the layers run, not where the embedding lookup ran."""
+        scale = self.cfg.residual_scale  # Granite: each branch scaled before its add (0: not)
         if self.embedding is not None and x.id == self.embedding.id:
-            self.stream = self.b.add(x, y, name="x_stream")
+            self.stream = self.b.add(x, y, name="x_stream", scale=scale)
         else:
-            self.stream = self.b.add(x, y, out=x)
+            self.stream = self.b.add(x, y, out=x, scale=scale)
         return self.stream

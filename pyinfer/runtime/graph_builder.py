@@ -200,8 +200,10 @@ class GraphBuilder:
             "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "block_size": block_size, "window": window,
             "scale": head_dim ** -0.5 if scale is None else scale})
 
-    def add(self, a: T, b: T, out: T | None = None, name: str = "add") -> T:
-        return self._node(Op.ADD, out or self.activation(name, a.cols, rows=a.rows), {"a": a, "b": b})
+    def add(self, a: T, b: T, out: T | None = None, name: str = "add", scale: float = 0.0) -> T:
+        """a + scale * b (`scale` 0: a + b; Granite scales each residual branch)."""
+        params = {"scale": scale} if scale else None
+        return self._node(Op.ADD, out or self.activation(name, a.cols, rows=a.rows), {"a": a, "b": b}, params)
 
     def gated_mul(self, gate: T, up: T, out: T | None = None, name: str = "act", act: int = 0,
                   run_if: RunIf | Guard = RunIf.ALWAYS) -> T:

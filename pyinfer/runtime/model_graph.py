@@ -3,6 +3,8 @@ file builds it (model/arch/), the final norm and the output head. What the FFN i
 backend runs each node (runtime/placement.py) are decided here, outside the model code."""
 from __future__ import annotations
 
+import numpy as np
+
 from .._core import DType, RowMode
 from ..errors import UnsupportedModelError
 from ..model.arch import architecture
@@ -80,7 +82,13 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
             x = arch.build_layer(m, il, x)
         # Only rows that need logits go through the final norm and the (large) output head.
         xo = b.select_rows(x, out_ids, "x_out")         # F32 [O, d_model]
-        h = m.norm(xo, "output_norm.weight", "out_in")
+        if cfg.logit_scale:  # Granite's logits / logit_scale: linear in h, so folded into the final norm's weight
+            g = gguf.finite_norm("output_norm.weight")
+            scaled = np.asarray(g.data, np.float32) * np.float32(1.0 / cfg.logit_scale)
+            h = b.rms_norm(xo, b.weight("output_norm.logit_scaled", int(DType.F32), g.cols, 1, scaled), cfg.norm_eps,
+                           "out_in")
+        else:
+            h = m.norm(xo, "output_norm.weight", "out_in")
     head_home = (device if placement.head_on_gpu else CPU) if device is not None else None
     with b.weights_on(head_home):
         # A tied head on the device is its own weight tensor over the same bytes (uploaded there; the lookup's

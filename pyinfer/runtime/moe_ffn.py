@@ -67,6 +67,9 @@ def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weig
     sh = shared_gate = None
     if cfg.d_ff_shared and shared:  # the shared expert: the dense writer on its tensors, F32 [T, d_model]
         sh = dense_ffn(b, w, h, il, cfg, tag=".shexp", parts=("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
+        if not cfg.shared_expert_gated:  # Granite: the experts' sum plus the shared expert's output, as it is
+            out = b.moe_combine(out, route, k, "moe_out" + tag)
+            return b.add(out, sh, out=out)
         shared_gate = b.matmul(w(p + "ffn_gate_inp_shexp.weight"), h, "shexp_gate_logit")  # F32 [T, 1]
     return b.moe_combine(out, route, k, "moe_out" + tag, shared=sh, shared_gate=shared_gate)
 

@@ -151,6 +151,13 @@ def add(b, rng):
     return Case([b.add(A, C, name="s")], [a + c], 4, rtol=1e-6, atol=0)
 
 
+def add_scaled(b, rng):
+    """a + scale * b (Granite's residual multiplier): the product rounded, then the sum."""
+    A, a = f32(b, rng, "a", 4, 80)
+    C, c = f32(b, rng, "c", 4, 80)
+    return Case([b.add(A, C, name="s", scale=0.22)], [a + np.float32(0.22) * c], 4, rtol=1e-6, atol=0)
+
+
 def silu_mul(b, rng):
     G, g = f32(b, rng, "g", 3, 203, 4.0)  # a tail after the SIMD loop
     U, u = f32(b, rng, "u", 3, 203)
@@ -330,7 +337,7 @@ def moe_route_split(b, rng):
 
 CASES: dict[Op, list[Callable]] = {
     Op.GET_ROWS: [get_rows], Op.RMS_NORM: [rms_norm], Op.QUANTIZE: [quantize], Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
-    Op.ROPE: [rope], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention], Op.ADD: [add], Op.SILU_MUL: [silu_mul],
+    Op.ROPE: [rope], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul],
     Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set],
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
     Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route],

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, GGUFReader, quants
 from pyinfer.model.arch import model_config
 from pyinfer.model.gguf_file import GGUFModelFile
 
-NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe"}
+NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "olmoe"}
 
 
 def dequant(f: GGUFModelFile, name: str) -> np.ndarray:
@@ -144,8 +144,10 @@ def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None):
             y[t] += weights[t, s] * ((a * (U[e] @ h[t])) @ D[e].T)
     if p + "ffn_gate_shexp.weight" in W:
         shared = (gated_act(act, h @ W[p + "ffn_gate_shexp.weight"].T) * (h @ W[p + "ffn_up_shexp.weight"].T))
-        gate = 1 / (1 + np.exp(-(h @ W[p + "ffn_gate_inp_shexp.weight"])))
-        y += gate[:, None] * (shared @ W[p + "ffn_down_shexp.weight"].T)
+        gate = 1.0
+        if p + "ffn_gate_inp_shexp.weight" in W:  # Qwen2-MoE's sigmoid gate; Granite's shared expert has none
+            gate = (1 / (1 + np.exp(-(h @ W[p + "ffn_gate_inp_shexp.weight"]))))[:, None]
+        y += gate * (shared @ W[p + "ffn_down_shexp.weight"].T)
     return y
 
 
@@ -159,6 +161,9 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
       llama: rope_freqs.weight divides each pair's frequency when present;
       qwen3moe: qwen3's attention; qwen2moe: qwen2's, and the shared expert; Mixtral (llama with experts),
         qwen3moe and qwen2moe: a Mixture of Experts FFN, weights renormalized except qwen2moe's;
+      olmoe: q and k RMS-normed as whole rows, experts not renormalized; granitemoe: embeddings times
+        embedding_scale, q.k times attention.scale, each residual branch times residual_scale, logits divided by
+        logit_scale, experts renormalized, an ungated shared expert;
       all but llama rotate NEOX pairs.
     `margins` (a list): each MoE layer appends, per token, the gap between its k-th and (k+1)-th expert
     probability (a routing so near a tie that noise may choose the other expert). `expert_cuts` ([n_layers,
@@ -189,6 +194,11 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
     embed = W["token_embd.weight"]
     pos = np.arange(len(tokens))
     x = embed[tokens] * (np.float32(np.sqrt(c.d_model)) if gemma else 1)
+    granite = arch == "granitemoe"
+    if granite:
+        x = x * float(meta.get("granitemoe.embedding_scale", 1.0))
+    rs = float(meta.get("granitemoe.residual_scale", 1.0)) if granite else 1.0
+    attn_scale = float(meta["granitemoe.attention.scale"]) if granite and "granitemoe.attention.scale" in meta else None
     qw, kvw = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
 
     def lin(h, p, name):
@@ -208,20 +218,23 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         if gemma or arch in ("qwen3", "qwen3moe"):
             q = head_norm(q, W[p + "attn_q_norm.weight"], c.n_heads, c.norm_eps)
             k = head_norm(k, W[p + "attn_k_norm.weight"], c.n_kv_heads, c.norm_eps)
+        if arch == "olmoe":
+            q = rms_norm(q, W[p + "attn_q_norm.weight"], c.norm_eps)
+            k = rms_norm(k, W[p + "attn_k_norm.weight"], c.norm_eps)
         fs = 1.0 if local else freq_scale
         q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor)
         k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor)
         window = int(meta.get("gemma3.attention.sliding_window", 0)) if local else 0
-        o = lin(input_cut(il, "attn_out", attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window)), p,
-                "attn_output")
+        o = lin(input_cut(il, "attn_out", attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window,
+                                                     attn_scale)), p, "attn_output")
         if gemma:
             o = rms_norm(o, W[p + "post_attention_norm.weight"], c.norm_eps)
-        x = x + o
+        x = x + rs * o
         h = input_cut(il, "ffn_in", rms_norm(x, W[p + "ffn_norm.weight"], c.norm_eps))
         if p + "ffn_gate_inp.weight" in W:
             k = int(meta[f"{arch}.expert_used_count"])
-            x = x + moe(h, W, p, c.activation, k, norm=arch != "qwen2moe", margins=margins,
-                        cuts=None if expert_cuts is None else expert_cuts[il], kept=kept)
+            x = x + rs * moe(h, W, p, c.activation, k, norm=arch not in ("qwen2moe", "olmoe"), margins=margins,
+                             cuts=None if expert_cuts is None else expert_cuts[il], kept=kept)
             continue
         if arch == "phi3" and p + "ffn_gate.weight" not in W:  # gate rows first, then up
             gu = h @ W[p + "ffn_up.weight"].T
@@ -235,4 +248,4 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         x = x + y
     h = rms_norm(x, W["output_norm.weight"], c.norm_eps)
     head = embed if c.tied_output else W["output.weight"]
-    return h @ head.T
+    return (h @ head.T) / (float(meta["granitemoe.logit_scale"]) if granite else 1.0)

@@ -215,8 +215,13 @@ TINY_ARCH = {
     "qwen3moe": dict(TINY, head_dim=32, n_expert=8, n_expert_used=2, d_ff_expert=64),
     "mixtral": dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff=64),  # experts: d_ff wide
     "qwen2moe": dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff_shared=96),
+    # OLMoE: q and k normed as whole rows (llama.cpp gives k's norm n_embd values: no grouped KV heads)
+    "olmoe": dict(TINY, head_dim=16, n_kv_heads=4, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff=64),
+    # Granite MoE with its shared expert (ungated) and granite-3.0-1b-a400m's multipliers
+    "granitemoe": dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff=64, d_ff_shared=96,
+                       embedding_scale=12.0, residual_scale=0.22, attention_scale=0.015625, logit_scale=6.0),
 }
-MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe")
+MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe", "olmoe", "granitemoe")
 
 
 def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, config: dict | None = None,
@@ -254,10 +259,15 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
     if kind in MOE_KINDS:
         w.add_expert_count(c["n_expert"])
         w.add_expert_used_count(c["n_expert_used"])
-        if kind != "mixtral":  # Mixtral's experts are feed_forward_length wide; the Qwens give their own key
+        if kind not in ("mixtral", "olmoe", "granitemoe"):  # experts feed_forward_length wide there; others: own key
             w.add_expert_feed_forward_length(c["d_ff_expert"])
-        if kind == "qwen2moe":
+        if kind in ("qwen2moe", "granitemoe"):
             w.add_expert_shared_feed_forward_length(c["d_ff_shared"])
+    if kind == "granitemoe":
+        w.add_float32("granitemoe.embedding_scale", c["embedding_scale"])
+        w.add_float32("granitemoe.residual_scale", c["residual_scale"])
+        w.add_float32("granitemoe.attention.scale", c["attention_scale"])
+        w.add_float32("granitemoe.logit_scale", c["logit_scale"])
     if kind == "llama3":  # Llama 3.1's factors: 1 for the fast pairs, up to 8 for the slow ones
         w.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, hd // 2).astype(np.float32))
     if kind == "phi3" and longrope:
@@ -281,6 +291,9 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
         if kind in ("qwen3", "qwen3moe"):
             for part in ("q", "k"):
                 w.add_tensor(p + f"attn_{part}_norm.weight", (1.0 + 0.2 * rng.standard_normal(hd)).astype(np.float32))
+        if kind == "olmoe":
+            for part, n in (("q", qw), ("k", kvw)):
+                w.add_tensor(p + f"attn_{part}_norm.weight", (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32))
         add(p + "attn_output.weight", (d, qw))
         if kind in MOE_KINDS:
             _add_experts(w, rng, add, p, kind, c)
@@ -292,7 +305,7 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
             add(p + "ffn_up.weight", (ff, d))
             add(p + "ffn_down.weight", (d, ff))
     w.add_tensor("output_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
-    if kind != "qwen2":  # qwen2 ties its head to the embeddings here (llama.cpp requires qwen2moe's own head)
+    if kind not in ("qwen2", "granitemoe"):  # tied heads here (llama.cpp requires qwen2moe's own head)
         add("output.weight", (n_vocab, d), 0.5)
     return finish(w, path, extra)
 
@@ -305,8 +318,9 @@ def _add_experts(w: GGUFWriter, rng, add, p: str, kind: str, c: dict) -> None:
     add(p + "ffn_gate_exps.weight", (n, ffe, d))
     add(p + "ffn_up_exps.weight", (n, ffe, d))
     add(p + "ffn_down_exps.weight", (n, d, ffe))
-    if kind == "qwen2moe":
-        w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(d) * 0.2).astype(np.float32))
+    if kind in ("qwen2moe", "granitemoe"):
+        if kind == "qwen2moe":  # Granite's shared expert has no gate
+            w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(d) * 0.2).astype(np.float32))
         add(p + "ffn_gate_shexp.weight", (c["d_ff_shared"], d))
         add(p + "ffn_up_shexp.weight", (c["d_ff_shared"], d))
         add(p + "ffn_down_shexp.weight", (d, c["d_ff_shared"]))

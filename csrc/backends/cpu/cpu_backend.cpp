@@ -265,7 +265,7 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       case OpKind::Add:
         // b of one fixed row: a bias for every row
         add_row(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, is_bias_row(*s1) ? 0 : r), row_ptr<float>(dst, r),
-                dst.cols);
+                dst.cols, n.p.add.scale);
         break;
       case OpKind::SiluMul:
         if (n.p.gated_mul.act == Activation::GeluTanh)

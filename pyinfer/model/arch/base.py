@@ -87,11 +87,12 @@ class Architecture:
         )
 
     def moe_hparams(self, f: GGUFModelFile, norm: bool = True, shared: bool = False,
-                    width_key: str = "expert_feed_forward_length") -> dict:
+                    width_key: str = "expert_feed_forward_length", shared_gated: bool = True) -> dict:
         """The experts of a Mixture-of-Experts file ({} for a dense one), checked against every layer's tensors:
         `norm`, whether the chosen weights are divided by their sum (llama.cpp's norm_w for the architecture);
-        `shared`, whether the architecture has a shared expert; `width_key`, the key llama.cpp reads an expert's
-        width from (Mixtral's is feed_forward_length)."""
+        `shared`, whether the architecture has a shared expert (`shared_gated`: behind a sigmoid of its own one-row
+        router, Qwen2-MoE; or added as it is, Granite MoE); `width_key`, the key llama.cpp reads an expert's width
+        from (Mixtral's is feed_forward_length)."""
         p = self.name + "."
         n = int(_one_value(f, p + "expert_count", 0))
         has_experts = any(name.endswith("_exps.weight") for name in f.tensors)
@@ -115,8 +116,10 @@ class Architecture:
         want = {"ffn_gate_inp": (d, n), "ffn_gate_exps": (d, n * ff), "ffn_up_exps": (d, n * ff),
                 "ffn_down_exps": (ff, n * d)}
         if ff_shared:
-            want.update({"ffn_gate_inp_shexp": (d, 1), "ffn_gate_shexp": (d, ff_shared),
-                         "ffn_up_shexp": (d, ff_shared), "ffn_down_shexp": (ff_shared, d)})
+            want.update({"ffn_gate_shexp": (d, ff_shared), "ffn_up_shexp": (d, ff_shared),
+                         "ffn_down_shexp": (ff_shared, d)})
+            if shared_gated:
+                want["ffn_gate_inp_shexp"] = (d, 1)
         for il in range(int(f.require(p + "block_count"))):
             for part, (cols, rows) in want.items():
                 t = f.tensors.get(f"blk.{il}.{part}.weight")
@@ -124,7 +127,8 @@ class Architecture:
                     got = "missing" if t is None else f"{t.rows} x {t.cols}"
                     raise ModelFormatError(f"{f.path.name}: blk.{il}.{part}.weight is {got}; "
                                            f"{n} experts of {ff} neurons need {rows} x {cols}")
-        return dict(n_expert=n, n_expert_used=used, d_ff_expert=ff, expert_norm=norm, d_ff_shared=ff_shared)
+        return dict(n_expert=n, n_expert_used=used, d_ff_expert=ff, expert_norm=norm, d_ff_shared=ff_shared,
+                    shared_expert_gated=shared_gated)
 
     def rope_scaling(self, f: GGUFModelFile) -> float:
         """freq_scale as llama.cpp reads it: the type defaults to linear; the factor is rope.scaling.factor or
