@@ -46,6 +46,8 @@ CASES = [
     ("olmoe", "olmoe", "ggml-vocab-llama-bpe.gguf", "q/k RMS-normed as whole rows, NEOX RoPE, top-2 of 8 not renormalized"),
     ("granitemoe", "granitemoe", "ggml-vocab-llama-bpe.gguf",
      "embedding, attention, residual and logit multipliers; top-2 of 8 renormalized; ungated shared expert"),
+    ("glm4moe", "glm4moe", "ggml-vocab-qwen2.gguf", "q/k/v biases, QK-norm, partial NEOX RoPE (32 of 64), a leading "
+     "dense layer, sigmoid routing with a selection bias, x2.5, shared experts, an MTP layer left out"),
 ]
 MOE = dict(n_expert=8, n_expert_used=2, d_ff_expert=256, d_ff_shared=512)
 
@@ -64,6 +66,8 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
     if kind in MOE_KINDS:
         moe = dict(MOE, d_ff=MOE["d_ff_expert"]) if kind in ("mixtral", "olmoe", "granitemoe") else MOE  # experts d_ff wide
         shape = dict(SHAPE, n_kv_heads=SHAPE["n_heads"]) if kind == "olmoe" else SHAPE  # OLMoE: k_norm is d wide
+        if kind == "glm4moe":  # a dense layer, then two MoE layers (and the MTP layer after them)
+            shape = dict(SHAPE, n_layers=3, rope_dims=hd // 2)
         return write_tiny_arch(path, kind, seed=len(kind), config=dict(shape, head_dim=hd, **moe), vocab_from=vocab)
     extra = {"orig_ctx": 64 if kind == "phi3-long" else 4096} if kind.startswith("phi3") else {}
     return write_tiny_arch(path, kind.removesuffix("-long"), seed=len(kind), config=dict(SHAPE, head_dim=hd),

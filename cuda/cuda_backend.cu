@@ -331,7 +331,9 @@ class CudaBackend final : public Backend {
                                rows_of(dst, rows), axpy_, stream_, q4t);
       }
       case OpKind::MoeRoute:
-        return cuda::moe_route(rows_of(src(MoeRouteSrc::logits), rows), rows_of(dst, rows), n.p.moe_route, stream_);
+        return cuda::moe_route(rows_of(src(MoeRouteSrc::logits), rows), rows_of(dst, rows), n.p.moe_route,
+                               n.src[MoeRouteSrc::bias] >= 0 ? static_cast<const float*>(src(MoeRouteSrc::bias).data)
+                                                             : nullptr, stream_);
       case OpKind::MoeMatMul: {
         using S = MoeMatMulSrc;
         const Tensor& w = src(S::weight);

@@ -21,32 +21,41 @@ RNG = np.random.default_rng(26)
 IDS = list(range(3, 51))  # 48 positions
 
 
-def route_reference(logits: np.ndarray, k: int, norm: bool, sigmoid: bool = False, scale: float = 0.0):
-    """(weights [T, k], ids [T, k]): the top k of softmax (or sigmoid) of the logits, best first."""
+def route_reference(logits: np.ndarray, k: int, norm: bool, sigmoid: bool = False, scale: float = 0.0,
+                    bias: np.ndarray | None = None):
+    """(weights [T, k], ids [T, k]): the top k of softmax (or sigmoid) of the logits (plus `bias` for choosing
+    only), best first."""
     probs = 1 / (1 + np.exp(-logits)) if sigmoid else np.exp(logits - logits.max(-1, keepdims=True))
     if not sigmoid:
         probs /= probs.sum(-1, keepdims=True)
-    ids = np.argsort(-probs, -1, kind="stable")[:, :k]
+    ids = np.argsort(-(probs if bias is None else probs + bias), -1, kind="stable")[:, :k]
     w = np.take_along_axis(probs, ids, -1)
     if norm:
         w /= np.maximum(w.sum(-1, keepdims=True), 6.103515625e-5)
     return w * (scale or 1.0), ids
 
 
+@pytest.mark.parametrize("biased", [False, True])
 @pytest.mark.parametrize("sigmoid", [False, True])
 @pytest.mark.parametrize("norm", [False, True])
-def test_route_picks_the_top_k(norm, sigmoid):
+def test_route_picks_the_top_k(norm, sigmoid, biased):
+    """With a selection bias (GLM-4.5's exp_probs_b) the experts are chosen by probability plus bias and weighted
+    by the probability alone."""
     n_tok, n_exp, k = 9, 16, 4
     logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32) * 3
+    bias = (RNG.standard_normal((1, n_exp)) * 0.5).astype(np.float32) if biased else None
 
     def build(b):
         x = b.weight("logits", int(DType.F32), n_exp, n_tok, logits)
-        return b.moe_route(x, k, norm=norm, gating=int(sigmoid), scale=2.5)
+        bt = b.weight("bias", int(DType.F32), n_exp, 1, bias) if biased else None
+        return b.moe_route(x, k, norm=norm, gating=int(sigmoid), scale=2.5, bias=bt)
 
     eng, route = single_op_engine(build, max_tokens=n_tok, n_threads=2)
     eng.run(n_tok)
     got = eng.tensor(route.id, n_tok)
-    w, ids = route_reference(logits.astype(np.float64), k, norm, sigmoid, 2.5)
+    w, ids = route_reference(logits.astype(np.float64), k, norm, sigmoid, 2.5, bias)
+    if biased:  # the bias changes some choices: the test is not the unbiased one again
+        assert (ids != route_reference(logits.astype(np.float64), k, norm, sigmoid, 2.5)[1]).any()
     np.testing.assert_array_equal(got[:, k:], ids)
     np.testing.assert_allclose(got[:, :k], w, rtol=1e-5)
 
@@ -371,20 +380,22 @@ def test_streamed_experts_with_cuts_give_the_in_ram_answer(paths, monkeypatch, t
         np.testing.assert_array_equal(streamed.forward([IDS[i]], i, [0]), ram.forward([IDS[i]], i, [0]))
 
 
-@pytest.mark.parametrize("policy,prefetch", [("lru", True), ("lfu", True), ("lru", False)])
-def test_streamed_experts_give_the_in_ram_answer(paths, monkeypatch, policy, prefetch):
+@pytest.mark.parametrize("kind,policy,prefetch", [("qwen3moe", "lru", True), ("qwen3moe", "lfu", True),
+                                                  ("qwen3moe", "lru", False), ("glm4moe", "lru", True)])
+def test_streamed_experts_give_the_in_ram_answer(paths, monkeypatch, kind, policy, prefetch):
     """8 cache slots for 2 layers of 8 experts: decode evicts and reads again, prefill needs every slot; the
     logits are the in-RAM run's bit for bit (with the next layer's experts read ahead or not), and the store's
-    counts add up."""
-    path = paths["qwen3moe", Q.Q8_0]
+    counts add up. GLM-4.5's first layer is dense: the store holds its two MoE layers only."""
+    path = paths[kind, Q.Q8_0]
+    resident = [[0, 1], [2]] if kind == "qwen3moe" else [[], [0, 1], [2]]
     ram = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
     want_prefill = ram.eval(IDS[:20], all_logits=True)
     ram2 = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
     want_decode = np.stack([ram2.eval(IDS[:i + 1]) for i in range(12)])
 
-    m = _streamed(path, monkeypatch, slots=8, resident=[[0, 1], [2]], policy=policy, prefetch=prefetch)
+    m = _streamed(path, monkeypatch, slots=8, resident=resident, policy=policy, prefetch=prefetch)
     np.testing.assert_array_equal(m.eval(IDS[:20], all_logits=True), want_prefill)
-    m2 = _streamed(path, monkeypatch, slots=8, resident=[[0, 1], [2]], policy=policy, prefetch=prefetch)
+    m2 = _streamed(path, monkeypatch, slots=8, resident=resident, policy=policy, prefetch=prefetch)
     store = m2.session.experts.store
     store.reset_stats()
     np.testing.assert_array_equal(np.stack([m2.eval(IDS[:i + 1]) for i in range(12)]), want_decode)
@@ -905,10 +916,11 @@ def test_experts_split_with_the_standin_device_give_the_cpu_answer(paths, monkey
         budget += ep.head_bytes(f)  # the head is worth more per byte than a rarely chosen expert
     m = pyinfer.load(path, n_ctx=64, n_threads=2, device="standin", vram_budget=budget, progress=False)
     placed = m.session.placement.report["gpu_experts"]
-    assert sum(map(len, placed)) == (0 if share == 0 else cfg.n_layers * cfg.n_expert if share == 1 else
+    moe_layers = sum(cfg.moe_layer(il) for il in range(cfg.n_layers))  # (GLM-4.5's first layer is dense)
+    assert sum(map(len, placed)) == (0 if share == 0 else moe_layers * cfg.n_expert if share == 1 else
                                      sum(map(len, placed)))
     if share == 0.4:
-        assert 0 < sum(map(len, placed)) < cfg.n_layers * cfg.n_expert and m.session.placement.report["split_layers"]
+        assert 0 < sum(map(len, placed)) < moe_layers * cfg.n_expert and m.session.placement.report["split_layers"]
     margins: list = []
     reference_logits(cpu.gguf, IDS[:20], n_ctx=64, margins=margins)
     clear = np.min(margins, axis=0) > 1e-3

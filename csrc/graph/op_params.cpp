@@ -14,7 +14,7 @@ namespace {
 constexpr ParamField kGetRows[] = {PYI_F32(get_rows, scale)};
 constexpr ParamField kRmsNorm[] = {PYI_F32(rms_norm, eps), PYI_I32(rms_norm, segment)};
 constexpr ParamField kRope[] = {PYI_I32(rope, heads), PYI_I32(rope, head_dim), PYI_I32(rope, mode), PYI_F32(rope, base),
-                            PYI_F32(rope, freq_scale), PYI_F32(rope, attn_factor)};
+                            PYI_F32(rope, freq_scale), PYI_F32(rope, attn_factor), PYI_I32(rope, n_rot)};
 constexpr ParamField kAttention[] = {PYI_I32(attention, heads), PYI_I32(attention, kv_heads),
                                  PYI_I32(attention, head_dim), PYI_I32(attention, block_size),
                                  PYI_I32(attention, window), PYI_F32(attention, scale)};
@@ -62,7 +62,7 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::ActiveUnion, "active_union", "ACTIVE_UNION", {"lists"}, kActiveUnion, count(kActiveUnion)},
     {OpKind::NeuronFetch, "neuron_fetch", "NEURON_FETCH", {"union_list"}, kNeuronFetch, count(kNeuronFetch)},
     {OpKind::Copy, "copy", "COPY", {"x"}, nullptr, 0},
-    {OpKind::MoeRoute, "moe_route", "MOE_ROUTE", {"logits"}, kMoeRoute, count(kMoeRoute)},
+    {OpKind::MoeRoute, "moe_route", "MOE_ROUTE", {"logits", "bias"}, kMoeRoute, count(kMoeRoute)},
     {OpKind::MoeMatMul, "moe_mat_mul", "MOE_MAT_MUL", {"weight", "x", "route", "gate", "cut"}, kMoeMatMul,
      count(kMoeMatMul)},
     {OpKind::MoeCombine, "moe_combine", "MOE_COMBINE", {"experts", "route", "shared", "shared_gate"}, kMoe, count(kMoe)},

@@ -65,7 +65,9 @@ struct CopySrc { enum : int { x = 0 }; };
 // [n_expert * rows_e, cols] (GGUF's *_exps), `x`: [T, cols] read by every slot (gate, up) or [T, k * cols]
 // with one segment per slot (down), `route`: a MoeRoute result. `shared` / `shared_gate` (optional, together):
 // a shared expert's output F32 [T, d] and its gate logit F32 [T, 1] (Qwen2-MoE).
-struct MoeRouteSrc { enum : int { logits = 0 }; };
+// `bias` (optional): F32 [1, n_expert] added to the experts' probabilities for choosing them only (GLM-4.5's and
+// DeepSeek-V3's exp_probs_b); the weights stay the unbiased probabilities.
+struct MoeRouteSrc { enum : int { logits = 0, bias = 1 }; };
 // MoeMatMul's `gate` and `cut` (optional, together): CATS inside the experts. `gate`: F32 [T, k * rows_e], the same
 // route's gate MoeMatMul before its activation; `cut`: F32 [n_expert, 3], each expert's GateCut bounds (hi, lo, mid;
 // _core.gate_cut_bounds). A one-token run then computes only the rows whose |act(gate)| passes their expert's cut
@@ -79,9 +81,10 @@ struct MoeRouteSplitSrc { enum : int { route = 0, map = 1 }; };
 // ---- scalar parameters -----------------------------------------------------------------------------
 struct GetRowsParams { float scale; };            // rows times scale (0: unscaled)
 struct RmsNormParams { float eps; int32_t segment; };  // segment > 0: each run of that many columns alone
-// theta = pos * base^(-2i / head_dim) * freq_scale / factors[i]; cos and sin times attn_factor (both 0: 1).
+// theta = pos * base^(-2i / n_rot) * freq_scale / factors[i]; cos and sin times attn_factor (both 0: 1).
 // freq_scale is linear RoPE scaling (1 / rope.scaling.factor), attn_factor LongRoPE's magnitude correction.
-struct RopeParams { int32_t heads, head_dim; RopeMode mode; float base, freq_scale, attn_factor; };
+// n_rot (0: head_dim): only each head's first n_rot values rotate (partial RoPE: GLM-4.5), the rest pass through.
+struct RopeParams { int32_t heads, head_dim; RopeMode mode; float base, freq_scale, attn_factor; int32_t n_rot; };
 struct AttentionParams {
   int32_t heads, kv_heads, head_dim;
   int32_t block_size;  // paged KV: tokens per block

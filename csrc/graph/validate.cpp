@@ -188,13 +188,14 @@ void Graph::validate() const {
           c.fail("heads * head_dim must equal columns, with an even head_dim");
         if (!(P.base > 0.f) || !std::isfinite(P.base)) c.fail("the RoPE base must be positive");
         if (P.mode != RopeMode::Normal && P.mode != RopeMode::Neox) c.fail("unknown RoPE mode");
+        if (P.n_rot < 0 || P.n_rot > P.head_dim || P.n_rot % 2) c.fail("n_rot must be even and in [0, head_dim]");
         if (!std::isfinite(P.freq_scale) || P.freq_scale < 0.f || !std::isfinite(P.attn_factor) || P.attn_factor < 0.f)
           c.fail("RoPE freq_scale and attn_factor must be finite and >= 0 (0: 1)");
         if (src[RopeSrc::factors] >= 0) {
           const Tensor& f = c.t(src[RopeSrc::factors]);
           c.type(src[RopeSrc::factors], DType::F32);
-          if (f.row_mode != RowMode::Fixed || f.rows != 1 || f.cols != P.head_dim / 2)
-            c.fail("RoPE factors must be one fixed row of head_dim / 2 values");
+          if (f.row_mode != RowMode::Fixed || f.rows != 1 || f.cols != (P.n_rot ? P.n_rot : P.head_dim) / 2)
+            c.fail("RoPE factors must be one fixed row of n_rot / 2 values");
         }
         break;
       }
@@ -363,6 +364,12 @@ void Graph::validate() const {
         if (P.gating != MoeGating::Softmax && P.gating != MoeGating::Sigmoid) c.fail("gating must be 0 (softmax) or 1 (sigmoid)");
         if (P.norm != 0 && P.norm != 1) c.fail("norm must be 0 or 1");
         if (!std::isfinite(P.scale)) c.fail("the weight scale must be finite");
+        if (src[MoeRouteSrc::bias] >= 0) {
+          const Tensor& b = c.t(src[MoeRouteSrc::bias]);
+          c.type(src[MoeRouteSrc::bias], DType::F32);
+          if (b.row_mode != RowMode::Fixed || b.rows != 1 || b.cols != P.n_expert)
+            c.fail("the routing bias must be one fixed row of n_expert values");
+        }
         if (d.row_mode != RowMode::Tokens || d.view_of >= 0) c.fail("a route has one row of its own per token");
         break;
       }

@@ -1,6 +1,7 @@
 // One token's route from its router logits (MoeRoute; graph.h): the top k experts, earlier experts first among
 // equals and NaN last, then softmax over every logit (in double) or sigmoid of the chosen, renormalized and
-// scaled. Shared by the CPU backend (backends/cpu/moe_ops.cpp) and the CUDA kernel (cuda/kernels/moe.cu), so the
+// scaled. With a selection bias (GLM-4.5, DeepSeek-V3) the experts are chosen by probability plus bias and
+// weighted by the probability alone. Shared by the CPU backend (backends/cpu/moe_ops.cpp) and the CUDA kernel (cuda/kernels/moe.cu), so the
 // two route alike by construction.
 #pragma once
 #include <cmath>
@@ -18,16 +19,15 @@ namespace pyinfer {
 
 PYINFER_HOST_DEVICE inline float moe_finite_or_lowest(float v) { return std::isnan(v) ? -INFINITY : v; }
 
-// l: F32 [n_expert] logits; out: F32 [2k], the k weights best first, then the k ids as floats.
-PYINFER_HOST_DEVICE inline void moe_route_row(const float* l, float* out, const MoeRouteParams& P) {
-  float* w = out;
-  float* ids = out + P.k;
+// The k largest of v(e) over the experts into w (best first, earlier experts first among equals) and their ids.
+template <typename Value>
+PYINFER_HOST_DEVICE inline void moe_top_k(int32_t n_expert, int32_t k, Value v_of, float* w, float* ids) {
   int32_t chosen = 0;
-  for (int32_t e = 0; e < P.n_expert; ++e) {
-    const float v = moe_finite_or_lowest(l[e]);
-    if (chosen == P.k && v <= w[P.k - 1]) continue;
-    int32_t pos = chosen < P.k ? chosen++ : P.k - 1;
-    while (pos > 0 && w[pos - 1] < v) {  // softmax and sigmoid are increasing: the top k logits are the top k
+  for (int32_t e = 0; e < n_expert; ++e) {
+    const float v = moe_finite_or_lowest(v_of(e));
+    if (chosen == k && v <= w[k - 1]) continue;
+    int32_t pos = chosen < k ? chosen++ : k - 1;
+    while (pos > 0 && w[pos - 1] < v) {
       w[pos] = w[pos - 1];
       ids[pos] = ids[pos - 1];
       --pos;
@@ -35,17 +35,33 @@ PYINFER_HOST_DEVICE inline void moe_route_row(const float* l, float* out, const 
     w[pos] = v;
     ids[pos] = float(e);
   }
+}
+
+// l: F32 [n_expert] logits; out: F32 [2k], the k weights best first, then the k ids as floats. bias: F32
+// [n_expert] or null.
+PYINFER_HOST_DEVICE inline void moe_route_row(const float* l, float* out, const MoeRouteParams& P,
+                                              const float* bias = nullptr) {
+  float* w = out;
+  float* ids = out + P.k;
+  // softmax and sigmoid are increasing: without a bias the top k logits are the top k probabilities
+  moe_top_k(P.n_expert, P.k, [&](int32_t e) { return l[e]; }, w, ids);
   const float top = w[0];
   if (!std::isfinite(top)) {  // no usable logit (NaN or infinite everywhere): equal weights, not NaN
     for (int32_t s = 0; s < P.k; ++s) w[s] = 1.f / float(P.k);
     return;
   }
-  if (P.gating == MoeGating::Softmax) {
-    double sum = 0;
+  double sum = 0;  // softmax's denominator over every logit
+  if (P.gating == MoeGating::Softmax)
     for (int32_t e = 0; e < P.n_expert; ++e) sum += std::exp(double(moe_finite_or_lowest(l[e])) - double(top));
-    for (int32_t s = 0; s < P.k; ++s) w[s] = float(std::exp(double(w[s]) - double(top)) / sum);
+  auto prob = [&](float logit) {
+    return P.gating == MoeGating::Softmax ? float(std::exp(double(logit) - double(top)) / sum)
+                                          : 1.f / (1.f + std::exp(-logit));
+  };
+  if (bias) {  // chosen by probability + bias, weighted by the probability
+    moe_top_k(P.n_expert, P.k, [&](int32_t e) { return prob(l[e]) + bias[e]; }, w, ids);
+    for (int32_t s = 0; s < P.k; ++s) w[s] = std::isfinite(w[s]) ? prob(moe_finite_or_lowest(l[int32_t(ids[s])])) : 0.f;
   } else {
-    for (int32_t s = 0; s < P.k; ++s) w[s] = 1.f / (1.f + std::exp(-w[s]));
+    for (int32_t s = 0; s < P.k; ++s) w[s] = prob(w[s]);
   }
   if (P.norm) {  // llama.cpp clamps the sum at the smallest normal fp16 before dividing
     float sum = 0;

@@ -60,7 +60,7 @@ void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, floa
 }
 
 void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode,
-              const float* factors, float freq_scale, float attn_factor) {
+              const float* factors, float freq_scale, float attn_factor, int n_rot) {
   // One angle per pair, shared by every head; any head size (no fixed-size table of angles). The pair
   // frequencies base^(-2i/d) are the same for every row of a run: each thread keeps the last set it
   // computed, so the pow calls happen once per (base, head size) instead of once per pair and row.
@@ -68,15 +68,19 @@ void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, fl
   thread_local double freq[kMaxCachedPairs];
   thread_local float freq_base = 0.f;
   thread_local int freq_head_dim = 0;
-  const int half = head_dim / 2;
+  const int dims = n_rot > 0 ? n_rot : head_dim;  // the rotated values of each head (the rest pass through)
+  const int half = dims / 2;
   const bool cached = half <= kMaxCachedPairs;
-  if (cached && (freq_base != base || freq_head_dim != head_dim)) {
-    for (int i = 0; i < half; ++i) freq[i] = std::pow(double(base), -2.0 * i / head_dim);
+  if (cached && (freq_base != base || freq_head_dim != dims)) {
+    for (int i = 0; i < half; ++i) freq[i] = std::pow(double(base), -2.0 * i / dims);
     freq_base = base;
-    freq_head_dim = head_dim;
+    freq_head_dim = dims;
   }
+  if (dims < head_dim && x != y)
+    for (int h = 0; h < heads; ++h)
+      for (int j = dims; j < head_dim; ++j) y[int64_t(h) * head_dim + j] = x[int64_t(h) * head_dim + j];
   for (int i = 0; i < half; ++i) {
-    double theta = double(pos) * (cached ? freq[i] : std::pow(double(base), -2.0 * i / head_dim));
+    double theta = double(pos) * (cached ? freq[i] : std::pow(double(base), -2.0 * i / dims));
     if (freq_scale != 1.f) theta *= double(freq_scale);
     if (factors) theta /= double(factors[i]);
     float cs = float(std::cos(theta)), sn = float(std::sin(theta));

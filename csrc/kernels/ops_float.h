@@ -47,7 +47,7 @@ void dequantize_row(DType type, const uint8_t* src, float* dst, int64_t n);
 void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, float eps);
 // factors: F32 [head_dim / 2] frequency divisors or nullptr; freq_scale and attn_factor as RopeParams (1: none).
 void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode,
-              const float* factors = nullptr, float freq_scale = 1.f, float attn_factor = 1.f);
+              const float* factors = nullptr, float freq_scale = 1.f, float attn_factor = 1.f, int n_rot = 0);  // 0: all
 void add_row(const float* a, const float* b, float* y, int64_t n, float scale = 0.f);  // a + scale * b (0: 1)
 void gated_act_row(Activation a, const float* gate, const float* up, float* y, int64_t n);
 // gated_act_row for GELU: the portable entry of KernelTable::gelu_mul.

@@ -9,7 +9,7 @@
 namespace pyinfer::cuda {
 
 // route F32 [T, 2k] = the top k experts of softmax or sigmoid(logits F32 [T, n_expert]), weights then ids.
-void moe_route(const Rows& logits, const Rows& route, const MoeRouteParams& p, cudaStream_t s);
+void moe_route(const Rows& logits, const Rows& route, const MoeRouteParams& p, const float* bias, cudaStream_t s);
 
 struct MoeMatMulArgs {
   Rows w;             // merged experts [n_expert * rows_e, cols]

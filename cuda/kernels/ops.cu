@@ -90,11 +90,16 @@ __global__ void quantize_q8a_kernel(Rows x, Rows y, int64_t blocks_per_row) {
 
 __global__ void rope_kernel(Rows x, Rows y, const int32_t* positions, const float* factors, RopeParams p) {
   const int64_t t = blockIdx.x;
-  const int half = p.head_dim / 2;
+  const int dims = p.n_rot > 0 ? p.n_rot : p.head_dim;  // partial RoPE: the rest of each head passes through
+  const int half = dims / 2;
   const int64_t k = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;  // (head, pair)
+  if (dims < p.head_dim && x.data != y.data && k < int64_t(p.heads) * (p.head_dim - dims)) {
+    const int64_t j = int64_t(k / (p.head_dim - dims)) * p.head_dim + dims + k % (p.head_dim - dims);
+    at<float>(y, t)[j] = at<float>(x, t)[j];
+  }
   if (k >= int64_t(p.heads) * half) return;
   const int h = int(k / half), i = int(k % half);
-  double theta = double(positions[t]) * pow(double(p.base), -2.0 * i / p.head_dim);
+  double theta = double(positions[t]) * pow(double(p.base), -2.0 * i / dims);
   if (p.freq_scale != 0.f) theta *= double(p.freq_scale);
   if (factors) theta /= double(factors[i]);
   const float mscale = p.attn_factor != 0.f ? p.attn_factor : 1.f;

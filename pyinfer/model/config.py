@@ -105,6 +105,15 @@ class LlamaConfig:
     d_ff_shared: int = 0
     # Granite MoE's shared expert is added ungated (Qwen2-MoE's is gated by ffn_gate_inp_shexp).
     shared_expert_gated: bool = True
+    # GLM-4.5 / DeepSeek-V3: experts chosen by probability plus blk.N.exp_probs_b.bias (weights unbiased); the
+    # weights times expert_scale (0: 1); the first `dense_lead` layers run a dense FFN of d_ff neurons instead.
+    expert_bias: bool = False
+    expert_scale: float = 0.0
+    dense_lead: int = 0
+    # Partial RoPE: only the first rope_dims values of each head rotate (0: all).
+    rope_dims: int = 0
+    # The norm before each layer's FFN (GLM-4.5 calls it post_attention_norm): expert read-ahead applies it.
+    ffn_norm: str = "ffn_norm"
     # Granite: each residual branch times residual_scale before its add, the logits divided by logit_scale (0: off).
     residual_scale: float = 0.0
     logit_scale: float = 0.0
@@ -112,6 +121,15 @@ class LlamaConfig:
     @property
     def is_moe(self) -> bool:
         return self.n_expert > 0
+
+    def moe_layer(self, il: int) -> bool:
+        """Whether layer il runs experts (a MoE model's first `dense_lead` layers run a dense FFN)."""
+        return self.n_expert > 0 and il >= self.dense_lead
+
+    @property
+    def moe_layers(self) -> range:
+        """The layers that run experts, in order (an expert store's layer i is model layer dense_lead + i)."""
+        return range(self.dense_lead, self.n_layers) if self.n_expert > 0 else range(0)
 
     @property
     def ffn_relu(self) -> bool:

@@ -52,7 +52,7 @@ def expert_bundle_path(cache: Path, gguf: GGUFModelFile) -> Path:
 def bundle_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
     """The size the bundle file of this model will have."""
     total = HEADER_BYTES
-    for il in range(cfg.n_layers):
+    for il in cfg.moe_layers:
         sizes = [gguf.tensors[f"blk.{il}.ffn_{p}_exps.weight"].data.nbytes // cfg.n_expert for p in PARTS]
         total += cfg.n_expert * sum(map(align, sizes))
     return total
@@ -62,9 +62,9 @@ def read_expert_layout(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig) -> Exp
     """The layout of a valid bundle file for this model, or None (missing, foreign, stale, truncated)."""
     meta = read_header(path, MAGIC, HEADER_BYTES, FORMAT_VERSION, gguf.fingerprint())
     try:
-        if meta is None or len(meta["layers"]) != cfg.n_layers:
+        if meta is None or len(meta["layers"]) != len(cfg.moe_layers):
             return None
-        for il, e in enumerate(meta["layers"]):  # the sizes the graph's tensors expect
+        for il, e in zip(cfg.moe_layers, meta["layers"]):  # the sizes the graph's tensors expect
             want = [gguf.tensors[f"blk.{il}.ffn_{p}_exps.weight"].data.nbytes // cfg.n_expert for p in PARTS]
             if list(e["expert_bytes"]) != want or e["n_expert"] != cfg.n_expert:
                 return None
@@ -91,7 +91,7 @@ def write_expert_bundles(path: Path, gguf: GGUFModelFile, cfg: LlamaConfig,
         f.write(b"\0" * HEADER_BYTES)
         with tqdm(total=need, desc="pyinfer: writing expert bundles", unit="B", unit_scale=True,
                   disable=not progress, file=sys.stderr, leave=False) as bar:
-            for il in range(cfg.n_layers):
+            for il in cfg.moe_layers:
                 names = [f"blk.{il}.ffn_{p}_exps.weight" for p in PARTS]
                 # U8 [n_expert, bytes of one expert] of each part, as the file maps them
                 parts = [np.asarray(gguf.tensors[n].data).view(np.uint8).reshape(cfg.n_expert, -1) for n in names]

@@ -46,14 +46,15 @@ def expert_names(il: int) -> list[str]:
 
 def expert_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> int:
     """Bytes of every expert tensor of the model."""
-    return sum(gguf.tensors[n].data.nbytes for il in range(cfg.n_layers) for n in expert_names(il))
+    return sum(gguf.tensors[n].data.nbytes for il in cfg.moe_layers for n in expert_names(il))
 
 
 def gguf_layers(gguf: GGUFModelFile, cfg: LlamaConfig) -> list[dict]:
     """Where each layer's experts lie in the model file, as the expert store reads them: per part, where the
-    merged tensor starts and the bytes of one expert of it (experts one after another)."""
+    merged tensor starts and the bytes of one expert of it (experts one after another). Only the layers that run
+    experts (the store's layers: GLM-4.5's leading dense layers are not among them)."""
     out = []
-    for il in range(cfg.n_layers):
+    for il in cfg.moe_layers:
         offsets, sizes = [], []
         for name in expert_names(il):
             start, nbytes, _ = gguf._ranges[name]
@@ -126,8 +127,9 @@ class ExpertOffload:
                  prefetch: bool = True, direct_io: bool = True, bundle=None):
         """`bundle`: an ExpertBundleLayout to read the experts from (default: the model file)."""
         layers = bundle.store_layers() if bundle is not None else gguf_layers(gguf, cfg)
-        for il, layer in enumerate(layers):
-            layer.update(n_expert=cfg.n_expert, resident=plan.resident[il])
+        self.lead = cfg.dense_lead  # the store's layer i is the model's layer lead + i
+        for i, layer in enumerate(layers):
+            layer.update(n_expert=cfg.n_expert, resident=plan.resident[self.lead + i])
         self.plan, self.n_expert, self.prefetch = plan, cfg.n_expert, prefetch
         path = bundle.path if bundle is not None else gguf.path
         self.source = "bundle" if bundle is not None else "gguf"
@@ -138,11 +140,15 @@ class ExpertOffload:
             raise PyinferError(f"{path.name}: {e}") from None
         self._gguf = gguf
 
+    def store_layer(self, il: int) -> int:
+        """The store's index of model layer il (its layers are the ones that run experts)."""
+        return il - self.lead
+
     def weight(self, b, il: int, part: str):
         """The merged experts of one part of layer `il`, read through the store."""
         name = f"blk.{il}.ffn_{part}_exps.weight"
         t = self._gguf.tensors[name]
-        return b.expert_weight(name, t.dtype_id, t.cols, t.rows, self.store, il, PARTS.index(part))
+        return b.expert_weight(name, t.dtype_id, t.cols, t.rows, self.store, self.store_layer(il), PARTS.index(part))
 
     def report(self, tokens: int = 0) -> dict:
         """The store's counts since its last reset, with the hit rate and bytes read per token."""
@@ -157,9 +163,11 @@ class ExpertOffload:
         return st
 
 
-def routing_profile(store) -> np.ndarray:
-    """[n_layers, n_expert] how often each expert was chosen since the store's last reset."""
-    return np.asarray(store.chosen(), dtype=np.float64)
+def routing_profile(store, dense_lead: int = 0) -> np.ndarray:
+    """[n_layers, n_expert] how often each expert was chosen since the store's last reset (zero rows for the
+    `dense_lead` leading dense layers, which the store does not hold)."""
+    chosen = np.asarray(store.chosen(), dtype=np.float64)
+    return np.concatenate([np.zeros((dense_lead, chosen.shape[1])), chosen]) if dense_lead else chosen
 
 
 def expert_bundle(session, progress: bool):

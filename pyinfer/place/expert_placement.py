@@ -26,7 +26,7 @@ from .knapsack import KnapsackAnswer, PrefixKnapsack, solve_greedy, solve_highs
 
 FORMAT = "pyinfer-expert-placement"
 _EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
-_BLOCK = re.compile(r"^blk\.\d+\.")
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 @dataclass
@@ -61,17 +61,18 @@ class ExpertPlacement:
 
 def expert_bytes(gguf: GGUFModelFile, cfg: LlamaConfig) -> list[int]:
     """Per layer: bytes of one expert (its gate, up and down)."""
-    out = [0] * cfg.n_layers
+    out = [0] * cfg.n_layers  # 0 for a dense layer (GLM-4.5's first): nothing to place
     for name, t in gguf.tensors.items():
         m = _EXPERTS.match(name)
-        if m:
+        if m and int(m.group(1)) < cfg.n_layers:  # (not GLM's multi-token-prediction layers, never run)
             out[int(m.group(1))] += int(t.data.nbytes) // cfg.n_expert
     return out
 
 
 def fixed_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, cache_type: str = "f16") -> dict:
     """What every token reads, placed first: each block's tensors but its experts, the KV cache, a scratch."""
-    shared = sum(int(t.data.nbytes) for n, t in gguf.tensors.items() if _BLOCK.match(n) and not _EXPERTS.match(n))
+    shared = sum(int(t.data.nbytes) for n, t in gguf.tensors.items()
+                 if (b := _BLOCK.match(n)) and int(b.group(1)) < cfg.n_layers and not _EXPERTS.match(n))
     return {"attention": shared, "kv_cache": kv_cache_bytes(cfg, n_ctx, cache_type), "scratch": SCRATCH_BYTES}
 
 
@@ -146,7 +147,8 @@ def place_experts(gguf: GGUFModelFile, cfg: LlamaConfig, vram_budget: int, n_ctx
     if kept != answer.kept:
         answer = KnapsackAnswer(kept, plain.value(kept), answer.used, answer.solver, answer.seconds,
                                 dict(answer.info, filled_leftover=int(sum(kept[:-1]) - sum(answer.kept[:-1]))))
-    gpu = [sorted(int(e) for e in o[:k]) for o, k in zip(order, answer.kept)]
+    # (a dense layer's zero-byte "experts" are none: its FFN is placed with attention)
+    gpu = [sorted(int(e) for e in o[:k]) if per_expert[il] else [] for il, (o, k) in enumerate(zip(order, answer.kept))]
     # Greedy's split layers whose missing experts are worth less than the synchronization finishing them saves.
     losing = [il for il, k in enumerate(greedy.kept[:-1]) if 0 < k < cfg.n_expert and sum(value[il][k:]) < sync]
     return ExpertPlacement(

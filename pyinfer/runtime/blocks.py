@@ -98,7 +98,7 @@ class ModelGraph:
         scale_f = c.rope_freq_scale if freq_scale is None else freq_scale
         for x, heads in ((q, c.n_heads), (k, c.n_kv_heads)):
             b.rope(x, self.positions, heads, c.head_dim, base, neox=c.rope_neox, factors=factors,
-                   freq_scale=scale_f, attn_factor=c.rope_attn_factor)
+                   freq_scale=scale_f, attn_factor=c.rope_attn_factor, n_rot=c.rope_dims)
         k_cache = b.state(f"k_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)  # F16|Q8_0 [n_ctx, kv width]
         v_cache = b.state(f"v_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)
         b.kv_store(k_cache, k, self.slots)

@@ -21,7 +21,7 @@ class DenseFfn:
         self.experts, self.cuts = experts, cuts
 
     def __call__(self, m, h: T, il: int) -> T:
-        if m.cfg.is_moe:
+        if m.cfg.moe_layer(il):
             return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts, stream=m.stream, cuts=self.cuts)
         return dense_ffn(m.b, m.w, h, il, m.cfg, project=m.project)
 
@@ -37,8 +37,10 @@ class RecordedFfn:
     b.records[layer] = (ffn_in, gate, up) ids)."""
 
     def __call__(self, m, h: T, il: int) -> T:
-        if m.cfg.is_moe:  # the routing profile: each layer's route
+        if m.cfg.moe_layer(il):  # the routing profile: each layer's route
             return moe_ffn(m.b, m.w, h, il, m.cfg, record=True)
+        if m.cfg.is_moe:  # a leading dense layer of a MoE model: nothing to profile (records hold routes only)
+            return dense_ffn(m.b, m.w, h, il, m.cfg)
         return dense_ffn(m.b, m.w, h, il, m.cfg, record=True)
 
 
@@ -86,8 +88,10 @@ class SplitFfn:
 
     def __call__(self, m, h: T, il: int) -> T:
         pl = self.placement
-        if m.cfg.is_moe:  # an expert placement (place/expert_placement.py): whole experts on each side
+        if m.cfg.moe_layer(il):  # an expert placement (place/expert_placement.py): whole experts on each side
             return split_moe_ffn(m.b, m.w, m.gguf, h, il, m.cfg, list(pl.gpu_experts[il]), pl.device)
+        if m.cfg.is_moe:  # a dense layer of a MoE model (GLM-4.5's first): placed with attention, on the device
+            return dense_ffn(m.b, m.w, h, il, m.cfg)
         return hybrid_ffn(m.b, m.gguf, h, il, m.cfg, list(pl.gpu_blocks[il]), pl.block, pl.device, self.plan,
                           self.runs, self.down_type, m.w)
 

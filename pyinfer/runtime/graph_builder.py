@@ -177,13 +177,16 @@ class GraphBuilder:
         return self._node(Op.MAT_MUL, dst, {"weight": w, "x": src, "active": active}, run_if=run_if)
 
     def rope(self, x: T, positions: T, heads: int, head_dim: int, base: float, neox: bool = False,
-             factors: T | None = None, freq_scale: float = 1.0, attn_factor: float = 1.0) -> T:
-        """In place. `neox`: element i pairs with i + head_dim / 2 (Gemma, Qwen, Phi-3); else adjacent pairs
-        (llama). `factors` (F32 [1, head_dim / 2]) divide each pair's frequency (Llama 3.1's rope_freqs,
-        LongRoPE); `freq_scale` multiplies every frequency (linear scaling); cos and sin are times `attn_factor`."""
-        return self._node(Op.ROPE, x, {"x": x, "positions": positions, "factors": factors},
-                          {"heads": heads, "head_dim": head_dim, "mode": int(neox), "base": base,
-                           "freq_scale": freq_scale, "attn_factor": attn_factor})
+             factors: T | None = None, freq_scale: float = 1.0, attn_factor: float = 1.0, n_rot: int = 0) -> T:
+        """In place. `neox`: element i pairs with i + n_rot / 2 (Gemma, Qwen, Phi-3); else adjacent pairs
+        (llama). `factors` (F32 [1, n_rot / 2]) divide each pair's frequency (Llama 3.1's rope_freqs,
+        LongRoPE); `freq_scale` multiplies every frequency (linear scaling); cos and sin are times `attn_factor`.
+        `n_rot` (0: head_dim): only each head's first n_rot values rotate (partial RoPE)."""
+        params = {"heads": heads, "head_dim": head_dim, "mode": int(neox), "base": base, "freq_scale": freq_scale,
+                  "attn_factor": attn_factor}
+        if n_rot and n_rot != head_dim:
+            params["n_rot"] = n_rot
+        return self._node(Op.ROPE, x, {"x": x, "positions": positions, "factors": factors}, params)
 
     def kv_store(self, cache: T, x: T, positions: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         return self._node(Op.KV_STORE, cache, {"x": x, "rows": positions}, run_if=run_if)
@@ -259,11 +262,12 @@ class GraphBuilder:
 
     # ---- Mixture of Experts (see graph.h for the route layout) -------------------------------------
     def moe_route(self, logits: T, k: int, name: str = "route", norm: bool = True, gating: int = 0,
-                  scale: float = 0.0) -> T:
+                  scale: float = 0.0, bias: T | None = None) -> T:
         """F32 [T, 2k]: each token's top k experts of softmax (gating 0) or sigmoid (1) of the router's
         `logits` (F32 [T, n_expert]): their weights (divided by their sum with `norm`, times `scale` unless 0),
-        then their ids as floats."""
-        return self._node(Op.MOE_ROUTE, self.activation(name, 2 * k, rows=logits.rows), {"logits": logits},
+        then their ids as floats. `bias` (F32 [1, n_expert]): added to the probabilities for choosing only."""
+        return self._node(Op.MOE_ROUTE, self.activation(name, 2 * k, rows=logits.rows),
+                          {"logits": logits, "bias": bias},
                           {"n_expert": logits.cols, "k": k, "gating": gating, "norm": int(norm), "scale": scale})
 
     def moe_route_split(self, route: T, expert_map: T, n_local: int, k: int, name: str) -> T:

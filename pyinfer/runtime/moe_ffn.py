@@ -31,9 +31,9 @@ def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, r
         b.graph.pin(route.id)
         b.records.append(route.id)
     if experts is not None:
-        b.expert_fetch(route, il)
+        b.expert_fetch(route, experts.store_layer(il))
         if experts.prefetch and il + 1 < cfg.n_layers:
-            predict_next(b, w, h if stream is None else stream, il + 1, cfg, stream is not None)
+            predict_next(b, w, h if stream is None else stream, il + 1, cfg, stream is not None, experts)
         weight = lambda part: experts.weight(b, il, part)  # noqa: E731
     else:
         weight = lambda part: w(p + f"ffn_{part}_exps.weight")  # noqa: E731
@@ -44,10 +44,12 @@ def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, r
                     record=record)
 
 
-def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig) -> T:
+def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, name: str = "route") -> T:
     """Each token's top k experts and their weights, F32 [T, 2k]."""
-    logits = b.matmul(w(f"blk.{il}.ffn_gate_inp.weight"), h, "router")    # F32 [T, n_expert]
-    return b.moe_route(logits, cfg.n_expert_used, norm=cfg.expert_norm, gating=cfg.expert_gating)
+    logits = b.matmul(w(f"blk.{il}.ffn_gate_inp.weight"), h, "router" if name == "route" else name + ".router")
+    bias = w(f"blk.{il}.exp_probs_b.bias") if cfg.expert_bias else None    # F32 [1, n_expert]: for choosing only
+    return b.moe_route(logits, cfg.n_expert_used, name, norm=cfg.expert_norm, gating=cfg.expert_gating,
+                       scale=cfg.expert_scale, bias=bias)
 
 
 def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weight, n: int, tag: str,
@@ -118,14 +120,13 @@ def _gpu_experts(b: GraphBuilder, gguf, il: int, part: str, experts: list[int], 
     return b.weight(f"blk.{il}.ffn_{part}_exps.gpu", t.dtype_id, t.cols, len(experts) * rows_e, data)
 
 
-def predict_next(b: GraphBuilder, w, x: T, nl: int, cfg: LlamaConfig, normalize: bool) -> T:
+def predict_next(b: GraphBuilder, w, x: T, nl: int, cfg: LlamaConfig, normalize: bool, experts) -> T:
     """Layer nl's router applied to this layer's hidden state (pre-gated MoE, ProMoE): the residual stream
     changes little from one layer to the next, so the experts it picks are mostly the ones nl will choose.
     Their reads start now and run while this layer's experts compute. x: F32 [T, d_model], the stream
     (normalized with nl's own FFN norm when `normalize`, else already normalized)."""
     p = f"blk.{nl}."
     if normalize:
-        x = b.rms_norm(x, w(p + "ffn_norm.weight"), cfg.norm_eps, "next_ffn_in")   # F32 [T, d_model]
-    logits = b.matmul(w(p + "ffn_gate_inp.weight"), x, "next_router")             # F32 [T, n_expert]
-    guess = b.moe_route(logits, cfg.n_expert_used, "next_route", norm=cfg.expert_norm, gating=cfg.expert_gating)
-    return b.expert_fetch(guess, nl, prefetch=True)
+        x = b.rms_norm(x, w(p + cfg.ffn_norm + ".weight"), cfg.norm_eps, "next_ffn_in")   # F32 [T, d_model]
+    guess = _route(b, w, x, nl, cfg, "next_route")
+    return b.expert_fetch(guess, experts.store_layer(nl), prefetch=True)

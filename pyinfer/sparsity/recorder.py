@@ -69,8 +69,8 @@ class Recorder:
         number of tokens used."""
         tensor, seen = self._engine.tensor, 0
         for n in self._windows(ids, max(min(len(ids), max_tokens), 1), desc, progress):
-            for il, (r_id, g_id) in enumerate(zip(self._records, self._expert_gates)):
-                on_layer(il, tensor(r_id, n), tensor(g_id, n))
+            for i, (r_id, g_id) in enumerate(zip(self._records, self._expert_gates)):  # (MoE layers only)
+                on_layer(self.cfg.dense_lead + i, tensor(r_id, n), tensor(g_id, n))
             seen += n
         return seen
 

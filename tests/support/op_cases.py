@@ -119,6 +119,17 @@ def rope(b, rng):
     return Case([y], [rope_ref(x, pos, heads, hd, 10000.0)], n)
 
 
+def rope_partial(b, rng):
+    """Partial RoPE (GLM-4.5): each head's first 8 of 16 values rotate as a head of 8, NEOX pairs; the rest pass."""
+    from .reference_llama import rope as rope_ref
+
+    n, heads, hd = 5, 3, 16
+    X, x = f32(b, rng, "x", n, heads * hd)
+    pos = np.array([0, 1, 7, 100, 2047], np.int32)
+    y = b.rope(fresh(b, X, "y"), i32(b, "p", pos[:, None]), heads, hd, 10000.0, neox=True, n_rot=8)
+    return Case([y], [rope_ref(x, pos, heads, hd, 10000.0, neox=True, n_rot=8)], n)
+
+
 def kv_store(b, rng):
     n, cols, n_ctx = 3, 64, 8
     cache = b.state("kc", cols, n_ctx)
@@ -337,7 +348,7 @@ def moe_route_split(b, rng):
 
 CASES: dict[Op, list[Callable]] = {
     Op.GET_ROWS: [get_rows], Op.RMS_NORM: [rms_norm], Op.QUANTIZE: [quantize], Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
-    Op.ROPE: [rope], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul],
+    Op.ROPE: [rope, rope_partial], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul],
     Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set],
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
     Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route],

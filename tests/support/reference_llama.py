@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, GGUFReader, quants
 from pyinfer.model.arch import model_config
 from pyinfer.model.gguf_file import GGUFModelFile
 
-NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "olmoe"}
+NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "olmoe", "glm4moe"}
 
 
 def dequant(f: GGUFModelFile, name: str) -> np.ndarray:
@@ -55,9 +55,15 @@ def rms_norm(x, w, eps):
     return x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps).astype(np.float32) * w
 
 
-def rope(x, pos, heads, hd, base, neox=False, factors=None, freq_scale=1.0, attn_factor=1.0):
+def rope(x, pos, heads, hd, base, neox=False, factors=None, freq_scale=1.0, attn_factor=1.0, n_rot=0):
     """Adjacent-pair rotation (GGML 'normal' mode), or halves (NEOX: i with i + hd/2). x: [T, heads*hd].
-    Pair i turns by pos * base^(-2i/hd) * freq_scale / factors[i]; cos and sin are times attn_factor."""
+    Pair i turns by pos * base^(-2i/hd) * freq_scale / factors[i]; cos and sin are times attn_factor. `n_rot`:
+    only each head's first n_rot values rotate (as a head of n_rot), the rest pass through."""
+    if n_rot and n_rot < hd:
+        x3 = x.reshape(len(pos), heads, hd)
+        r = rope(np.ascontiguousarray(x3[..., :n_rot]).reshape(len(pos), -1), pos, heads, n_rot, base, neox, factors,
+                 freq_scale, attn_factor)
+        return np.concatenate([r.reshape(len(pos), heads, n_rot), x3[..., n_rot:]], -1).reshape(len(pos), -1)
     if neox:  # the same rotation after moving element i + hd/2 next to element i
         xi = x.reshape(len(pos), heads, 2, hd // 2).transpose(0, 1, 3, 2).reshape(len(pos), heads * hd)
         r = rope(xi, pos, heads, hd, base, False, factors, freq_scale, attn_factor).reshape(len(pos), heads, hd // 2, 2)
@@ -113,23 +119,29 @@ def head_norm(x, w, heads, eps):
     return rms_norm(x.reshape(T, heads, -1), w, eps).reshape(T, -1)
 
 
-def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None):
+def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None, sigmoid=False, scale=0.0):
     """A Mixture-of-Experts FFN (llama.cpp's build_moe_ffn with softmax gating): each token's top k experts by
     softmax probability, their probabilities as weights (divided by their sum with `norm`); Qwen2-MoE's shared
     expert times the sigmoid of its gate. W's merged experts are [n_expert, rows, cols]. `cuts` ([n_expert]):
     CATS inside the experts, a neuron of expert e counts only where |act(gate)| > cuts[e] (`kept`, a list,
     gets the share that did, per token and slot)."""
     logits = h @ W[p + "ffn_gate_inp.weight"].T                              # [T, n_expert]
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    order = np.argsort(-probs, axis=-1, kind="stable")
+    if sigmoid:
+        probs = 1 / (1 + np.exp(-logits))
+    else:
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+    select = probs + W[p + "exp_probs_b.bias"] if p + "exp_probs_b.bias" in W else probs  # GLM: bias picks only
+    order = np.argsort(-select, axis=-1, kind="stable")
     chosen = order[:, :k]                                                   # [T, k]
     if margins is not None and k < probs.shape[1]:  # how near each token's routing came to another choice
-        ranked = np.take_along_axis(probs, order, -1)
+        ranked = np.take_along_axis(select, order, -1)
         margins.append(ranked[:, k - 1] - ranked[:, k])
     weights = np.take_along_axis(probs, chosen, -1)
     if norm:
         weights = weights / np.maximum(weights.sum(-1, keepdims=True), 6.103515625e-5)
+    if scale:
+        weights = weights * scale
     G, U, D = W[p + "ffn_gate_exps.weight"], W[p + "ffn_up_exps.weight"], W[p + "ffn_down_exps.weight"]
     y = np.zeros_like(h)
     for t in range(h.shape[0]):
@@ -161,6 +173,8 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
       llama: rope_freqs.weight divides each pair's frequency when present;
       qwen3moe: qwen3's attention; qwen2moe: qwen2's, and the shared expert; Mixtral (llama with experts),
         qwen3moe and qwen2moe: a Mixture of Experts FFN, weights renormalized except qwen2moe's;
+      glm4moe: q/k/v biases, per-head QK-norm, partial NEOX RoPE, post_attention_norm before the FFN, leading
+        dense layers, sigmoid routing chosen with exp_probs_b, renormalized and scaled, an ungated shared expert;
       olmoe: q and k RMS-normed as whole rows, experts not renormalized; granitemoe: embeddings times
         embedding_scale, q.k times attention.scale, each residual branch times residual_scale, logits divided by
         logit_scale, experts renormalized, an ungated shared expert;
@@ -215,26 +229,31 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
             q, k, v = qkv[:, :qw], qkv[:, qw:qw + kvw], qkv[:, qw + kvw:]
         else:
             q, k, v = lin(h, p, "attn_q"), lin(h, p, "attn_k"), lin(h, p, "attn_v")
-        if gemma or arch in ("qwen3", "qwen3moe"):
+        if gemma or arch in ("qwen3", "qwen3moe") or (arch == "glm4moe" and p + "attn_q_norm.weight" in W):
             q = head_norm(q, W[p + "attn_q_norm.weight"], c.n_heads, c.norm_eps)
             k = head_norm(k, W[p + "attn_k_norm.weight"], c.n_kv_heads, c.norm_eps)
         if arch == "olmoe":
             q = rms_norm(q, W[p + "attn_q_norm.weight"], c.norm_eps)
             k = rms_norm(k, W[p + "attn_k_norm.weight"], c.norm_eps)
         fs = 1.0 if local else freq_scale
-        q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor)
-        k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor)
+        n_rot = int(meta.get(f"{arch}.rope.dimension_count", c.head_dim))
+        q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot)
+        k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot)
         window = int(meta.get("gemma3.attention.sliding_window", 0)) if local else 0
         o = lin(input_cut(il, "attn_out", attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window,
                                                      attn_scale)), p, "attn_output")
         if gemma:
             o = rms_norm(o, W[p + "post_attention_norm.weight"], c.norm_eps)
         x = x + rs * o
-        h = input_cut(il, "ffn_in", rms_norm(x, W[p + "ffn_norm.weight"], c.norm_eps))
+        ffn_norm = "post_attention_norm" if arch == "glm4moe" else "ffn_norm"  # GLM's name for its FFN norm
+        h = input_cut(il, "ffn_in", rms_norm(x, W[p + ffn_norm + ".weight"], c.norm_eps))
         if p + "ffn_gate_inp.weight" in W:
             k = int(meta[f"{arch}.expert_used_count"])
-            x = x + rs * moe(h, W, p, c.activation, k, norm=arch not in ("qwen2moe", "olmoe"), margins=margins,
-                             cuts=None if expert_cuts is None else expert_cuts[il], kept=kept)
+            glm = arch == "glm4moe"
+            norm = bool(meta.get("glm4moe.expert_weights_norm", False)) if glm else arch not in ("qwen2moe", "olmoe")
+            x = x + rs * moe(h, W, p, c.activation, k, norm=norm, margins=margins,
+                             cuts=None if expert_cuts is None else expert_cuts[il], kept=kept, sigmoid=glm,
+                             scale=float(meta.get("glm4moe.expert_weights_scale", 0.0)) if glm else 0.0)
             continue
         if arch == "phi3" and p + "ffn_gate.weight" not in W:  # gate rows first, then up
             gu = h @ W[p + "ffn_up.weight"].T

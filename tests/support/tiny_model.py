@@ -220,8 +220,12 @@ TINY_ARCH = {
     # Granite MoE with its shared expert (ungated) and granite-3.0-1b-a400m's multipliers
     "granitemoe": dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff=64, d_ff_shared=96,
                        embedding_scale=12.0, residual_scale=0.22, attention_scale=0.015625, logit_scale=6.0),
+    # GLM-4.5: one leading dense layer (FFN 96) then two MoE layers, a shared expert of one expert's width, partial RoPE
+    # (8 of 16), sigmoid routing with a selection bias, renormalized and scaled, and one multi-token-prediction layer
+    "glm4moe": dict(TINY, n_layers=3, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff_shared=64,
+                    rope_dims=8, dense_lead=1, expert_scale=2.5, nextn=1),
 }
-MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe", "olmoe", "granitemoe")
+MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe", "olmoe", "granitemoe", "glm4moe")
 
 
 def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, config: dict | None = None,
@@ -239,11 +243,13 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
     c = dict(TINY_ARCH[kind], **(config or {}))
     arch = "llama" if kind in ("llama", "llama3", "mixtral") else kind
     w = GGUFWriter(str(path), arch)
+    n_trunk = c["n_layers"]
+    c["n_layers"] = n_trunk + c.get("nextn", 0)  # block_count counts GLM's multi-token-prediction layers too
     _add_shape(w, c, context)
     hd = c["head_dim"]
     w.add_key_length(hd)
     w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
+    w.add_rope_dimension_count(c.get("rope_dims", hd))
     if vocab_from is not None:
         n_vocab = _copy_vocab(w, GGUFReader(str(vocab_from)))
     else:
@@ -263,6 +269,13 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
             w.add_expert_feed_forward_length(c["d_ff_expert"])
         if kind in ("qwen2moe", "granitemoe"):
             w.add_expert_shared_feed_forward_length(c["d_ff_shared"])
+    if kind == "glm4moe":
+        w.add_uint32("glm4moe.leading_dense_block_count", c["dense_lead"])
+        w.add_uint32("glm4moe.expert_shared_count", c["d_ff_shared"] // c["d_ff_expert"])
+        w.add_float32("glm4moe.expert_weights_scale", c["expert_scale"])
+        w.add_bool("glm4moe.expert_weights_norm", True)
+        w.add_uint32("glm4moe.expert_gating_func", 2)
+        w.add_uint32("glm4moe.nextn_predict_layers", c["nextn"])
     if kind == "granitemoe":
         w.add_float32("granitemoe.embedding_scale", c["embedding_scale"])
         w.add_float32("granitemoe.residual_scale", c["residual_scale"])
@@ -278,24 +291,29 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
     for il in range(c["n_layers"]):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
-        w.add_tensor(p + "ffn_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
+        ffn_norm = "post_attention_norm" if kind == "glm4moe" else "ffn_norm"  # GLM's FFN norm has this name
+        w.add_tensor(p + ffn_norm + ".weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
         if kind == "phi3" and fused:
             add(p + "attn_qkv.weight", (qw + 2 * kvw + bad_qkv_rows, d))
         else:
             add(p + "attn_q.weight", (qw, d))
             add(p + "attn_k.weight", (kvw, d))
             add(p + "attn_v.weight", (kvw, d))
-        if kind in ("qwen2", "qwen2moe"):
+        if kind in ("qwen2", "qwen2moe", "glm4moe"):
             for part, n in (("q", qw), ("k", kvw), ("v", kvw)):
                 add(p + f"attn_{part}.bias", (n,), 0.5)
-        if kind in ("qwen3", "qwen3moe"):
+        if kind in ("qwen3", "qwen3moe", "glm4moe"):
             for part in ("q", "k"):
                 w.add_tensor(p + f"attn_{part}_norm.weight", (1.0 + 0.2 * rng.standard_normal(hd)).astype(np.float32))
         if kind == "olmoe":
             for part, n in (("q", qw), ("k", kvw)):
                 w.add_tensor(p + f"attn_{part}_norm.weight", (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32))
         add(p + "attn_output.weight", (d, qw))
-        if kind in MOE_KINDS:
+        if il >= n_trunk:  # GLM's multi-token-prediction layer: its own projection and norms (never run here)
+            add(p + "nextn.eh_proj.weight", (d, 2 * d))
+            for part in ("enorm", "hnorm", "shared_head_norm"):
+                w.add_tensor(p + f"nextn.{part}.weight", np.ones(d, np.float32))
+        if kind in MOE_KINDS and il >= c.get("dense_lead", 0):
             _add_experts(w, rng, add, p, kind, c)
         elif kind == "phi3":
             add(p + "ffn_up.weight", (2 * ff, d))  # gate rows, then up rows
@@ -318,8 +336,10 @@ def _add_experts(w: GGUFWriter, rng, add, p: str, kind: str, c: dict) -> None:
     add(p + "ffn_gate_exps.weight", (n, ffe, d))
     add(p + "ffn_up_exps.weight", (n, ffe, d))
     add(p + "ffn_down_exps.weight", (n, d, ffe))
-    if kind in ("qwen2moe", "granitemoe"):
-        if kind == "qwen2moe":  # Granite's shared expert has no gate
+    if kind == "glm4moe":  # the selection bias: large enough to change which experts win
+        w.add_tensor(p + "exp_probs_b.bias", (rng.standard_normal(n) * 0.3).astype(np.float32))
+    if kind in ("qwen2moe", "granitemoe", "glm4moe"):
+        if kind == "qwen2moe":  # Granite's and GLM's shared experts have no gate
             w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(d) * 0.2).astype(np.float32))
         add(p + "ffn_gate_shexp.weight", (c["d_ff_shared"], d))
         add(p + "ffn_up_shexp.weight", (c["d_ff_shared"], d))

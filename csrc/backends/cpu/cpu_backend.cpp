@@ -251,7 +251,7 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         const auto& P = n.p.rope;
         rope_row(row_ptr<const float>(*s0, r), row_ptr<float>(dst, r), static_cast<const int32_t*>(s1->data)[r],
                  P.heads, P.head_dim, P.base, P.mode, f >= 0 ? static_cast<const float*>(g.tensors[size_t(f)].data) : nullptr,
-                 P.freq_scale != 0.f ? P.freq_scale : 1.f, P.attn_factor != 0.f ? P.attn_factor : 1.f);
+                 P.freq_scale != 0.f ? P.freq_scale : 1.f, P.attn_factor != 0.f ? P.attn_factor : 1.f, P.n_rot);
       }
         break;
       case OpKind::KvStore: {

@@ -63,8 +63,10 @@ class Architecture:
         d_model, n_heads, n_kv_heads, head_dim = self.head_shape(f)
         if int(f.get(p + "attention.value_length", head_dim)) != head_dim:
             raise UnsupportedModelError("key and value heads of different sizes are not supported")
-        if int(f.get(p + "rope.dimension_count", head_dim)) != head_dim:
-            raise UnsupportedModelError("partial rotary embeddings (rope.dimension_count < head size) are not supported")
+        rope_dims = int(f.get(p + "rope.dimension_count", head_dim))
+        if head_dim >= 2 and (not 2 <= rope_dims <= head_dim or rope_dims % 2):  # (a bad head size: check_config)
+            raise ModelFormatError(f"{f.path.name}: {p}rope.dimension_count {rope_dims} must be even and in "
+                                   f"[2, {head_dim}] (the head size)")
         vocab = f.get("tokenizer.ggml.tokens")
         emb = f.tensor("token_embd.weight")
         return dict(
@@ -84,15 +86,18 @@ class Architecture:
             rope_neox=self.rope_neox,
             rope_freq_scale=self.rope_scaling(f),
             rope_attn_factor=float(f.get(p + "rope.scaling.attn_factor", 1.0) or 1.0),
+            rope_dims=0 if rope_dims == head_dim else rope_dims,
         )
 
     def moe_hparams(self, f: GGUFModelFile, norm: bool = True, shared: bool = False,
-                    width_key: str = "expert_feed_forward_length", shared_gated: bool = True) -> dict:
+                    width_key: str = "expert_feed_forward_length", shared_gated: bool = True,
+                    layers: range | None = None) -> dict:
         """The experts of a Mixture-of-Experts file ({} for a dense one), checked against every layer's tensors:
         `norm`, whether the chosen weights are divided by their sum (llama.cpp's norm_w for the architecture);
         `shared`, whether the architecture has a shared expert (`shared_gated`: behind a sigmoid of its own one-row
         router, Qwen2-MoE; or added as it is, Granite MoE); `width_key`, the key llama.cpp reads an expert's width
-        from (Mixtral's is feed_forward_length)."""
+        from (Mixtral's is feed_forward_length); `layers`: the layers that hold experts (default: all; GLM-4.5's
+        first layers are dense)."""
         p = self.name + "."
         n = int(_one_value(f, p + "expert_count", 0))
         has_experts = any(name.endswith("_exps.weight") for name in f.tensors)
@@ -104,15 +109,16 @@ class Architecture:
         if not 1 <= used <= n:
             raise ModelFormatError(f"{f.path.name}: {p}expert_used_count {used} must be in [1, {n}]")
         d = int(f.require(p + "embedding_length"))
-        first = f.tensors.get("blk.0.ffn_gate_exps.weight")
+        layers = range(int(f.require(p + "block_count"))) if layers is None else layers
+        first = f.tensors.get(f"blk.{layers[0]}.ffn_gate_exps.weight")
         if first is None or first.rows % n:
-            raise ModelFormatError(f"{f.path.name}: blk.0.ffn_gate_exps.weight must hold {n} experts")
+            raise ModelFormatError(f"{f.path.name}: blk.{layers[0]}.ffn_gate_exps.weight must hold {n} experts")
         ff = first.rows // n
         if int(f.get(p + width_key, ff) or ff) != ff:
             raise ModelFormatError(f"{f.path.name}: {p}{width_key} disagrees with the expert tensors")
         ff_shared = 0
-        if shared and "blk.0.ffn_gate_shexp.weight" in f.tensors:
-            ff_shared = f.tensors["blk.0.ffn_gate_shexp.weight"].rows
+        if shared and f"blk.{layers[0]}.ffn_gate_shexp.weight" in f.tensors:
+            ff_shared = f.tensors[f"blk.{layers[0]}.ffn_gate_shexp.weight"].rows
         want = {"ffn_gate_inp": (d, n), "ffn_gate_exps": (d, n * ff), "ffn_up_exps": (d, n * ff),
                 "ffn_down_exps": (ff, n * d)}
         if ff_shared:
@@ -120,7 +126,7 @@ class Architecture:
                          "ffn_down_shexp": (ff_shared, d)})
             if shared_gated:
                 want["ffn_gate_inp_shexp"] = (d, 1)
-        for il in range(int(f.require(p + "block_count"))):
+        for il in layers:
             for part, (cols, rows) in want.items():
                 t = f.tensors.get(f"blk.{il}.{part}.weight")
                 if t is None or (t.cols, t.rows) != (cols, rows):
