@@ -48,6 +48,8 @@ CASES = [
      "embedding, attention, residual and logit multipliers; top-2 of 8 renormalized; ungated shared expert"),
     ("glm4moe", "glm4moe", "ggml-vocab-qwen2.gguf", "q/k/v biases, QK-norm, partial NEOX RoPE (32 of 64), a leading "
      "dense layer, sigmoid routing with a selection bias, x2.5, shared experts, an MTP layer left out"),
+    ("gpt-oss", "gpt-oss", "ggml-vocab-llama-bpe.gguf", "attention sinks, a window of 5 on even layers, YaRN x4 "
+     "(original context 32), biased router and experts, softmax of the top 2, clamped SwiGLU"),
 ]
 MOE = dict(n_expert=8, n_expert_used=2, d_ff_expert=256, d_ff_shared=512)
 
@@ -96,7 +98,7 @@ def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int) -> list[d
         clear = np.setdiff1d(np.arange(len(ids)), near)
         rows[0]["routing_near_ties"] = near.tolist()
         rows[0]["pyinfer_vs_llamacpp_clear_routing"] = distance(ours[clear], ref[clear])
-    for ft, code in FTYPES.items():
+    for ft, code in dict(FTYPES, **({"MXFP4_MOE": 38} if kind == "gpt-oss" else {})).items():  # gpt-oss ships MXFP4
         rows.append({"arch": name, "kind": kind, "file": ft, "vocab": vocab_name,
                      **quantized_by_llamacpp(src, tmp / f"{kind}-{ft}.gguf", ft, code, ids, ref)})
     for r in rows:
@@ -122,7 +124,7 @@ def main() -> int:
         for f in tmp.glob(f"{kind}-*.gguf"):
             f.unlink()
     order = [c[1] for c in CASES]
-    rows.sort(key=lambda r: (order.index(r["kind"]), ["F32", *FTYPES].index(r["file"])))
+    rows.sort(key=lambda r: (order.index(r["kind"]), ["F32", *FTYPES, "MXFP4_MOE"].index(r["file"])))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "arch_check.json").write_text(json.dumps({"tokens": args.tokens, "shape": SHAPE, "rows": rows},
                                                         indent=1))

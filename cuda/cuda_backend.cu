@@ -90,8 +90,9 @@ class CudaBackend final : public Backend {
       case OpKind::SelectRows: case OpKind::BiasRelu: case OpKind::ScatterCols: case OpKind::Copy: return true;
       // Experts: whole merged tensors in device memory (streamed experts stay on the CPU).
       case OpKind::MoeRoute: case OpKind::MoeCombine: case OpKind::MoeRouteSplit: return true;
-      case OpKind::MoeMatMul:
+      case OpKind::MoeMatMul:  // (expert biases: the CPU's, until a kernel adds them here)
         return !src(MoeMatMulSrc::weight).paged && weight_type_ok(src(MoeMatMulSrc::weight).type) &&
+               n.src[MoeMatMulSrc::bias] < 0 &&
                (src(MoeMatMulSrc::x).type == DType::F32 || src(MoeMatMulSrc::x).type == DType::Q8A);
       default: return false;
     }
@@ -288,7 +289,8 @@ class CudaBackend final : public Backend {
         const int t = n.src[S::table];
         cuda::AttentionRows a{rows_of(src(S::q), rows), rows_of(src(S::k_cache), 0), rows_of(src(S::v_cache), 0),
                               rows_of(dst, rows), i32(S::positions), t >= 0 ? i32(S::table) : nullptr,
-                              t >= 0 ? g.tensors[size_t(t)].cols : 0};
+                              t >= 0 ? g.tensors[size_t(t)].cols : 0,
+                              n.src[S::sinks] >= 0 ? static_cast<const float*>(src(S::sinks).data) : nullptr};
         return cuda::attention(a, n.p.attention, stream_);
       }
       case OpKind::Add:

@@ -69,8 +69,10 @@ def test_unknown_tensor_type_id(tiny_model_path, tmp_path):
 
 
 @pytest.mark.parametrize("what,extra,fragment", [
-    ("yarn", lambda w: (w.add_string("llama.rope.scaling.type", "yarn"),
-                        w.add_float32("llama.rope.scaling.factor", 4.0)), "RoPE scaling 'yarn'"),
+    # YaRN runs (gpt-oss); DeepSeek's YaRN magnitude (log multiplier) does not yet
+    ("yarn_log_mul", lambda w: (w.add_string("llama.rope.scaling.type", "yarn"),
+                                w.add_float32("llama.rope.scaling.factor", 4.0),
+                                w.add_float32("llama.rope.scaling.yarn_log_multiplier", 0.1)), "yarn_log_multiplier"),
     # a tensor no graph piece reads: a bias of the head, a QK-norm llama does not apply
     ("output_bias", lambda w: w.add_tensor("output.bias", np.zeros(64, np.float32)), "output.bias"),
     ("qk_norm", lambda w: w.add_tensor("blk.0.attn_q_norm.weight", np.ones(16, np.float32)), "attn_q_norm"),
@@ -103,7 +105,7 @@ def test_unsupported_architecture(tmp_path):
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     rc, _, err = run_cli("generate", "-m", str(tmp_path / "gpt2.gguf"), "hi")
-    assert_one_line_error(rc, err, "architecture 'gpt2' is not supported (supported: gemma3, glm4moe, granitemoe, llama, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen3moe)")
+    assert_one_line_error(rc, err, "architecture 'gpt2' is not supported (supported: gemma3, glm4moe, gpt-oss, granitemoe, llama, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen3moe)")
 
 
 def test_unsupported_tensor_type_names_it_and_the_supported_ones(tmp_path):

@@ -60,6 +60,24 @@ def test_route_picks_the_top_k(norm, sigmoid, biased):
     np.testing.assert_allclose(got[:, :k], w, rtol=1e-5)
 
 
+def test_route_softmax_of_the_chosen():
+    """gpt-oss's gating: the top k logits, then the softmax over those k only."""
+    n_tok, n_exp, k = 7, 32, 4
+    logits = RNG.standard_normal((n_tok, n_exp)).astype(np.float32) * 3
+
+    def build(b):
+        return b.moe_route(b.weight("logits", int(DType.F32), n_exp, n_tok, logits), k, norm=False, gating=2)
+
+    eng, route = single_op_engine(build, max_tokens=n_tok, n_threads=2)
+    eng.run(n_tok)
+    got = eng.tensor(route.id, n_tok)
+    ids = np.argsort(-logits, -1, kind="stable")[:, :k]
+    top = np.take_along_axis(logits.astype(np.float64), ids, -1)
+    w = np.exp(top - top[:, :1])
+    np.testing.assert_array_equal(got[:, k:], ids)
+    np.testing.assert_allclose(got[:, :k], w / w.sum(-1, keepdims=True), rtol=1e-6)
+
+
 def test_route_survives_nan_and_infinite_logits():
     """A NaN logit is never chosen over a number; a row with no usable logit gets equal weights, not NaN."""
     logits = np.array([[np.nan, 1.0, 3.0, 2.0], [np.nan] * 4, [np.inf, np.inf, 0, 0]], np.float32)
@@ -381,13 +399,14 @@ def test_streamed_experts_with_cuts_give_the_in_ram_answer(paths, monkeypatch, t
 
 
 @pytest.mark.parametrize("kind,policy,prefetch", [("qwen3moe", "lru", True), ("qwen3moe", "lfu", True),
-                                                  ("qwen3moe", "lru", False), ("glm4moe", "lru", True)])
+                                                  ("qwen3moe", "lru", False), ("glm4moe", "lru", True),
+                                                  ("gpt-oss", "lru", True)])
 def test_streamed_experts_give_the_in_ram_answer(paths, monkeypatch, kind, policy, prefetch):
     """8 cache slots for 2 layers of 8 experts: decode evicts and reads again, prefill needs every slot; the
     logits are the in-RAM run's bit for bit (with the next layer's experts read ahead or not), and the store's
     counts add up. GLM-4.5's first layer is dense: the store holds its two MoE layers only."""
     path = paths[kind, Q.Q8_0]
-    resident = [[0, 1], [2]] if kind == "qwen3moe" else [[], [0, 1], [2]]
+    resident = [[], [0, 1], [2]] if kind == "glm4moe" else [[0, 1], [2]]
     ram = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)
     want_prefill = ram.eval(IDS[:20], all_logits=True)
     ram2 = pyinfer.load(path, n_ctx=64, n_threads=2, progress=False)

@@ -14,7 +14,8 @@ namespace {
 constexpr ParamField kGetRows[] = {PYI_F32(get_rows, scale)};
 constexpr ParamField kRmsNorm[] = {PYI_F32(rms_norm, eps), PYI_I32(rms_norm, segment)};
 constexpr ParamField kRope[] = {PYI_I32(rope, heads), PYI_I32(rope, head_dim), PYI_I32(rope, mode), PYI_F32(rope, base),
-                            PYI_F32(rope, freq_scale), PYI_F32(rope, attn_factor), PYI_I32(rope, n_rot)};
+                            PYI_F32(rope, freq_scale), PYI_F32(rope, attn_factor), PYI_I32(rope, n_rot),
+                            PYI_F32(rope, ext_factor), PYI_F32(rope, yarn_low), PYI_F32(rope, yarn_high)};
 constexpr ParamField kAttention[] = {PYI_I32(attention, heads), PYI_I32(attention, kv_heads),
                                  PYI_I32(attention, head_dim), PYI_I32(attention, block_size),
                                  PYI_I32(attention, window), PYI_F32(attention, scale)};
@@ -48,7 +49,7 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::MatMul, "mat_mul", "MAT_MUL", {"weight", "x", "active"}, nullptr, 0},
     {OpKind::Rope, "rope", "ROPE", {"x", "positions", "factors"}, kRope, count(kRope)},
     {OpKind::KvStore, "kv_store", "KV_STORE", {"x", "rows"}, nullptr, 0},
-    {OpKind::Attention, "attention", "ATTENTION", {"q", "k_cache", "v_cache", "positions", "table"}, kAttention,
+    {OpKind::Attention, "attention", "ATTENTION", {"q", "k_cache", "v_cache", "positions", "table", "sinks"}, kAttention,
      count(kAttention)},
     {OpKind::Add, "add", "ADD", {"a", "b"}, kAdd, count(kAdd)},
     {OpKind::SiluMul, "silu_mul", "SILU_MUL", {"gate", "up"}, kGatedMul, count(kGatedMul)},
@@ -63,7 +64,7 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::NeuronFetch, "neuron_fetch", "NEURON_FETCH", {"union_list"}, kNeuronFetch, count(kNeuronFetch)},
     {OpKind::Copy, "copy", "COPY", {"x"}, nullptr, 0},
     {OpKind::MoeRoute, "moe_route", "MOE_ROUTE", {"logits", "bias"}, kMoeRoute, count(kMoeRoute)},
-    {OpKind::MoeMatMul, "moe_mat_mul", "MOE_MAT_MUL", {"weight", "x", "route", "gate", "cut"}, kMoeMatMul,
+    {OpKind::MoeMatMul, "moe_mat_mul", "MOE_MAT_MUL", {"weight", "x", "route", "gate", "cut", "bias"}, kMoeMatMul,
      count(kMoeMatMul)},
     {OpKind::MoeCombine, "moe_combine", "MOE_COMBINE", {"experts", "route", "shared", "shared_gate"}, kMoe, count(kMoe)},
     {OpKind::ExpertFetch, "expert_fetch", "EXPERT_FETCH", {"route"}, kExpertFetch, count(kExpertFetch)},

@@ -18,8 +18,9 @@ enum class Activation : int32_t {
   GeluTanh = 2,  // Gemma (GeGLU with the tanh approximation)
   ReLU2 = 3,     // squared ReLU on the gate (Primer, some ProSparse variants)
   DReLU = 4,     // ReLU on both gate and up (TurboSparse)
+  SwigluOai = 5,  // gpt-oss: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)
 };
-constexpr int32_t kActivations = 5;
+constexpr int32_t kActivations = 6;
 
 // How RoPE pairs a head's elements: GGML's "normal" mode rotates adjacent pairs (the llama architecture,
 // whose converter permutes Q and K to match); NEOX mode rotates element i with i + head_dim / 2 (Gemma).
@@ -44,7 +45,9 @@ struct MatMulSrc { enum : int { weight = 0, x = 1, active = 2 }; };
 struct RopeSrc { enum : int { x = 0, positions = 1, factors = 2 }; };
 struct KvStoreSrc { enum : int { x = 0, rows = 1 }; };
 // `table` (paged KV, many sequences): I32 [T, max blocks], each token's sequence's block table.
-struct AttentionSrc { enum : int { q = 0, k_cache = 1, v_cache = 2, positions = 3, table = 4 }; };
+// `sinks` (optional): F32 [1, heads], one logit per head that joins every row's softmax and adds no value
+// (gpt-oss's attention sinks).
+struct AttentionSrc { enum : int { q = 0, k_cache = 1, v_cache = 2, positions = 3, table = 4, sinks = 5 }; };
 // Add: `b` may also be one fixed row (a bias), added to every row of `a`.
 struct BinarySrc { enum : int { a = 0, b = 1 }; };
 struct GatedMulSrc { enum : int { gate = 0, up = 1 }; };  // SiluMul
@@ -72,7 +75,8 @@ struct MoeRouteSrc { enum : int { logits = 0, bias = 1 }; };
 // route's gate MoeMatMul before its activation; `cut`: F32 [n_expert, 3], each expert's GateCut bounds (hi, lo, mid;
 // _core.gate_cut_bounds). A one-token run then computes only the rows whose |act(gate)| passes their expert's cut
 // and leaves the others 0, so up is read only for the neurons that fire; runs of more tokens compute every row.
-struct MoeMatMulSrc { enum : int { weight = 0, x = 1, route = 2, gate = 3, cut = 4 }; };
+// `bias` (optional): F32 [n_expert, rows_e], added to each slot's rows by its expert (gpt-oss's expert biases).
+struct MoeMatMulSrc { enum : int { weight = 0, x = 1, route = 2, gate = 3, cut = 4, bias = 5 }; };
 struct MoeCombineSrc { enum : int { experts = 0, route = 1, shared = 2, shared_gate = 3 }; };
 struct ExpertFetchSrc { enum : int { route = 0 }; };
 // `map`: I32 [1, n_expert of the route] -> this side's local expert id, or -1 (another side's).
@@ -84,7 +88,13 @@ struct RmsNormParams { float eps; int32_t segment; };  // segment > 0: each run 
 // theta = pos * base^(-2i / n_rot) * freq_scale / factors[i]; cos and sin times attn_factor (both 0: 1).
 // freq_scale is linear RoPE scaling (1 / rope.scaling.factor), attn_factor LongRoPE's magnitude correction.
 // n_rot (0: head_dim): only each head's first n_rot values rotate (partial RoPE: GLM-4.5), the rest pass through.
-struct RopeParams { int32_t heads, head_dim; RopeMode mode; float base, freq_scale, attn_factor; int32_t n_rot; };
+// YaRN (ext_factor != 0, gpt-oss): pair i turns by a mix of the scaled and the unscaled angle, the unscaled share
+// ext_factor * (1 - clamp((i - yarn_low) / (yarn_high - yarn_low), 0, 1)), and cos and sin are also times
+// 1 + 0.1 ln(1 / freq_scale) (ggml's rope_yarn).
+struct RopeParams {
+  int32_t heads, head_dim; RopeMode mode; float base, freq_scale, attn_factor; int32_t n_rot;
+  float ext_factor, yarn_low, yarn_high;
+};
 struct AttentionParams {
   int32_t heads, kv_heads, head_dim;
   int32_t block_size;  // paged KV: tokens per block
@@ -103,7 +113,8 @@ struct ActiveUnionParams { int32_t n_ff, max_tokens; float max_density, max_unio
 enum class NeuronFetchMode : int32_t { Rows = 0, Release = 1, DenseDown = 2 };
 struct NeuronFetchParams { int32_t layer; NeuronFetchMode mode; };
 // How router logits become expert probabilities (llama.cpp's expert_gating_func).
-enum class MoeGating : int32_t { Softmax = 0, Sigmoid = 1 };
+// SoftmaxWeight (gpt-oss): the top k logits, then the softmax over those k only.
+enum class MoeGating : int32_t { Softmax = 0, Sigmoid = 1, SoftmaxWeight = 2 };
 // `norm`: the k weights are divided by their sum (Mixtral, Qwen3-MoE); `scale` multiplies them (0: 1).
 struct MoeRouteParams { int32_t n_expert, k; MoeGating gating; int32_t norm; float scale; };
 // MoeMatMul, MoeCombine and MoeRouteSplit (n_expert unused by the combine; gate_fn: the activation of MoeMatMul's

@@ -189,6 +189,9 @@ void Graph::validate() const {
         if (!(P.base > 0.f) || !std::isfinite(P.base)) c.fail("the RoPE base must be positive");
         if (P.mode != RopeMode::Normal && P.mode != RopeMode::Neox) c.fail("unknown RoPE mode");
         if (P.n_rot < 0 || P.n_rot > P.head_dim || P.n_rot % 2) c.fail("n_rot must be even and in [0, head_dim]");
+        if (!std::isfinite(P.ext_factor) || !std::isfinite(P.yarn_low) || !std::isfinite(P.yarn_high) ||
+            (P.ext_factor != 0.f && !(P.freq_scale > 0.f)))
+          c.fail("YaRN needs finite parameters and a positive freq_scale");
         if (!std::isfinite(P.freq_scale) || P.freq_scale < 0.f || !std::isfinite(P.attn_factor) || P.attn_factor < 0.f)
           c.fail("RoPE freq_scale and attn_factor must be finite and >= 0 (0: 1)");
         if (src[RopeSrc::factors] >= 0) {
@@ -219,6 +222,12 @@ void Graph::validate() const {
           c.fail("a q8_0 KV cache needs a head_dim that is a multiple of 32");
         if (P.window < 0) c.fail("the sliding window must be >= 0");
         if (!(P.scale > 0.f) || !std::isfinite(P.scale)) c.fail("the attention scale must be positive");
+        if (src[S::sinks] >= 0) {
+          const Tensor& s = c.t(src[S::sinks]);
+          c.type(src[S::sinks], DType::F32);
+          if (s.row_mode != RowMode::Fixed || s.rows != 1 || s.cols != P.heads)
+            c.fail("attention sinks must be one fixed row of one value per head");
+        }
         c.cols(src[S::q], int64_t(P.heads) * P.head_dim); c.cols(n.dst, int64_t(P.heads) * P.head_dim);
         c.cols(src[S::k_cache], int64_t(P.kv_heads) * P.head_dim);
         c.cols(src[S::v_cache], int64_t(P.kv_heads) * P.head_dim);
@@ -361,7 +370,8 @@ void Graph::validate() const {
         c.type(n.dst, DType::F32); c.type(src[MoeRouteSrc::logits], DType::F32);
         if (P.n_expert < 1 || P.k < 1 || P.k > P.n_expert) c.fail("k must be in [1, n_expert]");
         c.cols(src[MoeRouteSrc::logits], P.n_expert); c.cols(n.dst, 2 * int64_t(P.k));
-        if (P.gating != MoeGating::Softmax && P.gating != MoeGating::Sigmoid) c.fail("gating must be 0 (softmax) or 1 (sigmoid)");
+        if (P.gating != MoeGating::Softmax && P.gating != MoeGating::Sigmoid && P.gating != MoeGating::SoftmaxWeight)
+          c.fail("gating must be 0 (softmax), 1 (sigmoid) or 2 (softmax of the chosen)");
         if (P.norm != 0 && P.norm != 1) c.fail("norm must be 0 or 1");
         if (!std::isfinite(P.scale)) c.fail("the weight scale must be finite");
         if (src[MoeRouteSrc::bias] >= 0) {
@@ -369,6 +379,7 @@ void Graph::validate() const {
           c.type(src[MoeRouteSrc::bias], DType::F32);
           if (b.row_mode != RowMode::Fixed || b.rows != 1 || b.cols != P.n_expert)
             c.fail("the routing bias must be one fixed row of n_expert values");
+          if (P.gating == MoeGating::SoftmaxWeight) c.fail("a routing bias chooses by probability: softmax or sigmoid");
         }
         if (d.row_mode != RowMode::Tokens || d.view_of >= 0) c.fail("a route has one row of its own per token");
         break;
@@ -396,6 +407,13 @@ void Graph::validate() const {
         if (route_n[size_t(origin(src[S::route]))] != P.n_expert) c.fail("the route chose among a different number of experts");
         if (c.t(src[S::route]).row_mode != RowMode::Tokens) c.fail("a route has one row per token");
         if ((src[S::gate] >= 0) != (src[S::cut] >= 0)) c.fail("gate and cut come together (CATS inside the experts)");
+        if (src[S::bias] >= 0) {
+          const Tensor& b = c.t(src[S::bias]);
+          c.type(src[S::bias], DType::F32);
+          if (b.row_mode != RowMode::Fixed || b.rows != P.n_expert || b.cols != w.rows / P.n_expert)
+            c.fail("expert biases must be F32 [n_expert, expert rows]");
+          if (src[S::gate] >= 0) c.fail("expert biases and cuts inside the experts do not go together");
+        }
         if (src[S::gate] >= 0) {
           c.type(src[S::gate], DType::F32);
           c.cols(src[S::gate], P.k * (w.rows / P.n_expert));

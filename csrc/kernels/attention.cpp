@@ -163,12 +163,30 @@ class Runner {
   }
 
  private:
+  // The softmax's denominator with the head's sink (gpt-oss) taken in, as llama.cpp's flash attention takes it:
+  // a sink above the running max rescales the keys' part instead of overflowing. Returns the factor of the
+  // accumulated values.
+  float with_sink(int head, float m, float& sum) const {
+    if (!a_.sinks) return 1.f;
+    const float s = a_.sinks[head];
+    if (s > m) {
+      const float ms = std::exp(m - s);
+      sum = sum * ms + 1.f;
+      return ms;
+    }
+    sum += std::exp(s - m);
+    return 1.f;
+  }
+
   void finish(int64_t t0, int g, int64_t rows, int hd) {
     const int group = a_.heads / a_.kv_heads;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = t0 + r / group;
-      float* dst = a_.out + t * a_.out_stride + int64_t(g * group + r % group) * hd;
-      const float inv = 1.f / s_.l[r];
+      const int head = g * group + int(r % group);
+      float* dst = a_.out + t * a_.out_stride + int64_t(head) * hd;
+      float sum = s_.l[r];
+      const float ms = with_sink(head, s_.m[r], sum);
+      const float inv = ms / sum;
       for (int d = 0; d < hd; ++d) dst[d] = s_.acc[r * hd + d] * inv;
     }
   }
@@ -180,7 +198,8 @@ class Runner {
       float mx = -INFINITY;
       for (int64_t c = 0; c < splits; ++c) mx = std::fmax(mx, parts[c * chunk_floats + r * (hd + 2)]);
       const int64_t t = t0 + r / group;
-      float* dst = a_.out + t * a_.out_stride + int64_t(g * group + r % group) * hd;
+      const int head = g * group + int(r % group);
+      float* dst = a_.out + t * a_.out_stride + int64_t(head) * hd;
       std::fill(dst, dst + hd, 0.f);
       float sum = 0.f;
       for (int64_t c = 0; c < splits; ++c) {
@@ -190,7 +209,7 @@ class Runner {
         sum += st[1] * w;
         for (int d = 0; d < hd; ++d) dst[d] += st[2 + d] * w;
       }
-      const float inv = 1.f / sum;
+      const float inv = with_sink(head, mx, sum) / sum;
       for (int d = 0; d < hd; ++d) dst[d] *= inv;
     }
   }

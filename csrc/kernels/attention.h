@@ -39,6 +39,7 @@ struct AttentionArgs {
   int heads = 1, kv_heads = 1, head_dim = 0;
   int window = 0;                    // sliding window: keys with position > p - window (0: every key)
   float scale = 1.f;                 // applied to q.k
+  const float* sinks = nullptr;      // [heads]: a logit per head in every row's softmax, with no value (or null)
   float* out = nullptr;              // F32 [T, heads * head_dim]
   int64_t out_stride = 0;
 };

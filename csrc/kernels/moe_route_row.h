@@ -50,11 +50,13 @@ PYINFER_HOST_DEVICE inline void moe_route_row(const float* l, float* out, const 
     for (int32_t s = 0; s < P.k; ++s) w[s] = 1.f / float(P.k);
     return;
   }
-  double sum = 0;  // softmax's denominator over every logit
+  double sum = 0;  // softmax's denominator over every logit (SoftmaxWeight: over the chosen k only)
   if (P.gating == MoeGating::Softmax)
     for (int32_t e = 0; e < P.n_expert; ++e) sum += std::exp(double(moe_finite_or_lowest(l[e])) - double(top));
+  if (P.gating == MoeGating::SoftmaxWeight)
+    for (int32_t s = 0; s < P.k; ++s) sum += std::exp(double(w[s]) - double(top));
   auto prob = [&](float logit) {
-    return P.gating == MoeGating::Softmax ? float(std::exp(double(logit) - double(top)) / sum)
+    return P.gating != MoeGating::Sigmoid ? float(std::exp(double(logit) - double(top)) / sum)
                                           : 1.f / (1.f + std::exp(-logit));
   };
   if (bias) {  // chosen by probability + bias, weighted by the probability

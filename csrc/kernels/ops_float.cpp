@@ -60,7 +60,7 @@ void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, floa
 }
 
 void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode,
-              const float* factors, float freq_scale, float attn_factor, int n_rot) {
+              const float* factors, float freq_scale, float attn_factor, int n_rot, const float* yarn) {
   // One angle per pair, shared by every head; any head size (no fixed-size table of angles). The pair
   // frequencies base^(-2i/d) are the same for every row of a run: each thread keeps the last set it
   // computed, so the pow calls happen once per (base, head size) instead of once per pair and row.
@@ -79,12 +79,21 @@ void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, fl
   if (dims < head_dim && x != y)
     for (int h = 0; h < heads; ++h)
       for (int j = dims; j < head_dim; ++j) y[int64_t(h) * head_dim + j] = x[int64_t(h) * head_dim + j];
+  const bool yarn_on = yarn && yarn[0] != 0.f;
+  const float yarn_mscale = yarn_on ? attn_factor * (1.f + 0.1f * std::log(1.f / freq_scale)) : attn_factor;
   for (int i = 0; i < half; ++i) {
     double theta = double(pos) * (cached ? freq[i] : std::pow(double(base), -2.0 * i / dims));
-    if (freq_scale != 1.f) theta *= double(freq_scale);
-    if (factors) theta /= double(factors[i]);
+    if (yarn_on) {  // the scaled angle for slow pairs, the unscaled one for fast pairs, a ramp between
+      if (factors) theta /= double(factors[i]);
+      const double ramp = 1.0 - std::min(1.0, std::max(0.0, (i - double(yarn[1])) / std::max(0.001, double(yarn[2] - yarn[1]))));
+      const double mix = ramp * yarn[0];
+      theta = theta * double(freq_scale) * (1.0 - mix) + theta * mix;
+    } else {
+      if (freq_scale != 1.f) theta *= double(freq_scale);
+      if (factors) theta /= double(factors[i]);
+    }
     float cs = float(std::cos(theta)), sn = float(std::sin(theta));
-    if (attn_factor != 1.f) cs *= attn_factor, sn *= attn_factor;
+    if (yarn_mscale != 1.f) cs *= yarn_mscale, sn *= yarn_mscale;
     const int first = mode == RopeMode::Neox ? i : 2 * i, second = mode == RopeMode::Neox ? i + half : 2 * i + 1;
     for (int h = 0; h < heads; ++h) {
       const int64_t o = int64_t(h) * head_dim;

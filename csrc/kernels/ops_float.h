@@ -39,6 +39,10 @@ inline float gated_act(Activation a, float g, float u) {
     case Activation::GeluTanh: return gelu_tanh(g) * u;
     case Activation::ReLU2: return (g > 0.f ? g * g : 0.f) * u;
     case Activation::DReLU: return (g > 0.f ? g : 0.f) * (u > 0.f ? u : 0.f);
+    case Activation::SwigluOai: {  // ggml's swiglu_oai with gpt-oss's alpha 1.702 and limit 7
+      const float x = std::fmin(g, 7.f), y = std::fmin(std::fmax(u, -7.f), 7.f);
+      return x / (1.f + std::exp(1.702f * -x)) * (y + 1.f);
+    }
   }
   return 0.f;
 }
@@ -47,7 +51,8 @@ void dequantize_row(DType type, const uint8_t* src, float* dst, int64_t n);
 void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, float eps);
 // factors: F32 [head_dim / 2] frequency divisors or nullptr; freq_scale and attn_factor as RopeParams (1: none).
 void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, float base, RopeMode mode,
-              const float* factors = nullptr, float freq_scale = 1.f, float attn_factor = 1.f, int n_rot = 0);  // 0: all
+              const float* factors = nullptr, float freq_scale = 1.f, float attn_factor = 1.f, int n_rot = 0,
+              const float* yarn = nullptr);  // n_rot 0: all; yarn: {ext_factor, low, high} or null
 void add_row(const float* a, const float* b, float* y, int64_t n, float scale = 0.f);  // a + scale * b (0: 1)
 void gated_act_row(Activation a, const float* gate, const float* up, float* y, int64_t n);
 // gated_act_row for GELU: the portable entry of KernelTable::gelu_mul.

@@ -73,9 +73,19 @@ __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
     m = m_new;
   }
   float* out = reinterpret_cast<float*>(a.out.data + t * a.out.stride) + int64_t(h) * p.head_dim;
+  float ms = 1.f;  // the sink joins the denominator as the CPU's with_sink takes it (attention.cpp)
+  if (a.sinks) {
+    const float s = a.sinks[h];
+    if (s > m) {
+      ms = expf(m - s);
+      sum = sum * ms + 1.f;
+    } else {
+      sum += expf(s - m);
+    }
+  }
   for (int i = 0; i < per_lane; ++i) {
     const int d = lane + 32 * i;
-    if (d < p.head_dim) out[d] = sum > 0.f ? acc[i] / sum : 0.f;
+    if (d < p.head_dim) out[d] = sum > 0.f ? acc[i] * ms / sum : 0.f;
   }
 }
 

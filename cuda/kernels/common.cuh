@@ -40,6 +40,10 @@ __device__ __forceinline__ float gated(Activation a, float g, float u) {
     case Activation::GeluTanh: return gelu_tanh(g) * u;
     case Activation::ReLU2: return (g > 0.f ? g * g : 0.f) * u;
     case Activation::DReLU: return (g > 0.f ? g : 0.f) * (u > 0.f ? u : 0.f);
+    case Activation::SwigluOai: {
+      const float x = fminf(g, 7.f), y = fminf(fmaxf(u, -7.f), 7.f);
+      return x / (1.f + expf(1.702f * -x)) * (y + 1.f);
+    }
   }
   return 0.f;
 }

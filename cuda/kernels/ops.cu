@@ -100,9 +100,18 @@ __global__ void rope_kernel(Rows x, Rows y, const int32_t* positions, const floa
   if (k >= int64_t(p.heads) * half) return;
   const int h = int(k / half), i = int(k % half);
   double theta = double(positions[t]) * pow(double(p.base), -2.0 * i / dims);
-  if (p.freq_scale != 0.f) theta *= double(p.freq_scale);
-  if (factors) theta /= double(factors[i]);
-  const float mscale = p.attn_factor != 0.f ? p.attn_factor : 1.f;
+  const float fs = p.freq_scale != 0.f ? p.freq_scale : 1.f;
+  float mscale = p.attn_factor != 0.f ? p.attn_factor : 1.f;
+  if (p.ext_factor != 0.f) {  // YaRN, as the CPU's rope_row
+    if (factors) theta /= double(factors[i]);
+    const double ramp = 1.0 - fmin(1.0, fmax(0.0, (i - double(p.yarn_low)) / fmax(0.001, double(p.yarn_high - p.yarn_low))));
+    const double mix = ramp * p.ext_factor;
+    theta = theta * double(fs) * (1.0 - mix) + theta * mix;
+    mscale *= 1.f + 0.1f * logf(1.f / fs);
+  } else {
+    if (p.freq_scale != 0.f) theta *= double(p.freq_scale);
+    if (factors) theta /= double(factors[i]);
+  }
   const float cs = float(cos(theta)) * mscale, sn = float(sin(theta)) * mscale;
   const bool neox = p.mode == RopeMode::Neox;
   const int64_t o = int64_t(h) * p.head_dim;

@@ -46,6 +46,7 @@ struct AttentionRows {
   const int32_t* positions;    // [T]
   const int32_t* table;        // paged: [T, table_cols] block ids, or null
   int64_t table_cols;
+  const float* sinks = nullptr;  // [heads]: gpt-oss's per-head sink logits, or null
 };
 // Causal attention (csrc/kernels/attention.cpp): one warp per (token, head), online softmax over the keys.
 void attention(const AttentionRows& a, const AttentionParams& p, cudaStream_t s);

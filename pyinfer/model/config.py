@@ -14,6 +14,7 @@ class Activation(enum.IntEnum):
     GELU_TANH = 2   # GeGLU, tanh approximation: Gemma
     RELU2 = 3       # squared ReLU on the gate
     DRELU = 4       # ReLU on gate and up: TurboSparse
+    SWIGLU_OAI = 5  # gpt-oss: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)
 
     @classmethod
     def parse(cls, name: str) -> Activation:
@@ -109,9 +110,15 @@ class LlamaConfig:
     # weights times expert_scale (0: 1); the first `dense_lead` layers run a dense FFN of d_ff neurons instead.
     expert_bias: bool = False
     expert_scale: float = 0.0
+    # gpt-oss: the router and every expert's gate, up and down carry biases (ffn_*_exps.bias, ffn_gate_inp.bias).
+    expert_biases: bool = False
     dense_lead: int = 0
     # Partial RoPE: only the first rope_dims values of each head rotate (0: all).
     rope_dims: int = 0
+    # YaRN (gpt-oss): the unscaled angle's share and the pairs its ramp spans (op_params.h RopeParams); 0: off.
+    rope_ext_factor: float = 0.0
+    rope_yarn_low: float = 0.0
+    rope_yarn_high: float = 0.0
     # The norm before each layer's FFN (GLM-4.5 calls it post_attention_norm): expert read-ahead applies it.
     ffn_norm: str = "ffn_norm"
     # Granite: each residual branch times residual_scale before its add, the logits divided by logit_scale (0: off).

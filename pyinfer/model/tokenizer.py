@@ -23,6 +23,13 @@ _QWEN2_REGEX = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN35_REGEX = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# gpt-4o / o200k (gpt-oss, Llama 4): the models' own tokenizer.json regex (llama.cpp rewrites its letter classes
+# with lookaheads for its regex engine; `tokenizers` takes the original). llama.cpp's vocab tests have no o200k file.
+_GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"  # Han, the ranges llama.cpp lists, Hangul
 _DEEPSEEK_LLM = [
     "[\\r\\n]",
@@ -47,6 +54,7 @@ PRE_TOKENIZERS = {
     "chatglm-bpe": [_LLAMA3_REGEX],
     "qwen2": [_QWEN2_REGEX], "deepseek-r1-qwen": [_QWEN2_REGEX], "stablelm2": [_QWEN2_REGEX],
     "qwen35": [_QWEN35_REGEX],
+    "gpt-4o": [_GPT4O_REGEX], "llama4": [_GPT4O_REGEX],
     "deepseek-llm": _DEEPSEEK_LLM, "deepseek-coder": _DEEPSEEK_CODER, "falcon": _FALCON,
 }
 # Gemma 4 splits only at newlines (its merges run over whole lines).

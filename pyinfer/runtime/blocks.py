@@ -80,12 +80,13 @@ class ModelGraph:
 
     def attention(self, h: T, il: int, qk_norm: bool = False, factors: T | None = None, rope_base: float | None = None,
                   window: int = 0, scale: float | None = None, freq_scale: float | None = None,
-                  qk_norm_rows: bool = False) -> T:
+                  qk_norm_rows: bool = False, sinks: bool = False) -> T:
         """Self-attention of layer `il` on h (F32 [T, d_model]) to the output projection (F32 [T, d_model]):
         q, k, v (with their biases if present), per-head RMS norm of q and k (`qk_norm`), RoPE (the
         architecture's pairing, `factors` dividing each pair's frequency), the KV cache, causal attention
         (`window`: sliding-window layers) and the output projection. `rope_base` and `freq_scale`: this layer's
-        (default: the model's). `qk_norm_rows`: q and k are each normalised as whole rows, not per head (OLMoE)."""
+        (default: the model's). `qk_norm_rows`: q and k are each normalised as whole rows, not per head (OLMoE).
+        `sinks`: the layer's attn_sinks.weight joins every row's softmax, one logit per head (gpt-oss)."""
         b, c, p = self.b, self.cfg, f"blk.{il}."
         q = self.linear(h, p + "attn_q.weight", "q", p + "attn_q.bias")  # F32 [T, n_heads * head_dim]
         k = self.linear(h, p + "attn_k.weight", "k", p + "attn_k.bias")  # F32 [T, n_kv_heads * head_dim]
@@ -98,13 +99,15 @@ class ModelGraph:
         scale_f = c.rope_freq_scale if freq_scale is None else freq_scale
         for x, heads in ((q, c.n_heads), (k, c.n_kv_heads)):
             b.rope(x, self.positions, heads, c.head_dim, base, neox=c.rope_neox, factors=factors,
-                   freq_scale=scale_f, attn_factor=c.rope_attn_factor, n_rot=c.rope_dims)
+                   freq_scale=scale_f, attn_factor=c.rope_attn_factor, n_rot=c.rope_dims,
+                   yarn=(c.rope_ext_factor, c.rope_yarn_low, c.rope_yarn_high) if c.rope_ext_factor else None)
         k_cache = b.state(f"k_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)  # F16|Q8_0 [n_ctx, kv width]
         v_cache = b.state(f"v_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)
         b.kv_store(k_cache, k, self.slots)
         b.kv_store(v_cache, v, self.slots)
         o = b.attention(q, k_cache, v_cache, self.positions, c.n_heads, c.n_kv_heads, c.head_dim, "attn",
-                        self.kv_table, self.block_size, window=window, scale=scale)
+                        self.kv_table, self.block_size, window=window, scale=scale,
+                        sinks=self.w(p + "attn_sinks.weight") if sinks else None)
         return self.linear(o, p + "attn_output.weight", "attn_out", p + "attn_output.bias")  # F32 [T, d_model]
 
     def ffn(self, h: T, il: int) -> T:

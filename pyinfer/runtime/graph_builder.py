@@ -177,15 +177,19 @@ class GraphBuilder:
         return self._node(Op.MAT_MUL, dst, {"weight": w, "x": src, "active": active}, run_if=run_if)
 
     def rope(self, x: T, positions: T, heads: int, head_dim: int, base: float, neox: bool = False,
-             factors: T | None = None, freq_scale: float = 1.0, attn_factor: float = 1.0, n_rot: int = 0) -> T:
+             factors: T | None = None, freq_scale: float = 1.0, attn_factor: float = 1.0, n_rot: int = 0,
+             yarn: tuple[float, float, float] | None = None) -> T:
         """In place. `neox`: element i pairs with i + n_rot / 2 (Gemma, Qwen, Phi-3); else adjacent pairs
         (llama). `factors` (F32 [1, n_rot / 2]) divide each pair's frequency (Llama 3.1's rope_freqs,
         LongRoPE); `freq_scale` multiplies every frequency (linear scaling); cos and sin are times `attn_factor`.
-        `n_rot` (0: head_dim): only each head's first n_rot values rotate (partial RoPE)."""
+        `n_rot` (0: head_dim): only each head's first n_rot values rotate (partial RoPE). `yarn`: (ext_factor, low,
+        high), YaRN's mix of scaled and unscaled angles (op_params.h RopeParams)."""
         params = {"heads": heads, "head_dim": head_dim, "mode": int(neox), "base": base, "freq_scale": freq_scale,
                   "attn_factor": attn_factor}
         if n_rot and n_rot != head_dim:
             params["n_rot"] = n_rot
+        if yarn is not None:
+            params.update(ext_factor=yarn[0], yarn_low=yarn[1], yarn_high=yarn[2])
         return self._node(Op.ROPE, x, {"x": x, "positions": positions, "factors": factors}, params)
 
     def kv_store(self, cache: T, x: T, positions: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
@@ -193,12 +197,14 @@ class GraphBuilder:
 
     def attention(self, q: T, k_cache: T, v_cache: T, positions: T, heads: int, kv_heads: int, head_dim: int,
                   name: str, kv_table: T | None = None, block_size: int = 0, window: int = 0,
-                  scale: float | None = None) -> T:
+                  scale: float | None = None, sinks: T | None = None) -> T:
         """With `kv_table` (I32 [T, max blocks]) the cache is paged: many sequences share it. `window`: each
         token sees only the keys of its last `window` positions (sliding-window layers; 0: all). `scale`
-        multiplies q.k (default 1/sqrt(head_dim)). The caches may be F16 or Q8_0."""
+        multiplies q.k (default 1/sqrt(head_dim)). The caches may be F16 or Q8_0. `sinks` (F32 [1, heads]): a
+        logit per head in every row's softmax that adds no value (gpt-oss)."""
         out = self.activation(name, q.cols, rows=q.rows)
-        src = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "positions": positions, "table": kv_table}
+        src = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "positions": positions, "table": kv_table,
+               "sinks": sinks}
         return self._node(Op.ATTENTION, out, src, {
             "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "block_size": block_size, "window": window,
             "scale": head_dim ** -0.5 if scale is None else scale})
@@ -278,16 +284,17 @@ class GraphBuilder:
                           {"route": route, "map": expert_map}, {"n_expert": n_local, "k": k})
 
     def moe_matmul(self, experts: T, x: T, route: T, n_expert: int, k: int, name: str, gate: T | None = None,
-                   cut: T | None = None, gate_fn: int = 0) -> T:
+                   cut: T | None = None, gate_fn: int = 0, bias: T | None = None) -> T:
         """F32 [T, k * rows_e]: slot s of token t is x[t] (or, when x has k segments, its segment s) times
         expert route[t].id[s]'s rows of `experts` (the merged [n_expert * rows_e, cols] tensor). Only the
         chosen experts run (llama.cpp's mul_mat_id). With `gate` (the same route's gate matmul, F32 [T, k *
         rows_e]) and `cut` (F32 [n_expert, 3] from _core.gate_cut_bounds for `gate_fn`), a one-token run computes
-        only the rows whose |act(gate)| passes their expert's cut and leaves the others 0 (CATS)."""
+        only the rows whose |act(gate)| passes their expert's cut and leaves the others 0 (CATS). `bias` (F32
+        [n_expert, rows_e]): each slot's rows plus its expert's bias (gpt-oss)."""
         src = self.quantize(x) if experts.dtype in INTEGER_DOT_WEIGHTS else x
         dst = self.activation(name, k * (experts.n_rows // n_expert), rows=x.rows)
-        return self._node(Op.MOE_MAT_MUL, dst, {"weight": experts, "x": src, "route": route, "gate": gate, "cut": cut},
-                          {"n_expert": n_expert, "k": k, "gate_fn": gate_fn})
+        return self._node(Op.MOE_MAT_MUL, dst, {"weight": experts, "x": src, "route": route, "gate": gate, "cut": cut,
+                                                "bias": bias}, {"n_expert": n_expert, "k": k, "gate_fn": gate_fn})
 
     def moe_combine(self, experts: T, route: T, k: int, name: str = "moe_out", shared: T | None = None,
                     shared_gate: T | None = None) -> T:

@@ -47,25 +47,30 @@ def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, r
 def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, name: str = "route") -> T:
     """Each token's top k experts and their weights, F32 [T, 2k]."""
     logits = b.matmul(w(f"blk.{il}.ffn_gate_inp.weight"), h, "router" if name == "route" else name + ".router")
+    if cfg.expert_biases:  # gpt-oss: the router's bias
+        b.add(logits, w(f"blk.{il}.ffn_gate_inp.bias"), out=logits)
     bias = w(f"blk.{il}.exp_probs_b.bias") if cfg.expert_bias else None    # F32 [1, n_expert]: for choosing only
     return b.moe_route(logits, cfg.n_expert_used, name, norm=cfg.expert_norm, gating=cfg.expert_gating,
                        scale=cfg.expert_scale, bias=bias)
 
 
 def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weight, n: int, tag: str,
-             shared: bool = True, cut: T | None = None, cut_fn: int = 0, record: bool = False) -> T:
+             shared: bool = True, cut: T | None = None, cut_fn: int = 0, record: bool = False, bias=None) -> T:
     """The one expert writer: the route's experts among the `n` that weight(part) holds (the side: the model's
     merged tensors, an expert store, a device's share), weighted and summed (with the shared expert when the model
-    has one and `shared`): F32 [T, d_model]. `cut` (F32 [n, 3]): up only where the gate passes."""
+    has one and `shared`): F32 [T, d_model]. `cut` (F32 [n, 3]): up only where the gate passes. `bias(part)`: the
+    side's expert biases (gpt-oss; default: the model's, by global expert id)."""
     p, k = f"blk.{il}.", cfg.n_expert_used
-    gate = b.moe_matmul(weight("gate"), h, route, n, k, "gate_exps" + tag)  # F32 [T, k * d_ff_expert]
+    if bias is None:
+        bias = (lambda part: w(p + f"ffn_{part}_exps.bias")) if cfg.expert_biases else (lambda part: None)
+    gate = b.moe_matmul(weight("gate"), h, route, n, k, "gate_exps" + tag, bias=bias("gate"))  # F32 [T, k * d_ff_e]
     up = b.moe_matmul(weight("up"), h, route, n, k, "up_exps" + tag, gate=gate if cut is not None else None,
-                      cut=cut, gate_fn=cut_fn)                               # 0 where the gate's cut says so
+                      cut=cut, gate_fn=cut_fn, bias=bias("up"))              # 0 where the gate's cut says so
     if record:
         b.graph.pin(gate.id)
         b.expert_gates.append(gate.id)
     act = b.gated_mul(gate, up, out=None if record else gate, act=cfg.activation)
-    out = b.moe_matmul(weight("down"), act, route, n, k, "down_exps" + tag)  # F32 [T, k * d_model]
+    out = b.moe_matmul(weight("down"), act, route, n, k, "down_exps" + tag, bias=bias("down"))  # F32 [T, k * d]
     sh = shared_gate = None
     if cfg.d_ff_shared and shared:  # the shared expert: the dense writer on its tensors, F32 [T, d_model]
         sh = dense_ffn(b, w, h, il, cfg, tag=".shexp", parts=("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
@@ -106,8 +111,14 @@ def split_moe_ffn(b: GraphBuilder, w, gguf, h: T, il: int, cfg: LlamaConfig, gpu
     with b.weights_on(device):
         dev_route = b.moe_route_split(route, b.weight(p + "ffn_exps.gpu_map", int(DType.I32), n, 1, on_gpu[None, :]),
                                       len(gpu), k, "route.gpu")
+        dev_bias = None
+        if cfg.expert_biases:  # the device's experts' biases, in its local order
+            def dev_bias(part: str) -> T:
+                full = np.asarray(gguf.tensor(f"blk.{il}.ffn_{part}_exps.bias").data, np.float32).reshape(n, -1)
+                return b.weight(f"blk.{il}.ffn_{part}_exps.bias.gpu", int(DType.F32), full.shape[1], len(gpu),
+                                np.ascontiguousarray(full[gpu]))
         dev_out = _experts(b, w, h, il, cfg, dev_route, lambda part: _gpu_experts(b, gguf, il, part, gpu, n),
-                           len(gpu), ".gpu")
+                           len(gpu), ".gpu", bias=dev_bias)
     return b.add(dev_out, cpu_out, out=dev_out)  # the merge, on the device's sum: the CPU's comes up
 
 

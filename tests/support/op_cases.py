@@ -130,6 +130,19 @@ def rope_partial(b, rng):
     return Case([y], [rope_ref(x, pos, heads, hd, 10000.0, neox=True, n_rot=8)], n)
 
 
+def rope_yarn(b, rng):
+    """YaRN (gpt-oss): x4 with the ramp over pairs 2..6 and the magnitude 1 + 0.1 ln 4."""
+    from .reference_llama import rope as rope_ref
+
+    n, heads, hd = 5, 3, 16
+    X, x = f32(b, rng, "x", n, heads * hd)
+    pos = np.array([0, 1, 7, 100, 2047], np.int32)
+    y = b.rope(fresh(b, X, "y"), i32(b, "p", pos[:, None]), heads, hd, 10000.0, neox=True, freq_scale=0.25,
+               yarn=(1.0, 2.0, 6.0))
+    return Case([y], [rope_ref(x, pos, heads, hd, 10000.0, neox=True, freq_scale=0.25, yarn=(1.0, 2.0, 6.0))], n,
+                atol=2e-5)
+
+
 def kv_store(b, rng):
     n, cols, n_ctx = 3, 64, 8
     cache = b.state("kc", cols, n_ctx)
@@ -156,6 +169,27 @@ def attention(b, rng):
     return Case([o], [attention_ref(q, k16, v16, heads, kv_heads, hd)], n, rtol=1e-4, atol=1e-5)
 
 
+def attention_sinks(b, rng):
+    """gpt-oss's sinks: a logit per head in every row's softmax, one far above the scores (the rescaled branch),
+    with a window of 3."""
+    from .reference_llama import attention as attention_ref
+
+    n, heads, kv_heads, hd, n_ctx = 6, 6, 2, 32, 16
+    P = i32(b, "p", np.arange(n)[:, None])
+    kc, vc = b.state("kc", kv_heads * hd, n_ctx), b.state("vc", kv_heads * hd, n_ctx)
+    K, k = f32(b, rng, "k", n, kv_heads * hd)
+    V, v = f32(b, rng, "v", n, kv_heads * hd)
+    Qw, q = f32(b, rng, "q", n, heads * hd)
+    sinks = np.array([[0.5, -1.0, 2.0, 30.0, 0.0, -3.0]], np.float32)
+    b.kv_store(kc, K, P)
+    b.kv_store(vc, V, P)
+    o = b.attention(Qw, kc, vc, P, heads, kv_heads, hd, "o", window=3,
+                    sinks=b.weight("sinks", F32, heads, 1, sinks))
+    k16, v16 = (a.astype(np.float16).astype(np.float32) for a in (k, v))
+    return Case([o], [attention_ref(q, k16, v16, heads, kv_heads, hd, window=3, sinks=sinks[0])], n, rtol=1e-4,
+                atol=1e-5)
+
+
 def add(b, rng):
     A, a = f32(b, rng, "a", 4, 80)
     C, c = f32(b, rng, "c", 4, 80)
@@ -173,6 +207,15 @@ def silu_mul(b, rng):
     G, g = f32(b, rng, "g", 3, 203, 4.0)  # a tail after the SIMD loop
     U, u = f32(b, rng, "u", 3, 203)
     return Case([b.gated_mul(G, U, name="m", act=int(Activation.SILU))], [silu(g) * u], 3, atol=1e-5)
+
+
+def swiglu_oai_mul(b, rng):
+    """gpt-oss's clamped SwiGLU: gates and ups past the limit of 7 on both sides."""
+    from .reference_llama import swiglu_oai
+
+    G, g = f32(b, rng, "g", 3, 203, 6.0)
+    U, u = f32(b, rng, "u", 3, 203, 6.0)
+    return Case([b.gated_mul(G, U, name="m", act=int(Activation.SWIGLU_OAI))], [swiglu_oai(g, u)], 3, atol=1e-5)
 
 
 def select_rows(b, rng):
@@ -307,6 +350,17 @@ def moe_mat_mul(b, rng):
                 rtol=1e-4, atol=1e-4)
 
 
+def moe_mat_mul_bias(b, rng):
+    """Each slot's rows plus its expert's bias (gpt-oss)."""
+    n, n_exp, k, rows_e, cols = 3, 6, 2, 16, 64
+    route, _, ids = _route(b, rng, n, n_exp, k)
+    W, w = f32(b, rng, "experts", n_exp * rows_e, cols)
+    X, x = f32(b, rng, "x", n, cols)
+    B, bias = f32(b, rng, "bias", n_exp, rows_e)
+    want = _experts_reference(w, x, ids, rows_e) + bias[ids].reshape(n, k * rows_e)
+    return Case([b.moe_matmul(W, X, route, n_exp, k, "y", bias=B)], [want], n, rtol=1e-4, atol=1e-4)
+
+
 def moe_combine(b, rng):
     n, n_exp, k, d = 5, 8, 3, 48
     route, w, _ = _route(b, rng, n, n_exp, k)
@@ -348,11 +402,11 @@ def moe_route_split(b, rng):
 
 CASES: dict[Op, list[Callable]] = {
     Op.GET_ROWS: [get_rows], Op.RMS_NORM: [rms_norm], Op.QUANTIZE: [quantize], Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
-    Op.ROPE: [rope, rope_partial], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul],
+    Op.ROPE: [rope, rope_partial, rope_yarn], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention, attention_sinks], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul, swiglu_oai_mul],
     Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set],
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
     Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route],
-    Op.MOE_MAT_MUL: [moe_mat_mul], Op.MOE_COMBINE: [moe_combine], Op.EXPERT_FETCH: [expert_fetch],
+    Op.MOE_MAT_MUL: [moe_mat_mul, moe_mat_mul_bias], Op.MOE_COMBINE: [moe_combine], Op.EXPERT_FETCH: [expert_fetch],
     Op.MOE_ROUTE_SPLIT: [moe_route_split],
 }
 # Cases no device runs: the active union is a guard's decision, read on the host; offload's fetches run on the CPU;

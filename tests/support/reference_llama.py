@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, GGUFReader, quants
 from pyinfer.model.arch import model_config
 from pyinfer.model.gguf_file import GGUFModelFile
 
-NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "olmoe", "glm4moe"}
+NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "olmoe", "glm4moe", "gpt-oss"}
 
 
 def dequant(f: GGUFModelFile, name: str) -> np.ndarray:
@@ -55,23 +55,33 @@ def rms_norm(x, w, eps):
     return x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps).astype(np.float32) * w
 
 
-def rope(x, pos, heads, hd, base, neox=False, factors=None, freq_scale=1.0, attn_factor=1.0, n_rot=0):
+def rope(x, pos, heads, hd, base, neox=False, factors=None, freq_scale=1.0, attn_factor=1.0, n_rot=0, yarn=None):
     """Adjacent-pair rotation (GGML 'normal' mode), or halves (NEOX: i with i + hd/2). x: [T, heads*hd].
     Pair i turns by pos * base^(-2i/hd) * freq_scale / factors[i]; cos and sin are times attn_factor. `n_rot`:
-    only each head's first n_rot values rotate (as a head of n_rot), the rest pass through."""
+    only each head's first n_rot values rotate (as a head of n_rot), the rest pass through. `yarn` (ext_factor,
+    low, high): pair i turns by the unscaled angle's share ext * ramp(i) and the scaled one's rest, cos and sin
+    times 1 + 0.1 ln(1 / freq_scale) too (ggml's rope_yarn)."""
     if n_rot and n_rot < hd:
         x3 = x.reshape(len(pos), heads, hd)
         r = rope(np.ascontiguousarray(x3[..., :n_rot]).reshape(len(pos), -1), pos, heads, n_rot, base, neox, factors,
-                 freq_scale, attn_factor)
+                 freq_scale, attn_factor, yarn=yarn)
         return np.concatenate([r.reshape(len(pos), heads, n_rot), x3[..., n_rot:]], -1).reshape(len(pos), -1)
     if neox:  # the same rotation after moving element i + hd/2 next to element i
         xi = x.reshape(len(pos), heads, 2, hd // 2).transpose(0, 1, 3, 2).reshape(len(pos), heads * hd)
-        r = rope(xi, pos, heads, hd, base, False, factors, freq_scale, attn_factor).reshape(len(pos), heads, hd // 2, 2)
+        r = rope(xi, pos, heads, hd, base, False, factors, freq_scale, attn_factor, yarn=yarn).reshape(
+            len(pos), heads, hd // 2, 2)
         return r.transpose(0, 1, 3, 2).reshape(len(pos), heads * hd)
     x = x.reshape(len(pos), heads, hd // 2, 2)
-    inv = base ** (-2.0 * np.arange(hd // 2) / hd) * freq_scale
+    inv = base ** (-2.0 * np.arange(hd // 2) / hd)
     if factors is not None:
         inv = inv / np.asarray(factors, np.float64)
+    if yarn is not None:
+        ext, low, high = yarn
+        ramp = 1 - np.clip((np.arange(hd // 2) - low) / max(0.001, high - low), 0, 1)
+        inv = inv * freq_scale * (1 - ramp * ext) + inv * ramp * ext
+        attn_factor = attn_factor * (1 + 0.1 * np.log(1 / freq_scale))
+    else:
+        inv = inv * freq_scale
     ang = pos[:, None].astype(np.float64) * inv[None, :]
     cos = (np.cos(ang) * attn_factor)[:, None, :].astype(np.float32)
     sin = (np.sin(ang) * attn_factor)[:, None, :].astype(np.float32)
@@ -80,7 +90,7 @@ def rope(x, pos, heads, hd, base, neox=False, factors=None, freq_scale=1.0, attn
     return out.reshape(len(pos), heads * hd)
 
 
-def attention(q, k, v, heads, kv_heads, hd, window=0, scale=None):
+def attention(q, k, v, heads, kv_heads, hd, window=0, scale=None, sinks=None):
     T = q.shape[0]
     q = q.reshape(T, heads, hd)
     k = k.reshape(T, kv_heads, hd)
@@ -92,8 +102,10 @@ def attention(q, k, v, heads, kv_heads, hd, window=0, scale=None):
         mask = mask + np.tril(np.full((T, T), -np.inf, dtype=np.float32), -window)
     for h in range(heads):
         s = q[:, h] @ k[:, h // group].T * (hd ** -0.5 if scale is None else scale) + mask
+        if sinks is not None:  # gpt-oss: one more logit per head in the softmax, with no value
+            s = np.concatenate([s, np.full((T, 1), sinks[h], np.float32)], 1)
         p = np.exp(s - s.max(-1, keepdims=True))
-        out[:, h] = (p / p.sum(-1, keepdims=True)) @ v[:, h // group]
+        out[:, h] = (p / p.sum(-1, keepdims=True))[:, :T] @ v[:, h // group]
     return out.reshape(T, heads * hd)
 
 
@@ -113,19 +125,43 @@ def gated_act(act, g):
     return g / (1 + np.exp(-g))
 
 
+def swiglu_oai(g, u):
+    """gpt-oss's clamped SwiGLU (ggml's swiglu_oai, alpha 1.702, limit 7)."""
+    x = np.minimum(g, 7.0)
+    return x / (1 + np.exp(-1.702 * x)) * (np.clip(u, -7.0, 7.0) + 1)
+
+
 def head_norm(x, w, heads, eps):
     """RMS norm of each head on its own (Gemma 3's and Qwen 3's QK-norm). x: [T, heads*hd]."""
     T = x.shape[0]
     return rms_norm(x.reshape(T, heads, -1), w, eps).reshape(T, -1)
 
 
-def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None, sigmoid=False, scale=0.0):
+def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None, sigmoid=False, scale=0.0, oai=False):
     """A Mixture-of-Experts FFN (llama.cpp's build_moe_ffn with softmax gating): each token's top k experts by
     softmax probability, their probabilities as weights (divided by their sum with `norm`); Qwen2-MoE's shared
     expert times the sigmoid of its gate. W's merged experts are [n_expert, rows, cols]. `cuts` ([n_expert]):
     CATS inside the experts, a neuron of expert e counts only where |act(gate)| > cuts[e] (`kept`, a list,
     gets the share that did, per token and slot)."""
     logits = h @ W[p + "ffn_gate_inp.weight"].T                              # [T, n_expert]
+    if oai:  # gpt-oss: a biased router, the top k logits softmaxed among themselves, biased experts
+        logits = logits + W[p + "ffn_gate_inp.bias"]
+        chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+        top = np.take_along_axis(logits, chosen, -1)
+        if margins is not None and k < logits.shape[1]:
+            ranked = -np.sort(-logits, -1)
+            margins.append(ranked[:, k - 1] - ranked[:, k])  # a near tie of logits: noise may choose either
+        weights = np.exp(top - top[:, :1])
+        weights /= weights.sum(-1, keepdims=True)
+        B = {part: W[p + f"ffn_{part}_exps.bias"] for part in ("gate", "up", "down")}
+        G, U, D = W[p + "ffn_gate_exps.weight"], W[p + "ffn_up_exps.weight"], W[p + "ffn_down_exps.weight"]
+        y = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            for s in range(k):
+                e = chosen[t, s]
+                a = swiglu_oai(G[e] @ h[t] + B["gate"][e], U[e] @ h[t] + B["up"][e])
+                y[t] += weights[t, s] * (D[e] @ a + B["down"][e])
+        return y
     if sigmoid:
         probs = 1 / (1 + np.exp(-logits))
     else:
@@ -219,6 +255,11 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         y = h @ W[p + name + ".weight"].T
         return y + W[p + name + ".bias"] if p + name + ".bias" in W else y
 
+    oss = arch == "gpt-oss"
+    yarn = None
+    if meta.get(f"{arch}.rope.scaling.type") == "yarn":
+        freq_scale = 1.0 / float(meta[f"{arch}.rope.scaling.factor"])
+        yarn = (c.rope_ext_factor, c.rope_yarn_low, c.rope_yarn_high)
     for il in range(c.n_layers):
         p = f"blk.{il}."
         local = gemma and (il + 1) % 6 != 0
@@ -237,15 +278,18 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
             k = rms_norm(k, W[p + "attn_k_norm.weight"], c.norm_eps)
         fs = 1.0 if local else freq_scale
         n_rot = int(meta.get(f"{arch}.rope.dimension_count", c.head_dim))
-        q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot)
-        k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot)
+        q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot, yarn)
+        k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot, yarn)
         window = int(meta.get("gemma3.attention.sliding_window", 0)) if local else 0
+        if oss and il % 2 == 0:  # gpt-oss: the even layers slide
+            window = int(meta["gpt-oss.attention.sliding_window"])
         o = lin(input_cut(il, "attn_out", attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window,
-                                                     attn_scale)), p, "attn_output")
+                                                     attn_scale, W[p + "attn_sinks.weight"] if oss else None)),
+                p, "attn_output")
         if gemma:
             o = rms_norm(o, W[p + "post_attention_norm.weight"], c.norm_eps)
         x = x + rs * o
-        ffn_norm = "post_attention_norm" if arch == "glm4moe" else "ffn_norm"  # GLM's name for its FFN norm
+        ffn_norm = "post_attention_norm" if arch in ("glm4moe", "gpt-oss") else "ffn_norm"  # their FFN norm's name
         h = input_cut(il, "ffn_in", rms_norm(x, W[p + ffn_norm + ".weight"], c.norm_eps))
         if p + "ffn_gate_inp.weight" in W:
             k = int(meta[f"{arch}.expert_used_count"])
@@ -253,7 +297,7 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
             norm = bool(meta.get("glm4moe.expert_weights_norm", False)) if glm else arch not in ("qwen2moe", "olmoe")
             x = x + rs * moe(h, W, p, c.activation, k, norm=norm, margins=margins,
                              cuts=None if expert_cuts is None else expert_cuts[il], kept=kept, sigmoid=glm,
-                             scale=float(meta.get("glm4moe.expert_weights_scale", 0.0)) if glm else 0.0)
+                             scale=float(meta.get("glm4moe.expert_weights_scale", 0.0)) if glm else 0.0, oai=oss)
             continue
         if arch == "phi3" and p + "ffn_gate.weight" not in W:  # gate rows first, then up
             gu = h @ W[p + "ffn_up.weight"].T

@@ -225,7 +225,10 @@ TINY_ARCH = {
     "glm4moe": dict(TINY, n_layers=3, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff_shared=64,
                     rope_dims=8, dense_lead=1, expert_scale=2.5, nextn=1),
 }
-MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe", "olmoe", "granitemoe", "glm4moe")
+MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe", "olmoe", "granitemoe", "glm4moe", "gpt-oss")
+# gpt-oss: sinks, a window of 5 on the even layers, YaRN x4 over an original context of 32, biased router and experts
+TINY_ARCH["gpt-oss"] = dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, window=5, yarn=4.0,
+                            yarn_orig=32)
 
 
 def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, config: dict | None = None,
@@ -276,6 +279,11 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
         w.add_bool("glm4moe.expert_weights_norm", True)
         w.add_uint32("glm4moe.expert_gating_func", 2)
         w.add_uint32("glm4moe.nextn_predict_layers", c["nextn"])
+    if kind == "gpt-oss":
+        w.add_uint32("gpt-oss.attention.sliding_window", c["window"])
+        w.add_string("gpt-oss.rope.scaling.type", "yarn")
+        w.add_float32("gpt-oss.rope.scaling.factor", c["yarn"])
+        w.add_uint32("gpt-oss.rope.scaling.original_context_length", c["yarn_orig"])
     if kind == "granitemoe":
         w.add_float32("granitemoe.embedding_scale", c["embedding_scale"])
         w.add_float32("granitemoe.residual_scale", c["residual_scale"])
@@ -291,7 +299,7 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
     for il in range(c["n_layers"]):
         p = f"blk.{il}."
         w.add_tensor(p + "attn_norm.weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
-        ffn_norm = "post_attention_norm" if kind == "glm4moe" else "ffn_norm"  # GLM's FFN norm has this name
+        ffn_norm = "post_attention_norm" if kind in ("glm4moe", "gpt-oss") else "ffn_norm"  # their FFN norm's name
         w.add_tensor(p + ffn_norm + ".weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
         if kind == "phi3" and fused:
             add(p + "attn_qkv.weight", (qw + 2 * kvw + bad_qkv_rows, d))
@@ -299,9 +307,12 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
             add(p + "attn_q.weight", (qw, d))
             add(p + "attn_k.weight", (kvw, d))
             add(p + "attn_v.weight", (kvw, d))
-        if kind in ("qwen2", "qwen2moe", "glm4moe"):
+        if kind in ("qwen2", "qwen2moe", "glm4moe", "gpt-oss"):
             for part, n in (("q", qw), ("k", kvw), ("v", kvw)):
                 add(p + f"attn_{part}.bias", (n,), 0.5)
+        if kind == "gpt-oss":
+            add(p + "attn_output.bias", (d,), 0.5)
+            w.add_tensor(p + "attn_sinks.weight", (rng.standard_normal(c["n_heads"]) * 2).astype(np.float32))
         if kind in ("qwen3", "qwen3moe", "glm4moe"):
             for part in ("q", "k"):
                 w.add_tensor(p + f"attn_{part}_norm.weight", (1.0 + 0.2 * rng.standard_normal(hd)).astype(np.float32))
@@ -336,6 +347,10 @@ def _add_experts(w: GGUFWriter, rng, add, p: str, kind: str, c: dict) -> None:
     add(p + "ffn_gate_exps.weight", (n, ffe, d))
     add(p + "ffn_up_exps.weight", (n, ffe, d))
     add(p + "ffn_down_exps.weight", (n, d, ffe))
+    if kind == "gpt-oss":  # the router's and every expert's biases
+        w.add_tensor(p + "ffn_gate_inp.bias", (rng.standard_normal(n) * 0.5).astype(np.float32))
+        for part, rows in (("gate", ffe), ("up", ffe), ("down", d)):
+            w.add_tensor(p + f"ffn_{part}_exps.bias", (rng.standard_normal((n, rows)) * 0.2).astype(np.float32))
     if kind == "glm4moe":  # the selection bias: large enough to change which experts win
         w.add_tensor(p + "exp_probs_b.bias", (rng.standard_normal(n) * 0.3).astype(np.float32))
     if kind in ("qwen2moe", "granitemoe", "glm4moe"):

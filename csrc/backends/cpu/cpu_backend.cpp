@@ -165,6 +165,7 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       a.head_dim = p.head_dim;
       a.window = p.window;
       a.scale = p.scale;
+      if (n.src[S::sinks] >= 0) a.sinks = static_cast<const float*>(g.tensors[size_t(n.src[S::sinks])].data);
       a.out = static_cast<float*>(dst.data);
       a.out_stride = f32_stride(dst);
       return attention(kernels_, a,
@@ -251,7 +252,8 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         const auto& P = n.p.rope;
         rope_row(row_ptr<const float>(*s0, r), row_ptr<float>(dst, r), static_cast<const int32_t*>(s1->data)[r],
                  P.heads, P.head_dim, P.base, P.mode, f >= 0 ? static_cast<const float*>(g.tensors[size_t(f)].data) : nullptr,
-                 P.freq_scale != 0.f ? P.freq_scale : 1.f, P.attn_factor != 0.f ? P.attn_factor : 1.f, P.n_rot);
+                 P.freq_scale != 0.f ? P.freq_scale : 1.f, P.attn_factor != 0.f ? P.attn_factor : 1.f, P.n_rot,
+                 &P.ext_factor);  // {ext_factor, yarn_low, yarn_high}: consecutive fields
       }
         break;
       case OpKind::KvStore: {

@@ -78,6 +78,8 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
     if (e == kBadId) throw GraphError("a route names an expert outside [0, " + std::to_string(n_expert) + ")");
     return e;
   };
+  const int bias_id = n.src[MoeMatMulSrc::bias];
+  const Tensor* bias = bias_id >= 0 ? &g.tensors[size_t(bias_id)] : nullptr;
   auto run_rows = [&](int32_t e, const void* xs, size_t x_stride, int64_t tokens, float* out, int64_t ldd, int64_t r0,
                       int64_t r1) {
     if (e == kNotHere) {  // this thread's rows of the slot are 0, so the combine's sum is this side's share
@@ -86,6 +88,11 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
     }
     MatMulArgs a{w.type, expert_rows(e), w.row_stride, w.cols, r0, r1, xs, x_stride, tokens, out, ldd};
     kt.matmul(a);
+    if (bias) {  // the expert's own bias (gpt-oss), on the rows this thread computed
+      const float* be = row_ptr<const float>(*bias, e);
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t r = r0; r < r1; ++r) out[t * ldd + r] += be[r];
+    }
   };
   // CATS inside the experts (one token): only the rows whose gate passes the expert's cut; the others are 0, so
   // act(gate) * up is 0 there and the neuron adds nothing to down.

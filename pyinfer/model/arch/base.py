@@ -87,6 +87,7 @@ class Architecture:
             rope_freq_scale=self.rope_scaling(f),
             rope_attn_factor=float(f.get(p + "rope.scaling.attn_factor", 1.0) or 1.0),
             rope_dims=0 if rope_dims == head_dim else rope_dims,
+            **self.yarn_hparams(f, rope_dims, float(f.get(p + "rope.freq_base", 10000.0))),
         )
 
     def moe_hparams(self, f: GGUFModelFile, norm: bool = True, shared: bool = False,
@@ -147,10 +148,39 @@ class Architecture:
             raise ModelFormatError(f"{f.path.name}: {p}rope.scaling.factor {factor} is out of range")
         if kind == "none" or factor in (0.0, 1.0) and kind in ("linear", "longrope"):
             return 1.0
-        if kind == "linear":
+        if kind in ("linear", "yarn"):
             return 1.0 / factor
         raise UnsupportedModelError(f"RoPE scaling '{kind}' ({p}rope.scaling.*) is not supported yet; "
-                                    "supported: none, linear")
+                                    "supported: none, linear, yarn")
+
+    def yarn_hparams(self, f: GGUFModelFile, rope_dims: int, base: float) -> dict:
+        """YaRN's rope parameters as llama.cpp sets them (llama-context.cpp, ggml's rope_yarn_corr_dims): the
+        share of the unscaled angle (yarn_ext_factor, 1 by default), the pairs where the ramp between the two
+        angles starts and ends (from the original context and beta_fast / beta_slow, 32 and 1 by default), and the
+        magnitude: rope.scaling.attn_factor times (1 + 0.1 ln factor), the kernel's part of it. {} without YaRN."""
+        p = self.name + "."
+        if str(f.get(p + "rope.scaling.type", "linear")) != "yarn":
+            return {}
+        factor = float(f.get(p + "rope.scaling.factor", 0.0) or 0.0)
+        if factor in (0.0, 1.0):
+            return {}
+        if float(f.get(p + "rope.scaling.yarn_log_multiplier", 0.0) or 0.0) != 0.0:
+            raise UnsupportedModelError(f"{p}rope.scaling.yarn_log_multiplier (DeepSeek's YaRN magnitude) is not "
+                                        "supported yet")
+        ext = float(f.get(p + "rope.scaling.yarn_ext_factor", 1.0))
+        orig = int(f.get(p + "rope.scaling.original_context_length", f.get(p + "context_length", 2048)))
+        fast = float(f.get(p + "rope.scaling.yarn_beta_fast", 32.0))
+        slow = float(f.get(p + "rope.scaling.yarn_beta_slow", 1.0))
+        if orig < 1 or not all(np.isfinite([ext, fast, slow])) or fast <= 0 or slow <= 0:
+            raise ModelFormatError(f"{f.path.name}: {p}rope.scaling.* holds YaRN values out of range")
+        f32 = np.float32
+
+        def corr_dim(n_rot: float) -> np.float32:  # in float32, as ggml computes it
+            return f32(rope_dims) * np.log(f32(orig) / (f32(n_rot) * f32(2) * f32(np.pi))) / (f32(2) * np.log(f32(base)))
+
+        low = max(0.0, float(np.floor(corr_dim(fast))))
+        high = min(float(rope_dims - 1), float(np.ceil(corr_dim(slow))))
+        return dict(rope_ext_factor=ext, rope_yarn_low=low, rope_yarn_high=high)
 
     def check_keys(self, f: GGUFModelFile) -> None:
         """Keys whose effect the graph does not compute: refused by name."""
