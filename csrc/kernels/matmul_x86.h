@@ -475,13 +475,20 @@ inline void gemv_tile4(const uint8_t* const* wrows, const BlockQ8A* x, const Dec
     __m256 dd = _mm256_setzero_ps(), mm = _mm256_setzero_ps();
     if constexpr (kOnePiece) {
       alignas(16) uint16_t h[8], hm[8];
-      for (int k = 0; k < 2; ++k)
-        for (int r = 0; r < 4; ++r) {
-          const uint16_t* f = block_fp16<WT>(wrows[r], b0 + k);
-          h[4 * k + r] = f[0];
-          if constexpr (WT == DType::Q4_1 || WT == DType::Q5_1) hm[4 * k + r] = f[1];
-        }
-      dd = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+      if constexpr (WT == DType::MXFP4) {  // an E8M0 exponent byte, not an fp16 scale
+        alignas(32) float e[8];
+        for (int k = 0; k < 2; ++k)
+          for (int r = 0; r < 4; ++r) e[4 * k + r] = e8m0_half(wrows[r][(b0 + k) * int64_t(sizeof(BlockMXFP4))]);
+        dd = _mm256_load_ps(e);
+      } else {
+        for (int k = 0; k < 2; ++k)
+          for (int r = 0; r < 4; ++r) {
+            const uint16_t* f = block_fp16<WT>(wrows[r], b0 + k);
+            h[4 * k + r] = f[0];
+            if constexpr (WT == DType::Q4_1 || WT == DType::Q5_1) hm[4 * k + r] = f[1];
+          }
+        dd = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+      }
       if constexpr (WT == DType::Q4_1 || WT == DType::Q5_1)
         mm = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hm)));
       else if constexpr (P::kOffset)
@@ -553,7 +560,9 @@ constexpr int64_t kMaxSixBitBlocks = 512;
 
 template <DType WT>
 constexpr bool gemv_fits(int64_t nb) {
-  if constexpr (low_bit_type<WT>()) return false;  // the generic tiles (matmul_lowbit_x86.h)
+  // The low-bit super-block types take lowbit_tile4; IQ4_NL and MXFP4 (one 32-element block a piece, like Q4_0)
+  // take gemv_tile4's one-piece path.
+  if constexpr (low_bit_type<WT>() && WT != DType::IQ4_NL && WT != DType::MXFP4) return false;
   return nb <= (WT == DType::Q6_K ? kMaxSixBitBlocks : kMaxDecodeBlocks) && nb % gemv_step<WT>() == 0;
 }
 
@@ -617,7 +626,7 @@ void decode_rows(const MatMulArgs& a) {
   constexpr int NR = 4;
   int64_t r = a.r0, ahead = a.r0 + NR;  // the first row not yet prefetched (the first tile is loaded on demand)
   if (gemv_fits<WT>(nb)) r = gemv_rows<WT>(a, row, xr[0], nb);
-  if constexpr (low_bit_type<WT>())
+  if constexpr (low_bit_type<WT>() && WT != DType::IQ4_NL && WT != DType::MXFP4)
     for (; r + NR <= a.r1; r += NR) {
       const uint8_t* wr[NR];
       for (int i = 0; i < NR; ++i) wr[i] = a.row(row(r + i));
