@@ -37,8 +37,14 @@ MOE_RESULTS = Path(__file__).parent / "results" / "moe"  # (offload.py's RESULTS
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-SHAPE = {"n_layers": 48, "d_model": 2048, "n_heads": 32, "n_kv_heads": 4, "head_dim": 128, "n_expert": 128,
-         "n_expert_used": 8, "d_ff_expert": 768, "vocab": 151936}
+SHAPES = {  # --family: the model shapes written (random weights, the type mix their files ship in)
+    "qwen3moe": {"n_layers": 48, "d_model": 2048, "n_heads": 32, "n_kv_heads": 4, "head_dim": 128, "n_expert": 128,
+                 "n_expert_used": 8, "d_ff_expert": 768, "vocab": 151936},
+    # gpt-oss-20b: MXFP4 experts, Q8_0 attention, attention sinks, a window of 128 on every other layer, YaRN x32
+    "gpt-oss": {"n_layers": 24, "d_model": 2880, "n_heads": 64, "n_kv_heads": 8, "head_dim": 64, "n_expert": 32,
+                "n_expert_used": 4, "d_ff_expert": 2880, "vocab": 201088},
+}
+SHAPE = SHAPES["qwen3moe"]
 CLASSES = 2048            # routing classes: token id mod CLASSES (one axis of d_model each)
 ALPHA, REUSE = 1.0, 0.3   # popularity skew per layer; chance a token keeps each of the previous token's experts
 SCALE = 0.02              # fp16 scale of the random blocks that do compute (q, k, v, expert gate and up)
@@ -84,6 +90,107 @@ def routing(seed: int = 7) -> np.ndarray:
             out[il, c] = keep
             prev = keep
     return out
+
+
+def q8_blocks(rng, rows: int, cols: int, scale: float) -> np.ndarray:
+    """U8 [rows, cols / 32 * 34]: random int8 under one fp16 scale (0: every value exactly 0)."""
+    b = rng.integers(0, 256, size=(rows, cols // 32, 34), dtype=np.uint8)
+    b[:, :, :2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    return b.reshape(rows, -1)
+
+
+def mxfp4_blocks(rng, rows: int, cols: int, scale: float) -> np.ndarray:
+    """U8 [rows, cols / 32 * 17]: random E2M1 nibbles under an exponent near `scale` (0: every nibble 0, exact
+    zeros)."""
+    if scale == 0:
+        return np.zeros((rows, cols // 32 * 17), np.uint8)
+    b = rng.integers(0, 256, size=(rows, cols // 32, 17), dtype=np.uint8)
+    b[:, :, 0] = 128 + int(np.round(np.log2(scale)))  # 2^(e - 128) with the doubled value table
+    return b.reshape(rows, -1)
+
+
+def write_gpt_oss(path: Path, seed: int = 0) -> None:
+    """gpt-oss-20b's shape under the same routing process: attention and experts write exact zeros (zero
+    scales, zero biases), the router and head carry the class chain."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter
+    from support.tiny_model import _add_tiny_vocab
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(seed)
+    c = SHAPE
+    d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
+    qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
+    route = routing()
+    a = "gpt-oss"
+    w = GGUFWriter(str(path), a)
+    w.add_block_count(c["n_layers"])
+    w.add_context_length(131072)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(c["n_heads"])
+    w.add_head_count_kv(c["n_kv_heads"])
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(150000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_expert_count(n)
+    w.add_expert_used_count(c["n_expert_used"])
+    w.add_expert_feed_forward_length(ff)
+    w.add_uint32(a + ".attention.sliding_window", 128)
+    w.add_string(a + ".rope.scaling.type", "yarn")
+    w.add_float32(a + ".rope.scaling.factor", 32.0)
+    w.add_uint32(a + ".rope.scaling.original_context_length", 4096)
+    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
+    _add_tiny_vocab(w, pad_to=V)
+    sqrt_d = float(np.sqrt(d))
+    plan: list[tuple] = []  # (name, element shape, maker, type)
+    bytes_per = {Q.Q4_0: 18, Q.Q8_0: 34, Q.MXFP4: 17}
+
+    def zeros(name, shape):
+        plan.append((name, shape, lambda: np.zeros(shape, np.float32), Q.F32))
+
+    plan.append(("token_embd.weight", (V, d), lambda: axis_rows(V, d, {v: [v % CLASSES] for v in range(V)}, 1.0),
+                 Q.Q4_0))
+    for il in range(c["n_layers"]):
+        p = f"blk.{il}."
+        for norm in ("attn_norm", "post_attention_norm"):
+            plan.append((p + norm + ".weight", (d,), lambda: np.ones(d, np.float32), Q.F32))
+        for name, rows in (("attn_q", qw), ("attn_k", kvw), ("attn_v", kvw)):
+            plan.append((p + name + ".weight", (rows, d), lambda rows=rows: q8_blocks(rng, rows, d, SCALE / 8), Q.Q8_0))
+            zeros(p + name + ".bias", (rows,))
+        plan.append((p + "attn_output.weight", (d, qw), lambda: q8_blocks(rng, d, qw, 0.0), Q.Q8_0))
+        zeros(p + "attn_output.bias", (d,))
+        zeros(p + "attn_sinks.weight", (c["n_heads"],))
+
+        def router(il=il):  # F32 [n, d]: class c's experts get logits 10, 9.9, ... (clear margins), others 0
+            r = np.zeros((n, d), np.float32)
+            for cls in range(CLASSES):
+                r[route[il, cls], cls] = (10.0 - 0.1 * np.arange(c["n_expert_used"])) / sqrt_d
+            return r
+
+        plan.append((p + "ffn_gate_inp.weight", (n, d), router, Q.F32))
+        zeros(p + "ffn_gate_inp.bias", (n,))
+        for part, rows, cols, scale in (("gate", ff, d, SCALE), ("up", ff, d, SCALE), ("down", d, ff, 0.0)):
+            plan.append((p + f"ffn_{part}_exps.weight", (n, rows, cols),
+                         lambda rows=rows, cols=cols, scale=scale: mxfp4_blocks(rng, n * rows, cols, scale).reshape(
+                             n, rows, -1), Q.MXFP4))
+            zeros(p + f"ffn_{part}_exps.bias", (n, rows))
+    plan.append(("output_norm.weight", (d,), lambda: np.ones(d, np.float32), Q.F32))
+    plan.append(("output.weight", (V, d),
+                 lambda: axis_rows(V, d, {(cls + 1) % CLASSES: [cls] for cls in range(CLASSES)}, 1.0), Q.Q4_0))
+    for name, shape, _, qt in plan:
+        if qt == Q.F32:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+        else:
+            byte_shape = (*shape[:-1], shape[-1] // 32 * bytes_per[qt])
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, make, _ in tqdm(plan, desc="writing", unit="tensor", file=sys.stderr):
+        w.write_tensor_data(make())
+    w.close()
 
 
 def write_model(path: Path, seed: int = 0) -> None:
@@ -268,6 +375,8 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="/tmp/pyinfer-moe")
+    ap.add_argument("--family", default="qwen3moe", choices=sorted(SHAPES),
+                    help="the shape written: Qwen3-30B-A3B (Q4_0) or gpt-oss-20b (MXFP4 experts)")
     ap.add_argument("--limits", nargs="+", default=["4G", "8G", "12G"], help="total memory limits (both engines)")
     ap.add_argument("--tag", default="moe_synthetic")
     ap.add_argument("--policies", action="store_true",
@@ -288,13 +397,16 @@ def main() -> int:
     ob.add_common_args(ap)
     ap.set_defaults(tokens=64, ctx=256, sparsity="off")
     args = ap.parse_args()
+    global SHAPE
+    SHAPE = SHAPES[args.family]
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     os.environ["PYINFER_CACHE"] = str(work / "cache")  # the routing profile is cached next to the model
-    model = work / "qwen3moe-30b-a3b-shape-q4_0.gguf"
+    oss = args.family == "gpt-oss"
+    model = work / ("gpt-oss-20b-shape-mxfp4.gguf" if oss else "qwen3moe-30b-a3b-shape-q4_0.gguf")
     if not model.exists():
         print(f"writing {model} ...", file=sys.stderr)
-        write_model(model.with_suffix(".tmp"))
+        (write_gpt_oss if oss else write_model)(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
     prepare(model, bundle=args.sources or args.expert_source == "bundle")
     which = "policies" if args.policies else "prefetch" if args.prefetch else "sources" if args.sources else None
@@ -305,8 +417,9 @@ def main() -> int:
             "alpha": ALPHA, "reuse": REUSE, "expert_policy": args.expert_policy,
             "expert_prefetch": args.expert_prefetch, "expert_source": args.expert_source, "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx,
             "rounds": args.rounds, "llamacpp_repack": args.repack}
-    print(ob.write_results(args.tag, f"Qwen3-30B-A3B-shaped synthetic MoE ({model.stat().st_size / 2**30:.2f} GiB, "
-                           "Q4_0, 8 of 128 experts per token): decode under one memory limit",
+    what = ("gpt-oss-20b-shaped synthetic MoE ({:.2f} GiB, MXFP4 experts, Q8_0 attention, 4 of 32 experts per token)"
+            if oss else "Qwen3-30B-A3B-shaped synthetic MoE ({:.2f} GiB, Q4_0, 8 of 128 experts per token)")
+    print(ob.write_results(args.tag, what.format(model.stat().st_size / 2**30) + ": decode under one memory limit",
                            [f"Routing: per layer, expert popularity ~ (rank + 1)^-{ALPHA}; each of the previous "
                             f"token's experts kept with probability {REUSE}. Both engines in a memory cgroup of the "
                             "same total limit (pyinfer `mem_limit` = it), caches dropped before every run, llama.cpp's "

@@ -475,11 +475,15 @@ inline void gemv_tile4(const uint8_t* const* wrows, const BlockQ8A* x, const Dec
     __m256 dd = _mm256_setzero_ps(), mm = _mm256_setzero_ps();
     if constexpr (kOnePiece) {
       alignas(16) uint16_t h[8], hm[8];
-      if constexpr (WT == DType::MXFP4) {  // an E8M0 exponent byte, not an fp16 scale
-        alignas(32) float e[8];
+      if constexpr (WT == DType::MXFP4) {  // an E8M0 exponent byte, not an fp16 scale: e8m0_half, 8 lanes at once
+        alignas(8) uint8_t e[8];
         for (int k = 0; k < 2; ++k)
-          for (int r = 0; r < 4; ++r) e[4 * k + r] = e8m0_half(wrows[r][(b0 + k) * int64_t(sizeof(BlockMXFP4))]);
-        dd = _mm256_load_ps(e);
+          for (int r = 0; r < 4; ++r) e[4 * k + r] = wrows[r][(b0 + k) * int64_t(sizeof(BlockMXFP4))];
+        const __m256i ei = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(e)));
+        const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(ei, _mm256_set1_epi32(1)), 23);
+        const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), ei);  // e 0 and 1: subnormal halves
+        const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), ei);
+        dd = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
       } else {
         for (int k = 0; k < 2; ++k)
           for (int r = 0; r < 4; ++r) {
