@@ -6,10 +6,12 @@
 #include <arm_neon.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 
 #include "kernels/float_weight.h"
 #include "kernels/fp16.h"
+#include "kernels/iq_tables.h"
 #include "kernels/attention.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/ops_float.h"
@@ -30,6 +32,7 @@ struct Piece {
   int8x16_t lo, hi;
   float d, m;
   int32_t sc[2];
+  int32_t mins[2];  // Q2_K (kHalfMins): the halves' 4-bit mins, times m = -dmin and the halves' activation sums
 };
 
 // 16 packed bytes -> low nibbles (elements 0..15) and high nibbles (16..31), GGML order.
@@ -162,14 +165,236 @@ template <> struct WeightBlock<DType::Q6_K> {
   }
 };
 
-// A piece against one activation block: d * dx * (integer dot, per half scaled for Q6_K) + m * s.
+// ---- the low-bit types (MoE quants, gpt-oss's MXFP4): signed bytes as the portable decoder forms them -------
+struct SignedPieces {
+  static constexpr bool kOffset = false;
+  static constexpr bool kHalfMins = false;
+};
+// 16 packed bytes through a 16-entry table: low nibbles to lo (elements 0..15), high to hi (16..31).
+inline void lut_nibbles(const uint8_t* qs, const int8_t* table, Piece& p) {
+  const int8x16_t t = vld1q_s8(table);
+  const uint8x16_t q = vld1q_u8(qs);
+  p.lo = vqtbl1q_s8(t, vandq_u8(q, vdupq_n_u8(0x0f)));
+  p.hi = vqtbl1q_s8(t, vshrq_n_u8(q, 4));
+}
+// Eight bytes negated where bit i of `signs` is set (i: the byte's place).
+inline int8x8_t signed8(uint8x8_t mag, uint8_t signs) {
+  static const uint8_t kBit[8] = {1, 2, 4, 8, 16, 32, 64, 128};
+  const uint8x8_t neg = vtst_u8(vdup_n_u8(signs), vld1_u8(kBit));
+  const int8x8_t m = vreinterpret_s8_u8(mag);
+  return vbsl_s8(neg, vneg_s8(m), m);
+}
+// Four groups of 8 (IQ2: a grid row each; IQ3: two rows of 4) with their sign bytes, into the piece.
+inline void groups8(const uint8x8_t (&mag)[4], const uint8_t (&signs)[4], Piece& p) {
+  p.lo = vcombine_s8(signed8(mag[0], signs[0]), signed8(mag[1], signs[1]));
+  p.hi = vcombine_s8(signed8(mag[2], signs[2]), signed8(mag[3], signs[3]));
+}
+inline uint8x8_t grid_pair4(const uint8_t* a, const uint8_t* b) {  // two IQ3 rows of 4 as 8 bytes
+  uint32_t v[2];
+  __builtin_memcpy(&v[0], a, 4);
+  __builtin_memcpy(&v[1], b, 4);
+  return vcreate_u8(uint64_t(v[0]) | uint64_t(v[1]) << 32);
+}
+
+template <> struct WeightBlock<DType::IQ4_NL> : OnePiecePerBlock, SignedPieces {
+  using SignedPieces::kOffset;
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockIQ4_NL*>(row)[b];
+    lut_nibbles(blk.qs, kIq4Values, p);
+    p.d = fp16_to_fp32(blk.d);
+    p.m = 0.f;
+  }
+};
+template <> struct WeightBlock<DType::MXFP4> : OnePiecePerBlock, SignedPieces {
+  using SignedPieces::kOffset;
+  static void load(const uint8_t* row, int64_t b, const Cache&, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockMXFP4*>(row)[b];
+    lut_nibbles(blk.qs, kMxfp4Values, p);
+    p.d = e8m0_half(blk.e);
+    p.m = 0.f;
+  }
+};
+struct EightPieces : SignedPieces {
+  static constexpr int kPieces = 8;
+};
+template <> struct WeightBlock<DType::IQ4_XS> : EightPieces {
+  static constexpr bool kSubScales = false;
+  struct Cache { float d; };
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = fp16_to_fp32(reinterpret_cast<const BlockIQ4_XS*>(row)[sb].d); }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockIQ4_XS*>(row)[b / 8];
+    const int j = int(b % 8);
+    lut_nibbles(blk.qs + 16 * j, kIq4Values, p);
+    p.d = c.d * float((((blk.scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((blk.scales_h >> (2 * j)) & 3) << 4)) - 32);
+    p.m = 0.f;
+  }
+};
+// Q3_K / Q2_K: 2 bits of qs[32 * half ..] at bit 2g; Q3_K minus 4 where hmask's bit j is clear.
+template <DType WT> struct TwoBitBlock : EightPieces {
+  static constexpr bool kSubScales = true;
+  static constexpr bool kHalfMins = WT == DType::Q2_K;
+  struct Cache { float d, m; int8_t sc[16]; };
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) {
+    if constexpr (WT == DType::Q3_K) {
+      const auto& blk = reinterpret_cast<const BlockQ3_K*>(row)[sb];
+      c.d = fp16_to_fp32(blk.d);
+      unpack_q3k_scales(blk.scales, c.sc);
+    } else {
+      const auto& blk = reinterpret_cast<const BlockQ2_K*>(row)[sb];
+      c.d = fp16_to_fp32(blk.d);
+      c.m = -fp16_to_fp32(blk.dmin);
+    }
+  }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
+    const int j = int(b % 8), half = j / 4, g = j % 4;
+    const uint8_t* qs = WT == DType::Q3_K ? reinterpret_cast<const BlockQ3_K*>(row)[b / 8].qs
+                                          : reinterpret_cast<const BlockQ2_K*>(row)[b / 8].qs;
+    const int8x16_t shift = vdupq_n_s8(int8_t(-2 * g));
+    for (int h = 0; h < 2; ++h) {
+      const uint8x16_t q = vandq_u8(vshlq_u8(vld1q_u8(qs + 32 * half + 16 * h), shift), vdupq_n_u8(3));
+      int8x16_t v = vreinterpretq_s8_u8(q);
+      if constexpr (WT == DType::Q3_K) {  // minus 4 where the high bit is clear
+        const uint8_t* hm = reinterpret_cast<const BlockQ3_K*>(row)[b / 8].hmask + 16 * h;
+        const uint8x16_t set = vtstq_u8(vld1q_u8(hm), vdupq_n_u8(uint8_t(1 << j)));
+        v = vsubq_s8(v, vreinterpretq_s8_u8(vbicq_u8(vdupq_n_u8(4), set)));
+      }
+      (h ? p.hi : p.lo) = v;
+    }
+    if constexpr (WT == DType::Q3_K) {
+      p.sc[0] = c.sc[2 * j];
+      p.sc[1] = c.sc[2 * j + 1];
+      p.m = 0.f;
+    } else {
+      const auto& blk = reinterpret_cast<const BlockQ2_K*>(row)[b / 8];
+      for (int h = 0; h < 2; ++h) {
+        p.sc[h] = blk.scales[2 * j + h] & 0x0f;
+        p.mins[h] = blk.scales[2 * j + h] >> 4;
+      }
+      p.m = c.m;
+    }
+    p.d = c.d;
+  }
+};
+template <> struct WeightBlock<DType::Q3_K> : TwoBitBlock<DType::Q3_K> {};
+template <> struct WeightBlock<DType::Q2_K> : TwoBitBlock<DType::Q2_K> {};
+
+struct GridCache { float d; };
+template <> struct WeightBlock<DType::IQ2_XXS> : EightPieces {
+  static constexpr bool kSubScales = false;
+  using Cache = GridCache;
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = fp16_to_fp32(reinterpret_cast<const BlockIQ2_XXS*>(row)[sb].d) * 0.125f; }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
+    const uint8_t* w = reinterpret_cast<const uint8_t*>(reinterpret_cast<const BlockIQ2_XXS*>(row)[b / 8].qs) + 8 * (b % 8);
+    uint32_t aux;
+    __builtin_memcpy(&aux, w + 4, 4);
+    const uint8x8_t mag[4] = {vld1_u8(kIq2xxsGrid.v[w[0]]), vld1_u8(kIq2xxsGrid.v[w[1]]), vld1_u8(kIq2xxsGrid.v[w[2]]),
+                              vld1_u8(kIq2xxsGrid.v[w[3]])};
+    const uint8_t signs[4] = {kIqSigns.v[aux & 127], kIqSigns.v[(aux >> 7) & 127], kIqSigns.v[(aux >> 14) & 127],
+                              kIqSigns.v[(aux >> 21) & 127]};
+    groups8(mag, signs, p);
+    p.d = c.d * float(2 * int(aux >> 28) + 1);
+    p.m = 0.f;
+  }
+};
+template <> struct WeightBlock<DType::IQ2_XS> : EightPieces {
+  static constexpr bool kSubScales = true;
+  using Cache = GridCache;
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = fp16_to_fp32(reinterpret_cast<const BlockIQ2_XS*>(row)[sb].d) * 0.125f; }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockIQ2_XS*>(row)[b / 8];
+    const int j = int(b % 8);
+    const uint16_t* v = blk.qs + 4 * j;
+    const uint8x8_t mag[4] = {vld1_u8(kIq2xsGrid.v[v[0] & 511]), vld1_u8(kIq2xsGrid.v[v[1] & 511]),
+                              vld1_u8(kIq2xsGrid.v[v[2] & 511]), vld1_u8(kIq2xsGrid.v[v[3] & 511])};
+    const uint8_t signs[4] = {kIqSigns.v[v[0] >> 9], kIqSigns.v[v[1] >> 9], kIqSigns.v[v[2] >> 9], kIqSigns.v[v[3] >> 9]};
+    groups8(mag, signs, p);
+    p.sc[0] = 2 * (blk.scales[j] & 0x0f) + 1;
+    p.sc[1] = 2 * (blk.scales[j] >> 4) + 1;
+    p.d = c.d;
+    p.m = 0.f;
+  }
+};
+template <> struct WeightBlock<DType::IQ2_S> : EightPieces {
+  static constexpr bool kSubScales = true;
+  using Cache = GridCache;
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = fp16_to_fp32(reinterpret_cast<const BlockIQ2_S*>(row)[sb].d) * 0.125f; }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockIQ2_S*>(row)[b / 8];
+    const int j = int(b % 8), qh = blk.qh[j];
+    const uint8_t* qs = blk.qs + 4 * j;
+    uint8x8_t mag[4];
+    uint8_t signs[4];
+    for (int l = 0; l < 4; ++l) {
+      mag[l] = vld1_u8(kIq2sGrid.v[qs[l] | ((qh << (8 - 2 * l)) & 0x300)]);
+      signs[l] = blk.qs[32 + 4 * j + l];
+    }
+    groups8(mag, signs, p);
+    p.sc[0] = 2 * (blk.scales[j] & 0x0f) + 1;
+    p.sc[1] = 2 * (blk.scales[j] >> 4) + 1;
+    p.d = c.d;
+    p.m = 0.f;
+  }
+};
+template <> struct WeightBlock<DType::IQ3_XXS> : EightPieces {
+  static constexpr bool kSubScales = false;
+  using Cache = GridCache;
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = fp16_to_fp32(reinterpret_cast<const BlockIQ3_XXS*>(row)[sb].d) * 0.25f; }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockIQ3_XXS*>(row)[b / 8];
+    const int j = int(b % 8);
+    const uint8_t* qs = blk.qs + 8 * j;
+    uint32_t aux;
+    __builtin_memcpy(&aux, blk.qs + 64 + 4 * j, 4);
+    uint8x8_t mag[4];
+    uint8_t signs[4];
+    for (int l = 0; l < 4; ++l) {
+      mag[l] = grid_pair4(kIq3xxsGrid.v[qs[2 * l]], kIq3xxsGrid.v[qs[2 * l + 1]]);
+      signs[l] = kIqSigns.v[(aux >> (7 * l)) & 127];
+    }
+    groups8(mag, signs, p);
+    p.d = c.d * float(2 * int(aux >> 28) + 1);
+    p.m = 0.f;
+  }
+};
+template <> struct WeightBlock<DType::IQ3_S> : EightPieces {
+  static constexpr bool kSubScales = false;
+  using Cache = GridCache;
+  static void prepare(const uint8_t* row, int64_t sb, Cache& c) { c.d = fp16_to_fp32(reinterpret_cast<const BlockIQ3_S*>(row)[sb].d); }
+  static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
+    const auto& blk = reinterpret_cast<const BlockIQ3_S*>(row)[b / 8];
+    const int j = int(b % 8), qh = blk.qh[j];
+    const uint8_t* qs = blk.qs + 8 * j;
+    uint8x8_t mag[4];
+    uint8_t signs[4];
+    for (int l = 0; l < 4; ++l) {
+      mag[l] = grid_pair4(kIq3sGrid.v[qs[2 * l] | ((qh << (8 - 2 * l)) & 256)],
+                          kIq3sGrid.v[qs[2 * l + 1] | ((qh << (7 - 2 * l)) & 256)]);
+      signs[l] = blk.signs[4 * j + l];
+    }
+    groups8(mag, signs, p);
+    p.d = c.d * float(1 + 2 * ((blk.scales[j / 2] >> (4 * (j % 2))) & 0x0f));
+    p.m = 0.f;
+  }
+};
+
+template <typename P, typename = void> struct HasHalfMins { static constexpr bool value = false; };
+template <typename P> struct HasHalfMins<P, std::void_t<decltype(P::kHalfMins)>> { static constexpr bool value = P::kHalfMins; };
+
+// A piece against one activation block: d * dx * (integer dot, per half scaled for Q6_K) + m * s (Q2_K: m * dx
+// times its mins against the halves' activation sums).
 template <typename P>
 inline float piece_dot(const Piece& w, const BlockQ8A& x) {
-  const int32_t lo = dot_s8x16(w.lo, vld1q_s8(x.qs)), hi = dot_s8x16(w.hi, vld1q_s8(x.qs + 16));
+  const int8x16_t xl = vld1q_s8(x.qs), xh = vld1q_s8(x.qs + 16);
+  const int32_t lo = dot_s8x16(w.lo, xl), hi = dot_s8x16(w.hi, xh);
   const int32_t i = P::kSubScales ? w.sc[0] * lo + w.sc[1] * hi : lo + hi;
   const float v = w.d * x.d * float(i);
+  if constexpr (HasHalfMins<P>::value) {
+    const int32_t mins = w.mins[0] * vaddlvq_s8(xl) + w.mins[1] * vaddlvq_s8(xh);
+    return v + w.m * x.d * float(mins);
+  }
   return P::kOffset ? v + w.m * x.s : v;  // Q8_0 and Q6_K have no offset: no product with s per block
 }
+
 
 // Rows r0..r1 (or row_ids) against the tokens, up to kTokens at a time: each piece is decoded once for them.
 template <DType WT>
@@ -260,6 +485,16 @@ void matmul_neon(const MatMulArgs& a) {
     case DType::Q4_K: return matmul_typed<DType::Q4_K>(a);
     case DType::Q5_K: return matmul_typed<DType::Q5_K>(a);
     case DType::Q6_K: return matmul_typed<DType::Q6_K>(a);
+    case DType::Q2_K: return matmul_typed<DType::Q2_K>(a);
+    case DType::Q3_K: return matmul_typed<DType::Q3_K>(a);
+    case DType::IQ4_NL: return matmul_typed<DType::IQ4_NL>(a);
+    case DType::IQ4_XS: return matmul_typed<DType::IQ4_XS>(a);
+    case DType::MXFP4: return matmul_typed<DType::MXFP4>(a);
+    case DType::IQ2_XXS: return matmul_typed<DType::IQ2_XXS>(a);
+    case DType::IQ2_XS: return matmul_typed<DType::IQ2_XS>(a);
+    case DType::IQ2_S: return matmul_typed<DType::IQ2_S>(a);
+    case DType::IQ3_XXS: return matmul_typed<DType::IQ3_XXS>(a);
+    case DType::IQ3_S: return matmul_typed<DType::IQ3_S>(a);
     case DType::F32: return float_matmul_typed<DType::F32>(a);
     case DType::F16: return float_matmul_typed<DType::F16>(a);
     case DType::BF16: return float_matmul_typed<DType::BF16>(a);

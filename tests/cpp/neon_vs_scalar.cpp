@@ -24,7 +24,9 @@ int main() {
   printf("quantize mismatches %d\n", bad);
   // Every integer-dot weight type has its own NEON piece decoder. Random bits, then sane fp16 scales where each
   // type keeps them.
-  for (DType wt : kIntegerDotTypes) {
+  std::vector<DType> types(std::begin(kIntegerDotTypes), std::end(kIntegerDotTypes));
+  types.insert(types.end(), std::begin(kLowBitTypes), std::end(kLowBitTypes));
+  for (DType wt : types) {
     const size_t rb = dtype_row_bytes(wt, k);
     const auto w = random_rows(wt, rows, k, rng, [](int) { return 0.01f; });
     std::vector<float> ya(nt * rows), yb(nt * rows);
