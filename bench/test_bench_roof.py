@@ -62,6 +62,18 @@ def test_gemv_roof(benchmark, qtype, matrix, threads):
     benchmark.pedantic(eng.run, args=(1,), rounds=15, warmup_rounds=2)
 
 
+# The low-bit types of MoE quants (Q2_K .. IQ2_S, gpt-oss's MXFP4) at an 8B model's two FFN shapes:
+#   pytest bench/test_bench_roof.py -k low_bit --benchmark-json bench/results/roof/roof_low_bit.json
+LOW_BIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("matrix", ["qwen3-8b.gate", "qwen3-8b.down"])
+@pytest.mark.parametrize("qtype", [t.name for t in LOW_BIT])
+def test_gemv_roof_low_bit(benchmark, qtype, matrix, threads):
+    test_gemv_roof(benchmark, qtype, matrix, threads)
+
+
 PREFILL_TOKENS = 256
 
 
