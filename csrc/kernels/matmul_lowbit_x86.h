@@ -51,6 +51,24 @@ inline int grid4(const IqGrid<kRows, 4>& g, int i) {
 // Two 16-element halves' scales (sub-scale types) as Piece::sc16 lays them out.
 inline __m256i half_scales(int s0, int s1) { return _mm256_setr_m128i(_mm_set1_epi16(short(s0)), _mm_set1_epi16(short(s1))); }
 
+// A super-block's 16 sub-block scales widened to int16 once (0..7 in both 128-bit halves of lo, 8..15 of hi, as
+// Q6_K's), so piece j's pair 2j, 2j + 1 is one byte shuffle instead of two broadcasts and an insert.
+struct SixteenScales {
+  __m256i lo, hi;
+  void set(__m128i s8, bool is_signed) {
+    const __m256i s16 = is_signed ? _mm256_cvtepi8_epi16(s8) : _mm256_cvtepu8_epi16(s8);
+    lo = _mm256_permute4x64_epi64(s16, 0x44);
+    hi = _mm256_permute4x64_epi64(s16, 0xee);
+  }
+  __m256i pair(int j) const {
+    const int g = j % 4;
+    const char e0 = char(4 * g), e1 = char(4 * g + 1), o0 = char(4 * g + 2), o1 = char(4 * g + 3);
+    const __m256i pick = _mm256_setr_epi8(e0, e1, e0, e1, e0, e1, e0, e1, e0, e1, e0, e1, e0, e1, e0, e1,
+                                          o0, o1, o0, o1, o0, o1, o0, o1, o0, o1, o0, o1, o0, o1, o0, o1);
+    return _mm256_shuffle_epi8(j / 4 ? hi : lo, pick);
+  }
+};
+
 struct SignedPieces {
   static constexpr bool kSigned = true;
   static constexpr bool kOffset = false;
@@ -103,11 +121,13 @@ template <> struct WeightBlock<DType::IQ4_XS> : EightPieces {
 // Q3_K: 2 bits of qs[32 * half ..] at bit 2g, minus 4 where the piece's bit j of hmask is clear; 16 scales.
 template <> struct WeightBlock<DType::Q3_K> : EightPieces {
   static constexpr bool kSubScales = true;
-  struct Cache { float d; int8_t sc[16]; };
+  struct Cache { float d; SixteenScales sc; };
   static void prepare(const uint8_t* row, int64_t sb, Cache& c) {
     const auto& blk = reinterpret_cast<const BlockQ3_K*>(row)[sb];
     c.d = _cvtsh_ss(blk.d);
-    unpack_q3k_scales(blk.scales, c.sc);
+    alignas(16) int8_t sc[16];
+    unpack_q3k_scales(blk.scales, sc);
+    c.sc.set(_mm_load_si128(reinterpret_cast<const __m128i*>(sc)), true);
   }
   static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ3_K*>(row)[b / 8];
@@ -117,30 +137,34 @@ template <> struct WeightBlock<DType::Q3_K> : EightPieces {
     const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
     const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
     p.q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 2)), _mm256_set1_epi8(4));
-    p.sc16 = half_scales(c.sc[2 * j], c.sc[2 * j + 1]);
+    p.sc16 = c.sc.pair(j);
     p.d = c.d;
     p.m = 0.f;
   }
 };
 
-// Q2_K: 2 bits of qs[32 * half ..] at bit 2g; a 4-bit scale and min per 16 elements (the mins: kHalfMins).
+// Q2_K: 2 bits of qs[32 * half ..] at bit 2g (unsigned: no sign moves onto the activation); a 4-bit scale and min
+// per 16 elements (the mins: kHalfMins, integers against the halves' activation sums).
 template <> struct WeightBlock<DType::Q2_K> : EightPieces {
+  static constexpr bool kSigned = false;
   static constexpr bool kSubScales = true;
   static constexpr bool kHalfMins = true;
-  struct Cache { float d, m; };
+  struct Cache { float d, m; SixteenScales sc; };
   static void prepare(const uint8_t* row, int64_t sb, Cache& c) {
     const auto& blk = reinterpret_cast<const BlockQ2_K*>(row)[sb];
     c.d = _cvtsh_ss(blk.d);
     c.m = -_cvtsh_ss(blk.dmin);
+    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales));
+    c.sc.set(_mm_and_si128(s, _mm_set1_epi8(0x0f)), false);
   }
   static void load(const uint8_t* row, int64_t b, const Cache& c, Piece& p) {
     const auto& blk = reinterpret_cast<const BlockQ2_K*>(row)[b / 8];
     const int j = int(b % 8), half = j / 4, g = j % 4;
     const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * half));
     p.q = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
-    const int s0 = blk.scales[2 * j], s1 = blk.scales[2 * j + 1];
-    p.sc16 = half_scales(s0 & 0x0f, s1 & 0x0f);
-    p.min16 = half_scales(s0 >> 4, s1 >> 4);
+    p.sc16 = c.sc.pair(j);
+    p.mins[0] = blk.scales[2 * j] >> 4;
+    p.mins[1] = blk.scales[2 * j + 1] >> 4;
     p.d = c.d;
     p.m = c.m;
   }

@@ -42,7 +42,7 @@ inline __m256i fifth_bits(const uint8_t* qh_bytes) {
 struct Piece {
   __m256i q;
   __m256i sc16;   // only for kSubScales types
-  __m256i min16;  // only for kHalfMins types (Q2_K): its two halves' mins as 16-bit lanes, like sc16
+  int32_t mins[2];  // only for kHalfMins types (Q2_K): its two halves' mins
   float d, m;
 };
 
@@ -226,9 +226,20 @@ template <DType WT> constexpr bool low_bit_type() {
          WT == DType::IQ2_XXS || WT == DType::IQ2_XS || WT == DType::IQ2_S || WT == DType::IQ3_XXS || WT == DType::IQ3_S;
 }
 
-// Q2_K's offset of a piece against 32 activation bytes: the mins times the halves' sums, as 8 int32 partials.
-inline __m256i half_mins_dot(const Piece& w, __m256i xq) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), w.min16);
+// The sums of 32 activation bytes' two halves (elements 0..15, 16..31): what Q2_K's mins multiply.
+inline void half_sums(__m256i xq, int32_t& s0, int32_t& s1) {
+  const __m256i four = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), _mm256_set1_epi16(1));
+  __m128i lo = _mm256_castsi256_si128(four), hi = _mm256_extracti128_si256(four, 1);
+  lo = _mm_hadd_epi32(lo, hi);  // [l0+l1, l2+l3, h0+h1, h2+h3]
+  lo = _mm_hadd_epi32(lo, lo);  // [low half, high half, ..]
+  s0 = _mm_cvtsi128_si32(lo);
+  s1 = _mm_extract_epi32(lo, 1);
+}
+// Q2_K's integer offset of a piece: its mins times the halves' sums.
+inline int32_t half_mins_dot(const Piece& w, __m256i xq) {
+  int32_t s0, s1;
+  half_sums(xq, s0, s1);
+  return w.mins[0] * s0 + w.mins[1] * s1;
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -342,7 +353,7 @@ inline void tile(const uint8_t* const* wrows, const BlockQ8A* const* xrows, int6
       for (int r = 0; r < NR; ++r) {
         acc[r][t] = std::fma(float(lane_sum(piece_dot<P>(w[r], xq))), w[r].d * xb.d, acc[r][t]);
         if constexpr (half_mins_of<P>())
-          off[r][t] = std::fma(float(lane_sum(half_mins_dot(w[r], xq))), w[r].m * xb.d, off[r][t]);
+          off[r][t] = std::fma(float(half_mins_dot(w[r], xq)), w[r].m * xb.d, off[r][t]);
         else if (P::kOffset)
           off[r][t] = std::fma(w[r].m, xb.s, off[r][t]);
       }
@@ -370,19 +381,21 @@ inline void lowbit_tile4(const uint8_t* const* wrows, const BlockQ8A* x, int64_t
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
     Piece w[2][4];
-    __m256i v[2][4], u[2][4];
+    __m256i v[2][4];
+    alignas(32) int32_t mins[8];  // Q2_K: [piece][row] offsets, from the halves' sums shared by the 4 rows
     for (int h = 0; h < 2; ++h) {
       load_pieces<P, 4>(wrows, b + h, cache, w[h]);
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b + h].qs));
-      for (int r = 0; r < 4; ++r) {
-        v[h][r] = piece_dot<P>(w[h][r], xq);
-        if constexpr (kMins) u[h][r] = half_mins_dot(w[h][r], xq);
+      for (int r = 0; r < 4; ++r) v[h][r] = piece_dot<P>(w[h][r], xq);
+      if constexpr (kMins) {
+        int32_t s0, s1;
+        half_sums(xq, s0, s1);
+        for (int r = 0; r < 4; ++r) mins[4 * h + r] = w[h][r].mins[0] * s0 + w[h][r].mins[1] * s1;
       }
     }
     const __m256 f = _mm256_cvtepi32_ps(lane_sums4x2<false>(v[0][0], v[0][1], v[0][2], v[0][3], v[1][0], v[1][1], v[1][2], v[1][3]));
     __m256 fm = _mm256_setzero_ps();
-    if constexpr (kMins)
-      fm = _mm256_cvtepi32_ps(lane_sums4x2<false>(u[0][0], u[0][1], u[0][2], u[0][3], u[1][0], u[1][1], u[1][2], u[1][3]));
+    if constexpr (kMins) fm = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mins)));
     step(b, w[0], _mm256_castps256_ps128(f), _mm256_castps256_ps128(fm));
     step(b + 1, w[1], _mm256_extractf128_ps(f, 1), _mm256_extractf128_ps(fm, 1));
   }
@@ -393,7 +406,7 @@ inline void lowbit_tile4(const uint8_t* const* wrows, const BlockQ8A* x, int64_t
     alignas(16) float dot[4], mins[4] = {0.f, 0.f, 0.f, 0.f};
     for (int r = 0; r < 4; ++r) {
       dot[r] = float(lane_sum(piece_dot<P>(w[r], xq)));
-      if constexpr (kMins) mins[r] = float(lane_sum(half_mins_dot(w[r], xq)));
+      if constexpr (kMins) mins[r] = float(half_mins_dot(w[r], xq));
     }
     step(b, w, _mm_load_ps(dot), _mm_load_ps(mins));
   }
