@@ -109,13 +109,52 @@ def mxfp4_blocks(rng, rows: int, cols: int, scale: float) -> np.ndarray:
     return b.reshape(rows, -1)
 
 
+def write_plan(w, plan: list[tuple]) -> None:
+    """The tensors of `plan` ((name, element shape, maker of its bytes, type) each) into the file: their infos first
+    (the byte shape of block types: gguf-py turns it into elements), then each made one at a time while writing."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as Q
+    from tqdm import tqdm
+
+    for name, shape, _, qt in plan:
+        if qt == Q.F32:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+        else:
+            elems, nbytes = GGML_QUANT_SIZES[qt]
+            byte_shape = (*shape[:-1], shape[-1] // elems * nbytes)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, make, _ in tqdm(plan, desc="writing", unit="tensor", file=sys.stderr):
+        w.write_tensor_data(make())
+    w.close()
+
+
+def moe_header(w, context: int, ff: int, rope_base: float, eps: float) -> None:
+    """The shape keys every family's synthetic writes (SHAPE's; `ff`: feed_forward_length)."""
+    c = SHAPE
+    w.add_block_count(c["n_layers"])
+    w.add_context_length(context)
+    w.add_embedding_length(c["d_model"])
+    w.add_feed_forward_length(ff)
+    w.add_head_count(c["n_heads"])
+    w.add_head_count_kv(c["n_kv_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_expert_count(c["n_expert"])
+    w.add_expert_used_count(c["n_expert_used"])
+    w.add_expert_feed_forward_length(c["d_ff_expert"])
+
+
 def write_gpt_oss(path: Path, seed: int = 0) -> None:
     """gpt-oss-20b's shape under the same routing process: attention and experts write exact zeros (zero
     scales, zero biases), the router and head carry the class chain."""
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFWriter
     from support.tiny_model import _add_tiny_vocab
-    from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
     c = SHAPE
@@ -124,19 +163,7 @@ def write_gpt_oss(path: Path, seed: int = 0) -> None:
     route = routing()
     a = "gpt-oss"
     w = GGUFWriter(str(path), a)
-    w.add_block_count(c["n_layers"])
-    w.add_context_length(131072)
-    w.add_embedding_length(d)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(c["n_heads"])
-    w.add_head_count_kv(c["n_kv_heads"])
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_freq_base(150000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_expert_count(n)
-    w.add_expert_used_count(c["n_expert_used"])
-    w.add_expert_feed_forward_length(ff)
+    moe_header(w, context=131072, ff=ff, rope_base=150000.0, eps=1e-5)
     w.add_uint32(a + ".attention.sliding_window", 128)
     w.add_string(a + ".rope.scaling.type", "yarn")
     w.add_float32(a + ".rope.scaling.factor", 32.0)
@@ -145,7 +172,6 @@ def write_gpt_oss(path: Path, seed: int = 0) -> None:
     _add_tiny_vocab(w, pad_to=V)
     sqrt_d = float(np.sqrt(d))
     plan: list[tuple] = []  # (name, element shape, maker, type)
-    bytes_per = {Q.Q4_0: 18, Q.Q8_0: 34, Q.MXFP4: 17}
 
     def zeros(name, shape):
         plan.append((name, shape, lambda: np.zeros(shape, np.float32), Q.F32))
@@ -179,25 +205,13 @@ def write_gpt_oss(path: Path, seed: int = 0) -> None:
     plan.append(("output_norm.weight", (d,), lambda: np.ones(d, np.float32), Q.F32))
     plan.append(("output.weight", (V, d),
                  lambda: axis_rows(V, d, {(cls + 1) % CLASSES: [cls] for cls in range(CLASSES)}, 1.0), Q.Q4_0))
-    for name, shape, _, qt in plan:
-        if qt == Q.F32:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
-        else:
-            byte_shape = (*shape[:-1], shape[-1] // 32 * bytes_per[qt])
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for name, shape, make, _ in tqdm(plan, desc="writing", unit="tensor", file=sys.stderr):
-        w.write_tensor_data(make())
-    w.close()
+    write_plan(w, plan)
 
 
 def write_model(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFWriter
     from support.tiny_model import _add_tiny_vocab
-    from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
     c = SHAPE
@@ -205,19 +219,7 @@ def write_model(path: Path, seed: int = 0) -> None:
     qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
     route = routing()
     w = GGUFWriter(str(path), "qwen3moe")
-    w.add_block_count(c["n_layers"])
-    w.add_context_length(4096)
-    w.add_embedding_length(d)
-    w.add_feed_forward_length(6144)
-    w.add_head_count(c["n_heads"])
-    w.add_head_count_kv(c["n_kv_heads"])
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_expert_count(n)
-    w.add_expert_used_count(c["n_expert_used"])
-    w.add_expert_feed_forward_length(ff)
+    moe_header(w, context=4096, ff=6144, rope_base=1e6, eps=1e-6)
     w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
     _add_tiny_vocab(w, pad_to=V)
     sqrt_d = float(np.sqrt(d))
@@ -257,18 +259,7 @@ def write_model(path: Path, seed: int = 0) -> None:
     # The head: class c's axis votes for token c + 1 (the next class).
     q4("output.weight", (V, d), lambda: axis_rows(V, d, {(cls + 1) % CLASSES: [cls] for cls in range(CLASSES)}, 1.0))
 
-    for name, shape, _, qt in plan:
-        if qt == Q.F32:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
-        else:  # the byte shape: gguf-py turns it into elements
-            byte_shape = (*shape[:-1], shape[-1] // 32 * 18)
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for name, shape, make, _ in tqdm(plan, desc="writing", unit="tensor", file=sys.stderr):
-        w.write_tensor_data(make())
-    w.close()
+    write_plan(w, plan)
 
 
 VARIANTS = {  # --policies / --prefetch: pyinfer alone, one of its expert options against the other

@@ -111,15 +111,17 @@ def split_moe_ffn(b: GraphBuilder, w, gguf, h: T, il: int, cfg: LlamaConfig, gpu
     with b.weights_on(device):
         dev_route = b.moe_route_split(route, b.weight(p + "ffn_exps.gpu_map", int(DType.I32), n, 1, on_gpu[None, :]),
                                       len(gpu), k, "route.gpu")
-        dev_bias = None
-        if cfg.expert_biases:  # the device's experts' biases, in its local order
-            def dev_bias(part: str) -> T:
-                full = np.asarray(gguf.tensor(f"blk.{il}.ffn_{part}_exps.bias").data, np.float32).reshape(n, -1)
-                return b.weight(f"blk.{il}.ffn_{part}_exps.bias.gpu", int(DType.F32), full.shape[1], len(gpu),
-                                np.ascontiguousarray(full[gpu]))
+        dev_bias = (lambda part: _gpu_expert_bias(b, gguf, il, part, gpu, n)) if cfg.expert_biases else None
         dev_out = _experts(b, w, h, il, cfg, dev_route, lambda part: _gpu_experts(b, gguf, il, part, gpu, n),
                            len(gpu), ".gpu", bias=dev_bias)
     return b.add(dev_out, cpu_out, out=dev_out)  # the merge, on the device's sum: the CPU's comes up
+
+
+def _gpu_expert_bias(b: GraphBuilder, gguf, il: int, part: str, experts: list[int], n: int) -> T:
+    """The listed experts' biases of one part (gpt-oss), in their order: F32 [len(experts), rows]."""
+    full = np.asarray(gguf.tensor(f"blk.{il}.ffn_{part}_exps.bias").data, np.float32).reshape(n, -1)
+    return b.weight(f"blk.{il}.ffn_{part}_exps.bias.gpu", int(DType.F32), full.shape[1], len(experts),
+                    np.ascontiguousarray(full[experts]))
 
 
 def _gpu_experts(b: GraphBuilder, gguf, il: int, part: str, experts: list[int], n: int) -> T:

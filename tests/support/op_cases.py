@@ -153,7 +153,7 @@ def kv_store(b, rng):
     return Case([cache], [want.view(np.uint16)], n, rtol=0, atol=0)  # F16 reads back as its bits
 
 
-def attention(b, rng):
+def _attention_case(b, rng, window: int = 0, sinks: np.ndarray | None = None):
     from .reference_llama import attention as attention_ref
 
     n, heads, kv_heads, hd, n_ctx = 6, 6, 2, 32, 16
@@ -164,30 +164,21 @@ def attention(b, rng):
     Qw, q = f32(b, rng, "q", n, heads * hd)
     b.kv_store(kc, K, P)
     b.kv_store(vc, V, P)
-    o = b.attention(Qw, kc, vc, P, heads, kv_heads, hd, "o")
+    S = b.weight("sinks", F32, heads, 1, sinks) if sinks is not None else None
+    o = b.attention(Qw, kc, vc, P, heads, kv_heads, hd, "o", window=window, sinks=S)
     k16, v16 = (a.astype(np.float16).astype(np.float32) for a in (k, v))  # the cache is fp16
-    return Case([o], [attention_ref(q, k16, v16, heads, kv_heads, hd)], n, rtol=1e-4, atol=1e-5)
+    want = attention_ref(q, k16, v16, heads, kv_heads, hd, window=window, sinks=None if sinks is None else sinks[0])
+    return Case([o], [want], n, rtol=1e-4, atol=1e-5)
+
+
+def attention(b, rng):
+    return _attention_case(b, rng)
 
 
 def attention_sinks(b, rng):
     """gpt-oss's sinks: a logit per head in every row's softmax, one far above the scores (the rescaled branch),
     with a window of 3."""
-    from .reference_llama import attention as attention_ref
-
-    n, heads, kv_heads, hd, n_ctx = 6, 6, 2, 32, 16
-    P = i32(b, "p", np.arange(n)[:, None])
-    kc, vc = b.state("kc", kv_heads * hd, n_ctx), b.state("vc", kv_heads * hd, n_ctx)
-    K, k = f32(b, rng, "k", n, kv_heads * hd)
-    V, v = f32(b, rng, "v", n, kv_heads * hd)
-    Qw, q = f32(b, rng, "q", n, heads * hd)
-    sinks = np.array([[0.5, -1.0, 2.0, 30.0, 0.0, -3.0]], np.float32)
-    b.kv_store(kc, K, P)
-    b.kv_store(vc, V, P)
-    o = b.attention(Qw, kc, vc, P, heads, kv_heads, hd, "o", window=3,
-                    sinks=b.weight("sinks", F32, heads, 1, sinks))
-    k16, v16 = (a.astype(np.float16).astype(np.float32) for a in (k, v))
-    return Case([o], [attention_ref(q, k16, v16, heads, kv_heads, hd, window=3, sinks=sinks[0])], n, rtol=1e-4,
-                atol=1e-5)
+    return _attention_case(b, rng, window=3, sinks=np.array([[0.5, -1.0, 2.0, 30.0, 0.0, -3.0]], np.float32))
 
 
 def add(b, rng):

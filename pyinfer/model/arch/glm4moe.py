@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...errors import ModelFormatError, UnsupportedModelError
 from ..config import LlamaConfig
-from .base import COMMON_TENSORS, MOE_TENSORS, QK_NORMS, SHARED_EXPERT_TENSORS, Architecture
+from .base import MOE_TENSORS, QK_NORMS, SHARED_EXPERT_TENSORS, Architecture
 
 GATING = {1: 0, 2: 1}  # llama.cpp's expert_gating_func (1 softmax, 2 sigmoid) -> MoeRoute's gating
 
