@@ -43,6 +43,10 @@ SHAPES = {  # --family: the model shapes written (random weights, the type mix t
     # gpt-oss-20b: MXFP4 experts, Q8_0 attention, attention sinks, a window of 128 on every other layer, YaRN x32
     "gpt-oss": {"n_layers": 24, "d_model": 2880, "n_heads": 64, "n_kv_heads": 8, "head_dim": 64, "n_expert": 32,
                 "n_expert_used": 4, "d_ff_expert": 2880, "vocab": 201088},
+    # GLM-4.5-Air's layers, an 8-layer slice of its 46 (the leading dense layer and 7 MoE layers): Q4_K experts (down
+    # Q5_0: its rows of 1408 are no multiple of 256), Q8_0 attention, partial RoPE over 64 of 128, sigmoid routing with a selection bias, a shared expert
+    "glm4moe": {"n_layers": 8, "d_model": 4096, "n_heads": 96, "n_kv_heads": 8, "head_dim": 128, "n_expert": 128,
+                "n_expert_used": 8, "d_ff_expert": 1408, "vocab": 151552, "d_ff_dense": 10944},
 }
 SHAPE = SHAPES["qwen3moe"]
 CLASSES = 2048            # routing classes: token id mod CLASSES (one axis of d_model each)
@@ -208,6 +212,83 @@ def write_gpt_oss(path: Path, seed: int = 0) -> None:
     write_plan(w, plan)
 
 
+def q4k_blocks(rng, rows: int, cols: int, scale: float) -> np.ndarray:
+    """U8 [rows, cols / 256 * 144]: random Q4_K super-blocks under d = scale, dmin = 0 (scale 0: exact zeros)."""
+    b = rng.integers(0, 256, size=(rows, cols // 256, 144), dtype=np.uint8)
+    b[:, :, :2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
+    b[:, :, 2:4] = 0
+    return b.reshape(rows, -1)
+
+
+def write_glm4moe(path: Path, seed: int = 0) -> None:
+    """GLM-4.5-Air's layers under the routing process: attention, the dense FFN, the experts and the shared expert
+    write exact zeros (zero scales); the router (sigmoid, a zero selection bias) and head carry the class chain."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter
+    from support.tiny_model import _add_tiny_vocab
+
+    rng = np.random.default_rng(seed)
+    c = SHAPE
+    d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
+    qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
+    route = routing()
+    a = "glm4moe"
+    w = GGUFWriter(str(path), a)
+    moe_header(w, context=131072, ff=c["d_ff_dense"], rope_base=1e6, eps=1e-5)
+    w.add_rope_dimension_count(hd // 2)
+    w.add_uint32(a + ".leading_dense_block_count", 1)
+    w.add_uint32(a + ".expert_shared_count", 1)
+    w.add_bool(a + ".expert_weights_norm", True)
+    w.add_float32(a + ".expert_weights_scale", 1.0)
+    w.add_uint32(a + ".expert_gating_func", 2)
+    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
+    _add_tiny_vocab(w, pad_to=V)
+    sqrt_d = float(np.sqrt(d))
+    plan: list[tuple] = []
+
+    def f32(name, shape, make):
+        plan.append((name, shape, make, Q.F32))
+
+    plan.append(("token_embd.weight", (V, d), lambda: axis_rows(V, d, {v: [v % CLASSES] for v in range(V)}, 1.0),
+                 Q.Q4_0))
+    for il in range(c["n_layers"]):
+        p = f"blk.{il}."
+        for norm in ("attn_norm", "post_attention_norm"):
+            f32(p + norm + ".weight", (d,), lambda: np.ones(d, np.float32))
+        for name, rows in (("attn_q", qw), ("attn_k", kvw), ("attn_v", kvw)):
+            plan.append((p + name + ".weight", (rows, d), lambda rows=rows: q8_blocks(rng, rows, d, SCALE / 8), Q.Q8_0))
+            f32(p + name + ".bias", (rows,), lambda rows=rows: np.zeros(rows, np.float32))
+        plan.append((p + "attn_output.weight", (d, qw), lambda: q8_blocks(rng, d, qw, 0.0), Q.Q8_0))
+        if il == 0:  # the leading dense layer
+            dff = c["d_ff_dense"]
+            for part, rows, cols, scale in (("gate", dff, d, SCALE), ("up", dff, d, SCALE), ("down", d, dff, 0.0)):
+                plan.append((p + f"ffn_{part}.weight", (rows, cols),
+                             lambda rows=rows, cols=cols, scale=scale: q8_blocks(rng, rows, cols, scale), Q.Q8_0))
+            continue
+
+        def router(il=il):  # F32 [n, d]: class c's experts get logits 10, 9.9, ... (clear margins), others 0
+            r = np.zeros((n, d), np.float32)
+            for cls in range(CLASSES):
+                r[route[il, cls], cls] = (10.0 - 0.1 * np.arange(c["n_expert_used"])) / sqrt_d
+            return r
+
+        f32(p + "ffn_gate_inp.weight", (n, d), router)
+        f32(p + "exp_probs_b.bias", (n,), lambda: np.zeros(n, np.float32))
+        for part, rows, cols, scale in (("gate", ff, d, SCALE), ("up", ff, d, SCALE)):
+            plan.append((p + f"ffn_{part}_exps.weight", (n, rows, cols),
+                         lambda rows=rows, cols=cols, scale=scale: q4k_blocks(rng, n * rows, cols, scale).reshape(
+                             n, rows, -1), Q.Q4_K))
+        # down's rows of 1408 are no multiple of 256: Q5_0, as llama.cpp's Q4_K_M falls back (zeros: scale 0)
+        plan.append((p + "ffn_down_exps.weight", (n, d, ff), lambda: np.zeros((n, d, ff // 32 * 22), np.uint8), Q.Q5_0))
+        for part, rows, cols, scale in (("gate", ff, d, SCALE), ("up", ff, d, SCALE), ("down", d, ff, 0.0)):
+            plan.append((p + f"ffn_{part}_shexp.weight", (rows, cols),
+                         lambda rows=rows, cols=cols, scale=scale: q8_blocks(rng, rows, cols, scale), Q.Q8_0))
+    f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
+    plan.append(("output.weight", (V, d),
+                 lambda: axis_rows(V, d, {(cls + 1) % CLASSES: [cls] for cls in range(CLASSES)}, 1.0), Q.Q4_0))
+    write_plan(w, plan)
+
+
 def write_model(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFWriter
@@ -367,7 +448,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="/tmp/pyinfer-moe")
     ap.add_argument("--family", default="qwen3moe", choices=sorted(SHAPES),
-                    help="the shape written: Qwen3-30B-A3B (Q4_0) or gpt-oss-20b (MXFP4 experts)")
+                    help="the shape written: Qwen3-30B-A3B (Q4_0), gpt-oss-20b (MXFP4 experts) or an 8-layer slice of "
+                         "GLM-4.5-Air (Q4_K experts)")
     ap.add_argument("--limits", nargs="+", default=["4G", "8G", "12G"], help="total memory limits (both engines)")
     ap.add_argument("--tag", default="moe_synthetic")
     ap.add_argument("--policies", action="store_true",
@@ -393,11 +475,13 @@ def main() -> int:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     os.environ["PYINFER_CACHE"] = str(work / "cache")  # the routing profile is cached next to the model
-    oss = args.family == "gpt-oss"
-    model = work / ("gpt-oss-20b-shape-mxfp4.gguf" if oss else "qwen3moe-30b-a3b-shape-q4_0.gguf")
+    names = {"gpt-oss": "gpt-oss-20b-shape-mxfp4.gguf", "glm4moe": "glm-4.5-air-8-layer-shape-q4_k.gguf",
+             "qwen3moe": "qwen3moe-30b-a3b-shape-q4_0.gguf"}
+    model = work / names[args.family]
     if not model.exists():
         print(f"writing {model} ...", file=sys.stderr)
-        (write_gpt_oss if oss else write_model)(model.with_suffix(".tmp"))
+        writer = {"gpt-oss": write_gpt_oss, "glm4moe": write_glm4moe, "qwen3moe": write_model}[args.family]
+        writer(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
     prepare(model, bundle=args.sources or args.expert_source == "bundle")
     which = "policies" if args.policies else "prefetch" if args.prefetch else "sources" if args.sources else None
@@ -408,8 +492,11 @@ def main() -> int:
             "alpha": ALPHA, "reuse": REUSE, "expert_policy": args.expert_policy,
             "expert_prefetch": args.expert_prefetch, "expert_source": args.expert_source, "threads": args.threads, "tokens": args.tokens, "ctx": args.ctx,
             "rounds": args.rounds, "llamacpp_repack": args.repack}
-    what = ("gpt-oss-20b-shaped synthetic MoE ({:.2f} GiB, MXFP4 experts, Q8_0 attention, 4 of 32 experts per token)"
-            if oss else "Qwen3-30B-A3B-shaped synthetic MoE ({:.2f} GiB, Q4_0, 8 of 128 experts per token)")
+    what = {"gpt-oss": "gpt-oss-20b-shaped synthetic MoE ({:.2f} GiB, MXFP4 experts, Q8_0 attention, 4 of 32 experts "
+                       "per token)",
+            "glm4moe": "GLM-4.5-Air's layers, an 8-layer slice ({:.2f} GiB, Q4_K experts, Q8_0 attention, 8 of 128 "
+                       "experts per token and a shared expert)",
+            "qwen3moe": "Qwen3-30B-A3B-shaped synthetic MoE ({:.2f} GiB, Q4_0, 8 of 128 experts per token)"}[args.family]
     print(ob.write_results(args.tag, what.format(model.stat().st_size / 2**30) + ": decode under one memory limit",
                            [f"Routing: per layer, expert popularity ~ (rank + 1)^-{ALPHA}; each of the previous "
                             f"token's experts kept with probability {REUSE}. Both engines in a memory cgroup of the "
