@@ -75,6 +75,25 @@ def axis_rows(rows: int, cols: int, axis_of_row: dict[int, list[int]], value: fl
     return b.reshape(rows, -1)
 
 
+def class_embedding(V: int, d: int) -> np.ndarray:
+    """Q4_0 [V, d]: token v is its routing class's axis (value 1: the norm scales it to sqrt(d) anyway)."""
+    return axis_rows(V, d, {v: [v % CLASSES] for v in range(V)}, 1.0)
+
+
+def class_head(V: int, d: int) -> np.ndarray:
+    """Q4_0 [V, d]: class c's axis votes for token c + 1 (the next class), so greedy decode walks the chain."""
+    return axis_rows(V, d, {(cls + 1) % CLASSES: [cls] for cls in range(CLASSES)}, 1.0)
+
+
+def class_router(experts_of_class: np.ndarray) -> np.ndarray:
+    """F32 [n_expert, d]: class c's experts (I32 [CLASSES, k]) get logits 10, 9.9, ... (clear margins), others 0."""
+    n, d, k = SHAPE["n_expert"], SHAPE["d_model"], SHAPE["n_expert_used"]
+    r = np.zeros((n, d), np.float32)
+    for cls in range(CLASSES):
+        r[experts_of_class[cls], cls] = (10.0 - 0.1 * np.arange(k)) / float(np.sqrt(d))
+    return r
+
+
 def routing(seed: int = 7) -> np.ndarray:
     """I32 [n_layers, CLASSES, k]: each class's experts per layer, by the stated process along the class chain."""
     rng = np.random.default_rng(seed)
@@ -174,13 +193,12 @@ def write_gpt_oss(path: Path, seed: int = 0) -> None:
     w.add_uint32(a + ".rope.scaling.original_context_length", 4096)
     w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
     _add_tiny_vocab(w, pad_to=V)
-    sqrt_d = float(np.sqrt(d))
     plan: list[tuple] = []  # (name, element shape, maker, type)
 
     def zeros(name, shape):
         plan.append((name, shape, lambda: np.zeros(shape, np.float32), Q.F32))
 
-    plan.append(("token_embd.weight", (V, d), lambda: axis_rows(V, d, {v: [v % CLASSES] for v in range(V)}, 1.0),
+    plan.append(("token_embd.weight", (V, d), lambda: class_embedding(V, d),
                  Q.Q4_0))
     for il in range(c["n_layers"]):
         p = f"blk.{il}."
@@ -193,11 +211,8 @@ def write_gpt_oss(path: Path, seed: int = 0) -> None:
         zeros(p + "attn_output.bias", (d,))
         zeros(p + "attn_sinks.weight", (c["n_heads"],))
 
-        def router(il=il):  # F32 [n, d]: class c's experts get logits 10, 9.9, ... (clear margins), others 0
-            r = np.zeros((n, d), np.float32)
-            for cls in range(CLASSES):
-                r[route[il, cls], cls] = (10.0 - 0.1 * np.arange(c["n_expert_used"])) / sqrt_d
-            return r
+        def router(il=il):
+            return class_router(route[il])
 
         plan.append((p + "ffn_gate_inp.weight", (n, d), router, Q.F32))
         zeros(p + "ffn_gate_inp.bias", (n,))
@@ -208,7 +223,7 @@ def write_gpt_oss(path: Path, seed: int = 0) -> None:
             zeros(p + f"ffn_{part}_exps.bias", (n, rows))
     plan.append(("output_norm.weight", (d,), lambda: np.ones(d, np.float32), Q.F32))
     plan.append(("output.weight", (V, d),
-                 lambda: axis_rows(V, d, {(cls + 1) % CLASSES: [cls] for cls in range(CLASSES)}, 1.0), Q.Q4_0))
+                 lambda: class_head(V, d), Q.Q4_0))
     write_plan(w, plan)
 
 
@@ -243,13 +258,12 @@ def write_glm4moe(path: Path, seed: int = 0) -> None:
     w.add_uint32(a + ".expert_gating_func", 2)
     w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
     _add_tiny_vocab(w, pad_to=V)
-    sqrt_d = float(np.sqrt(d))
     plan: list[tuple] = []
 
     def f32(name, shape, make):
         plan.append((name, shape, make, Q.F32))
 
-    plan.append(("token_embd.weight", (V, d), lambda: axis_rows(V, d, {v: [v % CLASSES] for v in range(V)}, 1.0),
+    plan.append(("token_embd.weight", (V, d), lambda: class_embedding(V, d),
                  Q.Q4_0))
     for il in range(c["n_layers"]):
         p = f"blk.{il}."
@@ -266,11 +280,8 @@ def write_glm4moe(path: Path, seed: int = 0) -> None:
                              lambda rows=rows, cols=cols, scale=scale: q8_blocks(rng, rows, cols, scale), Q.Q8_0))
             continue
 
-        def router(il=il):  # F32 [n, d]: class c's experts get logits 10, 9.9, ... (clear margins), others 0
-            r = np.zeros((n, d), np.float32)
-            for cls in range(CLASSES):
-                r[route[il, cls], cls] = (10.0 - 0.1 * np.arange(c["n_expert_used"])) / sqrt_d
-            return r
+        def router(il=il):
+            return class_router(route[il])
 
         f32(p + "ffn_gate_inp.weight", (n, d), router)
         f32(p + "exp_probs_b.bias", (n,), lambda: np.zeros(n, np.float32))
@@ -285,7 +296,7 @@ def write_glm4moe(path: Path, seed: int = 0) -> None:
                          lambda rows=rows, cols=cols, scale=scale: q8_blocks(rng, rows, cols, scale), Q.Q8_0))
     f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
     plan.append(("output.weight", (V, d),
-                 lambda: axis_rows(V, d, {(cls + 1) % CLASSES: [cls] for cls in range(CLASSES)}, 1.0), Q.Q4_0))
+                 lambda: class_head(V, d), Q.Q4_0))
     write_plan(w, plan)
 
 
@@ -303,7 +314,6 @@ def write_model(path: Path, seed: int = 0) -> None:
     moe_header(w, context=4096, ff=6144, rope_base=1e6, eps=1e-6)
     w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
     _add_tiny_vocab(w, pad_to=V)
-    sqrt_d = float(np.sqrt(d))
 
     # name -> (numpy element shape, maker of its bytes); made one at a time while writing
     plan: list[tuple] = []
@@ -314,8 +324,7 @@ def write_model(path: Path, seed: int = 0) -> None:
     def f32(name, shape, make):
         plan.append((name, shape, make, Q.F32))
 
-    # The embedding: token v is its class's axis (value 1: the norm scales it to sqrt(d) anyway).
-    q4("token_embd.weight", (V, d), lambda: axis_rows(V, d, {v: [v % CLASSES] for v in range(V)}, 1.0))
+    q4("token_embd.weight", (V, d), lambda: class_embedding(V, d))
     for il in range(c["n_layers"]):
         p = f"blk.{il}."
         f32(p + "attn_norm.weight", (d,), lambda: np.ones(d, np.float32))
@@ -326,19 +335,15 @@ def write_model(path: Path, seed: int = 0) -> None:
         q4(p + "attn_output.weight", (d, qw), lambda: q4_blocks(rng, d, qw, 0.0))
         f32(p + "ffn_norm.weight", (d,), lambda: np.ones(d, np.float32))
 
-        def router(il=il):  # F32 [n, d]: class c's experts get logits 10, 9.9, ... (clear margins), others 0
-            r = np.zeros((n, d), np.float32)
-            for cls in range(CLASSES):
-                r[route[il, cls], cls] = (10.0 - 0.1 * np.arange(c["n_expert_used"])) / sqrt_d
-            return r
+        def router(il=il):
+            return class_router(route[il])
 
         f32(p + "ffn_gate_inp.weight", (n, d), router)
         q4(p + "ffn_gate_exps.weight", (n, ff, d), lambda: q4_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1))
         q4(p + "ffn_up_exps.weight", (n, ff, d), lambda: q4_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1))
         q4(p + "ffn_down_exps.weight", (n, d, ff), lambda: q4_blocks(rng, n * d, ff, 0.0).reshape(n, d, -1))
     f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
-    # The head: class c's axis votes for token c + 1 (the next class).
-    q4("output.weight", (V, d), lambda: axis_rows(V, d, {(cls + 1) % CLASSES: [cls] for cls in range(CLASSES)}, 1.0))
+    q4("output.weight", (V, d), lambda: class_head(V, d))
 
     write_plan(w, plan)
 
