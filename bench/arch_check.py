@@ -50,6 +50,11 @@ CASES = [
      "dense layer, sigmoid routing with a selection bias, x2.5, shared experts, an MTP layer left out"),
     ("gpt-oss", "gpt-oss", "ggml-vocab-llama-bpe.gguf", "attention sinks, a window of 5 on even layers, YaRN x4 "
      "(original context 32), biased router and experts, softmax of the top 2, clamped SwiGLU"),
+    ("deepseek2 (V2-Lite)", "deepseek2", "ggml-vocab-llama-bpe.gguf", "latent attention (q direct, latent 128 + 32 "
+     "rotary cached, absorbed k_b / v_b), YaRN x4 with DeepSeek's magnitude, a leading dense layer, softmax top-2 "
+     "of 8, two shared experts"),
+    ("deepseek2 (V3 layout)", "deepseek2-v3", "ggml-vocab-llama-bpe.gguf", "low-rank q with its norm, sigmoid "
+     "routing with a selection bias in 4 groups of which 2 count, renormalized, x2.5"),
 ]
 MOE = dict(n_expert=8, n_expert_used=2, d_ff_expert=256, d_ff_shared=512)
 
@@ -65,6 +70,10 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
                              w.add_float32("gemma3.rope.scaling.factor", 8.0))) if kind.endswith("linear8") else None
         return write_tiny_gemma3(path, seed=3, types=f32, extra=scaled)
     hd = 128 if kind in ("qwen3", "qwen3moe") else 64
+    if kind.startswith("deepseek2"):  # query heads 64 + 32, a latent of 128 (+ 32 rotary), value heads 64
+        mla = dict(SHAPE, n_layers=3, n_kv_heads=1, head_dim=96, rope_dims=32, kv_lora_rank=128, v_dim=64,
+                   **MOE, q_lora_rank=96 if kind.endswith("v3") else 0, v3=kind.endswith("v3"))
+        return write_tiny_arch(path, "deepseek2", seed=len(kind), config=mla, vocab_from=vocab)
     if kind in MOE_KINDS:
         moe = dict(MOE, d_ff=MOE["d_ff_expert"]) if kind in ("mixtral", "olmoe", "granitemoe") else MOE  # experts d_ff wide
         shape = dict(SHAPE, n_kv_heads=SHAPE["n_heads"]) if kind == "olmoe" else SHAPE  # OLMoE: k_norm is d wide

@@ -47,6 +47,11 @@ SHAPES = {  # --family: the model shapes written (random weights, the type mix t
     # Q5_0: its rows of 1408 are no multiple of 256), Q8_0 attention, partial RoPE over 64 of 128, sigmoid routing with a selection bias, a shared expert
     "glm4moe": {"n_layers": 8, "d_model": 4096, "n_heads": 96, "n_kv_heads": 8, "head_dim": 128, "n_expert": 128,
                 "n_expert_used": 8, "d_ff_expert": 1408, "vocab": 151552, "d_ff_dense": 10944},
+    # DeepSeek-V2-Lite: latent attention (16 heads of 128 + 64, a latent of 512 + 64 cached), a leading dense layer,
+    # 64 experts of 1408, 6 per token, two shared experts; Q4_K experts (down Q5_0), Q8_0 attention
+    "deepseek2": {"n_layers": 27, "d_model": 2048, "n_heads": 16, "n_kv_heads": 1, "head_dim": 192, "n_expert": 64,
+                  "n_expert_used": 6, "d_ff_expert": 1408, "vocab": 102400, "d_ff_dense": 10944, "rope_dims": 64,
+                  "kv_lora_rank": 512, "v_dim": 128},
 }
 SHAPE = SHAPES["qwen3moe"]
 CLASSES = 2048            # routing classes: token id mod CLASSES (one axis of d_model each)
@@ -154,8 +159,9 @@ def write_plan(w, plan: list[tuple]) -> None:
     w.close()
 
 
-def moe_header(w, context: int, ff: int, rope_base: float, eps: float) -> None:
-    """The shape keys every family's synthetic writes (SHAPE's; `ff`: feed_forward_length)."""
+def moe_header(w, context: int, ff: int, rope_base: float, eps: float, head_keys: bool = True) -> None:
+    """The shape keys every family's synthetic writes (SHAPE's; `ff`: feed_forward_length; `head_keys` False: the
+    key and value lengths are the family's own)."""
     c = SHAPE
     w.add_block_count(c["n_layers"])
     w.add_context_length(context)
@@ -163,8 +169,9 @@ def moe_header(w, context: int, ff: int, rope_base: float, eps: float) -> None:
     w.add_feed_forward_length(ff)
     w.add_head_count(c["n_heads"])
     w.add_head_count_kv(c["n_kv_heads"])
-    w.add_key_length(c["head_dim"])
-    w.add_value_length(c["head_dim"])
+    if head_keys:
+        w.add_key_length(c["head_dim"])
+        w.add_value_length(c["head_dim"])
     w.add_rope_freq_base(rope_base)
     w.add_layer_norm_rms_eps(eps)
     w.add_expert_count(c["n_expert"])
@@ -297,6 +304,81 @@ def write_glm4moe(path: Path, seed: int = 0) -> None:
     f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
     plan.append(("output.weight", (V, d),
                  lambda: class_head(V, d), Q.Q4_0))
+    write_plan(w, plan)
+
+
+def write_deepseek2(path: Path, seed: int = 0) -> None:
+    """DeepSeek-V2-Lite's shape under the routing process: latent attention whose output projection, the dense FFN,
+    the experts and the shared experts write exact zeros (zero scales); the router (softmax) and head carry the class
+    chain. YaRN x40 over an original 4096 with DeepSeek's magnitude, as the real file."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter
+    from support.tiny_model import _add_tiny_vocab
+
+    rng = np.random.default_rng(seed)
+    c = SHAPE
+    d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
+    heads, rot, rank, vd = c["n_heads"], c["rope_dims"], c["kv_lora_rank"], c["v_dim"]
+    route = routing()
+    a = "deepseek2"
+    w = GGUFWriter(str(path), a)
+    moe_header(w, context=163840, ff=c["d_ff_dense"], rope_base=10000.0, eps=1e-6, head_keys=False)
+    w.add_key_length(rank + rot)   # the cache's one latent head
+    w.add_value_length(rank)
+    w.add_key_length_mla(hd)
+    w.add_value_length_mla(vd)
+    w.add_kv_lora_rank(rank)
+    w.add_q_lora_rank(0)  # q direct (llama.cpp reads the key unless the layer count says V2-Lite)
+    w.add_rope_dimension_count(rot)
+    w.add_uint32(a + ".leading_dense_block_count", 1)
+    w.add_uint32(a + ".expert_shared_count", 2)
+    w.add_float32(a + ".expert_weights_scale", 1.0)
+    w.add_uint32(a + ".expert_gating_func", 1)
+    w.add_string(a + ".rope.scaling.type", "yarn")
+    w.add_float32(a + ".rope.scaling.factor", 40.0)
+    w.add_uint32(a + ".rope.scaling.original_context_length", 4096)
+    w.add_float32(a + ".rope.scaling.yarn_log_multiplier", 0.0707)
+    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
+    _add_tiny_vocab(w, pad_to=V)
+    plan: list[tuple] = []
+
+    def f32(name, shape, make):
+        plan.append((name, shape, make, Q.F32))
+
+    def q8(name, shape, scale):
+        rows, cols = int(np.prod(shape[:-1])), shape[-1]
+        plan.append((name, shape, lambda: q8_blocks(rng, rows, cols, scale).reshape(*shape[:-1], -1), Q.Q8_0))
+
+    plan.append(("token_embd.weight", (V, d), lambda: class_embedding(V, d), Q.Q4_0))
+    for il in range(c["n_layers"]):
+        p = f"blk.{il}."
+        f32(p + "attn_norm.weight", (d,), lambda: np.ones(d, np.float32))
+        f32(p + "ffn_norm.weight", (d,), lambda: np.ones(d, np.float32))
+        q8(p + "attn_q.weight", (heads * hd, d), SCALE / 8)
+        q8(p + "attn_kv_a_mqa.weight", (rank + rot, d), SCALE / 8)
+        f32(p + "attn_kv_a_norm.weight", (rank,), lambda: np.ones(rank, np.float32))
+        q8(p + "attn_k_b.weight", (heads, rank, hd - rot), SCALE / 8)
+        q8(p + "attn_v_b.weight", (heads, vd, rank), SCALE / 8)
+        q8(p + "attn_output.weight", (d, heads * vd), 0.0)
+        if il == 0:  # the leading dense layer
+            dff = c["d_ff_dense"]
+            for part, shape, scale in (("gate", (dff, d), SCALE), ("up", (dff, d), SCALE), ("down", (d, dff), 0.0)):
+                q8(p + f"ffn_{part}.weight", shape, scale)
+            continue
+
+        def router(il=il):
+            return class_router(route[il])
+
+        f32(p + "ffn_gate_inp.weight", (n, d), router)
+        for part in ("gate", "up"):
+            plan.append((p + f"ffn_{part}_exps.weight", (n, ff, d),
+                         lambda: q4k_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1), Q.Q4_K))
+        # down's rows of 1408 are no multiple of 256: Q5_0, as llama.cpp's Q4_K_M falls back (zeros: scale 0)
+        plan.append((p + "ffn_down_exps.weight", (n, d, ff), lambda: np.zeros((n, d, ff // 32 * 22), np.uint8), Q.Q5_0))
+        for part, shape, scale in (("gate", (2 * ff, d), SCALE), ("up", (2 * ff, d), SCALE), ("down", (d, 2 * ff), 0.0)):
+            q8(p + f"ffn_{part}_shexp.weight", shape, scale)
+    f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
+    plan.append(("output.weight", (V, d), lambda: class_head(V, d), Q.Q4_0))
     write_plan(w, plan)
 
 
@@ -453,8 +535,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="/tmp/pyinfer-moe")
     ap.add_argument("--family", default="qwen3moe", choices=sorted(SHAPES),
-                    help="the shape written: Qwen3-30B-A3B (Q4_0), gpt-oss-20b (MXFP4 experts) or an 8-layer slice of "
-                         "GLM-4.5-Air (Q4_K experts)")
+                    help="the shape written: Qwen3-30B-A3B (Q4_0), gpt-oss-20b (MXFP4 experts), an 8-layer slice of "
+                         "GLM-4.5-Air (Q4_K experts) or DeepSeek-V2-Lite (latent attention, Q4_K experts)")
     ap.add_argument("--limits", nargs="+", default=["4G", "8G", "12G"], help="total memory limits (both engines)")
     ap.add_argument("--tag", default="moe_synthetic")
     ap.add_argument("--policies", action="store_true",
@@ -481,11 +563,12 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     os.environ["PYINFER_CACHE"] = str(work / "cache")  # the routing profile is cached next to the model
     names = {"gpt-oss": "gpt-oss-20b-shape-mxfp4.gguf", "glm4moe": "glm-4.5-air-8-layer-shape-q4_k.gguf",
-             "qwen3moe": "qwen3moe-30b-a3b-shape-q4_0.gguf"}
+             "qwen3moe": "qwen3moe-30b-a3b-shape-q4_0.gguf", "deepseek2": "deepseek-v2-lite-shape-q4_k.gguf"}
     model = work / names[args.family]
     if not model.exists():
         print(f"writing {model} ...", file=sys.stderr)
-        writer = {"gpt-oss": write_gpt_oss, "glm4moe": write_glm4moe, "qwen3moe": write_model}[args.family]
+        writer = {"gpt-oss": write_gpt_oss, "glm4moe": write_glm4moe, "qwen3moe": write_model,
+                  "deepseek2": write_deepseek2}[args.family]
         writer(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
     prepare(model, bundle=args.sources or args.expert_source == "bundle")
@@ -501,7 +584,9 @@ def main() -> int:
                        "per token)",
             "glm4moe": "GLM-4.5-Air's layers, an 8-layer slice ({:.2f} GiB, Q4_K experts, Q8_0 attention, 8 of 128 "
                        "experts per token and a shared expert)",
-            "qwen3moe": "Qwen3-30B-A3B-shaped synthetic MoE ({:.2f} GiB, Q4_0, 8 of 128 experts per token)"}[args.family]
+            "qwen3moe": "Qwen3-30B-A3B-shaped synthetic MoE ({:.2f} GiB, Q4_0, 8 of 128 experts per token)",
+            "deepseek2": "DeepSeek-V2-Lite-shaped synthetic MoE ({:.2f} GiB, latent attention, Q4_K experts, Q8_0 "
+                         "attention, 6 of 64 experts per token and two shared experts)"}[args.family]
     print(ob.write_results(args.tag, what.format(model.stat().st_size / 2**30) + ": decode under one memory limit",
                            [f"Routing: per layer, expert popularity ~ (rank + 1)^-{ALPHA}; each of the previous "
                             f"token's experts kept with probability {REUSE}. Both engines in a memory cgroup of the "

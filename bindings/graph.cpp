@@ -115,7 +115,7 @@ void bind_graph(py::module_& m) {
                const int slot = op_source_slot(op, key.c_str());
                if (slot < 0)
                  throw GraphError(std::string(op_name(op)) + " has no source '" + key + "'; its sources: " +
-                                  names(sig.sources, 6, [](const char* const* l, int k) { return l[k]; }));
+                                  names(sig.sources, kMaxSources, [](const char* const* l, int k) { return l[k]; }));
                n.src[size_t(slot)] = kv.second.is_none() ? -1 : kv.second.cast<int>();
              }
              for (const auto& kv : params) {

@@ -84,15 +84,16 @@ class CudaBackend final : public Backend {
       case OpKind::GetRows: return !src(GetRowsSrc::table).paged && weight_type_ok(src(GetRowsSrc::table).type);
       case OpKind::Attention:
         return src(AttentionSrc::k_cache).type == DType::F16 && src(AttentionSrc::v_cache).type == DType::F16 &&
-               n.p.attention.head_dim <= 256 && n.p.attention.kv_heads > 0;
+               n.p.attention.head_dim <= 256 && n.p.attention.kv_heads > 0 &&
+               n.src[AttentionSrc::q_rope] < 0 && (n.p.attention.v_dim == 0 || n.p.attention.v_dim == n.p.attention.head_dim);  // MLA: the CPU's
       case OpKind::KvStore: return g.tensors[size_t(n.dst)].type == DType::F16;
       case OpKind::RmsNorm: case OpKind::Quantize: case OpKind::Rope: case OpKind::Add: case OpKind::SiluMul:
       case OpKind::SelectRows: case OpKind::BiasRelu: case OpKind::ScatterCols: case OpKind::Copy: return true;
       // Experts: whole merged tensors in device memory (streamed experts stay on the CPU).
       case OpKind::MoeRoute: case OpKind::MoeCombine: case OpKind::MoeRouteSplit: return true;
-      case OpKind::MoeMatMul:  // (expert biases: the CPU's, until a kernel adds them here)
+      case OpKind::MoeMatMul:  // (expert biases and per-head matmuls without a route: the CPU's, until kernels here)
         return !src(MoeMatMulSrc::weight).paged && weight_type_ok(src(MoeMatMulSrc::weight).type) &&
-               n.src[MoeMatMulSrc::bias] < 0 &&
+               n.src[MoeMatMulSrc::bias] < 0 && n.src[MoeMatMulSrc::route] >= 0 &&
                (src(MoeMatMulSrc::x).type == DType::F32 || src(MoeMatMulSrc::x).type == DType::Q8A);
       default: return false;
     }

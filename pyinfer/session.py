@@ -70,9 +70,11 @@ class Session:
         self.tokenizer = Tokenizer(self.gguf.metadata)
         self.chat_template = self.gguf.get("tokenizer.chat_template")
         self.cache_type, self.neuron_down = cache_type, neuron_down
-        if cache_type == "q8_0" and self.config.head_dim % 32:
-            raise PyinferError(f"a q8_0 KV cache needs a head size that is a multiple of 32; this model's is "
-                               f"{self.config.head_dim} (use cache_type f16)")
+        c = self.config  # MLA caches one latent row per token: its key is the row, its value the latent part
+        cached = (c.kv_width, c.kv_lora_rank) if c.kv_lora_rank else (c.head_dim,)
+        if cache_type == "q8_0" and any(n % 32 for n in cached):
+            raise PyinferError(f"a q8_0 KV cache needs cached heads of a multiple of 32 values; this model's are "
+                               f"{' and '.join(map(str, cached))} (use cache_type f16)")
         self.n_threads = n_threads or default_threads(device)
         if n_threads and str(device) != "cpu" and n_threads >= physical_cores() and progress:
             print(f"pyinfer: {n_threads} CPU threads with a device on {physical_cores()} cores leave its executor "

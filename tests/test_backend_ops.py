@@ -9,7 +9,7 @@ The NEON table runs its own cases under qemu (tests/test_neon_cross.py) and the 
 from __future__ import annotations
 
 import pytest
-from support.op_cases import ALL, CASES, ISAS, ON_DEVICES, Case, compare, run_case
+from support.op_cases import ALL, CASES, ISAS, ON_CUDA, ON_DEVICES, Case, compare, run_case
 
 from pyinfer import _core
 from pyinfer._core import Op
@@ -44,7 +44,7 @@ def _cuda() -> bool:
 
 
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA build and a GPU (tests/test_cuda_ops.py goes further there)")
-@pytest.mark.parametrize("op,case", ON_DEVICES)
+@pytest.mark.parametrize("op,case", ON_CUDA)
 def test_op_on_cuda_equals_the_cpu(op, case):
     c, cpu, _ = run_case(case)
     _, dev, _ = run_case(case, device="cuda:0")

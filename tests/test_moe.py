@@ -484,6 +484,19 @@ def test_the_routing_profile_counts_every_choice(paths):
     assert ((0 <= prof["reuse"]) & (prof["reuse"] <= 1)).all()
 
 
+def test_a_leading_dense_layer_leaves_the_profile_shares_as_shares(paths):
+    """GLM-4.5's and DeepSeek's first layer routes nothing: its row is zero, and the reuse of the layers with experts
+    is still a share of their choices (it was divided by nothing, 15076% in a bench's log)."""
+    from pyinfer.model.arch import model_config, open_model
+    from pyinfer.sparsity.expert_profile import describe_profile, profile_routing
+
+    f = open_model(paths["deepseek2", Q.Q8_0])
+    prof = profile_routing(f, model_config(f), list(range(3, 131)), n_threads=2, progress=False)
+    assert (prof["counts"][0] == 0).all() and (prof["counts"][1:].sum(1) == 128 * 2).all()
+    assert ((0 <= prof["reuse"]) & (prof["reuse"] <= 1)).all() and prof["reuse"][1:].max() > 0
+    assert "(layers 0%" not in describe_profile(prof)
+
+
 def test_cuda_without_a_gpu_says_why(paths):
     from pyinfer.place.device import cuda_devices
 

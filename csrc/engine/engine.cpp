@@ -286,7 +286,9 @@ void Engine::check_row_coverage() {
         }
         break;
       case OpKind::KvStore: covers(n.src[0], n.src[1]); break;
-      case OpKind::Attention: covers(n.dst, n.src[0]); covers(n.dst, n.src[3]); covers(n.dst, n.src[4]); break;
+      case OpKind::Attention:
+        covers(n.dst, n.src[0]); covers(n.dst, n.src[3]); covers(n.dst, n.src[4]); covers(n.dst, n.src[6]);
+        break;
       case OpKind::GetRows: case OpKind::SelectRows: covers(n.dst, n.src[1]); break;
       case OpKind::RmsNorm: case OpKind::Quantize: case OpKind::BiasRelu: case OpKind::ScatterCols:
       case OpKind::ActiveSet:

@@ -17,9 +17,9 @@ std::vector<Segment> plan_segments(const Graph& graph, const std::vector<int>& p
   std::vector<std::vector<int>> node_deps(nn);
   for (size_t k = 0; k < nn; ++k) {
     const Node& n = graph.nodes[k];
-    std::array<int, 7> reads{};
+    std::array<int, kMaxSources + 1> reads{};
     std::copy(n.src.begin(), n.src.end(), reads.begin());
-    reads[6] = n.guard.when_list;  // a guard reads its ActiveUnion's decision
+    reads[kMaxSources] = n.guard.when_list;  // a guard reads its ActiveUnion's decision
     for (int s : reads) {
       if (s < 0 || buffer_of[size_t(s)] < 0) continue;
       const int b = buffer_of[size_t(s)];

@@ -113,7 +113,7 @@ struct NodeGuard {
 struct Node {
   OpKind op = OpKind::Add;
   int dst = -1;
-  std::array<int, 6> src{{-1, -1, -1, -1, -1, -1}};  // slots named per op (op_params.h)
+  std::array<int, kMaxSources> src{{-1, -1, -1, -1, -1, -1, -1}};  // slots named per op (op_params.h)
   OpParams p;                                        // the member named after the op (p.rope, ...)
   NodeGuard guard;
 };

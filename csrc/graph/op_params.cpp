@@ -18,7 +18,8 @@ constexpr ParamField kRope[] = {PYI_I32(rope, heads), PYI_I32(rope, head_dim), P
                             PYI_F32(rope, ext_factor), PYI_F32(rope, yarn_low), PYI_F32(rope, yarn_high)};
 constexpr ParamField kAttention[] = {PYI_I32(attention, heads), PYI_I32(attention, kv_heads),
                                  PYI_I32(attention, head_dim), PYI_I32(attention, block_size),
-                                 PYI_I32(attention, window), PYI_F32(attention, scale)};
+                                 PYI_I32(attention, window), PYI_F32(attention, scale),
+                                 PYI_I32(attention, v_dim)};
 constexpr ParamField kGatedMul[] = {PYI_I32(gated_mul, act)};
 constexpr ParamField kAdd[] = {PYI_F32(add, scale)};
 constexpr ParamField kActiveSet[] = {PYI_I32(active_set, n_ff), PYI_I32(active_set, hot), PYI_I32(active_set, mode),
@@ -29,7 +30,8 @@ constexpr ParamField kActiveUnion[] = {PYI_I32(active_union, n_ff), PYI_I32(acti
                                    PYI_F32(active_union, max_single)};
 constexpr ParamField kNeuronFetch[] = {PYI_I32(neuron_fetch, layer), PYI_I32(neuron_fetch, mode)};
 constexpr ParamField kMoeRoute[] = {PYI_I32(moe_route, n_expert), PYI_I32(moe_route, k), PYI_I32(moe_route, gating),
-                                    PYI_I32(moe_route, norm), PYI_F32(moe_route, scale)};
+                                    PYI_I32(moe_route, norm), PYI_F32(moe_route, scale),
+                                    PYI_I32(moe_route, n_group), PYI_I32(moe_route, group_used)};
 constexpr ParamField kMoe[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k)};
 constexpr ParamField kMoeMatMul[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k), PYI_I32(moe, gate_fn)};
 constexpr ParamField kExpertFetch[] = {PYI_I32(expert_fetch, layer), PYI_I32(expert_fetch, prefetch)};
@@ -49,7 +51,8 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::MatMul, "mat_mul", "MAT_MUL", {"weight", "x", "active"}, nullptr, 0},
     {OpKind::Rope, "rope", "ROPE", {"x", "positions", "factors"}, kRope, count(kRope)},
     {OpKind::KvStore, "kv_store", "KV_STORE", {"x", "rows"}, nullptr, 0},
-    {OpKind::Attention, "attention", "ATTENTION", {"q", "k_cache", "v_cache", "positions", "table", "sinks"}, kAttention,
+    {OpKind::Attention, "attention", "ATTENTION", {"q", "k_cache", "v_cache", "positions", "table", "sinks", "q_rope"},
+     kAttention,
      count(kAttention)},
     {OpKind::Add, "add", "ADD", {"a", "b"}, kAdd, count(kAdd)},
     {OpKind::SiluMul, "silu_mul", "SILU_MUL", {"gate", "up"}, kGatedMul, count(kGatedMul)},
@@ -95,7 +98,7 @@ const OpSignature& op_signature(OpKind op) {
 
 int op_source_slot(OpKind op, const char* name) {
   const OpSignature& s = op_signature(op);
-  for (int k = 0; k < 6; ++k)
+  for (int k = 0; k < kMaxSources; ++k)
     if (s.sources[k] && std::strcmp(s.sources[k], name) == 0) return k;
   return -1;
 }

@@ -9,6 +9,9 @@
 
 namespace pyinfer {
 
+// Source slots a node has at most (Attention uses all of them).
+constexpr int kMaxSources = 7;
+
 enum class OpKind : int32_t;
 
 // Gated FFN activations: act(gate) * up. Mirrors pyinfer.model.config.Activation.
@@ -47,7 +50,9 @@ struct KvStoreSrc { enum : int { x = 0, rows = 1 }; };
 // `table` (paged KV, many sequences): I32 [T, max blocks], each token's sequence's block table.
 // `sinks` (optional): F32 [1, heads], one logit per head that joins every row's softmax and adds no value
 // (gpt-oss's attention sinks).
-struct AttentionSrc { enum : int { q = 0, k_cache = 1, v_cache = 2, positions = 3, table = 4, sinks = 5 }; };
+// `q_rope` (optional, MLA): F32 [T, heads * r], each head's last r query values (its rotary part, which rides
+// beside q's latent part: a query head is its q segment followed by its q_rope segment, head_dim in all).
+struct AttentionSrc { enum : int { q = 0, k_cache = 1, v_cache = 2, positions = 3, table = 4, sinks = 5, q_rope = 6 }; };
 // Add: `b` may also be one fixed row (a bias), added to every row of `a`.
 struct BinarySrc { enum : int { a = 0, b = 1 }; };
 struct GatedMulSrc { enum : int { gate = 0, up = 1 }; };  // SiluMul
@@ -76,6 +81,8 @@ struct MoeRouteSrc { enum : int { logits = 0, bias = 1 }; };
 // _core.gate_cut_bounds). A one-token run then computes only the rows whose |act(gate)| passes their expert's cut
 // and leaves the others 0, so up is read only for the neurons that fire; runs of more tokens compute every row.
 // `bias` (optional): F32 [n_expert, rows_e], added to each slot's rows by its expert (gpt-oss's expert biases).
+// Without `route` every token runs every expert, slot s on expert s (k == n_expert): a batched matmul per head, as
+// MLA's absorbed key and value projections (DeepSeek-V2), with x holding one segment per head.
 struct MoeMatMulSrc { enum : int { weight = 0, x = 1, route = 2, gate = 3, cut = 4, bias = 5 }; };
 struct MoeCombineSrc { enum : int { experts = 0, route = 1, shared = 2, shared_gate = 3 }; };
 struct ExpertFetchSrc { enum : int { route = 0 }; };
@@ -100,6 +107,7 @@ struct AttentionParams {
   int32_t block_size;  // paged KV: tokens per block
   int32_t window;      // sliding window (0: every earlier position)
   float scale;         // multiplies q.k
+  int32_t v_dim;       // a value head's size (0: head_dim); MLA reads a prefix of each key row as the value
 };
 struct GatedMulParams { Activation act; };
 struct AddParams { float scale; };  // dst = a + scale * b (0: 1; Granite's residual multiplier)
@@ -116,7 +124,10 @@ struct NeuronFetchParams { int32_t layer; NeuronFetchMode mode; };
 // SoftmaxWeight (gpt-oss): the top k logits, then the softmax over those k only.
 enum class MoeGating : int32_t { Softmax = 0, Sigmoid = 1, SoftmaxWeight = 2 };
 // `norm`: the k weights are divided by their sum (Mixtral, Qwen3-MoE); `scale` multiplies them (0: 1).
-struct MoeRouteParams { int32_t n_expert, k; MoeGating gating; int32_t norm; float scale; };
+// n_group > 1 (DeepSeek-V3's grouped routing): the experts form n_group equal groups, each scored by the sum of
+// its two best selection values (probability plus bias); only the group_used best groups' experts can be chosen.
+constexpr int32_t kMoeMaxGroups = 64;
+struct MoeRouteParams { int32_t n_expert, k; MoeGating gating; int32_t norm; float scale; int32_t n_group, group_used; };
 // MoeMatMul, MoeCombine and MoeRouteSplit (n_expert unused by the combine; gate_fn: the activation of MoeMatMul's
 // `gate`, SiLU or GeluTanh).
 struct MoeParams { int32_t n_expert, k; GateFn gate_fn; };
@@ -149,7 +160,7 @@ struct OpSignature {
   OpKind op;
   const char* name;     // "mat_mul": errors, op timings
   const char* py_name;  // "MAT_MUL": the member of Python's _core.Op
-  const char* sources[6];  // slot names (nullptr: unused slot)
+  const char* sources[kMaxSources];  // slot names (nullptr: unused slot)
   const ParamField* params;
   int n_params;
 };

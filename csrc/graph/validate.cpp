@@ -228,9 +228,20 @@ void Graph::validate() const {
           if (s.row_mode != RowMode::Fixed || s.rows != 1 || s.cols != P.heads)
             c.fail("attention sinks must be one fixed row of one value per head");
         }
-        c.cols(src[S::q], int64_t(P.heads) * P.head_dim); c.cols(n.dst, int64_t(P.heads) * P.head_dim);
+        const int32_t v_dim = P.v_dim ? P.v_dim : P.head_dim;
+        if (v_dim < 1 || v_dim > P.head_dim) c.fail("v_dim must be in [1, head_dim]");
+        if (c.t(src[S::v_cache]).type == DType::Q8_0 && v_dim % kQuantBlock)
+          c.fail("a q8_0 V cache needs a v_dim that is a multiple of 32");
+        int64_t rope_w = 0;  // MLA: each query head's rotary part, from q_rope
+        if (src[S::q_rope] >= 0) {
+          c.type(src[S::q_rope], DType::F32);
+          rope_w = c.t(src[S::q_rope]).cols / P.heads;
+          if (rope_w < 1 || rope_w >= P.head_dim || c.t(src[S::q_rope]).cols != P.heads * rope_w)
+            c.fail("q_rope must hold heads equal parts, each shorter than head_dim");
+        }
+        c.cols(src[S::q], int64_t(P.heads) * (P.head_dim - rope_w)); c.cols(n.dst, int64_t(P.heads) * v_dim);
         c.cols(src[S::k_cache], int64_t(P.kv_heads) * P.head_dim);
-        c.cols(src[S::v_cache], int64_t(P.kv_heads) * P.head_dim);
+        c.cols(src[S::v_cache], int64_t(P.kv_heads) * v_dim);
         const Tensor& kc = c.t(src[S::k_cache]);
         const Tensor& vc = c.t(src[S::v_cache]);
         if (c.t(origin(src[S::k_cache])).storage != Storage::State ||
@@ -374,6 +385,15 @@ void Graph::validate() const {
           c.fail("gating must be 0 (softmax), 1 (sigmoid) or 2 (softmax of the chosen)");
         if (P.norm != 0 && P.norm != 1) c.fail("norm must be 0 or 1");
         if (!std::isfinite(P.scale)) c.fail("the weight scale must be finite");
+        if (P.n_group > 1) {
+          if (P.n_group > kMoeMaxGroups || P.n_expert % P.n_group)
+            c.fail("expert groups must split n_expert evenly, at most " + std::to_string(kMoeMaxGroups) + " of them");
+          if (P.group_used < 1 || P.group_used > P.n_group || P.k > P.group_used * (P.n_expert / P.n_group))
+            c.fail("group_used must be in [1, n_group] and its groups must hold k experts");
+          if (P.gating == MoeGating::SoftmaxWeight) c.fail("grouped routing scores groups by probability");
+        } else if (P.n_group < 0 || P.group_used < 0) {
+          c.fail("n_group and group_used must be >= 0");
+        }
         if (src[MoeRouteSrc::bias] >= 0) {
           const Tensor& b = c.t(src[MoeRouteSrc::bias]);
           c.type(src[MoeRouteSrc::bias], DType::F32);
@@ -393,19 +413,26 @@ void Graph::validate() const {
         if (w.row_mode != RowMode::Fixed) c.fail("the experts must be a weight of fixed rows");
         if (w.paged && w.experts != P.n_expert) c.fail("the expert store's layer has a different expert count");
         if (d.row_mode != RowMode::Tokens) c.fail("the expert matmul writes one row per token");
-        c.t(src[S::route]);  // range check
+        const bool routed = src[S::route] >= 0;  // else every token runs every expert, slot s on expert s
+        if (routed) c.t(src[S::route]);  // range check
         // A backend's share of a route may hold fewer experts than a token chooses (its other slots are -1).
-        const bool share = route_split[size_t(origin(src[S::route]))] != 0;
+        const bool share = routed && route_split[size_t(origin(src[S::route]))] != 0;
         if (P.n_expert < 1 || P.k < 1 || (!share && P.k > P.n_expert) || w.rows % P.n_expert)
           c.fail("the experts' rows must split into n_expert equal matrices, k in [1, n_expert]");
         c.type(src[S::x], dtype_is_integer_dot(w.type) ? DType::Q8A : DType::F32);
         const int64_t xc = c.t(src[S::x]).cols;
         if (xc != w.cols && xc != P.k * w.cols) c.fail("x must have the experts' columns, or k segments of them");
         c.cols(n.dst, P.k * (w.rows / P.n_expert));
-        if (c.t(src[S::route]).cols != 2 * int64_t(P.k) || route_k[size_t(origin(src[S::route]))] != P.k)
-          c.fail("the route must be an earlier MoeRoute's result of the same k");
-        if (route_n[size_t(origin(src[S::route]))] != P.n_expert) c.fail("the route chose among a different number of experts");
-        if (c.t(src[S::route]).row_mode != RowMode::Tokens) c.fail("a route has one row per token");
+        if (!routed) {
+          if (P.k != P.n_expert) c.fail("without a route every expert runs: k must be n_expert");
+          if (src[S::gate] >= 0 || src[S::bias] >= 0 || w.paged) c.fail("without a route: no gate, cut, bias or store");
+        } else {
+          if (c.t(src[S::route]).cols != 2 * int64_t(P.k) || route_k[size_t(origin(src[S::route]))] != P.k)
+            c.fail("the route must be an earlier MoeRoute's result of the same k");
+          if (route_n[size_t(origin(src[S::route]))] != P.n_expert)
+            c.fail("the route chose among a different number of experts");
+          if (c.t(src[S::route]).row_mode != RowMode::Tokens) c.fail("a route has one row per token");
+        }
         if ((src[S::gate] >= 0) != (src[S::cut] >= 0)) c.fail("gate and cut come together (CATS inside the experts)");
         if (src[S::bias] >= 0) {
           const Tensor& b = c.t(src[S::bias]);

@@ -81,15 +81,19 @@ class Runner {
   }
 
   void run_item(int64_t t0, int64_t t1, int g, int64_t chunk, int64_t splits, int64_t slot) {
-    const int hd = a_.head_dim, group = a_.heads / a_.kv_heads;
+    const int hd = a_.head_dim, vd = a_.v_dim ? a_.v_dim : hd, group = a_.heads / a_.kv_heads;
+    const int qd = hd - a_.rope_dim;  // query values from q (the rest, MLA's rotary part, from q_rope)
     const int64_t rows = (t1 - t0) * group, padded = attn_padded_rows(rows);
     for (int64_t t = t0; t < t1; ++t) {
       const int32_t p = a_.positions[t];
       const int32_t lo = a_.window > 0 ? std::max(0, p - a_.window + 1) : 0;
       for (int hh = 0; hh < group; ++hh) {
         const int64_t r = (t - t0) * group + hh;
-        const float* src = a_.q + t * a_.q_stride + int64_t(g * group + hh) * hd;
-        for (int d = 0; d < hd; ++d) s_.q[r * hd + d] = s_.qt[d * padded + r] = src[d] * a_.scale;
+        const int64_t head = g * group + hh;
+        const float* src = a_.q + t * a_.q_stride + head * qd;
+        for (int d = 0; d < qd; ++d) s_.q[r * hd + d] = s_.qt[d * padded + r] = src[d] * a_.scale;
+        const float* rot = a_.q_rope ? a_.q_rope + t * a_.q_rope_stride + head * a_.rope_dim : nullptr;
+        for (int d = qd; d < hd; ++d) s_.q[r * hd + d] = s_.qt[d * padded + r] = rot[d - qd] * a_.scale;
         s_.lo[r] = lo;
         s_.hi[r] = p + 1;
       }
@@ -100,7 +104,7 @@ class Runner {
     }
     std::fill(s_.m, s_.m + padded, -INFINITY);
     std::fill(s_.l, s_.l + padded, 0.f);
-    std::fill(s_.acc, s_.acc + rows * hd, 0.f);
+    std::fill(s_.acc, s_.acc + rows * vd, 0.f);
 
     // Keys this item covers: the block's whole range, or its chunk of it. Tiles start at multiples of
     // kAttnKeyTile wherever the block starts, so a token's tiles (and so its rounding) are the same in a batch
@@ -113,7 +117,7 @@ class Runner {
       ke = std::min(ke, kb + per);
     }
     const int32_t* table = a_.table ? a_.table + t0 * a_.table_cols : nullptr;
-    const size_t k_off = head_offset(a_.k_type, g, hd), v_off = head_offset(a_.v_type, g, hd);
+    const size_t k_off = head_offset(a_.k_type, g, hd), v_off = head_offset(a_.v_type, g, vd);
     for (int64_t j0 = kb; j0 < ke; j0 += kAttnKeyTile) {
       const int n = int(std::min<int64_t>(kAttnKeyTile, ke - j0));
       bool any = false;
@@ -125,7 +129,7 @@ class Runner {
       if (!any) continue;
       const int below = int(std::clamp<int64_t>(first - j0, 0, n));  // keys before every row's window
       std::fill(s_.k, s_.k + int64_t(below) * hd, 0.f);
-      std::fill(s_.v, s_.v + int64_t(below) * hd, 0.f);
+      std::fill(s_.v, s_.v + int64_t(below) * vd, 0.f);
       for (int j = below, run; j < n; j += run) {  // runs of consecutive cache rows: the tile, or a page's part
         const int64_t key = j0 + j;
         int64_t row = key;
@@ -136,30 +140,30 @@ class Runner {
         }
         k_.kv_to_f32(a_.k_type, a_.k + size_t(row) * a_.k_row_bytes + k_off, a_.k_row_bytes, s_.k + int64_t(j) * hd,
                      run, hd);
-        k_.kv_to_f32(a_.v_type, a_.v + size_t(row) * a_.v_row_bytes + v_off, a_.v_row_bytes, s_.v + int64_t(j) * hd,
-                     run, hd);
+        k_.kv_to_f32(a_.v_type, a_.v + size_t(row) * a_.v_row_bytes + v_off, a_.v_row_bytes, s_.v + int64_t(j) * vd,
+                     run, vd);
       }
       const int padded = (n + kAttnKeyPad - 1) / kAttnKeyPad * kAttnKeyPad;  // the kernels read whole vectors of keys
       std::fill(s_.k + int64_t(n) * hd, s_.k + int64_t(padded) * hd, 0.f);
-      std::fill(s_.v + int64_t(n) * hd, s_.v + int64_t(padded) * hd, 0.f);
+      std::fill(s_.v + int64_t(n) * vd, s_.v + int64_t(padded) * vd, 0.f);
       k_.attn_tile(AttnTileArgs{s_.q, s_.qt, rows, hd, s_.k, s_.v, n, s_.tile_lo, s_.tile_hi, s_.m, s_.l, s_.acc, s_.scores,
-                                s_.kt});
+                                s_.kt, vd});
     }
 
-    if (splits == 1) return finish(t0, g, rows, hd);
+    if (splits == 1) return finish(t0, g, rows, vd);
     // Split-K: publish this chunk's state; the chunk that completes the pair merges all of them.
     float* part = ws_.partial + slot * attention_split_floats(1, hd);
     for (int64_t r = 0; r < rows; ++r) {
       float* st = part + r * (hd + 2);
       st[0] = s_.m[r];
       st[1] = s_.l[r];
-      std::memcpy(st + 2, s_.acc + r * hd, size_t(hd) * 4);
+      std::memcpy(st + 2, s_.acc + r * vd, size_t(vd) * 4);
     }
     const int64_t pair_slot = slot - chunk;
     std::atomic<int32_t>& done = ws_.counters[pair_slot / splits];
     if (done.fetch_add(1, std::memory_order_acq_rel) != splits - 1) return;
     done.store(0, std::memory_order_relaxed);  // ready for the next run (which starts after a barrier)
-    merge(t0, g, rows, ws_.partial + pair_slot * attention_split_floats(1, hd), splits, hd);
+    merge(t0, g, rows, ws_.partial + pair_slot * attention_split_floats(1, hd), splits, hd, vd);
   }
 
  private:
@@ -178,20 +182,21 @@ class Runner {
     return 1.f;
   }
 
-  void finish(int64_t t0, int g, int64_t rows, int hd) {
+  void finish(int64_t t0, int g, int64_t rows, int vd) {
     const int group = a_.heads / a_.kv_heads;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = t0 + r / group;
       const int head = g * group + int(r % group);
-      float* dst = a_.out + t * a_.out_stride + int64_t(head) * hd;
+      float* dst = a_.out + t * a_.out_stride + int64_t(head) * vd;
       float sum = s_.l[r];
       const float ms = with_sink(head, s_.m[r], sum);
       const float inv = ms / sum;
-      for (int d = 0; d < hd; ++d) dst[d] = s_.acc[r * hd + d] * inv;
+      for (int d = 0; d < vd; ++d) dst[d] = s_.acc[r * vd + d] * inv;
     }
   }
 
-  void merge(int64_t t0, int g, int64_t rows, const float* parts, int64_t splits, int hd) {
+  // A chunk's row states are hd + 2 floats apart (the capacity), of which the first vd + 2 are used.
+  void merge(int64_t t0, int g, int64_t rows, const float* parts, int64_t splits, int hd, int vd) {
     const int group = a_.heads / a_.kv_heads;
     const int64_t chunk_floats = attention_split_floats(1, hd);
     for (int64_t r = 0; r < rows; ++r) {
@@ -199,18 +204,18 @@ class Runner {
       for (int64_t c = 0; c < splits; ++c) mx = std::fmax(mx, parts[c * chunk_floats + r * (hd + 2)]);
       const int64_t t = t0 + r / group;
       const int head = g * group + int(r % group);
-      float* dst = a_.out + t * a_.out_stride + int64_t(head) * hd;
-      std::fill(dst, dst + hd, 0.f);
+      float* dst = a_.out + t * a_.out_stride + int64_t(head) * vd;
+      std::fill(dst, dst + vd, 0.f);
       float sum = 0.f;
       for (int64_t c = 0; c < splits; ++c) {
         const float* st = parts + c * chunk_floats + r * (hd + 2);
         if (st[1] == 0.f) continue;  // a chunk with no key of this row
         const float w = std::exp(st[0] - mx);
         sum += st[1] * w;
-        for (int d = 0; d < hd; ++d) dst[d] += st[2 + d] * w;
+        for (int d = 0; d < vd; ++d) dst[d] += st[2 + d] * w;
       }
       const float inv = with_sink(head, mx, sum) / sum;
-      for (int d = 0; d < hd; ++d) dst[d] *= inv;
+      for (int d = 0; d < vd; ++d) dst[d] *= inv;
     }
   }
 
@@ -261,7 +266,7 @@ void attention(const KernelTable& k, const AttentionArgs& a, const AttentionWork
 }
 
 void attn_tile_generic(const AttnTileArgs& a) {
-  const int hd = a.head_dim;
+  const int hd = a.head_dim, vd = a.v_dim ? a.v_dim : hd;
   float* s = a.scores;
   for (int64_t r = 0; r < a.rows; ++r) {
     const int lo = a.lo[r], hi = a.hi[r];
@@ -284,11 +289,11 @@ void attn_tile_generic(const AttnTileArgs& a) {
     }
     a.l[r] = a.l[r] * alpha + sum;
     a.m[r] = m_new;
-    float* acc = a.acc + r * hd;
-    for (int d = 0; d < hd; ++d) acc[d] *= alpha;
+    float* acc = a.acc + r * vd;
+    for (int d = 0; d < vd; ++d) acc[d] *= alpha;
     for (int j = lo; j < hi; ++j) {
-      const float* val = a.v + int64_t(j) * hd;
-      for (int d = 0; d < hd; ++d) acc[d] += s[j] * val[d];
+      const float* val = a.v + int64_t(j) * vd;
+      for (int d = 0; d < vd; ++d) acc[d] += s[j] * val[d];
     }
   }
 }

@@ -37,10 +37,15 @@ struct AttentionArgs {
   int64_t table_cols = 0;
   int block_size = 1;
   int heads = 1, kv_heads = 1, head_dim = 0;
+  int v_dim = 0;                     // a value head's size, at most head_dim: each V row's first v_dim values
+  // MLA: each query head is head_dim - rope_dim values of q, then rope_dim of q_rope ([T, heads * rope_dim]).
+  const float* q_rope = nullptr;
+  int64_t q_rope_stride = 0;
+  int rope_dim = 0;
   int window = 0;                    // sliding window: keys with position > p - window (0: every key)
   float scale = 1.f;                 // applied to q.k
   const float* sinks = nullptr;      // [heads]: a logit per head in every row's softmax, with no value (or null)
-  float* out = nullptr;              // F32 [T, heads * head_dim]
+  float* out = nullptr;              // F32 [T, heads * v_dim]
   int64_t out_stride = 0;
 };
 
@@ -70,16 +75,18 @@ struct AttnTileArgs {
   int64_t rows;         // query rows; the per-row arrays hold attn_padded_rows(rows)
   int head_dim;
   const float* k;       // [n_keys rounded up to kAttnKeyPad, head_dim], rows past n_keys zero
-  const float* v;       // [n_keys rounded up to kAttnKeyPad, head_dim]
+  const float* v;       // [n_keys rounded up to kAttnKeyPad, v_dim]
   int n_keys;
   const int32_t* lo;    // [padded rows]: row r sees tile keys [lo[r], hi[r]); padding rows see none
   const int32_t* hi;
   float* m;             // [padded rows] running max of scores
   float* l;             // [padded rows] running sum of exp(score - m)
-  float* acc;           // [rows, head_dim] running sum of exp(score - m) * v
+  float* acc;           // [rows, v_dim] running sum of exp(score - m) * v
   float* scores;        // scratch: attn_scores_floats(rows) floats
   float* kt = nullptr;  // scratch [head_dim, kAttnKeyTile]: the keys transposed (decode's tile); null: not used
+  int v_dim = 0;        // values per key (at most head_dim; MLA's values are a prefix of its keys)
 };
+inline int attn_v_dim(const AttnTileArgs& a) { return a.v_dim ? a.v_dim : a.head_dim; }
 // Scratch floats of AttnTileArgs::scores for a block of `rows` query rows.
 inline int64_t attn_scores_floats(int64_t rows) {
   return int64_t(kAttnKeyTile) * attn_padded_rows(rows) + attn_padded_rows(rows);

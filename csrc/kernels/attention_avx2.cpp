@@ -13,7 +13,7 @@
 namespace pyinfer {
 
 void attn_tile_avx2(const AttnTileArgs& a) {
-  if (a.head_dim % 8) return attn_tile_generic(a);
+  if (a.head_dim % 8 || attn_v_dim(a) % 8) return attn_tile_generic(a);
   // keys x row vectors 4 x 2 and rows x value vectors 4 x 2: 8 accumulators each of the 16 registers
   if (a.rows >= kAttnGemmRows || !a.kt) return attn_gemm::tile<Avx2Lanes, 4, 2, 4, 2>(a);
   // one row x 8 key vectors: 8 accumulators

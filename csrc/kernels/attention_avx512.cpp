@@ -92,7 +92,7 @@ struct Avx2LanesT16 : Avx2Lanes {
 }  // namespace
 
 void attn_tile_avx512(const AttnTileArgs& a) {
-  if (a.head_dim % 16) return attn_tile_avx2(a);
+  if (a.head_dim % 16 || attn_v_dim(a) % 16) return attn_tile_avx2(a);
   // keys x row vectors 4 x 4 and rows x value vectors 4 x 4: 16 accumulators each of the 32 registers
   if (a.rows >= kAttnGemmRows || !a.kt) return attn_gemm::tile<Avx512Lanes, 4, 4, 4, 4>(a);
   attn_gemm::key_lane_tile<Avx2LanesT16, 1, 4, 2>(a);

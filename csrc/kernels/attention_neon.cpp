@@ -54,7 +54,7 @@ struct NeonLanes {
 }  // namespace
 
 void attn_tile_neon(const AttnTileArgs& a) {
-  if (a.head_dim % 4) return attn_tile_generic(a);
+  if (a.head_dim % 4 || attn_v_dim(a) % 4) return attn_tile_generic(a);
   // keys x row vectors 4 x 4 and rows x value vectors 4 x 4: 16 accumulators each of the 32 registers
   attn_gemm::tile<NeonLanes, 4, 4, 4, 4>(a);
 }

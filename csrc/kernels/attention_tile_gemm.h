@@ -120,9 +120,9 @@ inline void accumulate_keys(typename S::V (*x)[DV], const AttnTileArgs& a, const
                             int d, int j0, int j1) {
   using V = typename S::V;
   constexpr int W = S::W;
-  const int hd = a.head_dim;
+  const int vd = attn_v_dim(a);
   for (int j = j0; j < j1; ++j) {
-    const float* v = a.v + int64_t(j) * hd + d;
+    const float* v = a.v + int64_t(j) * vd + d;
     V vv[DV];
     for (int dv = 0; dv < DV; ++dv) vv[dv] = S::load(v + dv * W);
     for (int i = 0; i < RB; ++i) {
@@ -137,11 +137,11 @@ template <class S, int RB, int DV>
 void accumulate(const AttnTileArgs& a, int64_t r, int d, const PLayout& P, const float* alpha) {
   using V = typename S::V;
   constexpr int W = S::W;
-  const int hd = a.head_dim;
+  const int vd = attn_v_dim(a);
   V x[RB][DV];
   for (int i = 0; i < RB; ++i) {
     const V al = S::set1(alpha[r + i]);
-    for (int dv = 0; dv < DV; ++dv) x[i][dv] = S::mul(S::load(a.acc + (r + i) * hd + d + dv * W), al);
+    for (int dv = 0; dv < DV; ++dv) x[i][dv] = S::mul(S::load(a.acc + (r + i) * vd + d + dv * W), al);
   }
   int c0 = 0, c1 = kAttnKeyTile;  // keys every row sees
   for (int i = 0; i < RB; ++i) c0 = std::max(c0, a.lo[r + i]), c1 = std::min(c1, a.hi[r + i]);
@@ -156,15 +156,16 @@ void accumulate(const AttnTileArgs& a, int64_t r, int d, const PLayout& P, const
       accumulate_keys<S, 1, DV>(&x[i], a, P.row(r + i), P, d, a.lo[r + i], a.hi[r + i]);
   }
   for (int i = 0; i < RB; ++i)
-    for (int dv = 0; dv < DV; ++dv) S::store(a.acc + (r + i) * hd + d + dv * W, x[i][dv]);
+    for (int dv = 0; dv < DV; ++dv) S::store(a.acc + (r + i) * vd + d + dv * W, x[i][dv]);
 }
 
 template <class S, int RB, int DV>
 void accumulate_rows(const AttnTileArgs& a, int64_t r, const PLayout& P, const float* alpha) {
   constexpr int W = S::W;
   int d = 0;
-  for (; d + DV * W <= a.head_dim; d += DV * W) accumulate<S, RB, DV>(a, r, d, P, alpha);
-  for (; d < a.head_dim; d += W) accumulate<S, RB, 1>(a, r, d, P, alpha);
+  const int vd = attn_v_dim(a);
+  for (; d + DV * W <= vd; d += DV * W) accumulate<S, RB, DV>(a, r, d, P, alpha);
+  for (; d < vd; d += W) accumulate<S, RB, 1>(a, r, d, P, alpha);
 }
 
 // P V for every row of the block, once P and alpha are written. RB x DV: rows x value vectors.
@@ -183,7 +184,7 @@ inline void key_range(const AttnTileArgs& a, int& j0, int& j1) {
     if (a.lo[r] < a.hi[r]) j0 = std::min(j0, a.lo[r]), j1 = std::max(j1, a.hi[r]);
 }
 
-// One key tile for a block of rows (head_dim a multiple of S::W). KB x RV: the score register tile (keys x
+// One key tile for a block of rows (head_dim and v_dim multiples of S::W). KB x RV: the score register tile (keys x
 // row vectors); RB x DV: the P V tile (rows x value vectors).
 template <class S, int KB, int RV, int RB, int DV>
 void tile(const AttnTileArgs& a) {

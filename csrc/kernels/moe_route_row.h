@@ -43,10 +43,16 @@ PYINFER_HOST_DEVICE inline void moe_route_row(const float* l, float* out, const 
                                               const float* bias = nullptr) {
   float* w = out;
   float* ids = out + P.k;
-  // softmax and sigmoid are increasing: without a bias the top k logits are the top k probabilities
-  moe_top_k(P.n_expert, P.k, [&](int32_t e) { return l[e]; }, w, ids);
-  const float top = w[0];
+  const bool grouped = P.n_group > 1;
+  float top = -INFINITY;
+  if (grouped) {  // the groups are scored by probability: the largest logit first, for softmax's denominator
+    for (int32_t e = 0; e < P.n_expert; ++e) top = fmaxf(top, moe_finite_or_lowest(l[e]));
+  } else {  // softmax and sigmoid are increasing: without a bias the top k logits are the top k probabilities
+    moe_top_k(P.n_expert, P.k, [&](int32_t e) { return l[e]; }, w, ids);
+    top = w[0];
+  }
   if (!std::isfinite(top)) {  // no usable logit (NaN or infinite everywhere): equal weights, not NaN
+    if (grouped) moe_top_k(P.n_expert, P.k, [&](int32_t e) { return l[e]; }, w, ids);  // ids the plain way
     for (int32_t s = 0; s < P.k; ++s) w[s] = 1.f / float(P.k);
     return;
   }
@@ -59,8 +65,22 @@ PYINFER_HOST_DEVICE inline void moe_route_row(const float* l, float* out, const 
     return P.gating != MoeGating::Sigmoid ? float(std::exp(double(logit) - double(top)) / sum)
                                           : 1.f / (1.f + std::exp(-logit));
   };
-  if (bias) {  // chosen by probability + bias, weighted by the probability
-    moe_top_k(P.n_expert, P.k, [&](int32_t e) { return prob(l[e]) + bias[e]; }, w, ids);
+  auto selection = [&](int32_t e) { return prob(moe_finite_or_lowest(l[e])) + (bias ? bias[e] : 0.f); };
+  if (grouped) {  // DeepSeek-V3: only the experts of the group_used groups whose two best selections sum highest
+    const int32_t per = P.n_expert / P.n_group;
+    float score[kMoeMaxGroups], kept[kMoeMaxGroups], order[kMoeMaxGroups], best[2], where[2];
+    for (int32_t g = 0; g < P.n_group; ++g) {
+      const int32_t two = per < 2 ? per : 2;
+      moe_top_k(per, two, [&](int32_t j) { return selection(g * per + j); }, best, where);
+      score[g] = two == 2 ? best[0] + best[1] : best[0];
+    }
+    moe_top_k(P.n_group, P.group_used, [&](int32_t g) { return score[g]; }, kept, order);
+    uint64_t chosen = 0;
+    for (int32_t i = 0; i < P.group_used; ++i) chosen |= uint64_t(1) << int32_t(order[i]);
+    moe_top_k(P.n_expert, P.k, [&](int32_t e) { return (chosen >> (e / per)) & 1 ? selection(e) : -INFINITY; }, w, ids);
+    for (int32_t s = 0; s < P.k; ++s) w[s] = std::isfinite(w[s]) ? prob(moe_finite_or_lowest(l[int32_t(ids[s])])) : 0.f;
+  } else if (bias) {  // chosen by probability + bias, weighted by the probability
+    moe_top_k(P.n_expert, P.k, [&](int32_t e) { return selection(e); }, w, ids);
     for (int32_t s = 0; s < P.k; ++s) w[s] = std::isfinite(w[s]) ? prob(moe_finite_or_lowest(l[int32_t(ids[s])])) : 0.f;
   } else {
     for (int32_t s = 0; s < P.k; ++s) w[s] = prob(w[s]);

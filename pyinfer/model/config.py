@@ -124,6 +124,15 @@ class LlamaConfig:
     # Granite: each residual branch times residual_scale before its add, the logits divided by logit_scale (0: off).
     residual_scale: float = 0.0
     logit_scale: float = 0.0
+    # DeepSeek-V2's multi-head latent attention (kv_lora_rank 0: none): each token caches one row of kv_lora_rank
+    # latent values plus rope_dims rotary ones, shared by every head, read whole as the key and its latent part as
+    # the value; head_dim is a query head's size (nope + rope) and mla_v_dim a value head's after its projection
+    # back. q_lora_rank > 0: q goes through a low-rank projection with its own norm first (V2, V3; not V2-Lite).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    mla_v_dim: int = 0
+    # DeepSeek-V3's grouped routing: (n_group, group_used); (0, 0): none.
+    expert_groups: tuple[int, int] = (0, 0)
 
     @property
     def is_moe(self) -> bool:
@@ -148,7 +157,13 @@ class LlamaConfig:
 
     @property
     def kv_width(self) -> int:
-        return self.n_kv_heads * self.head_dim
+        """Values of one cache row (one layer, one token) of K, and of V unless the layer is MLA's."""
+        return self.kv_lora_rank + self.rope_dims if self.kv_lora_rank else self.n_kv_heads * self.head_dim
+
+    @property
+    def kv_values_per_token(self) -> int:
+        """Cached values per token and layer, K and V together (MLA: one latent row serves as both)."""
+        return self.kv_width if self.kv_lora_rank else 2 * self.kv_width
 
     def is_local(self, layer: int) -> bool:
         """A sliding-window layer (Gemma 3: five local layers, then one global)."""

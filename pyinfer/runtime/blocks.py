@@ -110,6 +110,40 @@ class ModelGraph:
                         sinks=self.w(p + "attn_sinks.weight") if sinks else None)
         return self.linear(o, p + "attn_output.weight", "attn_out", p + "attn_output.bias")  # F32 [T, d_model]
 
+    def latent_attention(self, h: T, il: int) -> T:
+        """DeepSeek-V2's multi-head latent attention of layer `il` (llama.cpp's deepseek2 graph, absorbed form), h
+        (F32 [T, d_model]) to the output projection. Each token caches one row, [latent | rotary] (kv_lora_rank +
+        rope_dims values), for every head: the key is the row, the value its latent part. A query head is q's
+        non-rotary part taken into the latent space by the head's attn_k_b, then its rotary part; the attention's
+        per-head latent output is taken back by attn_v_b. q's rows are presented non-rotary parts of every head
+        first, then the rotary parts (model/arch/deepseek2.py), so each part is one view."""
+        b, c, p = self.b, self.cfg, f"blk.{il}."
+        heads, rot, rank = c.n_heads, c.rope_dims, c.kv_lora_rank
+        nope = c.head_dim - rot
+        if c.q_lora_rank:  # V2 / V3: a low-rank q with its own norm
+            q_a = self.norm(self.linear(h, p + "attn_q_a.weight", "q_a"), p + "attn_q_a_norm.weight", "q_a_normed")
+            q = self.linear(q_a, p + "attn_q_b.weight", "q")
+        else:
+            q = self.linear(h, p + "attn_q.weight", "q")                   # F32 [T, heads * (nope + rot)]
+        q_rot = b.view(q, "q_rot", col_offset=heads * nope)               # [T, heads * rot]
+        kv = self.linear(h, p + "attn_kv_a_mqa.weight", "kv")             # F32 [T, rank + rot]: the cache row
+        latent, k_rot = b.view(kv, "kv_latent", cols=rank), b.view(kv, "k_rot", col_offset=rank)
+        self.norm(latent, p + "attn_kv_a_norm.weight", "kv_latent", out=latent)
+        yarn = (c.rope_ext_factor, c.rope_yarn_low, c.rope_yarn_high) if c.rope_ext_factor else None
+        for x, n in ((q_rot, heads), (k_rot, 1)):
+            b.rope(x, self.positions, n, rot, c.rope_base, neox=c.rope_neox, freq_scale=c.rope_freq_scale,
+                   attn_factor=c.rope_attn_factor, yarn=yarn)
+        # q's non-rotary part of each head into the latent space: [T, heads * rank]
+        q_latent = b.moe_matmul(self.w(p + "attn_k_b.weight"), b.view(q, "q_nope", cols=heads * nope), None, heads,
+                                heads, "q_latent")
+        cache = b.state(f"k_cache.{il}", rank + rot, self.n_ctx, self.kv_dtype)
+        b.kv_store(cache, kv, self.slots)
+        o = b.attention(q_latent, cache, b.view(cache, f"v_cache.{il}", cols=rank), self.positions, heads, 1,
+                        rank + rot, "attn", self.kv_table, self.block_size, scale=c.attn_scale, q_rope=q_rot,
+                        v_dim=rank)                                       # F32 [T, heads * rank]
+        o = b.moe_matmul(self.w(p + "attn_v_b.weight"), o, None, heads, heads, "attn_v")  # [T, heads * v dim]
+        return self.linear(o, p + "attn_output.weight", "attn_out")
+
     def ffn(self, h: T, il: int) -> T:
         """The layer's FFN on h (F32 [T, d_model]), as this graph's FFN builder makes it."""
         first = len(self.b.node_ops)

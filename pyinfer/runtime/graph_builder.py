@@ -56,6 +56,7 @@ class GraphBuilder:
         self.weight_home: dict[int, int] = {}
         self._home: int | None = None
         self._names: dict[int, str] = {}
+        self._view_of: dict[int, int] = {}  # view id -> the tensor whose memory it shares
 
     @contextmanager
     def weights_on(self, backend: int | None):
@@ -114,7 +115,12 @@ class GraphBuilder:
         n_rows = (base.n_rows - row_offset if rows is None else rows) if base.rows == RowMode.FIXED else 0
         t = T(self.graph.add_view(name, base.id, cols, n_rows, offset, stride), cols, base.dtype, base.rows, n_rows)
         self._names[t.id] = name
+        self._view_of[t.id] = self.origin(base.id)
         return t
+
+    def origin(self, tensor: int) -> int:
+        """The tensor whose memory `tensor` is (itself, or the base of the view it is)."""
+        return self._view_of.get(tensor, tensor)
 
     def activation(self, name: str, cols: int, dtype: DType = DType.F32, rows: RowMode = RowMode.TOKENS) -> T:
         # An op over a fixed-row tensor (a test feeding weights as inputs) still yields one row per token.
@@ -197,17 +203,20 @@ class GraphBuilder:
 
     def attention(self, q: T, k_cache: T, v_cache: T, positions: T, heads: int, kv_heads: int, head_dim: int,
                   name: str, kv_table: T | None = None, block_size: int = 0, window: int = 0,
-                  scale: float | None = None, sinks: T | None = None) -> T:
+                  scale: float | None = None, sinks: T | None = None, q_rope: T | None = None,
+                  v_dim: int = 0) -> T:
         """With `kv_table` (I32 [T, max blocks]) the cache is paged: many sequences share it. `window`: each
         token sees only the keys of its last `window` positions (sliding-window layers; 0: all). `scale`
         multiplies q.k (default 1/sqrt(head_dim)). The caches may be F16 or Q8_0. `sinks` (F32 [1, heads]): a
-        logit per head in every row's softmax that adds no value (gpt-oss)."""
-        out = self.activation(name, q.cols, rows=q.rows)
+        logit per head in every row's softmax that adds no value (gpt-oss). MLA (DeepSeek-V2): `q_rope` (F32
+        [T, heads * r]) holds each query head's last r values (q then holds the first head_dim - r), and `v_dim`
+        (0: head_dim) is a value head's size, read as the first v_dim values of each V cache row."""
+        out = self.activation(name, heads * (v_dim or head_dim), rows=q.rows)
         src = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "positions": positions, "table": kv_table,
-               "sinks": sinks}
+               "sinks": sinks, "q_rope": q_rope}
         return self._node(Op.ATTENTION, out, src, {
             "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "block_size": block_size, "window": window,
-            "scale": head_dim ** -0.5 if scale is None else scale})
+            "scale": head_dim ** -0.5 if scale is None else scale, "v_dim": v_dim})
 
     def add(self, a: T, b: T, out: T | None = None, name: str = "add", scale: float = 0.0) -> T:
         """a + scale * b (`scale` 0: a + b; Granite scales each residual branch)."""
@@ -268,13 +277,15 @@ class GraphBuilder:
 
     # ---- Mixture of Experts (see graph.h for the route layout) -------------------------------------
     def moe_route(self, logits: T, k: int, name: str = "route", norm: bool = True, gating: int = 0,
-                  scale: float = 0.0, bias: T | None = None) -> T:
+                  scale: float = 0.0, bias: T | None = None, groups: tuple[int, int] = (0, 0)) -> T:
         """F32 [T, 2k]: each token's top k experts of softmax (gating 0) or sigmoid (1) of the router's
         `logits` (F32 [T, n_expert]): their weights (divided by their sum with `norm`, times `scale` unless 0),
-        then their ids as floats. `bias` (F32 [1, n_expert]): added to the probabilities for choosing only."""
+        then their ids as floats. `bias` (F32 [1, n_expert]): added to the probabilities for choosing only.
+        `groups` = (n_group, group_used): DeepSeek-V3's grouped routing (op_params.h MoeRouteParams)."""
         return self._node(Op.MOE_ROUTE, self.activation(name, 2 * k, rows=logits.rows),
                           {"logits": logits, "bias": bias},
-                          {"n_expert": logits.cols, "k": k, "gating": gating, "norm": int(norm), "scale": scale})
+                          {"n_expert": logits.cols, "k": k, "gating": gating, "norm": int(norm), "scale": scale,
+                           "n_group": groups[0], "group_used": groups[1]})
 
     def moe_route_split(self, route: T, expert_map: T, n_local: int, k: int, name: str) -> T:
         """F32 [T, 2k]: one backend's share of `route`: slots whose expert `expert_map` (I32 [1, n_expert], a
@@ -283,14 +294,15 @@ class GraphBuilder:
         return self._node(Op.MOE_ROUTE_SPLIT, self.activation(name, 2 * k, rows=route.rows),
                           {"route": route, "map": expert_map}, {"n_expert": n_local, "k": k})
 
-    def moe_matmul(self, experts: T, x: T, route: T, n_expert: int, k: int, name: str, gate: T | None = None,
+    def moe_matmul(self, experts: T, x: T, route: T | None, n_expert: int, k: int, name: str, gate: T | None = None,
                    cut: T | None = None, gate_fn: int = 0, bias: T | None = None) -> T:
         """F32 [T, k * rows_e]: slot s of token t is x[t] (or, when x has k segments, its segment s) times
         expert route[t].id[s]'s rows of `experts` (the merged [n_expert * rows_e, cols] tensor). Only the
         chosen experts run (llama.cpp's mul_mat_id). With `gate` (the same route's gate matmul, F32 [T, k *
         rows_e]) and `cut` (F32 [n_expert, 3] from _core.gate_cut_bounds for `gate_fn`), a one-token run computes
         only the rows whose |act(gate)| passes their expert's cut and leaves the others 0 (CATS). `bias` (F32
-        [n_expert, rows_e]): each slot's rows plus its expert's bias (gpt-oss)."""
+        [n_expert, rows_e]): each slot's rows plus its expert's bias (gpt-oss). `route` None: slot s runs expert s
+        for every token (k == n_expert; a matmul per head, as MLA's absorbed projections)."""
         src = self.quantize(x) if experts.dtype in INTEGER_DOT_WEIGHTS else x
         dst = self.activation(name, k * (experts.n_rows // n_expert), rows=x.rows)
         return self._node(Op.MOE_MAT_MUL, dst, {"weight": experts, "x": src, "route": route, "gate": gate, "cut": cut,

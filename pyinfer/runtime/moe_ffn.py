@@ -51,7 +51,7 @@ def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, name: str = "rou
         b.add(logits, w(f"blk.{il}.ffn_gate_inp.bias"), out=logits)
     bias = w(f"blk.{il}.exp_probs_b.bias") if cfg.expert_bias else None    # F32 [1, n_expert]: for choosing only
     return b.moe_route(logits, cfg.n_expert_used, name, norm=cfg.expert_norm, gating=cfg.expert_gating,
-                       scale=cfg.expert_scale, bias=bias)
+                       scale=cfg.expert_scale, bias=bias, groups=cfg.expert_groups)
 
 
 def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weight, n: int, tag: str,

@@ -42,8 +42,9 @@ class Placement:
 
 
 def assign_split(b: GraphBuilder, device: int) -> None:
-    home: dict[int, int] = {}  # tensor id -> the backend whose memory holds it (its first writer's)
+    home: dict[int, int] = {}  # tensor id -> the backend whose memory holds it (its first writer's); views: their base's
     for node, (dst, srcs) in enumerate(zip(b.node_dst, b.node_srcs)):
+        dst, srcs = b.origin(dst), [b.origin(s) for s in srcs]
         weights = [b.weight_home[s] for s in srcs if s in b.weight_home]
         if dst in home:
             backend = home[dst]

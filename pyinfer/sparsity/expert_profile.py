@@ -36,7 +36,7 @@ def profile_routing(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int], n_thr
         chosen = route[:, k:].astype(np.int64)  # [n, k]
         np.add.at(counts[il], chosen.ravel(), 1)
         reused[il] += (chosen[1:, :, None] == chosen[:-1, None, :]).any(-1).sum() / k
-        if il == 0:
+        if il == cfg.dense_lead:  # the first layer with experts (a leading dense layer routes nothing)
             pairs[0] += len(chosen) - 1
 
     seen = Recorder(gguf, cfg, n_threads, PROFILE_WINDOW).run_experts(ids, max_tokens, on_layer, progress=progress)
@@ -50,11 +50,13 @@ def save_profile(prof: dict, path) -> None:
 
 def describe_profile(prof: dict) -> str:
     """One line: how skewed the routing is and how much consecutive tokens reuse."""
-    counts = prof["counts"]
+    routed = prof["counts"].sum(1) > 0  # the layers with experts (not a leading dense layer's zero row)
+    counts = prof["counts"][routed] if routed.any() else prof["counts"]
     top = max(1, counts.shape[1] // 10)
     share = np.sort(counts, axis=1)[:, -top:].sum(1) / np.maximum(counts.sum(1), 1)
+    reuse = prof["reuse"][routed] if routed.any() else prof["reuse"]
     return (f"the top {top} of {counts.shape[1]} experts take {share.mean():.0%} of the routes (layers "
-            f"{share.min():.0%}..{share.max():.0%}); a token shares {prof['reuse'].mean():.0%} of its experts with "
+            f"{share.min():.0%}..{share.max():.0%}); a token shares {reuse.mean():.0%} of its experts with "
             "the token before")
 
 

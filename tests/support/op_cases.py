@@ -181,6 +181,50 @@ def attention_sinks(b, rng):
     return _attention_case(b, rng, window=3, sinks=np.array([[0.5, -1.0, 2.0, 30.0, 0.0, -3.0]], np.float32))
 
 
+def attention_mla(b, rng):
+    """DeepSeek-V2's latent attention: one cache row per token, [latent | rotary], read whole as the key and its
+    latent prefix as the value (a view of the same cache); each query head is its q part then its q_rope part."""
+    from .reference_llama import attention as attention_ref
+
+    n, heads, latent, rot, n_ctx = 6, 4, 32, 16, 16
+    hd = latent + rot
+    P = i32(b, "p", np.arange(n)[:, None])
+    kc = b.state("kc", hd, n_ctx)
+    K, k = f32(b, rng, "k", n, hd)
+    Q, q = f32(b, rng, "q", n, heads * latent)
+    R, r = f32(b, rng, "q_rope", n, heads * rot)
+    b.kv_store(kc, K, P)
+    o = b.attention(Q, kc, b.view(kc, "vc", cols=latent), P, heads, 1, hd, "o", scale=0.3, q_rope=R, v_dim=latent)
+    k16 = k.astype(np.float16).astype(np.float32)
+    q_full = np.concatenate([q.reshape(n, heads, latent), r.reshape(n, heads, rot)], 2).reshape(n, heads * hd)
+    want = attention_ref(q_full, k16, k16[:, :latent], heads, 1, hd, scale=0.3)
+    return Case([o], [want], n, rtol=1e-4, atol=1e-5)
+
+
+def attention_mla_decode(b, rng):
+    """The latent attention of two tokens deep in a cache (positions 399 and 400: split-K, the partial states
+    v_dim wide); the rows never written are zeros, keys like any other."""
+    n, heads, latent, rot, n_ctx = 2, 4, 32, 16, 416
+    hd = latent + rot
+    pos = np.array([399, 400])
+    P = i32(b, "p", pos[:, None])
+    kc = b.state("kc", hd, n_ctx)
+    K, k = f32(b, rng, "k", n, hd)
+    Q, q = f32(b, rng, "q", n, heads * latent)
+    R, r = f32(b, rng, "q_rope", n, heads * rot)
+    b.kv_store(kc, K, P)
+    o = b.attention(Q, kc, b.view(kc, "vc", cols=latent), P, heads, 1, hd, "o", scale=0.2, q_rope=R, v_dim=latent)
+    keys = np.zeros((pos[-1] + 1, hd), np.float32)
+    keys[pos] = k.astype(np.float16).astype(np.float32)
+    want = np.zeros((n, heads, latent), np.float32)
+    for t in range(n):
+        qt = np.concatenate([q[t].reshape(heads, latent), r[t].reshape(heads, rot)], 1)
+        s_ = qt @ keys[:pos[t] + 1].T * 0.2
+        p_ = np.exp(s_ - s_.max(-1, keepdims=True))
+        want[t] = (p_ / p_.sum(-1, keepdims=True)) @ keys[:pos[t] + 1, :latent]
+    return Case([o], [want.reshape(n, heads * latent)], n, rtol=1e-4, atol=1e-5)
+
+
 def add(b, rng):
     A, a = f32(b, rng, "a", 4, 80)
     C, c = f32(b, rng, "c", 4, 80)
@@ -352,6 +396,40 @@ def moe_mat_mul_bias(b, rng):
     return Case([b.moe_matmul(W, X, route, n_exp, k, "y", bias=B)], [want], n, rtol=1e-4, atol=1e-4)
 
 
+def moe_mat_mul_per_head(b, rng):
+    """No route: every token runs every expert, slot s on expert s and x's segment s (MLA's absorbed projections,
+    a matmul per head); a Q8_0 weight as the real files' attn_k_b."""
+    n, heads, rows_e, cols = 3, 4, 16, 32
+    w = rng.standard_normal((heads * rows_e, cols)).astype(np.float32)
+    blocks = quants.quantize(w, Q.Q8_0)
+    W = b.weight("per_head", int(DType.Q8_0), cols, heads * rows_e, blocks)
+    X, x = f32(b, rng, "x", n, heads * cols)
+    wd = quants.dequantize(blocks, Q.Q8_0).reshape(heads, rows_e, cols)
+    want = np.einsum("hrc,thc->thr", wd, q8a(x).reshape(n, heads, cols)).reshape(n, heads * rows_e)
+    return Case([b.moe_matmul(W, X, None, heads, heads, "y")], [want], n, rtol=1e-4, atol=1e-4)
+
+
+def moe_route_grouped(b, rng):
+    """DeepSeek-V3's grouped routing: sigmoid probabilities plus a selection bias; 4 groups of 4 experts, each
+    scored by its two best selections; only the 2 best groups' experts can be chosen; weights renormalized and
+    scaled."""
+    n, n_exp, k, n_group, used = 9, 16, 3, 4, 2
+    L, logits = f32(b, rng, "logits", n, n_exp, 2.0)
+    Bias, bias = f32(b, rng, "bias", 1, n_exp, 0.3)
+    route = b.moe_route(L, k, gating=1, bias=Bias, scale=2.5, groups=(n_group, used))
+    probs = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    sel = probs + bias
+    groups = sel.reshape(n, n_group, -1)
+    score = np.sort(groups, -1)[..., -2:].sum(-1)
+    keep = np.argsort(-score, -1, kind="stable")[:, :used]
+    mask = np.full_like(groups, -np.inf)
+    np.put_along_axis(mask, keep[..., None], 0.0, 1)
+    ids = np.argsort(-(groups + mask).reshape(n, n_exp), -1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, ids, -1)
+    w = w / w.sum(-1, keepdims=True) * 2.5
+    return Case([route], [np.concatenate([w, ids], 1).astype(np.float32)], n, rtol=1e-5, atol=1e-6)
+
+
 def moe_combine(b, rng):
     n, n_exp, k, d = 5, 8, 3, 48
     route, w, _ = _route(b, rng, n, n_exp, k)
@@ -393,18 +471,21 @@ def moe_route_split(b, rng):
 
 CASES: dict[Op, list[Callable]] = {
     Op.GET_ROWS: [get_rows], Op.RMS_NORM: [rms_norm], Op.QUANTIZE: [quantize], Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
-    Op.ROPE: [rope, rope_partial, rope_yarn], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention, attention_sinks], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul, swiglu_oai_mul],
+    Op.ROPE: [rope, rope_partial, rope_yarn], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention, attention_sinks, attention_mla, attention_mla_decode], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul, swiglu_oai_mul],
     Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set],
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
-    Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route],
-    Op.MOE_MAT_MUL: [moe_mat_mul, moe_mat_mul_bias], Op.MOE_COMBINE: [moe_combine], Op.EXPERT_FETCH: [expert_fetch],
+    Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route, moe_route_grouped],
+    Op.MOE_MAT_MUL: [moe_mat_mul, moe_mat_mul_bias, moe_mat_mul_per_head], Op.MOE_COMBINE: [moe_combine], Op.EXPERT_FETCH: [expert_fetch],
     Op.MOE_ROUTE_SPLIT: [moe_route_split],
 }
 # Cases no device runs: the active union is a guard's decision, read on the host; offload's fetches run on the CPU;
 # the copy case places its own nodes.
 HOST_ONLY = {active_union, neuron_fetch, expert_fetch, copy}
 ALL = [pytest.param(op, case, id=f"{op.name.lower()}-{case.__name__}") for op, cases in CASES.items() for case in cases]
+# Cases CUDA's `supports` refuses (their nodes stay on the CPU there): MLA's attention and the per-head matmul.
+CPU_ONLY_KERNELS = {attention_mla, attention_mla_decode, moe_mat_mul_per_head}
 ON_DEVICES = [p for p in ALL if p.values[1] not in HOST_ONLY]
+ON_CUDA = [p for p in ON_DEVICES if p.values[1] not in CPU_ONLY_KERNELS]
 
 
 def run_case(case: Callable, isa: str = "auto", device: str | None = None):

@@ -91,12 +91,14 @@ def rope(x, pos, heads, hd, base, neox=False, factors=None, freq_scale=1.0, attn
 
 
 def attention(q, k, v, heads, kv_heads, hd, window=0, scale=None, sinks=None):
+    """Causal attention of T queries over T keys; a value head may be shorter than a key head (MLA)."""
     T = q.shape[0]
+    vd = v.shape[1] // kv_heads
     q = q.reshape(T, heads, hd)
     k = k.reshape(T, kv_heads, hd)
-    v = v.reshape(T, kv_heads, hd)
+    v = v.reshape(T, kv_heads, vd)
     group = heads // kv_heads
-    out = np.zeros_like(q)
+    out = np.zeros((T, heads, vd), np.float32)
     mask = np.triu(np.full((T, T), -np.inf, dtype=np.float32), 1)
     if window:  # query i sees keys i - window + 1 .. i
         mask = mask + np.tril(np.full((T, T), -np.inf, dtype=np.float32), -window)
@@ -106,7 +108,7 @@ def attention(q, k, v, heads, kv_heads, hd, window=0, scale=None, sinks=None):
             s = np.concatenate([s, np.full((T, 1), sinks[h], np.float32)], 1)
         p = np.exp(s - s.max(-1, keepdims=True))
         out[:, h] = (p / p.sum(-1, keepdims=True))[:, :T] @ v[:, h // group]
-    return out.reshape(T, heads * hd)
+    return out.reshape(T, heads * vd)
 
 
 def gelu_tanh(x):
@@ -137,7 +139,41 @@ def head_norm(x, w, heads, eps):
     return rms_norm(x.reshape(T, heads, -1), w, eps).reshape(T, -1)
 
 
-def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None, sigmoid=False, scale=0.0, oai=False):
+def latent_attention(h, W, p, c, meta, pos, eps):
+    """DeepSeek-V2's multi-head latent attention in its textbook form (the paper's, and Hugging Face's): q (direct or
+    through q_a, its norm and q_b), each head's [nope | rope]; the token's latent (normed) and one shared rotary key;
+    each head's key [latent @ k_b | rotary key] and value latent @ v_b; softmax scale (1 + 0.1 mscale_all_dim
+    ln factor)^2 / sqrt(head), the rotation's own magnitude 1 (DeepSeek-V2's mscale equals its mscale_all_dim)."""
+    T, H, hd, r, rank = h.shape[0], c.n_heads, c.head_dim, c.rope_dims, c.kv_lora_rank
+    nope = hd - r
+    if p + "attn_q_a.weight" in W:
+        q = rms_norm(h @ W[p + "attn_q_a.weight"].T, W[p + "attn_q_a_norm.weight"], eps) @ W[p + "attn_q_b.weight"].T
+    else:
+        q = h @ W[p + "attn_q.weight"].T
+    q = q.reshape(T, H, hd)
+    kv = h @ W[p + "attn_kv_a_mqa.weight"].T
+    latent = rms_norm(kv[:, :rank], W[p + "attn_kv_a_norm.weight"], eps)
+    factor = float(meta.get("deepseek2.rope.scaling.factor", 0.0) or 0.0)
+    yarn, fs, af, scale = None, 1.0, 1.0, hd ** -0.5
+    if meta.get("deepseek2.rope.scaling.type") == "yarn" and factor > 1:
+        fs = 1.0 / factor
+        af = 1.0 / (1 + 0.1 * np.log(factor))  # cancels rope()'s YaRN magnitude: cos and sin stay unit
+        yarn = (c.rope_ext_factor, c.rope_yarn_low, c.rope_yarn_high)
+        m_all = float(meta.get("deepseek2.rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        scale = scale * (1 + 0.1 * m_all * np.log(factor)) ** 2
+    q_pe = rope(np.ascontiguousarray(q[..., nope:]).reshape(T, -1), pos, H, r, c.rope_base, False, None, fs, af,
+                yarn=yarn).reshape(T, H, r)
+    k_pe = rope(kv[:, rank:], pos, 1, r, c.rope_base, False, None, fs, af, yarn=yarn)
+    kb, vb = W[p + "attn_k_b.weight"], W[p + "attn_v_b.weight"]          # [H, rank, nope], [H, v, rank]
+    k = np.concatenate([np.einsum("tr,hrn->thn", latent, kb), np.broadcast_to(k_pe[:, None, :], (T, H, r))], -1)
+    v = np.einsum("tr,hvr->thv", latent, vb)
+    q = np.concatenate([q[..., :nope], q_pe], -1)
+    o = attention(q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1), H, H, hd, scale=scale)
+    return o @ W[p + "attn_output.weight"].T
+
+
+def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None, sigmoid=False, scale=0.0, oai=False,
+        groups=(0, 0)):
     """A Mixture-of-Experts FFN (llama.cpp's build_moe_ffn with softmax gating): each token's top k experts by
     softmax probability, their probabilities as weights (divided by their sum with `norm`); Qwen2-MoE's shared
     expert times the sigmoid of its gate. W's merged experts are [n_expert, rows, cols]. `cuts` ([n_expert]):
@@ -168,6 +204,12 @@ def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None, sigmoid=False
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
     select = probs + W[p + "exp_probs_b.bias"] if p + "exp_probs_b.bias" in W else probs  # GLM: bias picks only
+    if groups[0] > 1:  # DeepSeek-V3: only the experts of the groups whose two best selections sum highest
+        g = select.reshape(len(h), groups[0], -1)
+        best = np.argsort(-np.sort(g, -1)[..., -2:].sum(-1), -1, kind="stable")[:, :groups[1]]
+        keep = np.zeros(g.shape[:2], bool)
+        np.put_along_axis(keep, best, True, 1)
+        select = np.where(keep[..., None], g, -np.inf).reshape(len(h), -1)
     order = np.argsort(-select, axis=-1, kind="stable")
     chosen = order[:, :k]                                                   # [T, k]
     if margins is not None and k < probs.shape[1]:  # how near each token's routing came to another choice
@@ -256,6 +298,7 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         return y + W[p + name + ".bias"] if p + name + ".bias" in W else y
 
     oss = arch == "gpt-oss"
+    deepseek = arch == "deepseek2"
     yarn = None
     if meta.get(f"{arch}.rope.scaling.type") == "yarn":
         freq_scale = 1.0 / float(meta[f"{arch}.rope.scaling.factor"])
@@ -265,7 +308,9 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         local = gemma and (il + 1) % 6 != 0
         base = 10000.0 if local else c.rope_base
         h = input_cut(il, "attn_in", rms_norm(x, W[p + "attn_norm.weight"], c.norm_eps))
-        if p + "attn_qkv.weight" in W:
+        if deepseek:  # its own attention below
+            q = k = v = None
+        elif p + "attn_qkv.weight" in W:
             qkv = lin(h, p, "attn_qkv")
             q, k, v = qkv[:, :qw], qkv[:, qw:qw + kvw], qkv[:, qw + kvw:]
         else:
@@ -278,14 +323,15 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
             k = rms_norm(k, W[p + "attn_k_norm.weight"], c.norm_eps)
         fs = 1.0 if local else freq_scale
         n_rot = int(meta.get(f"{arch}.rope.dimension_count", c.head_dim))
-        q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot, yarn)
-        k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot, yarn)
+        if not deepseek:
+            q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot, yarn)
+            k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot, yarn)
         window = int(meta.get("gemma3.attention.sliding_window", 0)) if local else 0
         if oss and il % 2 == 0:  # gpt-oss: the even layers slide
             window = int(meta["gpt-oss.attention.sliding_window"])
         o = lin(input_cut(il, "attn_out", attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window,
                                                      attn_scale, W[p + "attn_sinks.weight"] if oss else None)),
-                p, "attn_output")
+                p, "attn_output") if not deepseek else latent_attention(h, W, p, c, meta, pos, c.norm_eps)
         if gemma:
             o = rms_norm(o, W[p + "post_attention_norm.weight"], c.norm_eps)
         x = x + rs * o
@@ -293,11 +339,14 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
         h = input_cut(il, "ffn_in", rms_norm(x, W[p + ffn_norm + ".weight"], c.norm_eps))
         if p + "ffn_gate_inp.weight" in W:
             k = int(meta[f"{arch}.expert_used_count"])
-            glm = arch == "glm4moe"
-            norm = bool(meta.get("glm4moe.expert_weights_norm", False)) if glm else arch not in ("qwen2moe", "olmoe")
+            glm = arch in ("glm4moe", "deepseek2")  # the keys llama.cpp reads for both
+            norm = bool(meta.get(f"{arch}.expert_weights_norm", False)) if glm else arch not in ("qwen2moe", "olmoe")
+            sigmoid = glm and int(meta.get(f"{arch}.expert_gating_func", 2)) == 2
+            groups = (int(meta.get(f"{arch}.expert_group_count", 0)), int(meta.get(f"{arch}.expert_group_used_count", 0)))
             x = x + rs * moe(h, W, p, c.activation, k, norm=norm, margins=margins,
-                             cuts=None if expert_cuts is None else expert_cuts[il], kept=kept, sigmoid=glm,
-                             scale=float(meta.get("glm4moe.expert_weights_scale", 0.0)) if glm else 0.0, oai=oss)
+                             cuts=None if expert_cuts is None else expert_cuts[il], kept=kept, sigmoid=sigmoid,
+                             scale=float(meta.get(f"{arch}.expert_weights_scale", 0.0)) if glm else 0.0, oai=oss,
+                             groups=groups)
             continue
         if arch == "phi3" and p + "ffn_gate.weight" not in W:  # gate rows first, then up
             gu = h @ W[p + "ffn_up.weight"].T

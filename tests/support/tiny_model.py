@@ -225,7 +225,14 @@ TINY_ARCH = {
     "glm4moe": dict(TINY, n_layers=3, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff_shared=64,
                     rope_dims=8, dense_lead=1, expert_scale=2.5, nextn=1),
 }
-MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe", "olmoe", "granitemoe", "glm4moe", "gpt-oss")
+# DeepSeek-V2-Lite's layout: latent attention (q direct, a latent of 32 plus 16 rotary values cached per token; query
+# heads of 32 + 16, value heads of 32), one leading dense layer, softmax routing, two shared experts, YaRN x4 with
+# DeepSeek's magnitude. config={"q_lora_rank": 24, "v3": True}: V3's low-rank q, sigmoid routing chosen with a
+# selection bias in 4 groups of which 2 count, renormalized and scaled.
+TINY_ARCH["deepseek2"] = dict(TINY, n_layers=3, n_kv_heads=1, head_dim=48, rope_dims=16, kv_lora_rank=32, v_dim=32,
+                              n_expert=8, n_expert_used=2, d_ff_expert=32, d_ff_shared=64, dense_lead=1, yarn=4.0,
+                              yarn_orig=32, q_lora_rank=0, v3=False)
+MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe", "olmoe", "granitemoe", "glm4moe", "gpt-oss", "deepseek2")
 # gpt-oss: sinks, a window of 5 on the even layers, YaRN x4 over an original context of 32, biased router and experts
 TINY_ARCH["gpt-oss"] = dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, window=5, yarn=4.0,
                             yarn_orig=32)
@@ -250,8 +257,16 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
     c["n_layers"] = n_trunk + c.get("nextn", 0)  # block_count counts GLM's multi-token-prediction layers too
     _add_shape(w, c, context)
     hd = c["head_dim"]
-    w.add_key_length(hd)
-    w.add_value_length(hd)
+    if kind == "deepseek2":  # the cache's one latent head, then the query and value heads (the converter's keys)
+        w.add_key_length(c["kv_lora_rank"] + c["rope_dims"])
+        w.add_value_length(c["kv_lora_rank"])
+        w.add_key_length_mla(hd)
+        w.add_value_length_mla(c["v_dim"])
+        w.add_kv_lora_rank(c["kv_lora_rank"])
+        w.add_q_lora_rank(c["q_lora_rank"])  # 0 (V2-Lite): llama.cpp requires the key below 26 layers
+    else:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_rope_dimension_count(c.get("rope_dims", hd))
     if vocab_from is not None:
         n_vocab = _copy_vocab(w, GGUFReader(str(vocab_from)))
@@ -279,6 +294,19 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
         w.add_bool("glm4moe.expert_weights_norm", True)
         w.add_uint32("glm4moe.expert_gating_func", 2)
         w.add_uint32("glm4moe.nextn_predict_layers", c["nextn"])
+    if kind == "deepseek2":
+        w.add_leading_dense_block_count(c["dense_lead"])
+        w.add_expert_shared_count(c["d_ff_shared"] // c["d_ff_expert"])
+        w.add_expert_weights_scale(2.5 if c["v3"] else 1.0)
+        w.add_expert_weights_norm(c["v3"])
+        w.add_uint32("deepseek2.expert_gating_func", 2 if c["v3"] else 1)
+        if c["v3"]:
+            w.add_expert_group_count(4)
+            w.add_expert_group_used_count(2)
+        w.add_string("deepseek2.rope.scaling.type", "yarn")
+        w.add_float32("deepseek2.rope.scaling.factor", c["yarn"])
+        w.add_uint32("deepseek2.rope.scaling.original_context_length", c["yarn_orig"])
+        w.add_float32("deepseek2.rope.scaling.yarn_log_multiplier", 0.0707)  # the converter's 0.1 x mscale_all_dim
     if kind == "gpt-oss":
         w.add_uint32("gpt-oss.attention.sliding_window", c["window"])
         w.add_string("gpt-oss.rope.scaling.type", "yarn")
@@ -303,6 +331,8 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
         w.add_tensor(p + ffn_norm + ".weight", (1.0 + 0.2 * rng.standard_normal(d)).astype(np.float32))
         if kind == "phi3" and fused:
             add(p + "attn_qkv.weight", (qw + 2 * kvw + bad_qkv_rows, d))
+        elif kind == "deepseek2":
+            _add_latent_attention(w, rng, add, p, c)
         else:
             add(p + "attn_q.weight", (qw, d))
             add(p + "attn_k.weight", (kvw, d))
@@ -319,7 +349,7 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
         if kind == "olmoe":
             for part, n in (("q", qw), ("k", kvw)):
                 w.add_tensor(p + f"attn_{part}_norm.weight", (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32))
-        add(p + "attn_output.weight", (d, qw))
+        add(p + "attn_output.weight", (d, c["n_heads"] * c["v_dim"] if kind == "deepseek2" else qw))
         if il >= n_trunk:  # GLM's multi-token-prediction layer: its own projection and norms (never run here)
             add(p + "nextn.eh_proj.weight", (d, 2 * d))
             for part in ("enorm", "hnorm", "shared_head_norm"):
@@ -339,6 +369,23 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
     return finish(w, path, extra)
 
 
+def _add_latent_attention(w: GGUFWriter, rng, add, p: str, c: dict) -> None:
+    """DeepSeek-V2's attention tensors as the converter writes them: q (or q_a, its norm, q_b) with each head's
+    rows [nope | rope], kv_a_mqa [latent | rope], the latent's norm, and kv_b split per head into k_b (numpy [heads,
+    latent, nope]) and v_b ([heads, v, latent])."""
+    d, heads, hd, rot, rank = c["d_model"], c["n_heads"], c["head_dim"], c["rope_dims"], c["kv_lora_rank"]
+    if c["q_lora_rank"]:
+        add(p + "attn_q_a.weight", (c["q_lora_rank"], d))
+        w.add_tensor(p + "attn_q_a_norm.weight", (1.0 + 0.2 * rng.standard_normal(c["q_lora_rank"])).astype(np.float32))
+        add(p + "attn_q_b.weight", (heads * hd, c["q_lora_rank"]))
+    else:
+        add(p + "attn_q.weight", (heads * hd, d))
+    add(p + "attn_kv_a_mqa.weight", (rank + rot, d))
+    w.add_tensor(p + "attn_kv_a_norm.weight", (1.0 + 0.2 * rng.standard_normal(rank)).astype(np.float32))
+    add(p + "attn_k_b.weight", (heads, rank, hd - rot), 0.3)
+    add(p + "attn_v_b.weight", (heads, c["v_dim"], rank), 0.3)
+
+
 def _add_experts(w: GGUFWriter, rng, add, p: str, kind: str, c: dict) -> None:
     """A layer's router (F32, as llama.cpp's quantizer keeps it) and merged experts (numpy shape [n, rows,
     cols]: GGUF's ne [cols, rows, n]); Qwen2-MoE's shared expert and its one-row gate."""
@@ -351,9 +398,9 @@ def _add_experts(w: GGUFWriter, rng, add, p: str, kind: str, c: dict) -> None:
         w.add_tensor(p + "ffn_gate_inp.bias", (rng.standard_normal(n) * 0.5).astype(np.float32))
         for part, rows in (("gate", ffe), ("up", ffe), ("down", d)):
             w.add_tensor(p + f"ffn_{part}_exps.bias", (rng.standard_normal((n, rows)) * 0.2).astype(np.float32))
-    if kind == "glm4moe":  # the selection bias: large enough to change which experts win
+    if kind == "glm4moe" or (kind == "deepseek2" and c["v3"]):  # the selection bias: enough to change the winners
         w.add_tensor(p + "exp_probs_b.bias", (rng.standard_normal(n) * 0.3).astype(np.float32))
-    if kind in ("qwen2moe", "granitemoe", "glm4moe"):
+    if kind in ("qwen2moe", "granitemoe", "glm4moe", "deepseek2"):
         if kind == "qwen2moe":  # Granite's and GLM's shared experts have no gate
             w.add_tensor(p + "ffn_gate_inp_shexp.weight", (rng.standard_normal(d) * 0.2).astype(np.float32))
         add(p + "ffn_gate_shexp.weight", (c["d_ff_shared"], d))

@@ -163,6 +163,13 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       a.heads = p.heads;
       a.kv_heads = p.kv_heads;
       a.head_dim = p.head_dim;
+      a.v_dim = p.v_dim ? p.v_dim : p.head_dim;
+      if (n.src[S::q_rope] >= 0) {  // MLA: a query head is its q part, then its q_rope part
+        const Tensor& qr = g.tensors[size_t(n.src[S::q_rope])];
+        a.q_rope = static_cast<const float*>(qr.data);
+        a.q_rope_stride = f32_stride(qr);
+        a.rope_dim = int(qr.cols / p.heads);
+      }
       a.window = p.window;
       a.scale = p.scale;
       if (n.src[S::sinks] >= 0) a.sinks = static_cast<const float*>(g.tensors[size_t(n.src[S::sinks])].data);

@@ -57,7 +57,8 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
   const Tensor& dst = g.tensors[size_t(n.dst)];
   const Tensor& w = g.tensors[size_t(n.src[MoeMatMulSrc::weight])];
   const Tensor& x = g.tensors[size_t(n.src[MoeMatMulSrc::x])];
-  const Tensor& route = g.tensors[size_t(n.src[MoeMatMulSrc::route])];
+  const int route_src = n.src[MoeMatMulSrc::route];  // none: slot s runs expert s (a matmul per head)
+  const Tensor* route = route_src >= 0 ? &g.tensors[size_t(route_src)] : nullptr;
   const int32_t k = n.p.moe.k, n_expert = n.p.moe.n_expert;
   const int64_t n_tok = rows_in_run(dst, shape);
   const int64_t rows_e = w.rows / n_expert;
@@ -74,7 +75,8 @@ void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const 
   };
   auto x_of = [&](int64_t t, int32_t s) { return row_ptr<const uint8_t>(x, t) + (per_slot ? size_t(s) * seg_bytes : 0); };
   auto expert_of = [&](int64_t t, int32_t s) {  // kNotHere: another backend's expert (its slot stays 0)
-    const int32_t e = route_id(row_ptr<const float>(route, t), k, s, n_expert);
+    if (!route) return s;
+    const int32_t e = route_id(row_ptr<const float>(*route, t), k, s, n_expert);
     if (e == kBadId) throw GraphError("a route names an expert outside [0, " + std::to_string(n_expert) + ")");
     return e;
   };

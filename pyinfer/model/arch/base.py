@@ -40,6 +40,9 @@ class Architecture:
     tensor_patterns: tuple[str, ...] = ()
     rope_neox = False  # llama.cpp's rope type for the architecture: NEOX pairs i with i + head_dim / 2
     activation = Activation.SILU  # the gated FFN's, unless the file or the model family says otherwise
+    # Multi-head latent attention (DeepSeek-V2): key and value heads of different sizes are the architecture's own
+    # (its config checks them), and its YaRN magnitude (rope.scaling.yarn_log_multiplier) is folded into the scale.
+    latent_attention = False
 
     # ---- hyper-parameters ------------------------------------------------------------------------------
     def config(self, f: GGUFModelFile) -> LlamaConfig:
@@ -61,7 +64,7 @@ class Architecture:
         p = self.name + "."
         self.check_keys(f)
         d_model, n_heads, n_kv_heads, head_dim = self.head_shape(f)
-        if int(f.get(p + "attention.value_length", head_dim)) != head_dim:
+        if int(f.get(p + "attention.value_length", head_dim)) != head_dim and not self.latent_attention:
             raise UnsupportedModelError("key and value heads of different sizes are not supported")
         rope_dims = int(f.get(p + "rope.dimension_count", head_dim))
         if head_dim >= 2 and (not 2 <= rope_dims <= head_dim or rope_dims % 2):  # (a bad head size: check_config)
@@ -70,7 +73,7 @@ class Architecture:
         vocab = f.get("tokenizer.ggml.tokens")
         emb = f.tensor("token_embd.weight")
         return dict(
-            n_layers=int(f.require(p + "block_count")),
+            n_layers=self.trunk_layers(f),
             d_model=d_model,
             d_ff=int(f.require(p + "feed_forward_length")),
             n_heads=n_heads,
@@ -110,7 +113,7 @@ class Architecture:
         if not 1 <= used <= n:
             raise ModelFormatError(f"{f.path.name}: {p}expert_used_count {used} must be in [1, {n}]")
         d = int(f.require(p + "embedding_length"))
-        layers = range(int(f.require(p + "block_count"))) if layers is None else layers
+        layers = range(self.trunk_layers(f)) if layers is None else layers
         first = f.tensors.get(f"blk.{layers[0]}.ffn_gate_exps.weight")
         if first is None or first.rows % n:
             raise ModelFormatError(f"{f.path.name}: blk.{layers[0]}.ffn_gate_exps.weight must hold {n} experts")
@@ -164,7 +167,7 @@ class Architecture:
         factor = float(f.get(p + "rope.scaling.factor", 0.0) or 0.0)
         if factor in (0.0, 1.0):
             return {}
-        if float(f.get(p + "rope.scaling.yarn_log_multiplier", 0.0) or 0.0) != 0.0:
+        if float(f.get(p + "rope.scaling.yarn_log_multiplier", 0.0) or 0.0) != 0.0 and not self.latent_attention:
             raise UnsupportedModelError(f"{p}rope.scaling.yarn_log_multiplier (DeepSeek's YaRN magnitude) is not "
                                         "supported yet")
         ext = float(f.get(p + "rope.scaling.yarn_ext_factor", 1.0))
@@ -188,15 +191,27 @@ class Architecture:
         if float(f.get(p + "attention.clamp_kqv", 0.0) or 0.0) != 0.0:
             raise UnsupportedModelError(f"{p}attention.clamp_kqv is not supported yet; the model would run wrongly")
 
+    def trunk_layers(self, f: GGUFModelFile) -> int:
+        """The layers the graph runs: block_count less the multi-token-prediction layers stored after the trunk
+        (nextn_predict_layers: GLM-4.5, GLM-4.7-Flash), which llama.cpp runs only for speculative decoding."""
+        p = self.name + "."
+        blocks, nextn = int(f.require(p + "block_count")), int(f.get(p + "nextn_predict_layers", 0) or 0)
+        if not 0 <= nextn < blocks:
+            raise ModelFormatError(f"{f.path.name}: {p}nextn_predict_layers {nextn} must be below block_count {blocks}")
+        return blocks - nextn
+
     # ---- tensors ---------------------------------------------------------------------------------------
     def check_tensors(self, f: GGUFModelFile) -> None:
         """Every tensor of the file is one this graph reads: a tensor the graph would skip (a bias, RoPE
-        factors, a norm it does not apply) means wrong answers, so it is refused by name."""
+        factors, a norm it does not apply) means wrong answers, so it is refused by name. The multi-token-prediction
+        layers' tensors (after the trunk) are read by no graph here and refused by none."""
+        trunk = self.trunk_layers(f)
+        names = [n for n in f.tensors if not ((m := re.match(r"^blk\.(\d+)\.", n)) and int(m.group(1)) >= trunk)]
         allowed = re.compile("|".join(f"(?:{p})" for p in COMMON_TENSORS + self.tensor_patterns))
         if any(re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", name) for name in f.tensors):
             raise UnsupportedModelError(f"{f.path.name} stores each expert in tensors of its own (an old Mixtral "
                                         "layout); convert it again with a current llama.cpp (merged *_exps tensors)")
-        for name in f.tensors:
+        for name in names:
             if not allowed.fullmatch(re.sub(r"^blk\.\d+\.", "blk.N.", name)):
                 raise UnsupportedModelError(
                     f"tensor {name} is not read by pyinfer's '{self.name}' graph; the model would run, but wrongly")

@@ -19,31 +19,9 @@ class Glm4Moe(Architecture):
     tensor_patterns = QK_NORMS + MOE_TENSORS + SHARED_EXPERT_TENSORS + (
         r"blk\.N\.post_attention_norm\.weight", r"blk\.N\.exp_probs_b\.bias")
 
-    def trunk_layers(self, f) -> int:
-        p = self.name + "."
-        blocks, nextn = int(f.require(p + "block_count")), int(f.get(p + "nextn_predict_layers", 0) or 0)
-        if not 0 <= nextn < blocks:
-            raise ModelFormatError(f"{f.path.name}: {p}nextn_predict_layers {nextn} must be below block_count {blocks}")
-        return blocks - nextn
-
-    def check_tensors(self, f) -> None:
-        """The multi-token-prediction layers' tensors are read by no graph here and refused by none."""
-        import re
-
-        trunk = self.trunk_layers(f)
-        names = dict(f.tensors)
-        mtp = {n for n in names if (m := re.match(r"^blk\.(\d+)\.", n)) and int(m.group(1)) >= trunk}
-        for n in mtp:
-            del f.tensors[n]
-        try:
-            super().check_tensors(f)
-        finally:
-            f.tensors.update({n: names[n] for n in mtp})
-
     def config(self, f) -> LlamaConfig:
         p = self.name + "."
-        hp = self.common_hparams(f)
-        hp["n_layers"] = self.trunk_layers(f)
+        hp = self.common_hparams(f)  # n_layers: the trunk, without the multi-token-prediction layers
         if any(int(v) for v in (f.get(p + "rope.dimension_sections", []) or [])):
             raise UnsupportedModelError(f"{p}rope.dimension_sections (multimodal M-RoPE) is not supported")
         lead = int(f.get(p + "leading_dense_block_count", 0) or 0)
