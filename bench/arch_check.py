@@ -55,6 +55,10 @@ CASES = [
      "of 8, two shared experts"),
     ("deepseek2 (V3 layout)", "deepseek2-v3", "ggml-vocab-llama-bpe.gguf", "low-rank q with its norm, sigmoid "
      "routing with a selection bias in 4 groups of which 2 count, renormalized, x2.5"),
+    ("smallthinker", "smallthinker", "ggml-vocab-qwen2.gguf", "5 layers: the router on each layer's input before "
+     "attention, ReGLU experts, softmax top-2 of 8 renormalized; a sliding window: layers 0 and 4 global and NoPE"),
+    ("smallthinker (sigmoid, no window)", "smallthinker-sigmoid", "ggml-vocab-qwen2.gguf", "sigmoid routing, every "
+     "layer global with RoPE"),
 ]
 MOE = dict(n_expert=8, n_expert_used=2, d_ff_expert=256, d_ff_shared=512)
 
@@ -74,6 +78,11 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
         mla = dict(SHAPE, n_layers=3, n_kv_heads=1, head_dim=96, rope_dims=32, kv_lora_rank=128, v_dim=64,
                    **MOE, q_lora_rank=96 if kind.endswith("v3") else 0, v3=kind.endswith("v3"))
         return write_tiny_arch(path, "deepseek2", seed=len(kind), config=mla, vocab_from=vocab)
+    if kind.startswith("smallthinker"):  # 5 layers (the window pattern's period and one), experts d_ff wide
+        sigmoid = kind.endswith("sigmoid")
+        return write_tiny_arch(path, "smallthinker", seed=len(kind), vocab_from=vocab,
+                               config=dict(SHAPE, n_layers=5, head_dim=hd, **dict(MOE, d_ff=MOE["d_ff_expert"]),
+                                           swa=not sigmoid, sigmoid=sigmoid, router_scale=0.01))
     if kind in MOE_KINDS:
         moe = dict(MOE, d_ff=MOE["d_ff_expert"]) if kind in ("mixtral", "olmoe", "granitemoe") else MOE  # experts d_ff wide
         shape = dict(SHAPE, n_kv_heads=SHAPE["n_heads"]) if kind == "olmoe" else SHAPE  # OLMoE: k_norm is d wide

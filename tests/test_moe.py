@@ -256,12 +256,13 @@ def paths(tmp_path_factory):
 @pytest.mark.parametrize("kind", MOE_KINDS)
 def test_prefill_matches_the_reference(paths, kind):
     """F32: within 1% of the fp32 reference and the same top-1 everywhere, except at positions whose routing
-    the reference found within 0.001 of a tie (fp16 KV noise may take the other expert there)."""
+    the reference found within 0.001 of a tie (fp16 KV noise may take the other expert there). SmallThinker's router
+    reads the un-normed stream, which carries the cache's fp16 rounding on: its reference rounds K and V alike."""
     m = pyinfer.load(paths[kind, Q.F32], n_ctx=64, n_threads=2, progress=False)
     assert m.config.is_moe and m.config.n_expert == 8 and m.config.n_expert_used == 2
     got = m.eval(IDS, all_logits=True)
     margins: list = []
-    ref = reference_logits(m.gguf, IDS, n_ctx=64, margins=margins)
+    ref = reference_logits(m.gguf, IDS, n_ctx=64, margins=margins, cache_fp16=kind == "smallthinker")
     clear = np.min(margins, axis=0) > 1e-3
     assert clear.sum() >= 36
     assert rel_err(got[clear], ref[clear]) < 0.01

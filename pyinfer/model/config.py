@@ -133,6 +133,10 @@ class LlamaConfig:
     mla_v_dim: int = 0
     # DeepSeek-V3's grouped routing: (n_group, group_used); (0, 0): none.
     expert_groups: tuple[int, int] = (0, 0)
+    # SmallThinker: the router reads the layer's input before attention, so a streamed layer's experts can be read
+    # while its attention runs; and the layers that rotate no position (NoPE; SmallThinker's global layers).
+    router_before_attention: bool = False
+    nope_layers: tuple[bool, ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -179,6 +183,10 @@ class LlamaConfig:
 
     def window(self, layer: int) -> int:
         return self.sliding_window if self.is_local(layer) else 0
+
+    def rotates(self, layer: int) -> bool:
+        """Whether the layer's attention applies RoPE (SmallThinker's NoPE layers do not)."""
+        return not (self.nope_layers and self.nope_layers[layer])
 
     def layer_rope_base(self, layer: int) -> float:
         return self.rope_base_local if self.is_local(layer) and self.rope_base_local > 0 else self.rope_base

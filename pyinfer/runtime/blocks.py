@@ -80,13 +80,14 @@ class ModelGraph:
 
     def attention(self, h: T, il: int, qk_norm: bool = False, factors: T | None = None, rope_base: float | None = None,
                   window: int = 0, scale: float | None = None, freq_scale: float | None = None,
-                  qk_norm_rows: bool = False, sinks: bool = False) -> T:
+                  qk_norm_rows: bool = False, sinks: bool = False, rope: bool = True) -> T:
         """Self-attention of layer `il` on h (F32 [T, d_model]) to the output projection (F32 [T, d_model]):
         q, k, v (with their biases if present), per-head RMS norm of q and k (`qk_norm`), RoPE (the
         architecture's pairing, `factors` dividing each pair's frequency), the KV cache, causal attention
         (`window`: sliding-window layers) and the output projection. `rope_base` and `freq_scale`: this layer's
         (default: the model's). `qk_norm_rows`: q and k are each normalised as whole rows, not per head (OLMoE).
-        `sinks`: the layer's attn_sinks.weight joins every row's softmax, one logit per head (gpt-oss)."""
+        `sinks`: the layer's attn_sinks.weight joins every row's softmax, one logit per head (gpt-oss). `rope`
+        False: positions are not rotated in (NoPE layers: SmallThinker's global ones)."""
         b, c, p = self.b, self.cfg, f"blk.{il}."
         q = self.linear(h, p + "attn_q.weight", "q", p + "attn_q.bias")  # F32 [T, n_heads * head_dim]
         k = self.linear(h, p + "attn_k.weight", "k", p + "attn_k.bias")  # F32 [T, n_kv_heads * head_dim]
@@ -97,7 +98,7 @@ class ModelGraph:
             k = self.norm(k, p + "attn_k_norm.weight", "k_normed", segment=segment)
         base = c.rope_base if rope_base is None else rope_base
         scale_f = c.rope_freq_scale if freq_scale is None else freq_scale
-        for x, heads in ((q, c.n_heads), (k, c.n_kv_heads)):
+        for x, heads in ((q, c.n_heads), (k, c.n_kv_heads)) if rope else ():
             b.rope(x, self.positions, heads, c.head_dim, base, neox=c.rope_neox, factors=factors,
                    freq_scale=scale_f, attn_factor=c.rope_attn_factor, n_rot=c.rope_dims,
                    yarn=(c.rope_ext_factor, c.rope_yarn_low, c.rope_yarn_high) if c.rope_ext_factor else None)
@@ -144,10 +145,17 @@ class ModelGraph:
         o = b.moe_matmul(self.w(p + "attn_v_b.weight"), o, None, heads, heads, "attn_v")  # [T, heads * v dim]
         return self.linear(o, p + "attn_output.weight", "attn_out")
 
-    def ffn(self, h: T, il: int) -> T:
-        """The layer's FFN on h (F32 [T, d_model]), as this graph's FFN builder makes it."""
+    def route(self, x: T, il: int) -> T:
+        """Layer `il`'s expert choice from x (F32 [T, 2k]; runtime/moe_ffn.py), made before its FFN: SmallThinker
+        routes the layer's input, ahead of attention, and under expert streaming the chosen experts' reads start
+        here and run while attention computes. Hand it to ffn(route=...)."""
+        return self.ffn_builder.route(self, x, il)
+
+    def ffn(self, h: T, il: int, route: T | None = None) -> T:
+        """The layer's FFN on h (F32 [T, d_model]), as this graph's FFN builder makes it; `route`: the layer's
+        expert choice made earlier (route()), else the FFN routes h itself."""
         first = len(self.b.node_ops)
-        out = self.ffn_builder(self, h, il)
+        out = self.ffn_builder(self, h, il, route=route)
         self.b.ffn_nodes.append(range(first, len(self.b.node_ops)))
         return out
 

@@ -8,22 +8,34 @@ from __future__ import annotations
 from ..errors import UnsupportedModelError
 from .graph_builder import T
 from .hybrid_ffn import hybrid_ffn
-from .moe_ffn import moe_ffn, split_moe_ffn
+from .moe_ffn import early_route, moe_ffn, split_moe_ffn
 from .placement import Placement
 from .sparse_ffn import SparseRuns, dense_ffn, sparse_ffn
 
 
-class DenseFfn:
+class FfnBuilder:
+    """What every FFN choice answers: the layer's FFN (called), and a layer's expert choice made before it
+    (`route`: SmallThinker routes ahead of attention; the FFN is then called with it)."""
+
+    def route(self, m, x: T, il: int) -> T:
+        return early_route(m.b, m.w, x, il, m.cfg)
+
+
+class DenseFfn(FfnBuilder):
     """act(gate) * up, then down: every neuron (a Mixture of Experts: every neuron of the chosen experts, read
     through `experts`, an offload.ExpertOffload, when they stream from storage)."""
 
     def __init__(self, experts=None, cuts=None):
         self.experts, self.cuts = experts, cuts
 
-    def __call__(self, m, h: T, il: int) -> T:
+    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
         if m.cfg.moe_layer(il):
-            return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts, stream=m.stream, cuts=self.cuts)
+            return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts, stream=m.stream, cuts=self.cuts, route=route)
         return dense_ffn(m.b, m.w, h, il, m.cfg, project=m.project)
+
+    def route(self, m, x: T, il: int) -> T:
+        """With streamed experts and read-ahead on, the chosen experts' reads start with the route."""
+        return early_route(m.b, m.w, x, il, m.cfg, self.experts)
 
 
 def _dense_only(m, what: str) -> None:
@@ -32,19 +44,19 @@ def _dense_only(m, what: str) -> None:
                                     "(their experts already skip what a token does not route to)")
 
 
-class RecordedFfn:
+class RecordedFfn(FfnBuilder):
     """The dense FFN, keeping each layer's input, gate and up readable after a run (the profiler's view:
     b.records[layer] = (ffn_in, gate, up) ids)."""
 
-    def __call__(self, m, h: T, il: int) -> T:
+    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
         if m.cfg.moe_layer(il):  # the routing profile: each layer's route
-            return moe_ffn(m.b, m.w, h, il, m.cfg, record=True)
+            return moe_ffn(m.b, m.w, h, il, m.cfg, record=True, route=route)
         if m.cfg.is_moe:  # a leading dense layer of a MoE model: nothing to profile (records hold routes only)
             return dense_ffn(m.b, m.w, h, il, m.cfg)
         return dense_ffn(m.b, m.w, h, il, m.cfg, record=True)
 
 
-class SparseFfn:
+class SparseFfn(FfnBuilder):
     """Neuron-aware decode from a sparsity plan (runtime/sparse_ffn.py). The neuron rows come from a source:
     in RAM (sparse_ffn.InRamNeurons), or with `offload` its neuron store (a weight source, not a branch).
     A layer the plan marks dense (`auto` timed it slower sparse here) runs the dense FFN, except under offload,
@@ -53,14 +65,14 @@ class SparseFfn:
     def __init__(self, plan, runs: SparseRuns, down_type: str = "auto", offload=None):
         self.plan, self.runs, self.down_type, self.offload = plan, runs, down_type, offload
 
-    def __call__(self, m, h: T, il: int) -> T:
+    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
         _dense_only(m, "neuron-level sparsity")
         if self.plan.layers[il].dense and self.offload is None:
             return dense_ffn(m.b, m.w, h, il, m.cfg)
         return sparse_ffn(m.b, m.w, m.gguf, h, il, m.cfg, self.plan, self.runs, self.down_type, self.offload)
 
 
-class InputSparseFfn:
+class InputSparseFfn(FfnBuilder):
     """An input-sparse plan's FFN (mode "input"): a layer with a gate cut runs the neuron-aware writer in file
     order (gate dense, up only for the neurons whose |act(gate)| passes the cut, down by input for those whose
     |act(gate) * up| passes the layer's threshold: CATS with TEAL's cut on down); a layer without one runs the
@@ -69,7 +81,7 @@ class InputSparseFfn:
     def __init__(self, plan, runs: SparseRuns):
         self.plan, self.runs = plan, runs
 
-    def __call__(self, m, h: T, il: int) -> T:
+    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
         _dense_only(m, "input sparsity")
         lp = self.plan.layers[il]
         if lp.dense:  # (projections of a dense layer run dense too: input_sparse.site_threshold)
@@ -79,17 +91,17 @@ class InputSparseFfn:
         return dense_ffn(m.b, m.w, h, il, m.cfg, project=m.project)
 
 
-class SplitFfn:
+class SplitFfn(FfnBuilder):
     """Each layer's FFN split between the CPU and a device by a placement (runtime/hybrid_ffn.py; a Mixture of
     Experts by whole experts, runtime/moe_ffn.py); the split places its own nodes, the only FFN that does."""
 
     def __init__(self, placement: Placement, plan=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto"):
         self.placement, self.plan, self.runs, self.down_type = placement, plan, runs, down_type
 
-    def __call__(self, m, h: T, il: int) -> T:
+    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
         pl = self.placement
         if m.cfg.moe_layer(il):  # an expert placement (place/expert_placement.py): whole experts on each side
-            return split_moe_ffn(m.b, m.w, m.gguf, h, il, m.cfg, list(pl.gpu_experts[il]), pl.device)
+            return split_moe_ffn(m.b, m.w, m.gguf, h, il, m.cfg, list(pl.gpu_experts[il]), pl.device, route=route)
         if m.cfg.is_moe:  # a dense layer of a MoE model (GLM-4.5's first): placed with attention, on the device
             return dense_ffn(m.b, m.w, h, il, m.cfg)
         return hybrid_ffn(m.b, m.gguf, h, il, m.cfg, list(pl.gpu_blocks[il]), pl.block, pl.device, self.plan,

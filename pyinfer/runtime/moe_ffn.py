@@ -17,22 +17,26 @@ from .sparse_ffn import dense_ffn
 
 
 def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, record: bool = False,
-            stream: T | None = None, cuts=None) -> T:
+            stream: T | None = None, cuts=None, route: T | None = None) -> T:
     """h: F32 [T, d_model], the FFN's input; returns F32 [T, d_model]. `experts`: an offload.ExpertOffload whose
     store holds the experts (fetched right after the router; with its `prefetch`, the next layer's are read
     ahead from `stream`, the residual stream h was normalized from); `record`: the route and the chosen
     experts' gate stay readable after a run (b.records[layer] = route id: the routing profile's view;
     b.expert_gates[layer] = gate id, before its activation: what sparsity/expert_cuts.py calibrates on).
     `cuts`: a sparsity.expert_cuts.ExpertCuts: decode reads up only for the neurons whose gate passes their
-    expert's cut (CATS inside the experts)."""
+    expert's cut (CATS inside the experts). `route`: the layer's choice made before the FFN (early_route), else
+    h is routed here."""
     p, n, k = f"blk.{il}.", cfg.n_expert, cfg.n_expert_used
-    route = _route(b, w, h, il, cfg)                                       # F32 [T, 2k]
+    early = route is not None
+    route = route if early else _route(b, w, h, il, cfg)                  # F32 [T, 2k]
     if record:
         b.graph.pin(route.id)
         b.records.append(route.id)
     if experts is not None:
         b.expert_fetch(route, experts.store_layer(il))
-        if experts.prefetch and il + 1 < cfg.n_layers:
+        # Read-ahead: the next layer's experts as its router guesses them from this stream, unless each layer's
+        # route comes before its attention (its reads then start there, on the exact choice).
+        if experts.prefetch and il + 1 < cfg.n_layers and not cfg.router_before_attention:
             predict_next(b, w, h if stream is None else stream, il + 1, cfg, stream is not None, experts)
         weight = lambda part: experts.weight(b, il, part)  # noqa: E731
     else:
@@ -42,6 +46,16 @@ def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, r
         cut = b.weight(p + "ffn_exps.gate_cut", int(DType.F32), 3, n, cuts.bounds(il))   # F32 [n_expert, 3]
     return _experts(b, w, h, il, cfg, route, weight, n, "", cut=cut, cut_fn=cuts.gate_fn if cuts else 0,
                     record=record)
+
+
+def early_route(b: GraphBuilder, w, x: T, il: int, cfg: LlamaConfig, experts=None) -> T:
+    """Layer il's route from x, made before its FFN (SmallThinker's router reads the layer's input ahead of
+    attention). With streamed experts and read-ahead on, their reads start now (a prefetch of the exact choice) and
+    run while attention computes; the FFN's fetch then waits only for what is still in flight."""
+    route = _route(b, w, x, il, cfg)
+    if experts is not None and experts.prefetch:
+        b.expert_fetch(route, experts.store_layer(il), prefetch=True)
+    return route
 
 
 def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, name: str = "route") -> T:
@@ -82,7 +96,7 @@ def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weig
 
 
 def split_moe_ffn(b: GraphBuilder, w, gguf, h: T, il: int, cfg: LlamaConfig, gpu_experts: list[int],
-                  device: int) -> T:
+                  device: int, route: T | None = None) -> T:
     """The layer's experts split by a placement: `gpu_experts` on backend `device` (their rows copied into
     merged tensors of their own), the rest on the CPU from the model's merged tensors; router and shared
     expert on the device. h: F32 [T, d_model] on the device; returns F32 [T, d_model] there."""
@@ -91,8 +105,8 @@ def split_moe_ffn(b: GraphBuilder, w, gguf, h: T, il: int, cfg: LlamaConfig, gpu
     p, n, k = f"blk.{il}.", cfg.n_expert, cfg.n_expert_used
     gpu = sorted(set(int(e) for e in gpu_experts))
     if len(gpu) == n:  # wholly on the device: the plain layer, its weights made under the device's scope
-        return moe_ffn(b, w, h, il, cfg)
-    route = _route(b, w, h, il, cfg)
+        return moe_ffn(b, w, h, il, cfg, route=route)
+    route = route if route is not None else _route(b, w, h, il, cfg)
     on_gpu = np.full(n, -1, np.int32)
     on_gpu[gpu] = np.arange(len(gpu), dtype=np.int32)
     # The CPU's nodes first (as runtime/hybrid_ffn.py orders them): the copy of the input they read closes the

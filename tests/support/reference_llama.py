@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, GGUFReader, quants
 from pyinfer.model.arch import model_config
 from pyinfer.model.gguf_file import GGUFModelFile
 
-NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "olmoe", "glm4moe", "gpt-oss"}
+NEOX_ARCHS = {"gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "olmoe", "glm4moe", "gpt-oss", "smallthinker"}
 
 
 def dequant(f: GGUFModelFile, name: str) -> np.ndarray:
@@ -139,7 +139,7 @@ def head_norm(x, w, heads, eps):
     return rms_norm(x.reshape(T, heads, -1), w, eps).reshape(T, -1)
 
 
-def latent_attention(h, W, p, c, meta, pos, eps):
+def latent_attention(h, W, p, c, meta, pos, eps, cache=lambda a: a):
     """DeepSeek-V2's multi-head latent attention in its textbook form (the paper's, and Hugging Face's): q (direct or
     through q_a, its norm and q_b), each head's [nope | rope]; the token's latent (normed) and one shared rotary key;
     each head's key [latent @ k_b | rotary key] and value latent @ v_b; softmax scale (1 + 0.1 mscale_all_dim
@@ -152,7 +152,7 @@ def latent_attention(h, W, p, c, meta, pos, eps):
         q = h @ W[p + "attn_q.weight"].T
     q = q.reshape(T, H, hd)
     kv = h @ W[p + "attn_kv_a_mqa.weight"].T
-    latent = rms_norm(kv[:, :rank], W[p + "attn_kv_a_norm.weight"], eps)
+    latent = cache(rms_norm(kv[:, :rank], W[p + "attn_kv_a_norm.weight"], eps))
     factor = float(meta.get("deepseek2.rope.scaling.factor", 0.0) or 0.0)
     yarn, fs, af, scale = None, 1.0, 1.0, hd ** -0.5
     if meta.get("deepseek2.rope.scaling.type") == "yarn" and factor > 1:
@@ -163,7 +163,7 @@ def latent_attention(h, W, p, c, meta, pos, eps):
         scale = scale * (1 + 0.1 * m_all * np.log(factor)) ** 2
     q_pe = rope(np.ascontiguousarray(q[..., nope:]).reshape(T, -1), pos, H, r, c.rope_base, False, None, fs, af,
                 yarn=yarn).reshape(T, H, r)
-    k_pe = rope(kv[:, rank:], pos, 1, r, c.rope_base, False, None, fs, af, yarn=yarn)
+    k_pe = cache(rope(kv[:, rank:], pos, 1, r, c.rope_base, False, None, fs, af, yarn=yarn))
     kb, vb = W[p + "attn_k_b.weight"], W[p + "attn_v_b.weight"]          # [H, rank, nope], [H, v, rank]
     k = np.concatenate([np.einsum("tr,hrn->thn", latent, kb), np.broadcast_to(k_pe[:, None, :], (T, H, r))], -1)
     v = np.einsum("tr,hvr->thv", latent, vb)
@@ -173,13 +173,13 @@ def latent_attention(h, W, p, c, meta, pos, eps):
 
 
 def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None, sigmoid=False, scale=0.0, oai=False,
-        groups=(0, 0)):
+        groups=(0, 0), router_in=None):
     """A Mixture-of-Experts FFN (llama.cpp's build_moe_ffn with softmax gating): each token's top k experts by
     softmax probability, their probabilities as weights (divided by their sum with `norm`); Qwen2-MoE's shared
     expert times the sigmoid of its gate. W's merged experts are [n_expert, rows, cols]. `cuts` ([n_expert]):
     CATS inside the experts, a neuron of expert e counts only where |act(gate)| > cuts[e] (`kept`, a list,
     gets the share that did, per token and slot)."""
-    logits = h @ W[p + "ffn_gate_inp.weight"].T                              # [T, n_expert]
+    logits = (h if router_in is None else router_in) @ W[p + "ffn_gate_inp.weight"].T  # [T, n_expert]
     if oai:  # gpt-oss: a biased router, the top k logits softmaxed among themselves, biased experts
         logits = logits + W[p + "ffn_gate_inp.bias"]
         chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
@@ -242,7 +242,8 @@ def moe(h, W, p, act, k, norm, margins=None, cuts=None, kept=None, sigmoid=False
 
 
 def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margins: list | None = None,
-                     expert_cuts: np.ndarray | None = None, kept: list | None = None, input_cut=None) -> np.ndarray:
+                     expert_cuts: np.ndarray | None = None, kept: list | None = None, input_cut=None,
+                     cache_fp16: bool = False) -> np.ndarray:
     """F32 [len(tokens), vocab]. Per architecture:
       gemma3: embeddings times sqrt(d_model), QK-norm, five sliding-window layers (RoPE base 10000) per global
         one, norms after attention and after the FFN, GELU(tanh) gating;
@@ -261,7 +262,9 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
     probability (a routing so near a tie that noise may choose the other expert). `expert_cuts` ([n_layers,
     n_expert]): each MoE layer cuts its experts' neurons as moe() says (`kept` collects the shares kept).
     `input_cut(layer, site, x, gate=None) -> x`: an input-sparse plan's view of each projection input (attn_in,
-    attn_out, ffn_in, ffn_mid; the last also given the gate's pre-activation)."""
+    attn_out, ffn_in, ffn_mid; the last also given the gate's pre-activation). `cache_fp16`: keys and values rounded
+    to fp16 as the engine's KV cache holds them (models whose un-normed router amplifies that rounding:
+    SmallThinker's)."""
     if input_cut is None:
         def input_cut(il, site, x, gate=None):
             return x
@@ -299,12 +302,19 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
 
     oss = arch == "gpt-oss"
     deepseek = arch == "deepseek2"
+
+    def cache(a):
+        return a.astype(np.float16).astype(np.float32) if cache_fp16 else a
+
     yarn = None
     if meta.get(f"{arch}.rope.scaling.type") == "yarn":
         freq_scale = 1.0 / float(meta[f"{arch}.rope.scaling.factor"])
         yarn = (c.rope_ext_factor, c.rope_yarn_low, c.rope_yarn_high)
+    small = arch == "smallthinker"
+    small_swa = small and int(meta.get("smallthinker.attention.sliding_window", 0)) > 0
     for il in range(c.n_layers):
         p = f"blk.{il}."
+        layer_in = x  # SmallThinker routes the layer's input, before attention
         local = gemma and (il + 1) % 6 != 0
         base = 10000.0 if local else c.rope_base
         h = input_cut(il, "attn_in", rms_norm(x, W[p + "attn_norm.weight"], c.norm_eps))
@@ -323,15 +333,17 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
             k = rms_norm(k, W[p + "attn_k_norm.weight"], c.norm_eps)
         fs = 1.0 if local else freq_scale
         n_rot = int(meta.get(f"{arch}.rope.dimension_count", c.head_dim))
-        if not deepseek:
+        if not deepseek and not (small_swa and il % 4 == 0 and c.n_layers != 4):  # SmallThinker's global: NoPE
             q = rope(q, pos, c.n_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot, yarn)
             k = rope(k, pos, c.n_kv_heads, c.head_dim, base, neox, factors, fs, attn_factor, n_rot, yarn)
         window = int(meta.get("gemma3.attention.sliding_window", 0)) if local else 0
         if oss and il % 2 == 0:  # gpt-oss: the even layers slide
             window = int(meta["gpt-oss.attention.sliding_window"])
+        if cache_fp16 and not deepseek:
+            k, v = cache(k), cache(v)
         o = lin(input_cut(il, "attn_out", attention(q, k, v, c.n_heads, c.n_kv_heads, c.head_dim, window,
                                                      attn_scale, W[p + "attn_sinks.weight"] if oss else None)),
-                p, "attn_output") if not deepseek else latent_attention(h, W, p, c, meta, pos, c.norm_eps)
+                p, "attn_output") if not deepseek else latent_attention(h, W, p, c, meta, pos, c.norm_eps, cache)
         if gemma:
             o = rms_norm(o, W[p + "post_attention_norm.weight"], c.norm_eps)
         x = x + rs * o
@@ -341,12 +353,12 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
             k = int(meta[f"{arch}.expert_used_count"])
             glm = arch in ("glm4moe", "deepseek2")  # the keys llama.cpp reads for both
             norm = bool(meta.get(f"{arch}.expert_weights_norm", False)) if glm else arch not in ("qwen2moe", "olmoe")
-            sigmoid = glm and int(meta.get(f"{arch}.expert_gating_func", 2)) == 2
+            sigmoid = (glm or small) and int(meta.get(f"{arch}.expert_gating_func", 2)) == 2
             groups = (int(meta.get(f"{arch}.expert_group_count", 0)), int(meta.get(f"{arch}.expert_group_used_count", 0)))
             x = x + rs * moe(h, W, p, c.activation, k, norm=norm, margins=margins,
                              cuts=None if expert_cuts is None else expert_cuts[il], kept=kept, sigmoid=sigmoid,
                              scale=float(meta.get(f"{arch}.expert_weights_scale", 0.0)) if glm else 0.0, oai=oss,
-                             groups=groups)
+                             groups=groups, router_in=layer_in if small else None)
             continue
         if arch == "phi3" and p + "ffn_gate.weight" not in W:  # gate rows first, then up
             gu = h @ W[p + "ffn_up.weight"].T

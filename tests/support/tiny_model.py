@@ -232,7 +232,12 @@ TINY_ARCH = {
 TINY_ARCH["deepseek2"] = dict(TINY, n_layers=3, n_kv_heads=1, head_dim=48, rope_dims=16, kv_lora_rank=32, v_dim=32,
                               n_expert=8, n_expert_used=2, d_ff_expert=32, d_ff_shared=64, dense_lead=1, yarn=4.0,
                               yarn_orig=32, q_lora_rank=0, v3=False)
-MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe", "olmoe", "granitemoe", "glm4moe", "gpt-oss", "deepseek2")
+# SmallThinker: 5 layers (with the file's sliding window: layers 0 and 4 global and NoPE, 1-3 sliding), ReGLU experts
+# routed from each layer's input before attention, softmax (config={"sigmoid": True}: sigmoid), renormalized.
+TINY_ARCH["smallthinker"] = dict(TINY, n_layers=5, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, d_ff=64,
+                                 swa=True, sigmoid=False)
+MOE_KINDS = ("qwen3moe", "mixtral", "qwen2moe", "olmoe", "granitemoe", "glm4moe", "gpt-oss", "deepseek2",
+             "smallthinker")
 # gpt-oss: sinks, a window of 5 on the even layers, YaRN x4 over an original context of 32, biased router and experts
 TINY_ARCH["gpt-oss"] = dict(TINY, head_dim=16, n_expert=8, n_expert_used=2, d_ff_expert=64, window=5, yarn=4.0,
                             yarn_orig=32)
@@ -307,6 +312,10 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
         w.add_float32("deepseek2.rope.scaling.factor", c["yarn"])
         w.add_uint32("deepseek2.rope.scaling.original_context_length", c["yarn_orig"])
         w.add_float32("deepseek2.rope.scaling.yarn_log_multiplier", 0.0707)  # the converter's 0.1 x mscale_all_dim
+    if kind == "smallthinker":
+        w.add_uint32("smallthinker.expert_gating_func", 2 if c["sigmoid"] else 1)
+        if c["swa"]:
+            w.add_uint32("smallthinker.attention.sliding_window", 4096)
     if kind == "gpt-oss":
         w.add_uint32("gpt-oss.attention.sliding_window", c["window"])
         w.add_string("gpt-oss.rope.scaling.type", "yarn")
@@ -390,7 +399,9 @@ def _add_experts(w: GGUFWriter, rng, add, p: str, kind: str, c: dict) -> None:
     """A layer's router (F32, as llama.cpp's quantizer keeps it) and merged experts (numpy shape [n, rows,
     cols]: GGUF's ne [cols, rows, n]); Qwen2-MoE's shared expert and its one-row gate."""
     d, n, ffe = c["d_model"], c["n_expert"], c["d_ff_expert"]
-    add(p + "ffn_gate_inp.weight", (n, d), 0.5)
+    # SmallThinker's router reads the un-normed layer input: a smaller scale keeps its sigmoid off saturation (where
+    # every probability is 1.0 and the choice is a tie)
+    add(p + "ffn_gate_inp.weight", (n, d), c.get("router_scale", 0.1 if kind == "smallthinker" else 0.5))
     add(p + "ffn_gate_exps.weight", (n, ffe, d))
     add(p + "ffn_up_exps.weight", (n, ffe, d))
     add(p + "ffn_down_exps.weight", (n, d, ffe))
