@@ -52,8 +52,14 @@ SHAPES = {  # --family: the model shapes written (random weights, the type mix t
     "deepseek2": {"n_layers": 27, "d_model": 2048, "n_heads": 16, "n_kv_heads": 1, "head_dim": 192, "n_expert": 64,
                   "n_expert_used": 6, "d_ff_expert": 1408, "vocab": 102400, "d_ff_dense": 10944, "rope_dims": 64,
                   "kv_lora_rank": 512, "v_dim": 128},
+    # SmallThinker-21B-A3B: 64 ReGLU experts of 768, 6 per token, routed from each layer's input before attention;
+    # three of every four layers sliding over 4096, the fourth global and NoPE; Q4_K experts, Q8_0 attention
+    "smallthinker": {"n_layers": 52, "d_model": 2560, "n_heads": 28, "n_kv_heads": 4, "head_dim": 128, "n_expert": 64,
+                     "n_expert_used": 6, "d_ff_expert": 768, "vocab": 151936},
 }
 SHAPE = SHAPES["qwen3moe"]
+SHAPE_NAMES = {"qwen3moe": "Qwen3-30B-A3B", "gpt-oss": "gpt-oss-20b", "glm4moe": "GLM-4.5-Air (8-layer slice)",
+               "deepseek2": "DeepSeek-V2-Lite", "smallthinker": "SmallThinker-21B-A3B"}
 CLASSES = 2048            # routing classes: token id mod CLASSES (one axis of d_model each)
 ALPHA, REUSE = 1.0, 0.3   # popularity skew per layer; chance a token keeps each of the previous token's experts
 SCALE = 0.02              # fp16 scale of the random blocks that do compute (q, k, v, expert gate and up)
@@ -382,6 +388,54 @@ def write_deepseek2(path: Path, seed: int = 0) -> None:
     write_plan(w, plan)
 
 
+def write_smallthinker(path: Path, seed: int = 0) -> None:
+    """SmallThinker-21B-A3B's shape under the routing process: attention and the experts write exact zeros (zero
+    scales); the router (softmax, on each layer's un-normed input, which is its class axis) and head carry the class
+    chain."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter
+    from support.tiny_model import _add_tiny_vocab
+
+    rng = np.random.default_rng(seed)
+    c = SHAPE
+    d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
+    qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
+    route = routing()
+    a = "smallthinker"
+    w = GGUFWriter(str(path), a)
+    moe_header(w, context=65536, ff=ff, rope_base=1.5e6, eps=1e-6)
+    w.add_uint32(a + ".expert_gating_func", 1)
+    w.add_uint32(a + ".attention.sliding_window", 4096)
+    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
+    _add_tiny_vocab(w, pad_to=V)
+    plan: list[tuple] = []
+
+    def f32(name, shape, make):
+        plan.append((name, shape, make, Q.F32))
+
+    plan.append(("token_embd.weight", (V, d), lambda: class_embedding(V, d), Q.Q4_0))
+    for il in range(c["n_layers"]):
+        p = f"blk.{il}."
+        for norm in ("attn_norm", "ffn_norm"):
+            f32(p + norm + ".weight", (d,), lambda: np.ones(d, np.float32))
+        for name, rows in (("attn_q", qw), ("attn_k", kvw), ("attn_v", kvw)):
+            plan.append((p + name + ".weight", (rows, d), lambda rows=rows: q8_blocks(rng, rows, d, SCALE / 8), Q.Q8_0))
+        plan.append((p + "attn_output.weight", (d, qw), lambda: q8_blocks(rng, d, qw, 0.0), Q.Q8_0))
+
+        def router(il=il):  # the un-normed class axis (1.0) routes: logits sqrt(d) times the normed synthetics'
+            return class_router(route[il]) * float(np.sqrt(d))
+
+        f32(p + "ffn_gate_inp.weight", (n, d), router)
+        for part in ("gate", "up"):
+            plan.append((p + f"ffn_{part}_exps.weight", (n, ff, d),
+                         lambda: q4k_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1), Q.Q4_K))
+        plan.append((p + "ffn_down_exps.weight", (n, d, ff), lambda: q4k_blocks(rng, n * d, ff, 0.0).reshape(n, d, -1),
+                     Q.Q4_K))
+    f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
+    plan.append(("output.weight", (V, d), lambda: class_head(V, d), Q.Q4_0))
+    write_plan(w, plan)
+
+
 def write_model(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFWriter
@@ -464,6 +518,8 @@ def compare_variants(model: str, args, which: str) -> int:
     import offload as ob
 
     attr, values, tag, title = VARIANTS[which]
+    if args.family != "qwen3moe":  # the family's own table beside the Qwen3-30B-A3B one
+        tag += "_" + args.family.replace("-", "_")
     rows = []
     for label, limit in ob.parse_limits(args.limits):
         runs: dict[str, list] = {v: [] for v in values}
@@ -506,13 +562,13 @@ def compare_variants(model: str, args, which: str) -> int:
         return "-" if x is None else format(x, fmt)
 
     a, b = values
-    lines = [f"# {title} on the synthetic Qwen3-30B-A3B-shaped MoE", "",
+    lines = [f"# {title} on the synthetic {SHAPE_NAMES[args.family]}-shaped MoE", "",
              f"pyinfer alone under `--mem-limit` (a memory cgroup of the same limit, caches dropped), {args.threads} "
              f"threads, {args.tokens} decode tokens, {args.rounds} rounds alternating; routing alpha {ALPHA}, reuse "
              f"{REUSE}. Medians (lowest-highest). `waiting on reads` is seconds per token the decode blocked on "
              "expert reads (on-demand reads plus read-ahead not finished in time).", "",
              f"| limit | tok/s {a} | tok/s {b} | {a} / {b} | hit rate {a} | {b} | MB read/token {a} | {b} | "
-             f"waiting on reads s/token {a} | {b} | next-layer prediction right | read-ahead used |",
+             f"waiting on reads s/token {a} | {b} | read-ahead choice right | read-ahead used |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         x, y = r["median"][a], r["median"][b]
@@ -536,7 +592,8 @@ def main() -> int:
     ap.add_argument("--workdir", default="/tmp/pyinfer-moe")
     ap.add_argument("--family", default="qwen3moe", choices=sorted(SHAPES),
                     help="the shape written: Qwen3-30B-A3B (Q4_0), gpt-oss-20b (MXFP4 experts), an 8-layer slice of "
-                         "GLM-4.5-Air (Q4_K experts) or DeepSeek-V2-Lite (latent attention, Q4_K experts)")
+                         "GLM-4.5-Air (Q4_K experts), DeepSeek-V2-Lite (latent attention, Q4_K experts) or "
+                         "SmallThinker-21B-A3B (routed before attention, Q4_K experts)")
     ap.add_argument("--limits", nargs="+", default=["4G", "8G", "12G"], help="total memory limits (both engines)")
     ap.add_argument("--tag", default="moe_synthetic")
     ap.add_argument("--policies", action="store_true",
@@ -563,12 +620,13 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     os.environ["PYINFER_CACHE"] = str(work / "cache")  # the routing profile is cached next to the model
     names = {"gpt-oss": "gpt-oss-20b-shape-mxfp4.gguf", "glm4moe": "glm-4.5-air-8-layer-shape-q4_k.gguf",
-             "qwen3moe": "qwen3moe-30b-a3b-shape-q4_0.gguf", "deepseek2": "deepseek-v2-lite-shape-q4_k.gguf"}
+             "qwen3moe": "qwen3moe-30b-a3b-shape-q4_0.gguf", "deepseek2": "deepseek-v2-lite-shape-q4_k.gguf",
+             "smallthinker": "smallthinker-21b-a3b-shape-q4_k.gguf"}
     model = work / names[args.family]
     if not model.exists():
         print(f"writing {model} ...", file=sys.stderr)
         writer = {"gpt-oss": write_gpt_oss, "glm4moe": write_glm4moe, "qwen3moe": write_model,
-                  "deepseek2": write_deepseek2}[args.family]
+                  "deepseek2": write_deepseek2, "smallthinker": write_smallthinker}[args.family]
         writer(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
     prepare(model, bundle=args.sources or args.expert_source == "bundle")
@@ -586,7 +644,9 @@ def main() -> int:
                        "experts per token and a shared expert)",
             "qwen3moe": "Qwen3-30B-A3B-shaped synthetic MoE ({:.2f} GiB, Q4_0, 8 of 128 experts per token)",
             "deepseek2": "DeepSeek-V2-Lite-shaped synthetic MoE ({:.2f} GiB, latent attention, Q4_K experts, Q8_0 "
-                         "attention, 6 of 64 experts per token and two shared experts)"}[args.family]
+                         "attention, 6 of 64 experts per token and two shared experts)",
+            "smallthinker": "SmallThinker-21B-A3B-shaped synthetic MoE ({:.2f} GiB, Q4_K ReGLU experts routed before "
+                            "attention, Q8_0 attention, 6 of 64 experts per token)"}[args.family]
     print(ob.write_results(args.tag, what.format(model.stat().st_size / 2**30) + ": decode under one memory limit",
                            [f"Routing: per layer, expert popularity ~ (rank + 1)^-{ALPHA}; each of the previous "
                             f"token's experts kept with probability {REUSE}. Both engines in a memory cgroup of the "

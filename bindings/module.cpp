@@ -65,8 +65,8 @@ PYBIND11_MODULE(_core, m) {
         "Rows k = column perm[k] of a [rows, cols] weight, as F32 [n, rows] or Q8_0 bytes [n, rows / 32 * 34] "
         "(load-time repacking of a down matrix for the sparse FFN).");
   m.def("gate_cut_bounds", [](int gate_fn, py::array_t<float, py::array::c_style | py::array::forcecast> t) {
-          if (gate_fn != int(GateFn::SiLU) && gate_fn != int(GateFn::GeluTanh))
-            throw GraphError("gate_cut_bounds: gate_fn must be 1 (SiLU) or 2 (GELU)");
+          if (gate_fn != int(GateFn::SiLU) && gate_fn != int(GateFn::GeluTanh) && gate_fn != int(GateFn::ReLU))
+            throw GraphError("gate_cut_bounds: gate_fn must be 1 (SiLU), 2 (GELU) or 3 (ReLU)");
           const int64_t n = t.size();
           py::array_t<float> out({n, int64_t(3)});
           float* o = out.mutable_data();
@@ -77,7 +77,7 @@ PYBIND11_MODULE(_core, m) {
           return out;
         }, py::arg("gate_fn"), py::arg("thresholds"),
         "F32 [n, 3]: for each threshold t, the bounds (hi, lo, mid) with |act(g)| > t exactly when g > hi or "
-        "lo < g < mid (act: SiLU for gate_fn 1, GELU for 2); the `cut` of an expert matmul with a gate.");
+        "lo < g < mid (act: SiLU for gate_fn 1, GELU for 2, ReLU for 3); the `cut` of an expert matmul with a gate.");
 #ifdef PYINFER_WITH_CUDA
   m.def("cuda_sync_seconds", [](size_t bytes, int reps, int device) {
     py::gil_scoped_release release;

@@ -12,6 +12,7 @@ import sys
 from .errors import PyinferError, UnsupportedModelError
 from .model.arch import model_config, open_model
 from .model.chat_template import chat_spans, render_chat
+from .model.config import Activation
 from .model.tokenizer import Tokenizer
 from .options import LoadOptions
 from .place.device import check_cuda, resolve_expert_placement, resolve_placement
@@ -101,6 +102,11 @@ class Session:
                                             "the CPU only; an expert placement runs its experts whole")
             self.expert_cuts = resolve_expert_cuts(self.gguf, self.config, self.tokenizer.encode, target,
                                                    self.n_threads, progress)
+        elif self.config.is_moe and self.config.activation == Activation.RELU and str(device) == "cpu":
+            # ReGLU experts (SmallThinker): the exact cut at 0, always (a kernel's choice: it changes no number)
+            from .sparsity.expert_cuts import exact_relu_cuts
+
+            self.expert_cuts = exact_relu_cuts(self.gguf, self.config)
         if mem_limit is not None and ram_budget is None and self.sparsity is not None and \
                 not any(selective_layers(self.sparsity)):
             # Gate and up run dense in a plan without predictors: a streamed layer reads its whole cold tail every

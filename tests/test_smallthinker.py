@@ -79,3 +79,19 @@ def test_streamed_experts_read_during_attention_give_the_in_ram_answer(paths, mo
         assert st["predicted"] > 0 and st["predicted_right"] == st["predicted"]
     else:
         assert st["predicted"] == st["prefetched"] == 0
+
+
+def test_decode_cuts_relu_experts_at_zero_and_changes_no_number(paths):
+    """ReGLU experts: on the CPU, decode reads up only for the neurons whose gate is positive (the cut inside the
+    experts at 0, on by default); one token at a time equals the whole prompt at once, which runs every neuron."""
+    from pyinfer import _core
+
+    np.testing.assert_array_equal(_core.gate_cut_bounds(3, np.array([0.0, 0.5], np.float32)),
+                                  [[0.0, 0.0, 0.0], [0.5, 0.0, 0.0]])  # g > t, nothing below
+    m = pyinfer.load(paths["window"], n_ctx=64, n_threads=2, progress=False)
+    assert m.session.expert_cuts is not None and m.session.expert_cuts.exact
+    ids = list(range(3, 19))
+    whole = m.eval(ids, all_logits=True)
+    one = pyinfer.load(paths["window"], n_ctx=64, n_threads=2, progress=False)
+    steps = np.stack([one.eval(ids[:i + 1]) for i in range(len(ids))])
+    np.testing.assert_allclose(steps, whole, rtol=1e-5, atol=1e-5 * np.abs(whole).max())

@@ -35,7 +35,8 @@ enum class ActiveSetMode : int32_t {
   Threshold = 1,  // {j : |f(scores[j])| > threshold}, f named by `gate_fn`
 };
 // The f of a threshold ActiveSet: gate-first (CATS) sets cut |act(gate)| of the FFN's own activation.
-enum class GateFn : int32_t { Identity = 0, SiLU = 1, GeluTanh = 2 };
+// ReLU: only as the cut inside ReGLU experts (|relu(g)| > t: g > t; t = 0 is exact, a ReLU zero adds nothing).
+enum class GateFn : int32_t { Identity = 0, SiLU = 1, GeluTanh = 2, ReLU = 3 };
 
 // ---- source slots ----------------------------------------------------------------------------------
 struct GetRowsSrc { enum : int { table = 0, ids = 1 }; };

@@ -450,8 +450,8 @@ void Graph::validate() const {
           c.type(src[S::cut], DType::F32);
           if (cut.row_mode != RowMode::Fixed || cut.cols != 3 || cut.rows != P.n_expert)
             c.fail("cut must be F32 [n_expert, 3]: each expert's gate bounds");
-          if (P.gate_fn != GateFn::SiLU && P.gate_fn != GateFn::GeluTanh)
-            c.fail("gate_fn must be 1 (SiLU) or 2 (GELU)");
+          if (P.gate_fn != GateFn::SiLU && P.gate_fn != GateFn::GeluTanh && P.gate_fn != GateFn::ReLU)
+            c.fail("gate_fn must be 1 (SiLU), 2 (GELU) or 3 (ReLU)");
         }
         break;
       }

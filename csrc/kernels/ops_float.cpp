@@ -33,6 +33,10 @@ void dequantize_row(DType type, const uint8_t* src, float* dst, int64_t n) {
 }
 
 GateCut::GateCut(GateFn fn, float t) {
+  if (fn == GateFn::ReLU) {  // one side: g > t (t >= 0); lo = mid = 0 admits nothing below
+    hi = t > 0.f ? t : 0.f;
+    return;
+  }
   const bool gelu = fn == GateFn::GeluTanh;
   auto f = [gelu](float x) {  // the exact function: the profile's cut-offs were measured on it
     return gelu ? 0.5f * x * (1.f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x))) : silu(x);

@@ -30,6 +30,8 @@ def model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
 
 def describe_cuts(cuts) -> str:
     s = cuts.summary()
+    if s["exact"]:
+        return "decode reads up only for the expert neurons whose gate is positive (ReGLU: exactly the dense answer)"
     return (f"decode skips {s['target']:.0%} of each chosen expert's neurons (|act(gate)| under its cut; "
             f"{s['experts_with_own_cut']:.0%} of experts calibrated on their own tokens, the rest on their layer's)")
 

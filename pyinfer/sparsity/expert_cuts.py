@@ -17,11 +17,13 @@ import numpy as np
 
 from .. import _core
 from ..errors import PyinferError, UnsupportedModelError
-from ..model.config import GATE_FIRST, LlamaConfig
+from ..model.config import GATE_FIRST, Activation, LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from .recorder import Recorder, gate_criterion
 
 CALIBRATION_TOKENS = 512
+# The engine's GateFn per activation the cut inside the experts takes: the gate-first ones, and ReLU (ReGLU experts).
+CUT_FN = {**GATE_FIRST, Activation.RELU: 3}
 MIN_TOKENS = 8                    # tokens an expert must be routed to get a threshold of its own
 _LOG_LO, _LOG_HI, _BINS = -8.0, 4.0, 1536   # log10 |act(gate)| histogram: 0.8% wide bins
 
@@ -32,7 +34,7 @@ class ExpertCuts:
     n_expert], how many calibration tokens each expert's threshold was measured on (0: its layer's)."""
     fingerprint: str
     target: float
-    gate_fn: int                  # model.config.GATE_FIRST: the engine's GateFn of the model's activation
+    gate_fn: int                  # CUT_FN: the engine's GateFn of the model's activation
     thresholds: np.ndarray
     tokens: np.ndarray
 
@@ -43,7 +45,12 @@ class ExpertCuts:
     def summary(self) -> dict:
         own = self.tokens >= MIN_TOKENS
         return {"target": self.target, "experts_with_own_cut": float(own.mean()),
-                "threshold_median": float(np.median(self.thresholds))}
+                "threshold_median": float(np.median(self.thresholds)), "exact": self.exact}
+
+    @property
+    def exact(self) -> bool:
+        """ReGLU's cut at 0: the skipped neurons' terms are exactly 0."""
+        return self.gate_fn == CUT_FN[Activation.RELU] and not self.thresholds.any()
 
     def save(self, path: Path) -> None:
         from ..tools.atomic_file import atomic_write
@@ -67,6 +74,14 @@ class ExpertCuts:
         return cuts
 
 
+def exact_relu_cuts(gguf: GGUFModelFile, cfg: LlamaConfig) -> ExpertCuts:
+    """A ReGLU MoE's cuts at 0 (SmallThinker): a neuron whose gate is not positive adds exactly nothing, so decode
+    reads up only for the neurons whose gate is; nothing to calibrate, nothing lost."""
+    shape = (cfg.n_layers, cfg.n_expert)
+    return ExpertCuts(gguf.fingerprint(), 0.0, CUT_FN[Activation.RELU], np.zeros(shape, np.float32),
+                      np.zeros(shape, np.int64))
+
+
 def cuts_path(fingerprint: str, target: float) -> Path:
     from ..model.pull import cache_dir
 
@@ -77,8 +92,8 @@ def calibrate_expert_cuts(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int],
                           progress: bool = True, max_tokens: int = CALIBRATION_TOKENS) -> ExpertCuts:
     """Runs `ids` through the model recording each layer's route and the chosen experts' gate, and returns the
     `target` quantile of |act(gate)| per expert (a log-spaced histogram per expert, so memory stays small)."""
-    if cfg.activation not in GATE_FIRST:
-        raise UnsupportedModelError(f"cuts inside the experts need a SiLU or GELU gate; this model's is "
+    if cfg.activation not in CUT_FN:
+        raise UnsupportedModelError(f"cuts inside the experts need a SiLU, GELU or ReLU gate; this model's is "
                                     f"{cfg.activation.name}")
     n, k, d_e = cfg.n_expert, cfg.n_expert_used, cfg.d_ff_expert
     hist = np.zeros((cfg.n_layers, n * _BINS), np.int64)
@@ -98,7 +113,7 @@ def calibrate_expert_cuts(gguf: GGUFModelFile, cfg: LlamaConfig, ids: list[int],
     own = _quantile_edges(h, target)                                             # [n_layers, n]
     layer = _quantile_edges(layer_h[:, None, :], target)                         # [n_layers, 1]
     thresholds = np.where(tokens >= MIN_TOKENS, own, layer).astype(np.float32)
-    return ExpertCuts(gguf.fingerprint(), target, GATE_FIRST[cfg.activation], thresholds, tokens)
+    return ExpertCuts(gguf.fingerprint(), target, CUT_FN[cfg.activation], thresholds, tokens)
 
 
 def _quantile_edges(h: np.ndarray, q: float) -> np.ndarray:

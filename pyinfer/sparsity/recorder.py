@@ -99,7 +99,10 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 def gate_criterion(act: Activation, gate: np.ndarray) -> np.ndarray:
-    """|act(gate)|: what a gate-first (CATS) active set cuts on, for the activations in GATE_FIRST."""
+    """|act(gate)|: what a gate-first (CATS) active set cuts on, for the activations in GATE_FIRST (and ReLU, the cut
+    inside ReGLU experts)."""
+    if act == Activation.RELU:
+        return np.maximum(gate, 0.0)
     return np.abs(silu(gate) if act == Activation.SILU else gelu_tanh(gate))
 
 
