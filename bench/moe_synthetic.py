@@ -185,27 +185,34 @@ def moe_header(w, context: int, ff: int, rope_base: float, eps: float, head_keys
     w.add_expert_feed_forward_length(c["d_ff_expert"])
 
 
+def begin(path: Path, arch: str, seed: int, context: int, ff: int, rope_base: float, eps: float,
+          head_keys: bool = True):
+    """A family's writer, its shape keys (moe_header), the routing process's tag and the padded tiny vocabulary
+    written; returns (writer, the random generator of its blocks, the routing: I32 [n_layers, CLASSES, k])."""
+    from gguf import GGUFWriter
+    from support.tiny_model import _add_tiny_vocab
+
+    w = GGUFWriter(str(path), arch)
+    moe_header(w, context=context, ff=ff, rope_base=rope_base, eps=eps, head_keys=head_keys)
+    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
+    _add_tiny_vocab(w, pad_to=SHAPE["vocab"])
+    return w, np.random.default_rng(seed), routing()
+
+
 def write_gpt_oss(path: Path, seed: int = 0) -> None:
     """gpt-oss-20b's shape under the same routing process: attention and experts write exact zeros (zero
     scales, zero biases), the router and head carry the class chain."""
     from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFWriter
-    from support.tiny_model import _add_tiny_vocab
 
-    rng = np.random.default_rng(seed)
     c = SHAPE
     d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
     qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
-    route = routing()
     a = "gpt-oss"
-    w = GGUFWriter(str(path), a)
-    moe_header(w, context=131072, ff=ff, rope_base=150000.0, eps=1e-5)
+    w, rng, route = begin(path, a, seed, context=131072, ff=ff, rope_base=150000.0, eps=1e-5)
     w.add_uint32(a + ".attention.sliding_window", 128)
     w.add_string(a + ".rope.scaling.type", "yarn")
     w.add_float32(a + ".rope.scaling.factor", 32.0)
     w.add_uint32(a + ".rope.scaling.original_context_length", 4096)
-    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
-    _add_tiny_vocab(w, pad_to=V)
     plan: list[tuple] = []  # (name, element shape, maker, type)
 
     def zeros(name, shape):
@@ -252,25 +259,18 @@ def write_glm4moe(path: Path, seed: int = 0) -> None:
     """GLM-4.5-Air's layers under the routing process: attention, the dense FFN, the experts and the shared expert
     write exact zeros (zero scales); the router (sigmoid, a zero selection bias) and head carry the class chain."""
     from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFWriter
-    from support.tiny_model import _add_tiny_vocab
 
-    rng = np.random.default_rng(seed)
     c = SHAPE
     d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
     qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
-    route = routing()
     a = "glm4moe"
-    w = GGUFWriter(str(path), a)
-    moe_header(w, context=131072, ff=c["d_ff_dense"], rope_base=1e6, eps=1e-5)
+    w, rng, route = begin(path, a, seed, context=131072, ff=c["d_ff_dense"], rope_base=1e6, eps=1e-5)
     w.add_rope_dimension_count(hd // 2)
     w.add_uint32(a + ".leading_dense_block_count", 1)
     w.add_uint32(a + ".expert_shared_count", 1)
     w.add_bool(a + ".expert_weights_norm", True)
     w.add_float32(a + ".expert_weights_scale", 1.0)
     w.add_uint32(a + ".expert_gating_func", 2)
-    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
-    _add_tiny_vocab(w, pad_to=V)
     plan: list[tuple] = []
 
     def f32(name, shape, make):
@@ -318,17 +318,13 @@ def write_deepseek2(path: Path, seed: int = 0) -> None:
     the experts and the shared experts write exact zeros (zero scales); the router (softmax) and head carry the class
     chain. YaRN x40 over an original 4096 with DeepSeek's magnitude, as the real file."""
     from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFWriter
-    from support.tiny_model import _add_tiny_vocab
 
-    rng = np.random.default_rng(seed)
     c = SHAPE
     d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
     heads, rot, rank, vd = c["n_heads"], c["rope_dims"], c["kv_lora_rank"], c["v_dim"]
-    route = routing()
     a = "deepseek2"
-    w = GGUFWriter(str(path), a)
-    moe_header(w, context=163840, ff=c["d_ff_dense"], rope_base=10000.0, eps=1e-6, head_keys=False)
+    w, rng, route = begin(path, a, seed, context=163840, ff=c["d_ff_dense"], rope_base=10000.0, eps=1e-6,
+                          head_keys=False)
     w.add_key_length(rank + rot)   # the cache's one latent head
     w.add_value_length(rank)
     w.add_key_length_mla(hd)
@@ -344,8 +340,6 @@ def write_deepseek2(path: Path, seed: int = 0) -> None:
     w.add_float32(a + ".rope.scaling.factor", 40.0)
     w.add_uint32(a + ".rope.scaling.original_context_length", 4096)
     w.add_float32(a + ".rope.scaling.yarn_log_multiplier", 0.0707)
-    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
-    _add_tiny_vocab(w, pad_to=V)
     plan: list[tuple] = []
 
     def f32(name, shape, make):
@@ -393,21 +387,14 @@ def write_smallthinker(path: Path, seed: int = 0) -> None:
     scales); the router (softmax, on each layer's un-normed input, which is its class axis) and head carry the class
     chain."""
     from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFWriter
-    from support.tiny_model import _add_tiny_vocab
 
-    rng = np.random.default_rng(seed)
     c = SHAPE
     d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
     qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
-    route = routing()
     a = "smallthinker"
-    w = GGUFWriter(str(path), a)
-    moe_header(w, context=65536, ff=ff, rope_base=1.5e6, eps=1e-6)
+    w, rng, route = begin(path, a, seed, context=65536, ff=ff, rope_base=1.5e6, eps=1e-6)
     w.add_uint32(a + ".expert_gating_func", 1)
     w.add_uint32(a + ".attention.sliding_window", 4096)
-    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
-    _add_tiny_vocab(w, pad_to=V)
     plan: list[tuple] = []
 
     def f32(name, shape, make):
@@ -438,18 +425,12 @@ def write_smallthinker(path: Path, seed: int = 0) -> None:
 
 def write_model(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFWriter
-    from support.tiny_model import _add_tiny_vocab
 
-    rng = np.random.default_rng(seed)
     c = SHAPE
     d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
     qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
-    route = routing()
-    w = GGUFWriter(str(path), "qwen3moe")
-    moe_header(w, context=4096, ff=6144, rope_base=1e6, eps=1e-6)
-    w.add_string("pyinfer.synthetic", f"moe routing: classes {CLASSES}, alpha {ALPHA}, reuse {REUSE}")
-    _add_tiny_vocab(w, pad_to=V)
+    a = "qwen3moe"
+    w, rng, route = begin(path, a, seed, context=4096, ff=6144, rope_base=1e6, eps=1e-6)
 
     # name -> (numpy element shape, maker of its bytes); made one at a time while writing
     plan: list[tuple] = []

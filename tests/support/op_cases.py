@@ -181,20 +181,28 @@ def attention_sinks(b, rng):
     return _attention_case(b, rng, window=3, sinks=np.array([[0.5, -1.0, 2.0, 30.0, 0.0, -3.0]], np.float32))
 
 
-def attention_mla(b, rng):
-    """DeepSeek-V2's latent attention: one cache row per token, [latent | rotary], read whole as the key and its
-    latent prefix as the value (a view of the same cache); each query head is its q part then its q_rope part."""
-    from .reference_llama import attention as attention_ref
-
-    n, heads, latent, rot, n_ctx = 6, 4, 32, 16, 16
-    hd = latent + rot
-    P = i32(b, "p", np.arange(n)[:, None])
+def _latent_attention(b, rng, pos: np.ndarray, n_ctx: int, scale: float, heads: int = 4, latent: int = 32,
+                      rot: int = 16):
+    """Tokens at `pos` store their [latent | rotary] rows and attend with q and q_rope: (o, k, q, r)."""
+    n, hd = len(pos), latent + rot
+    P = i32(b, "p", pos[:, None])
     kc = b.state("kc", hd, n_ctx)
     K, k = f32(b, rng, "k", n, hd)
     Q, q = f32(b, rng, "q", n, heads * latent)
     R, r = f32(b, rng, "q_rope", n, heads * rot)
     b.kv_store(kc, K, P)
-    o = b.attention(Q, kc, b.view(kc, "vc", cols=latent), P, heads, 1, hd, "o", scale=0.3, q_rope=R, v_dim=latent)
+    o = b.attention(Q, kc, b.view(kc, "vc", cols=latent), P, heads, 1, hd, "o", scale=scale, q_rope=R, v_dim=latent)
+    return o, k, q, r
+
+
+def attention_mla(b, rng):
+    """DeepSeek-V2's latent attention: one cache row per token, [latent | rotary], read whole as the key and its
+    latent prefix as the value (a view of the same cache); each query head is its q part then its q_rope part."""
+    from .reference_llama import attention as attention_ref
+
+    n, heads, latent, rot = 6, 4, 32, 16
+    hd = latent + rot
+    o, k, q, r = _latent_attention(b, rng, np.arange(n), 16, 0.3)
     k16 = k.astype(np.float16).astype(np.float32)
     q_full = np.concatenate([q.reshape(n, heads, latent), r.reshape(n, heads, rot)], 2).reshape(n, heads * hd)
     want = attention_ref(q_full, k16, k16[:, :latent], heads, 1, hd, scale=0.3)
@@ -204,16 +212,10 @@ def attention_mla(b, rng):
 def attention_mla_decode(b, rng):
     """The latent attention of two tokens deep in a cache (positions 399 and 400: split-K, the partial states
     v_dim wide); the rows never written are zeros, keys like any other."""
-    n, heads, latent, rot, n_ctx = 2, 4, 32, 16, 416
+    n, heads, latent, rot = 2, 4, 32, 16
     hd = latent + rot
     pos = np.array([399, 400])
-    P = i32(b, "p", pos[:, None])
-    kc = b.state("kc", hd, n_ctx)
-    K, k = f32(b, rng, "k", n, hd)
-    Q, q = f32(b, rng, "q", n, heads * latent)
-    R, r = f32(b, rng, "q_rope", n, heads * rot)
-    b.kv_store(kc, K, P)
-    o = b.attention(Q, kc, b.view(kc, "vc", cols=latent), P, heads, 1, hd, "o", scale=0.2, q_rope=R, v_dim=latent)
+    o, k, q, r = _latent_attention(b, rng, pos, 416, 0.2)
     keys = np.zeros((pos[-1] + 1, hd), np.float32)
     keys[pos] = k.astype(np.float16).astype(np.float32)
     want = np.zeros((n, heads, latent), np.float32)
