@@ -199,14 +199,28 @@ def begin(path: Path, arch: str, seed: int, context: int, ff: int, rope_base: fl
     return w, np.random.default_rng(seed), routing()
 
 
+def plan_attention(plan: list, rng, p: str, norms: tuple[str, str], biases: bool = False) -> None:
+    """A layer's two norms (ones), q, k and v (Q8_0 random blocks that compute, with zero biases when `biases`) and the
+    output projection that writes exact zeros (zero scales): the attention every family's synthetic but Qwen3's has."""
+    from gguf import GGMLQuantizationType as Q
+
+    d, qw, kvw = SHAPE["d_model"], SHAPE["n_heads"] * SHAPE["head_dim"], SHAPE["n_kv_heads"] * SHAPE["head_dim"]
+    for norm in norms:
+        plan.append((p + norm + ".weight", (d,), lambda: np.ones(d, np.float32), Q.F32))
+    for name, rows in (("attn_q", qw), ("attn_k", kvw), ("attn_v", kvw)):
+        plan.append((p + name + ".weight", (rows, d), lambda rows=rows: q8_blocks(rng, rows, d, SCALE / 8), Q.Q8_0))
+        if biases:
+            plan.append((p + name + ".bias", (rows,), lambda rows=rows: np.zeros(rows, np.float32), Q.F32))
+    plan.append((p + "attn_output.weight", (d, qw), lambda: q8_blocks(rng, d, qw, 0.0), Q.Q8_0))
+
+
 def write_gpt_oss(path: Path, seed: int = 0) -> None:
     """gpt-oss-20b's shape under the same routing process: attention and experts write exact zeros (zero
     scales, zero biases), the router and head carry the class chain."""
     from gguf import GGMLQuantizationType as Q
 
     c = SHAPE
-    d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
-    qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
+    d, n, ff, V = c["d_model"], c["n_expert"], c["d_ff_expert"], c["vocab"]
     a = "gpt-oss"
     w, rng, route = begin(path, a, seed, context=131072, ff=ff, rope_base=150000.0, eps=1e-5)
     w.add_uint32(a + ".attention.sliding_window", 128)
@@ -222,12 +236,7 @@ def write_gpt_oss(path: Path, seed: int = 0) -> None:
                  Q.Q4_0))
     for il in range(c["n_layers"]):
         p = f"blk.{il}."
-        for norm in ("attn_norm", "post_attention_norm"):
-            plan.append((p + norm + ".weight", (d,), lambda: np.ones(d, np.float32), Q.F32))
-        for name, rows in (("attn_q", qw), ("attn_k", kvw), ("attn_v", kvw)):
-            plan.append((p + name + ".weight", (rows, d), lambda rows=rows: q8_blocks(rng, rows, d, SCALE / 8), Q.Q8_0))
-            zeros(p + name + ".bias", (rows,))
-        plan.append((p + "attn_output.weight", (d, qw), lambda: q8_blocks(rng, d, qw, 0.0), Q.Q8_0))
+        plan_attention(plan, rng, p, ("attn_norm", "post_attention_norm"), biases=True)
         zeros(p + "attn_output.bias", (d,))
         zeros(p + "attn_sinks.weight", (c["n_heads"],))
 
@@ -262,7 +271,6 @@ def write_glm4moe(path: Path, seed: int = 0) -> None:
 
     c = SHAPE
     d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
-    qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
     a = "glm4moe"
     w, rng, route = begin(path, a, seed, context=131072, ff=c["d_ff_dense"], rope_base=1e6, eps=1e-5)
     w.add_rope_dimension_count(hd // 2)
@@ -280,12 +288,7 @@ def write_glm4moe(path: Path, seed: int = 0) -> None:
                  Q.Q4_0))
     for il in range(c["n_layers"]):
         p = f"blk.{il}."
-        for norm in ("attn_norm", "post_attention_norm"):
-            f32(p + norm + ".weight", (d,), lambda: np.ones(d, np.float32))
-        for name, rows in (("attn_q", qw), ("attn_k", kvw), ("attn_v", kvw)):
-            plan.append((p + name + ".weight", (rows, d), lambda rows=rows: q8_blocks(rng, rows, d, SCALE / 8), Q.Q8_0))
-            f32(p + name + ".bias", (rows,), lambda rows=rows: np.zeros(rows, np.float32))
-        plan.append((p + "attn_output.weight", (d, qw), lambda: q8_blocks(rng, d, qw, 0.0), Q.Q8_0))
+        plan_attention(plan, rng, p, ("attn_norm", "post_attention_norm"), biases=True)
         if il == 0:  # the leading dense layer
             dff = c["d_ff_dense"]
             for part, rows, cols, scale in (("gate", dff, d, SCALE), ("up", dff, d, SCALE), ("down", d, dff, 0.0)):
@@ -389,8 +392,7 @@ def write_smallthinker(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
 
     c = SHAPE
-    d, hd, n, ff, V = c["d_model"], c["head_dim"], c["n_expert"], c["d_ff_expert"], c["vocab"]
-    qw, kvw = c["n_heads"] * hd, c["n_kv_heads"] * hd
+    d, n, ff, V = c["d_model"], c["n_expert"], c["d_ff_expert"], c["vocab"]
     a = "smallthinker"
     w, rng, route = begin(path, a, seed, context=65536, ff=ff, rope_base=1.5e6, eps=1e-6)
     w.add_uint32(a + ".expert_gating_func", 1)
@@ -403,11 +405,7 @@ def write_smallthinker(path: Path, seed: int = 0) -> None:
     plan.append(("token_embd.weight", (V, d), lambda: class_embedding(V, d), Q.Q4_0))
     for il in range(c["n_layers"]):
         p = f"blk.{il}."
-        for norm in ("attn_norm", "ffn_norm"):
-            f32(p + norm + ".weight", (d,), lambda: np.ones(d, np.float32))
-        for name, rows in (("attn_q", qw), ("attn_k", kvw), ("attn_v", kvw)):
-            plan.append((p + name + ".weight", (rows, d), lambda rows=rows: q8_blocks(rng, rows, d, SCALE / 8), Q.Q8_0))
-        plan.append((p + "attn_output.weight", (d, qw), lambda: q8_blocks(rng, d, qw, 0.0), Q.Q8_0))
+        plan_attention(plan, rng, p, ("attn_norm", "ffn_norm"))
 
         def router(il=il):  # the un-normed class axis (1.0) routes: logits sqrt(d) times the normed synthetics'
             return class_router(route[il]) * float(np.sqrt(d))
