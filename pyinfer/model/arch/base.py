@@ -140,6 +140,15 @@ class Architecture:
         return dict(n_expert=n, n_expert_used=used, d_ff_expert=ff, expert_norm=norm, d_ff_shared=ff_shared,
                     shared_expert_gated=shared_gated)
 
+    def expert_gating(self, f: GGUFModelFile, unset: int) -> int:
+        """MoeRoute's gating from llama.cpp's expert_gating_func (1 softmax, 2 sigmoid; `unset`: what the
+        architecture means by none), refused by name otherwise."""
+        p = self.name + "."
+        gating = int(f.get(p + "expert_gating_func", 0) or unset)
+        if gating not in (1, 2):
+            raise UnsupportedModelError(f"{p}expert_gating_func {gating} is not supported (1 softmax, 2 sigmoid)")
+        return gating - 1
+
     def rope_scaling(self, f: GGUFModelFile) -> float:
         """freq_scale as llama.cpp reads it: the type defaults to linear; the factor is rope.scaling.factor or
         the older rope.scale_linear; type none never scales. YaRN (and LongRoPE with a factor) are refused,

@@ -15,8 +15,6 @@ from ...errors import ModelFormatError, UnsupportedModelError
 from ..config import LlamaConfig
 from .base import MOE_TENSORS, SHARED_EXPERT_TENSORS, Architecture
 
-GATING = {1: 0, 2: 1}  # llama.cpp's expert_gating_func (1 softmax, 2 sigmoid) -> MoeRoute's gating
-
 
 class Deepseek2(Architecture):
     name = "deepseek2"
@@ -82,11 +80,8 @@ class Deepseek2(Architecture):
         lead = int(f.get(p + "leading_dense_block_count", 0) or 0)
         if not 0 <= lead < n_layers:
             raise ModelFormatError(f"{f.path.name}: {p}leading_dense_block_count {lead} must be below the layer count")
-        gating = int(f.get(p + "expert_gating_func", 0) or 0)
-        if gating == 0:  # llama.cpp: unset means softmax, but sigmoid for GLM-4.7-Flash (by its shape)
-            gating = 2 if n_layers in (47, 48) and hp["vocab_size"] == 154880 else 1
-        if gating not in GATING:
-            raise UnsupportedModelError(f"{p}expert_gating_func {gating} is not supported (1 softmax, 2 sigmoid)")
+        # llama.cpp: unset means softmax, but sigmoid for GLM-4.7-Flash (by its shape)
+        gating = self.expert_gating(f, unset=2 if n_layers in (47, 48) and hp["vocab_size"] == 154880 else 1)
         moe = self.moe_hparams(f, norm=bool(f.get(p + "expert_weights_norm", False)), shared=True,
                                shared_gated=False, layers=range(lead, n_layers))
         if not moe:
@@ -108,7 +103,7 @@ class Deepseek2(Architecture):
                 raise ModelFormatError(f"{f.path.name}: blk.{il}.attn_k_b / attn_v_b do not fit {s['heads']} heads "
                                        f"of latent {s['rank']}")
         hp.update(n_kv_heads=1, rope_attn_factor=attn_factor)
-        return LlamaConfig(**hp, **moe, expert_gating=GATING[gating], dense_lead=lead,
+        return LlamaConfig(**hp, **moe, expert_gating=gating, dense_lead=lead,
                            expert_bias=f"blk.{lead}.exp_probs_b.bias" in f.tensors,
                            expert_scale=float(f.get(p + "expert_weights_scale", 0.0) or 0.0), expert_groups=groups,
                            kv_lora_rank=s["rank"], q_lora_rank=s["q_rank"], mla_v_dim=s["v_dim"], attn_scale=scale)

@@ -10,8 +10,6 @@ from ...errors import ModelFormatError, UnsupportedModelError
 from ..config import LlamaConfig
 from .base import MOE_TENSORS, QK_NORMS, SHARED_EXPERT_TENSORS, Architecture
 
-GATING = {1: 0, 2: 1}  # llama.cpp's expert_gating_func (1 softmax, 2 sigmoid) -> MoeRoute's gating
-
 
 class Glm4Moe(Architecture):
     name = "glm4moe"
@@ -27,9 +25,7 @@ class Glm4Moe(Architecture):
         lead = int(f.get(p + "leading_dense_block_count", 0) or 0)
         if not 0 <= lead < hp["n_layers"]:
             raise ModelFormatError(f"{f.path.name}: {p}leading_dense_block_count {lead} must be below the layer count")
-        gating = int(f.get(p + "expert_gating_func", 0) or 2)  # llama.cpp: none means sigmoid here
-        if gating not in GATING:
-            raise UnsupportedModelError(f"{p}expert_gating_func {gating} is not supported (1 softmax, 2 sigmoid)")
+        gating = self.expert_gating(f, unset=2)  # llama.cpp: none means sigmoid here
         moe = self.moe_hparams(f, norm=bool(f.get(p + "expert_weights_norm", False)), shared=True,
                                shared_gated=False, layers=range(lead, hp["n_layers"]))
         if not moe:
@@ -39,7 +35,7 @@ class Glm4Moe(Architecture):
             for part in need:
                 if f"blk.{il}.{part}" not in f.tensors:
                     raise ModelFormatError(f"{f.path.name}: blk.{il}.{part} is missing")
-        return LlamaConfig(**hp, **moe, expert_gating=GATING[gating], expert_bias=True, dense_lead=lead,
+        return LlamaConfig(**hp, **moe, expert_gating=gating, expert_bias=True, dense_lead=lead,
                            expert_scale=float(f.get(p + "expert_weights_scale", 0.0) or 0.0),
                            qk_norm="blk.0.attn_q_norm.weight" in f.tensors, ffn_norm="post_attention_norm")
 

@@ -6,11 +6,10 @@ that size whatever the file says) and the fourth, global, rotates no position (N
 (llama.cpp's smallthinker graph)."""
 from __future__ import annotations
 
-from ...errors import ModelFormatError, UnsupportedModelError
+from ...errors import ModelFormatError
 from ..config import Activation, LlamaConfig
 from .base import MOE_TENSORS, Architecture
 
-GATING = {1: 0, 2: 1}  # llama.cpp's expert_gating_func (1 softmax, 2 sigmoid) -> MoeRoute's gating
 WINDOW = 4096          # llama.cpp's n_swa for SmallThinker, whatever attention.sliding_window holds
 PATTERN = 4            # every 4th layer (the first of each 4) global and NoPE, the others sliding
 
@@ -25,9 +24,7 @@ class SmallThinker(Architecture):
         p = self.name + "."
         hp = self.common_hparams(f)
         n_layers = hp["n_layers"]
-        gating = int(f.get(p + "expert_gating_func", 0) or 0)
-        if gating not in GATING:
-            raise UnsupportedModelError(f"{p}expert_gating_func {gating} is not supported (1 softmax, 2 sigmoid)")
+        gating = self.expert_gating(f, unset=0)  # the converter always writes it
         moe = self.moe_hparams(f, norm=True)
         if not moe:
             raise ModelFormatError(f"{f.path.name}: smallthinker needs {p}expert_count and its expert tensors")
@@ -47,7 +44,7 @@ class SmallThinker(Architecture):
             nope = tuple(n_layers != PATTERN and il % PATTERN == 0 for il in range(n_layers))
             hp.update(sliding_window=WINDOW, local_layers=local, nope_layers=nope,
                       rope_base_local=float(f.get(p + "rope.freq_base_swa", hp["rope_base"])))
-        return LlamaConfig(**hp, **moe, expert_gating=GATING[gating], router_before_attention=True)
+        return LlamaConfig(**hp, **moe, expert_gating=gating, router_before_attention=True)
 
     def build_layer(self, m, il: int, x):
         p, c = f"blk.{il}.", m.cfg
