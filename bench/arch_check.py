@@ -94,11 +94,12 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
                            vocab_from=vocab, **extra)
 
 
-def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int) -> list[dict]:
+def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int, kv: str = "f16") -> list[dict]:
+    """`kv`: both engines' KV cache type."""
     src = write(kind, tmp / f"{kind}-f32.gguf", vocab)
-    f32 = pyinfer.load(str(src), n_threads=2, n_ctx=128, progress=False)
+    f32 = pyinfer.load(str(src), n_threads=2, n_ctx=128, progress=False, cache_type=kv)
     ids = np.random.default_rng(0).integers(3, f32.config.vocab_size, n_ids).tolist()
-    ref = llamacpp_logits(str(src), ids)
+    ref = llamacpp_logits(str(src), ids, kv)
     ours = f32.eval(ids, all_logits=True).astype(np.float64)
     margins: list = []
     numpy_ref = reference_logits(f32.gguf, ids, n_ctx=128, margins=margins)
@@ -118,7 +119,7 @@ def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int) -> list[d
         rows[0]["pyinfer_vs_llamacpp_clear_routing"] = distance(ours[clear], ref[clear])
     for ft, code in dict(FTYPES, **({"MXFP4_MOE": 38} if kind == "gpt-oss" else {})).items():  # gpt-oss ships MXFP4
         rows.append({"arch": name, "kind": kind, "file": ft, "vocab": vocab_name,
-                     **quantized_by_llamacpp(src, tmp / f"{kind}-{ft}.gguf", ft, code, ids, ref)})
+                     **quantized_by_llamacpp(src, tmp / f"{kind}-{ft}.gguf", ft, code, ids, ref, kv)})
     for r in rows:
         print(json.dumps(r), file=sys.stderr)
     return rows
@@ -130,36 +131,44 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--only", nargs="+", metavar="KIND", help="run these cases and replace their rows in the saved "
                     f"table (kinds: {', '.join(c[1] for c in CASES)})")
+    ap.add_argument("--cache-type", default="f32", choices=["f32", "f16"],
+                    help="both engines' KV cache (default f32: llama.cpp's f16 cache also rounds q and the softmax "
+                         "to fp16, noise that activation quantization amplifies on these tiny random models); "
+                         "f16 results go to arch_check_f16.{json,md}")
     args = ap.parse_args()
+    kv = args.cache_type
+    stem = "arch_check" if kv == "f32" else f"arch_check_{kv}"
     tmp = Path(tempfile.mkdtemp(prefix="pyinfer-arch-"))
     rows = []
-    if args.only and (RESULTS / "arch_check.json").exists():
-        rows = [r for r in json.loads((RESULTS / "arch_check.json").read_text())["rows"] if r["kind"] not in args.only]
+    if args.only and (RESULTS / f"{stem}.json").exists():
+        rows = [r for r in json.loads((RESULTS / f"{stem}.json").read_text())["rows"] if r["kind"] not in args.only]
     for name, kind, vocab, _ in CASES:
         if args.only and kind not in args.only:
             continue
-        rows += run_case(name, kind, args.vendor / vocab if vocab else None, tmp, args.tokens)
+        rows += run_case(name, kind, args.vendor / vocab if vocab else None, tmp, args.tokens, kv)
         for f in tmp.glob(f"{kind}-*.gguf"):
             f.unlink()
     order = [c[1] for c in CASES]
     rows.sort(key=lambda r: (order.index(r["kind"]), ["F32", *FTYPES, "MXFP4_MOE"].index(r["file"])))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "arch_check.json").write_text(json.dumps({"tokens": args.tokens, "shape": SHAPE, "rows": rows},
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"tokens": args.tokens, "shape": SHAPE, "cache_type": kv, "rows": rows},
                                                         indent=1))
     md = ["# Architectures against llama.cpp 0.3.36", "",
           f"Tiny random models ({SHAPE['n_layers']} layers, d {SHAPE['d_model']}, FFN {SHAPE['d_ff']}, "
           f"{SHAPE['n_heads']} heads, {SHAPE['n_kv_heads']} KV heads) with llama.cpp's own vocabularies; "
           f"{args.tokens} random ids evaluated by both engines. max = largest |difference| over the largest "
-          "|logit|; top-1 = share of positions whose argmax agrees. Quantization noise: llama.cpp's own logits "
-          "on the quantized file against its F32 file.", "",
-          "| architecture | checks | vocabulary | file | max | top-1 | quantization noise: max | top-1 |",
-          "|---|---|---|---|---|---|---|---|"]
+          "|logit|; top-1 = share of positions whose argmax agrees; positions apart = positions whose logits differ "
+          "anywhere by more than 0.1% of the largest |logit|. Quantization noise: llama.cpp's own logits "
+          f"on the quantized file against its F32 file. Both engines hold an {kv} KV cache and quantize "
+          "activations as llama.cpp does for each weight type.", "",
+          "| architecture | checks | vocabulary | file | max | top-1 | positions apart | quantization noise: max | top-1 |",
+          "|---|---|---|---|---|---|---|---|---|"]
     what = {c[1]: c[3] for c in CASES}
     for r in rows:
         a, q = r["pyinfer_vs_llamacpp"], r["quantization_noise"]
         qn = f"{q['max_rel']:.4f} | {q['argmax_agree']:.3f}" if q else "- | -"
         md.append(f"| {r['arch']} | {what[r['kind']]} | {r['vocab']} | {r['file']} | {a['max_rel']:.4f} | "
-                  f"{a['argmax_agree']:.3f} | {qn} |")
+                  f"{a['argmax_agree']:.3f} | {a.get('positions_apart', '-')} | {qn} |")
     for r in rows:
         if r.get("routing_near_ties") is not None:
             c = r["pyinfer_vs_llamacpp_clear_routing"]
@@ -170,7 +179,7 @@ def main() -> int:
             md.append(f"\n{r['arch']} {r['file']}: position {t['position']} differs; llama.cpp's top two logits are "
                       f"{t['llamacpp_top2_gap']:.4%} of the largest |logit| apart, and the fp32 numpy reference "
                       f"agrees with {t['numpy_reference_agrees_with']}.")
-    (RESULTS / "arch_check.md").write_text("\n".join(md) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 

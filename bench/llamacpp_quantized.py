@@ -30,23 +30,32 @@ RESULTS = Path(__file__).parent / "results" / "vs_llamacpp"
 FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}  # llama_ftype
 
 
-def llamacpp_logits(path: str, ids: list[int]) -> np.ndarray:
-    ll = LlamaCpp(path, 2, 128, logits_all=True)
+# KV cache types both engines can hold, as llama.cpp's ggml_type for type_k / type_v.
+LLAMACPP_CACHE = {"f16": 1, "f32": 0}
+
+
+def llamacpp_logits(path: str, ids: list[int], cache_type: str = "f16") -> np.ndarray:
+    """llama.cpp's logits at every position; `cache_type` f32 keeps its attention unrounded (its f16 cache rounds
+    q and the softmax to fp16 as well: llama.cpp against itself moves 5-7% on a tiny quantized LLaMA)."""
+    t = LLAMACPP_CACHE[cache_type]
+    ll = LlamaCpp(path, 2, 128, logits_all=True, type_k=t, type_v=t)
     ll.llm.reset()
     ll.llm.eval(ids)
     return np.asarray(ll.llm.scores[:len(ids)], dtype=np.float64)
 
 
 def distance(a: np.ndarray, b: np.ndarray) -> dict:
-    """Max and median |a - b| over the logit scale, correlation, argmax agreement."""
+    """Max and median |a - b| over the logit scale, correlation, argmax agreement, and how many positions (rows)
+    differ by more than 0.1% of the scale anywhere (a rounding flip moves a position or a few, not all)."""
     scale = float(np.abs(b).max())
     d = np.abs(a - b)
     return {"max_rel": float(d.max() / scale), "median_rel": float(np.median(d) / scale),
-            "corr": float(np.corrcoef(a.ravel(), b.ravel())[0, 1]), "argmax_agree": float((a.argmax(1) == b.argmax(1)).mean())}
+            "corr": float(np.corrcoef(a.ravel(), b.ravel())[0, 1]), "argmax_agree": float((a.argmax(1) == b.argmax(1)).mean()),
+            "positions_apart": int((d.max(-1) > 1e-3 * scale).sum())}
 
 
 def quantized_by_llamacpp(src: Path, out: Path, ftype: str, code: int, ids: list[int],
-                          f32_llamacpp: np.ndarray) -> dict:
+                          f32_llamacpp: np.ndarray, cache_type: str = "f16") -> dict:
     """`src` quantized by `llama_model_quantize` to `ftype` (llama_ftype `code`) at `out`, both engines run on
     `ids`: the file's tensor types, pyinfer's distance to llama.cpp on it, and the quantization noise (llama.cpp's
     own logits on it against `f32_llamacpp`, its logits on the F32 source)."""
@@ -58,8 +67,8 @@ def quantized_by_llamacpp(src: Path, out: Path, ftype: str, code: int, ids: list
     if rc != 0:
         raise SystemExit(f"llama_model_quantize {ftype} of {Path(src).name} failed ({rc})")
     types = Counter(t.type_name for t in open_model(out).tensors.values())
-    ours = pyinfer.load(str(out), n_threads=2, n_ctx=128, progress=False).eval(ids, all_logits=True)
-    theirs = llamacpp_logits(str(out), ids)
+    ours = pyinfer.load(str(out), n_threads=2, n_ctx=128, progress=False, cache_type=cache_type).eval(ids, all_logits=True)
+    theirs = llamacpp_logits(str(out), ids, cache_type)
     return {"tensor_types": dict(types), "pyinfer_vs_llamacpp": distance(ours.astype(np.float64), theirs),
             "quantization_noise": distance(theirs, f32_llamacpp)}
 

@@ -41,6 +41,8 @@ PYBIND11_MODULE(_core, m) {
         "Best GB/s of full read passes over a fresh buffer of `bytes`, one contiguous slice per thread: the "
         "memory roof a decode GEMV is measured against.");
   m.def("row_bytes", [](DType t, int64_t n) { return dtype_row_bytes(t, n); });
+  // How a Quantize node quantizes activations for weights of this type (graph/dtype.h ActScheme, as an int).
+  m.def("act_scheme", [](DType t) { return dtype_traits(t) ? int(dtype_traits(t)->act) : 0; });
   m.def("neuron_major", [](py::array_t<uint8_t, py::array::c_style> src, DType type, int64_t cols,
                            py::array_t<int32_t, py::array::c_style> perm, DType out, int threads) {
           if (src.ndim() != 2) throw GraphError("neuron_major: src must be U8 [rows, row bytes]");

@@ -21,6 +21,7 @@
 #include "executor/guards.h"
 #include "kernels/moe.cuh"
 #include "kernels/ops.cuh"
+#include "kernels/piece_types.cuh"
 
 namespace pyinfer {
 namespace {
@@ -33,7 +34,7 @@ bool weight_type_ok(DType t) {
   switch (t) {
     case DType::F32: case DType::F16: case DType::BF16: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0:
     case DType::Q5_1: case DType::Q8_0: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: return true;
-    default: return false;
+    default: return cuda::is_piece_type(t);  // the low-bit types: the CPU's piece decoder, on the device
   }
 }
 
@@ -84,16 +85,15 @@ class CudaBackend final : public Backend {
       case OpKind::GetRows: return !src(GetRowsSrc::table).paged && weight_type_ok(src(GetRowsSrc::table).type);
       case OpKind::Attention:
         return src(AttentionSrc::k_cache).type == DType::F16 && src(AttentionSrc::v_cache).type == DType::F16 &&
-               n.p.attention.head_dim <= 256 && n.p.attention.kv_heads > 0 &&
-               n.src[AttentionSrc::q_rope] < 0 && (n.p.attention.v_dim == 0 || n.p.attention.v_dim == n.p.attention.head_dim);  // MLA: the CPU's
+               n.p.attention.head_dim <= cuda::kMaxAttentionDims && n.p.attention.v_dim <= n.p.attention.head_dim &&
+               n.p.attention.kv_heads > 0;  // MLA included: q_rope, value heads shorter than key heads
       case OpKind::KvStore: return g.tensors[size_t(n.dst)].type == DType::F16;
       case OpKind::RmsNorm: case OpKind::Quantize: case OpKind::Rope: case OpKind::Add: case OpKind::SiluMul:
       case OpKind::SelectRows: case OpKind::BiasRelu: case OpKind::ScatterCols: case OpKind::Copy: return true;
       // Experts: whole merged tensors in device memory (streamed experts stay on the CPU).
       case OpKind::MoeRoute: case OpKind::MoeCombine: case OpKind::MoeRouteSplit: return true;
-      case OpKind::MoeMatMul:  // (expert biases and per-head matmuls without a route: the CPU's, until kernels here)
+      case OpKind::MoeMatMul:  // routed, or slot s on expert s (a matmul per head); with or without expert biases
         return !src(MoeMatMulSrc::weight).paged && weight_type_ok(src(MoeMatMulSrc::weight).type) &&
-               n.src[MoeMatMulSrc::bias] < 0 && n.src[MoeMatMulSrc::route] >= 0 &&
                (src(MoeMatMulSrc::x).type == DType::F32 || src(MoeMatMulSrc::x).type == DType::Q8A);
       default: return false;
     }
@@ -276,7 +276,8 @@ class CudaBackend final : public Backend {
       case OpKind::RmsNorm:
         return cuda::rms_norm(rows_of(src(RmsNormSrc::x), rows), static_cast<const float*>(src(RmsNormSrc::weight).data),
                               rows_of(dst, rows), n.p.rms_norm.eps, n.p.rms_norm.segment, stream_);
-      case OpKind::Quantize: return cuda::quantize_q8a(rows_of(src(QuantizeSrc::x), rows), rows_of(dst, rows), stream_);
+      case OpKind::Quantize:
+        return cuda::quantize_q8a(rows_of(src(QuantizeSrc::x), rows), rows_of(dst, rows), n.p.quantize.scheme, stream_);
       case OpKind::Rope:
         return cuda::rope(rows_of(src(RopeSrc::x), rows), rows_of(dst, rows), i32(RopeSrc::positions),
                           n.src[RopeSrc::factors] >= 0 ? static_cast<const float*>(src(RopeSrc::factors).data) : nullptr,
@@ -291,7 +292,8 @@ class CudaBackend final : public Backend {
         cuda::AttentionRows a{rows_of(src(S::q), rows), rows_of(src(S::k_cache), 0), rows_of(src(S::v_cache), 0),
                               rows_of(dst, rows), i32(S::positions), t >= 0 ? i32(S::table) : nullptr,
                               t >= 0 ? g.tensors[size_t(t)].cols : 0,
-                              n.src[S::sinks] >= 0 ? static_cast<const float*>(src(S::sinks).data) : nullptr};
+                              n.src[S::sinks] >= 0 ? static_cast<const float*>(src(S::sinks).data) : nullptr,
+                              n.src[S::q_rope] >= 0 ? rows_of(src(S::q_rope), rows) : cuda::Rows{}};
         return cuda::attention(a, n.p.attention, stream_);
       }
       case OpKind::Add:
@@ -341,11 +343,12 @@ class CudaBackend final : public Backend {
         using S = MoeMatMulSrc;
         const Tensor& w = src(S::weight);
         const Tensor& x = src(S::x);
-        const bool cut = n.src[S::gate] >= 0;
-        cuda::MoeMatMulArgs a{rows_of(w, w.rows), rows_of(x, rows), rows_of(src(S::route), rows), rows_of(dst, rows),
-                              x.cols != w.cols, int64_t(dtype_row_bytes(x.type, w.cols)),
+        const bool cut = n.src[S::gate] >= 0, routed = n.src[S::route] >= 0, biased = n.src[S::bias] >= 0;
+        cuda::MoeMatMulArgs a{rows_of(w, w.rows), rows_of(x, rows), routed ? rows_of(src(S::route), rows) : cuda::Rows{},
+                              rows_of(dst, rows), x.cols != w.cols, int64_t(dtype_row_bytes(x.type, w.cols)),
                               cut ? static_cast<const float*>(src(S::gate).data) : nullptr,
-                              cut ? static_cast<const float*>(src(S::cut).data) : nullptr, n.p.moe, 0};
+                              cut ? static_cast<const float*>(src(S::cut).data) : nullptr, n.p.moe, 0,
+                              biased ? rows_of(src(S::bias), src(S::bias).rows) : cuda::Rows{}};
         return cuda::moe_matmul(a, stream_);
       }
       case OpKind::MoeCombine: {

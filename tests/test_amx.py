@@ -76,7 +76,7 @@ def test_amx_matmul_matches_reference_and_avx512(qtype, n_tok):
     def build(b):
         return b.matmul(b.weight("w", int(qt), k, rows, w), b.weight("x", int(DType.F32), k, n_tok, x), "y")
 
-    q, d = q8a_reference(x)
+    q, d = q8a_reference(x, qt)
     want = (q * d).reshape(n_tok, k).astype(np.float64) @ wd.T
     got = {}
     for isa in ("amx", "avx512"):

@@ -14,9 +14,11 @@ TILE = 64  # kAttnKeyTile
 
 
 def cache_round(x: np.ndarray, cache: str) -> np.ndarray:
-    """What the cache gives back for x: fp16, or llama.cpp's Q8_0 blocks."""
+    """What the cache gives back for x: fp16, llama.cpp's Q8_0 blocks, or x itself (f32)."""
     if cache == "q8_0":
         return quants.dequantize(quants.quantize(x, Q.Q8_0), Q.Q8_0).reshape(x.shape)
+    if cache == "f32":
+        return x.astype(np.float32)
     return x.astype(np.float16).astype(np.float32)
 
 
@@ -43,7 +45,7 @@ def run_attention(q, keys, values, positions, heads, kv_heads, hd, *, isa, threa
     """Stores `keys`/`values` as the cache rows 0..n_ctx-1 and runs one attention node over it."""
     n_ctx, width = keys.shape
     T = q.shape[0]
-    dt = DType.Q8_0 if cache == "q8_0" else DType.F16
+    dt = {"q8_0": DType.Q8_0, "f32": DType.F32}.get(cache, DType.F16)
     b = GraphBuilder()
     rows = np.arange(n_ctx, dtype=np.int32)
     kc, vc = b.state("kc", width, n_ctx, dt), b.state("vc", width, n_ctx, dt)
@@ -122,7 +124,17 @@ def test_q8_0_cache(isa, positions, window):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("cache", ["f16", "q8_0"])
+@pytest.mark.parametrize("positions", [np.arange(200), [199], np.arange(150, 200)])
+def test_f32_cache(isa, positions):
+    """llama.cpp's -ctk f32 -ctv f32: keys and values read back as stored (prefill tiles and decode)."""
+    rng = np.random.default_rng(len(positions) + 7)
+    heads, kv_heads, hd = 6, 2, 64
+    q, k, v = data(rng, len(positions), 200, heads, kv_heads, hd)
+    check(q, k, v, positions, heads, kv_heads, hd, cache="f32", window=30, isa=isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("cache", ["f16", "q8_0", "f32"])
 def test_paged_batch_of_sequences(isa, cache):
     """Three sequences in one batch, their blocks scattered over the cache: a prefill chunk, a decode
     step, and a second chunk at depth, each through its own block table."""
@@ -162,8 +174,9 @@ def test_bad_attention_parameters_are_refused():
         _bad_attention(48, 0, DType.Q8_0)
     with pytest.raises(ValueError, match="sliding window"):
         _bad_attention(64, -1, DType.F16)
+    _bad_attention(64, 0, DType.F32)  # fine: an fp32 cache
     with pytest.raises(ValueError, match="K cache"):
-        _bad_attention(64, 0, DType.F32)
+        _bad_attention(64, 0, DType.BF16)
 
 
 def test_a_failed_split_step_leaves_the_next_run_correct():

@@ -60,7 +60,9 @@ def f32(b, name, rows, cols, data=None):
     return b.weight(name, int(DType.F32), cols, rows, data)
 
 
-WEIGHTS = [Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# The low-bit types: the device decodes them with the CPU reference's own piece decoder (kernels/piece_decode.h).
+LOW_BIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S]
+WEIGHTS = [Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, *LOW_BIT]
 
 
 def weight_bytes(qtype, rows, cols):
@@ -105,7 +107,7 @@ def test_matmul_prefill_in_tiles():
 
 
 # Embedding rows: exact dequantization (1e-6).
-@pytest.mark.parametrize("qtype", [Q.F16, Q.Q4_0, Q.Q8_0, Q.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q4_0, Q.Q8_0, Q.Q6_K, Q.Q2_K, Q.IQ3_S])
 def test_get_rows(qtype):
     rows, cols = 6, 512
     w = weight_bytes(qtype, rows, cols)
@@ -341,7 +343,7 @@ def test_moe_route(gating, norm, scale):
 
 # The expert matmul: each slot the chosen expert's rows (its own x segment for down), within the dense matmul's
 # 1e-4; one token (a warp per expert row and slot) and several (grouped by expert).
-@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4, Q.IQ2_XXS, Q.Q3_K])
 @pytest.mark.parametrize("n_tok", [1, 5])
 @pytest.mark.parametrize("per_slot", [False, True])
 def test_moe_matmul(qtype, n_tok, per_slot):

@@ -127,8 +127,21 @@ def test_q8_0_cache_tracks_the_f16_cache(tmp_path):
     assert (q8.argmax(-1) == f16.argmax(-1)).mean() > 0.9
 
 
+def test_f32_cache_tracks_the_f16_cache(tmp_path):
+    """An f32 cache holds K and V unrounded: the logits stay close to the f16 cache's (test_attention checks the
+    op itself, prefill and decode)."""
+    from support.tiny_model import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "hd32.gguf", config={"n_heads": 2, "n_kv_heads": 1})
+    ids = list(np.random.default_rng(4).integers(0, 200, 40))
+    f16 = pyinfer.load(str(path), n_threads=2, n_ctx=64).eval(ids, all_logits=True)
+    f32 = pyinfer.load(str(path), n_threads=2, n_ctx=64, cache_type="f32").eval(ids, all_logits=True)
+    assert np.abs(f32 - f16).max() / np.abs(f16).max() < 0.05
+    assert (f32.argmax(-1) == f16.argmax(-1)).mean() > 0.9
+
+
 def test_bad_cache_type_is_one_line(tiny_model_path):
-    with pytest.raises(PyinferError, match="cache_type must be one of f16, q8_0"):
+    with pytest.raises(PyinferError, match="cache_type must be one of f16, q8_0, f32"):
         pyinfer.load(tiny_model_path, cache_type="q4_0")
     with pytest.raises(PyinferError, match="multiple of 32"):  # the tiny model's heads have 16 values
         pyinfer.load(tiny_model_path, cache_type="q8_0")

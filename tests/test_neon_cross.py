@@ -26,6 +26,7 @@ def test_neon_matches_scalar(tmp_path):
     subprocess.run([CXX, "-O2", "-std=c++17", "-static", f"-I{src}", *map(str, files), "-o", str(exe)], check=True)
     out = subprocess.run([QEMU, str(exe)], capture_output=True, text=True, check=True, timeout=120).stdout
     assert "quantize mismatches 0" in out  # the same Q8 activations, so the integer dot products are the same
+    assert "q8k quantize mismatches 0" in out  # and with one scale per 256 (llama.cpp's Q8_K scheme)
     for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS",
               "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"{t} max diff "))

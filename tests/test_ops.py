@@ -7,13 +7,21 @@ from gguf import quants
 from pyinfer import _core
 from pyinfer._core import DType, RowMode
 from pyinfer.runtime.graph_builder import GraphBuilder, single_op_engine
+from support.op_cases import offset_correction
 
 ISAS = _core.available_isas().split(",")
 RNG = np.random.default_rng(1234)
 
 
-def q8a_reference(x: np.ndarray):
-    """Emulates the engine's activation quantization: per 32 values, d = amax/127, q = rint(x*127/amax)."""
+def q8a_reference(x: np.ndarray, weight=None):
+    """Emulates the engine's activation quantization: per 32 values, d = amax/127, q = rint(x*127/amax); with
+    `weight` (a GGML type), as llama.cpp quantizes activations for that type (kernels/act_quant.h). q [rows,
+    blocks, 32] and d [rows, blocks, 1] per block of 32."""
+    if weight is not None:
+        from support.op_cases import act_scheme_name, llamacpp_q8
+
+        blocks = llamacpp_q8(x, act_scheme_name(weight))
+        return blocks[..., 2:].astype(np.int32), blocks[..., :1]
     xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
     amax = np.abs(xb).max(-1, keepdims=True)
     idv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
@@ -46,9 +54,10 @@ def test_matmul_quantized_exact(isa, wtype, n_tok):
     # The weight-side tensor X is fixed-row, so the matmul output has TOKENS rows = n_tok.
     eng, y = run_single(build, n_tok, isa)
     got = eng.tensor(y.id, n_tok)
-    q, d = q8a_reference(x)
+    q, d = q8a_reference(x, wtype)
     xq = (q * d).reshape(n_tok, k)          # what the integer dot sees
     want = xq @ wd.T
+    want = want + offset_correction(x, wq, wtype, rows, k)  # Q4_1: llama.cpp's Q8_1 sums
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
 
 

@@ -13,6 +13,7 @@ from gguf import quants
 from pyinfer import _core
 from pyinfer._core import DType
 from support.tiny_model import LOW_BIT_TYPES, random_blocks
+from support.op_cases import offset_correction
 from test_ops import q8a_reference, run_single
 
 ISAS = _core.available_isas().split(",")
@@ -56,7 +57,7 @@ def test_matmul_matches_dequantized_reference(isa, qtype, n_tok):
         return b.matmul(b.weight("w", int(qtype), k, rows, w), b.weight("x", int(DType.F32), k, n_tok, x), "y")
 
     eng, y = run_single(build, n_tok, isa)
-    q, d = q8a_reference(x)
+    q, d = q8a_reference(x, qtype)
     want = (q * d).reshape(n_tok, k).astype(np.float64) @ wd.T  # the integer dot is exact up to float sums
     np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
@@ -75,8 +76,8 @@ def test_quantized_by_gguf_roundtrip(isa, qtype, k, n_tok):
     x = rng.standard_normal((n_tok, k)).astype(np.float32)
     eng, y = run_single(lambda b: b.matmul(b.weight("w", int(qtype), k, rows, wq),
                                            b.weight("x", int(DType.F32), k, n_tok, x), "y"), n_tok, isa)
-    q, d = q8a_reference(x)
-    want = (q * d).reshape(n_tok, k) @ wd.T
+    q, d = q8a_reference(x, qtype)
+    want = (q * d).reshape(n_tok, k) @ wd.T + offset_correction(x, wq, qtype, rows, k)
     np.testing.assert_allclose(eng.tensor(y.id, n_tok), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
 
 
@@ -158,7 +159,7 @@ def test_llamacpp_quantized_blocks_decode_as_llamacpp_decodes_them(isa, qtype):
     x = np.random.default_rng(int(qtype)).standard_normal((3, k)).astype(np.float32)
     eng, y = run_single(lambda b: b.matmul(b.weight("w", int(qtype), k, rows, w),
                                            b.weight("x", int(DType.F32), k, 3, x), "y"), 3, isa)
-    q, d = q8a_reference(x)
+    q, d = q8a_reference(x, qtype)
     ref = (q * d).reshape(3, k).astype(np.float64) @ want.T.astype(np.float64)
     np.testing.assert_allclose(eng.tensor(y.id, 3), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 

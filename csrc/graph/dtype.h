@@ -95,6 +95,13 @@ static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(Bloc
 // One row per type: every fact the graph, the kernels (CPU and CUDA), the bindings and the checks need about
 // a type, in one place (ggml's type_traits). Adding a type is one row here; the count check below fails until
 // every switch over the types has been revisited.
+// How activations are quantized for a weight type's integer dot: as llama.cpp quantizes them for it (its
+// vec_dot_type), so that a quantized file gives llama.cpp's logits and not only its quality. Q8_0: blocks of 32,
+// the scale rounded to fp16; Q8_1: also the block's sum times the scale, rounded to fp16 (Q4_1 / Q5_1's offsets);
+// Q8_K: one fp32 scale per 256 (K-quants and the IQ grids). Own: blocks of 32 with fp32 scales (pyinfer's
+// internal copies, Q4T / Q8T, whose dots llama.cpp does not have). All are stored as Q8A blocks.
+enum class ActScheme : int32_t { Own = 0, Q8_0 = 1, Q8_1 = 2, Q8_K = 3 };
+
 struct DTypeTraits {
   DType type;
   const char* name;
@@ -102,30 +109,31 @@ struct DTypeTraits {
   int32_t block_bytes;  // bytes per block (element size for element types)
   bool integer_dot;     // weights that the integer-dot matmul runs against Q8A activations
   bool quantized;       // stored in blocks with scales (weights, Q8A, Q4T)
+  ActScheme act = ActScheme::Own;  // integer-dot weights: how their activations are quantized
 };
 inline constexpr DTypeTraits kDTypeTraits[] = {
     {DType::F32, "F32", 1, 4, false, false},
     {DType::F16, "F16", 1, 2, false, false},
     {DType::BF16, "BF16", 1, 2, false, false},
     {DType::I32, "I32", 1, 4, false, false},
-    {DType::Q4_0, "Q4_0", kQuantBlock, int32_t(sizeof(BlockQ4_0)), true, true},
-    {DType::Q4_1, "Q4_1", kQuantBlock, int32_t(sizeof(BlockQ4_1)), true, true},
-    {DType::Q5_0, "Q5_0", kQuantBlock, int32_t(sizeof(BlockQ5_0)), true, true},
-    {DType::Q5_1, "Q5_1", kQuantBlock, int32_t(sizeof(BlockQ5_1)), true, true},
-    {DType::Q8_0, "Q8_0", kQuantBlock, int32_t(sizeof(BlockQ8_0)), true, true},
-    {DType::Q4_K, "Q4_K", kSuperBlock, int32_t(sizeof(BlockQ4_K)), true, true},
-    {DType::Q5_K, "Q5_K", kSuperBlock, int32_t(sizeof(BlockQ5_K)), true, true},
-    {DType::Q6_K, "Q6_K", kSuperBlock, int32_t(sizeof(BlockQ6_K)), true, true},
-    {DType::Q2_K, "Q2_K", kSuperBlock, int32_t(sizeof(BlockQ2_K)), true, true},
-    {DType::Q3_K, "Q3_K", kSuperBlock, int32_t(sizeof(BlockQ3_K)), true, true},
-    {DType::IQ4_NL, "IQ4_NL", kQuantBlock, int32_t(sizeof(BlockIQ4_NL)), true, true},
-    {DType::IQ4_XS, "IQ4_XS", kSuperBlock, int32_t(sizeof(BlockIQ4_XS)), true, true},
-    {DType::MXFP4, "MXFP4", kQuantBlock, int32_t(sizeof(BlockMXFP4)), true, true},
-    {DType::IQ2_XXS, "IQ2_XXS", kSuperBlock, int32_t(sizeof(BlockIQ2_XXS)), true, true},
-    {DType::IQ2_XS, "IQ2_XS", kSuperBlock, int32_t(sizeof(BlockIQ2_XS)), true, true},
-    {DType::IQ2_S, "IQ2_S", kSuperBlock, int32_t(sizeof(BlockIQ2_S)), true, true},
-    {DType::IQ3_XXS, "IQ3_XXS", kSuperBlock, int32_t(sizeof(BlockIQ3_XXS)), true, true},
-    {DType::IQ3_S, "IQ3_S", kSuperBlock, int32_t(sizeof(BlockIQ3_S)), true, true},
+    {DType::Q4_0, "Q4_0", kQuantBlock, int32_t(sizeof(BlockQ4_0)), true, true, ActScheme::Q8_0},
+    {DType::Q4_1, "Q4_1", kQuantBlock, int32_t(sizeof(BlockQ4_1)), true, true, ActScheme::Q8_1},
+    {DType::Q5_0, "Q5_0", kQuantBlock, int32_t(sizeof(BlockQ5_0)), true, true, ActScheme::Q8_0},
+    {DType::Q5_1, "Q5_1", kQuantBlock, int32_t(sizeof(BlockQ5_1)), true, true, ActScheme::Q8_1},
+    {DType::Q8_0, "Q8_0", kQuantBlock, int32_t(sizeof(BlockQ8_0)), true, true, ActScheme::Q8_0},
+    {DType::Q4_K, "Q4_K", kSuperBlock, int32_t(sizeof(BlockQ4_K)), true, true, ActScheme::Q8_K},
+    {DType::Q5_K, "Q5_K", kSuperBlock, int32_t(sizeof(BlockQ5_K)), true, true, ActScheme::Q8_K},
+    {DType::Q6_K, "Q6_K", kSuperBlock, int32_t(sizeof(BlockQ6_K)), true, true, ActScheme::Q8_K},
+    {DType::Q2_K, "Q2_K", kSuperBlock, int32_t(sizeof(BlockQ2_K)), true, true, ActScheme::Q8_K},
+    {DType::Q3_K, "Q3_K", kSuperBlock, int32_t(sizeof(BlockQ3_K)), true, true, ActScheme::Q8_K},
+    {DType::IQ4_NL, "IQ4_NL", kQuantBlock, int32_t(sizeof(BlockIQ4_NL)), true, true, ActScheme::Q8_0},
+    {DType::IQ4_XS, "IQ4_XS", kSuperBlock, int32_t(sizeof(BlockIQ4_XS)), true, true, ActScheme::Q8_K},
+    {DType::MXFP4, "MXFP4", kQuantBlock, int32_t(sizeof(BlockMXFP4)), true, true, ActScheme::Q8_0},
+    {DType::IQ2_XXS, "IQ2_XXS", kSuperBlock, int32_t(sizeof(BlockIQ2_XXS)), true, true, ActScheme::Q8_K},
+    {DType::IQ2_XS, "IQ2_XS", kSuperBlock, int32_t(sizeof(BlockIQ2_XS)), true, true, ActScheme::Q8_K},
+    {DType::IQ2_S, "IQ2_S", kSuperBlock, int32_t(sizeof(BlockIQ2_S)), true, true, ActScheme::Q8_K},
+    {DType::IQ3_XXS, "IQ3_XXS", kSuperBlock, int32_t(sizeof(BlockIQ3_XXS)), true, true, ActScheme::Q8_K},
+    {DType::IQ3_S, "IQ3_S", kSuperBlock, int32_t(sizeof(BlockIQ3_S)), true, true, ActScheme::Q8_K},
     {DType::Q8A, "Q8A", kQuantBlock, int32_t(sizeof(BlockQ8A)), false, true},
     {DType::Q4T, "Q4T", kQuantBlock, 16, false, true},  // nibbles only: its scales live in a side tensor
     {DType::Q8T, "Q8T", kQuantBlock, 32, false, true},  // bytes only: its scales live in a side tensor

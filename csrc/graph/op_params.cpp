@@ -34,6 +34,7 @@ constexpr ParamField kMoeRoute[] = {PYI_I32(moe_route, n_expert), PYI_I32(moe_ro
                                     PYI_I32(moe_route, n_group), PYI_I32(moe_route, group_used)};
 constexpr ParamField kMoe[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k)};
 constexpr ParamField kMoeMatMul[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k), PYI_I32(moe, gate_fn)};
+constexpr ParamField kQuantize[] = {PYI_I32(quantize, scheme)};
 constexpr ParamField kExpertFetch[] = {PYI_I32(expert_fetch, layer), PYI_I32(expert_fetch, prefetch)};
 
 #undef PYI_I32
@@ -47,7 +48,7 @@ constexpr int count(const ParamField (&)[N]) { return int(N); }
 constexpr OpSignature kSignatures[] = {
     {OpKind::GetRows, "get_rows", "GET_ROWS", {"table", "ids"}, kGetRows, count(kGetRows)},
     {OpKind::RmsNorm, "rms_norm", "RMS_NORM", {"x", "weight"}, kRmsNorm, count(kRmsNorm)},
-    {OpKind::Quantize, "quantize", "QUANTIZE", {"x"}, nullptr, 0},
+    {OpKind::Quantize, "quantize", "QUANTIZE", {"x"}, kQuantize, count(kQuantize)},
     {OpKind::MatMul, "mat_mul", "MAT_MUL", {"weight", "x", "active"}, nullptr, 0},
     {OpKind::Rope, "rope", "ROPE", {"x", "positions", "factors"}, kRope, count(kRope)},
     {OpKind::KvStore, "kv_store", "KV_STORE", {"x", "rows"}, nullptr, 0},

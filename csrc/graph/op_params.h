@@ -132,6 +132,8 @@ struct MoeRouteParams { int32_t n_expert, k; MoeGating gating; int32_t norm; flo
 // MoeMatMul, MoeCombine and MoeRouteSplit (n_expert unused by the combine; gate_fn: the activation of MoeMatMul's
 // `gate`, SiLU or GeluTanh).
 struct MoeParams { int32_t n_expert, k; GateFn gate_fn; };
+// Quantize: the scheme of the weights that read the copy (graph/dtype.h ActScheme; the graph builder sets it).
+struct QuantizeParams { int32_t scheme; };
 struct ExpertFetchParams { int32_t layer, prefetch; };  // prefetch 1: start reading, do not wait
 
 union OpParams {
@@ -148,6 +150,7 @@ union OpParams {
   MoeRouteParams moe_route;
   MoeParams moe;
   ExpertFetchParams expert_fetch;
+  QuantizeParams quantize;
   OpParams() { std::memset(static_cast<void*>(this), 0, sizeof(*this)); }  // every field of every op: 0
 };
 

@@ -162,6 +162,7 @@ void Graph::validate() const {
       }
       case OpKind::Quantize:
         c.type(n.dst, DType::Q8A); c.type(src[QuantizeSrc::x], DType::F32); c.cols(src[QuantizeSrc::x], d.cols);
+        if (n.p.quantize.scheme < 0 || n.p.quantize.scheme > int32_t(ActScheme::Q8_K)) c.fail("unknown quantize scheme");
         break;
       case OpKind::MatMul: {
         using S = MatMulSrc;
@@ -203,7 +204,7 @@ void Graph::validate() const {
         break;
       }
       case OpKind::KvStore:
-        c.one_of(n.dst, {DType::F16, DType::Q8_0}, "KV cache");
+        c.one_of(n.dst, {DType::F16, DType::Q8_0, DType::F32}, "KV cache");
         c.type(src[KvStoreSrc::x], DType::F32);
         c.cols(src[KvStoreSrc::x], d.cols);
         if (c.t(origin(n.dst)).storage != Storage::State) c.fail("KV cache must be state");
@@ -213,8 +214,8 @@ void Graph::validate() const {
         using S = AttentionSrc;
         const auto& P = n.p.attention;
         c.type(n.dst, DType::F32); c.type(src[S::q], DType::F32);
-        c.one_of(src[S::k_cache], {DType::F16, DType::Q8_0}, "K cache");
-        c.one_of(src[S::v_cache], {DType::F16, DType::Q8_0}, "V cache");
+        c.one_of(src[S::k_cache], {DType::F16, DType::Q8_0, DType::F32}, "K cache");
+        c.one_of(src[S::v_cache], {DType::F16, DType::Q8_0, DType::F32}, "V cache");
         if (P.heads < 1 || P.kv_heads < 1 || P.head_dim < 1 || P.heads % P.kv_heads)
           c.fail("heads must be a multiple of kv heads");
         if ((c.t(src[S::k_cache]).type == DType::Q8_0 || c.t(src[S::v_cache]).type == DType::Q8_0) &&

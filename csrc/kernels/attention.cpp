@@ -12,7 +12,7 @@ namespace {
 // Bytes from a cache row's start to kv head g's slice.
 size_t head_offset(DType type, int g, int head_dim) {
   return type == DType::Q8_0 ? size_t(g) * size_t(head_dim / kQuantBlock) * sizeof(BlockQ8_0)
-                             : size_t(g) * size_t(head_dim) * 2;
+                             : size_t(g) * size_t(head_dim) * (type == DType::F32 ? 4 : 2);
 }
 
 // Per-thread scratch, carved from the workspace slice in this order. Per-row arrays hold the padded rows.
@@ -300,6 +300,10 @@ void attn_tile_generic(const AttnTileArgs& a) {
 
 namespace {
 void kv_row_to_f32(DType type, const uint8_t* src, float* dst, int64_t n) {
+  if (type == DType::F32) {  // an fp32 cache (llama.cpp's -ctk f32): the row as it is
+    std::memcpy(dst, src, size_t(n) * sizeof(float));
+    return;
+  }
   if (type == DType::Q8_0) {
     const auto* blocks = reinterpret_cast<const BlockQ8_0*>(src);
     for (int64_t b = 0; b < n / kQuantBlock; ++b) {

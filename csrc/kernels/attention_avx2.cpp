@@ -7,6 +7,8 @@
 #include <cmath>
 
 #include "kernels/attention.h"
+
+#include <cstring>
 #include "kernels/attention_lanes_avx2.h"
 #include "kernels/attention_tile_gemm.h"
 
@@ -22,6 +24,10 @@ void attn_tile_avx2(const AttnTileArgs& a) {
 
 namespace {
 inline void kv_row_to_f32(DType type, const uint8_t* src, float* dst, int64_t n) {
+  if (type == DType::F32) {  // an fp32 cache (llama.cpp's -ctk f32): the row as it is
+    std::memcpy(dst, src, size_t(n) * sizeof(float));
+    return;
+  }
   if (type == DType::Q8_0) {
     const auto* blocks = reinterpret_cast<const BlockQ8_0*>(src);
     for (int64_t b = 0; b < n / kQuantBlock; ++b) {

@@ -55,6 +55,8 @@ struct KernelTable {
   void (*matmul)(const MatMulArgs& a);
   // y: n/32 blocks; n % 32 == 0
   void (*quantize_q8a)(const float* x, BlockQ8A* y, int64_t n);
+  // The same blocks with one scale per 256 (llama.cpp's Q8_K: kernels/act_quant.h); n % 256 == 0
+  void (*quantize_q8k)(const float* x, BlockQ8A* y, int64_t n);
   float (*dot_f16_f32)(const uint16_t* a, const float* b, int64_t n);
   void (*axpy_f16_f32)(float alpha, const uint16_t* x, float* y, int64_t n);  // y += alpha * x
   void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);

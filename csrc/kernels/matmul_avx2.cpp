@@ -3,6 +3,8 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul_x86.h"
@@ -11,39 +13,60 @@
 namespace pyinfer {
 namespace {
 
-void quantize_q8a_avx2(const float* x, BlockQ8A* y, int64_t n) {
+inline float hmax_avx2(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// One block of 32 with multiplier id: q = nearest(x * id) (half to even), y.d = d, y.s = d * sum(q).
+inline void quantize_block_avx2(const float* xb, float id, float d, BlockQ8A& y) {
+  const __m256 vid = _mm256_set1_ps(id);
+  __m256i q[4];
+  __m256i qsum = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j) {
+    q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * j), vid),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    qsum = _mm256_add_epi32(qsum, q[j]);
+  }
+  // packs work within 128-bit lanes; the permute restores element order.
+  const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+  const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y.qs), ordered);
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(qsum), _mm256_extracti128_si256(qsum, 1));
+  s = _mm_hadd_epi32(s, s);
+  s = _mm_hadd_epi32(s, s);
+  y.d = d;
+  y.s = d * float(_mm_cvtsi128_si32(s));
+}
+
+inline __m256 abs_max_avx2(const float* x, int64_t n, __m256 amax) {
   const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t j = 0; j < n; j += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+  return amax;
+}
+
+void quantize_q8a_avx2(const float* x, BlockQ8A* y, int64_t n) {
   for (int64_t b = 0; b < n / kQuantBlock; ++b) {
     const float* xb = x + b * kQuantBlock;
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(xb + 8 * j);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
-    }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float mx = _mm_cvtss_f32(m);
-    const float d = mx / 127.f, id = mx > 0.f ? 127.f / mx : 0.f;
-    const __m256 vid = _mm256_set1_ps(id);
-    __m256i q[4];
-    __m256i qsum = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      qsum = _mm256_add_epi32(qsum, q[j]);
-    }
-    // packs work within 128-bit lanes; the permute restores element order.
-    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
-    const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-    const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), ordered);
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(qsum), _mm256_extracti128_si256(qsum, 1));
-    s = _mm_hadd_epi32(s, s);
-    s = _mm_hadd_epi32(s, s);
-    y[b].d = d;
-    y[b].s = d * float(_mm_cvtsi128_si32(s));
+    const float mx = hmax_avx2(abs_max_avx2(xb, kQuantBlock, _mm256_setzero_ps()));
+    quantize_block_avx2(xb, mx > 0.f ? 127.f / mx : 0.f, mx / 127.f, y[b]);
+  }
+}
+
+// quantize_q8k_scalar's bits (matmul_scalar.cpp): one multiplier per 256.
+void quantize_q8k_avx2(const float* x, BlockQ8A* y, int64_t n) {
+  constexpr int64_t kPer = kSuperBlock / kQuantBlock;
+  for (int64_t sb = 0; sb < n / kSuperBlock; ++sb) {
+    const float* xs = x + sb * kSuperBlock;
+    const float mx = hmax_avx2(abs_max_avx2(xs, kSuperBlock, _mm256_setzero_ps()));
+    const float iscale = mx > 0.f ? 127.f / mx : 0.f;
+    const bool ok = std::isfinite(iscale) && iscale > 0.f;
+    const float d = ok ? 1.f / iscale : 0.f, id = ok ? iscale : 0.f;
+    for (int64_t b = 0; b < kPer; ++b) quantize_block_avx2(xs + b * kQuantBlock, id, d, y[sb * kPer + b]);
   }
 }
 
@@ -119,7 +142,8 @@ void silu_mul_avx2(const float* gate, const float* up, float* y, int64_t n) {
 const KernelTable* kernels_avx2() {
   // Decode 4 rows a tile, as the AVX-512 table; prefill one lane group (8 rows) x 4 tokens, which 16 registers hold
   // (matmul_x86.h's TileShape).
-  static const KernelTable table{"avx2", matmul_x86<TileShape<1, 2, 4, 1>>, quantize_q8a_avx2, dot_f16_f32_avx2,
+  static const KernelTable table{"avx2", matmul_x86<TileShape<1, 2, 4, 1>>, quantize_q8a_avx2, quantize_q8k_avx2,
+                                 dot_f16_f32_avx2,
                                  axpy_f16_f32_avx2, f32_to_f16_avx2, axpy_rows_avx2,
                                  attn_tile_avx2, kv_to_f32_avx2, gelu_mul_avx2, silu_mul_avx2};
   return &table;

@@ -504,30 +504,47 @@ void matmul_neon(const MatMulArgs& a) {
   }
 }
 
+// One block of 32 with multiplier id: q = nearest(x * id) (half to even), y.d = d, y.s = d * sum(q).
+inline void quantize_block_neon(const float* xb, float id, float d, BlockQ8A& y) {
+  int32_t sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    const int32x4_t q = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(xb + 4 * j), id));  // round half to even
+    sum += vaddvq_s32(q);
+    const int16x4_t q16 = vmovn_s32(q);
+    const int8x8_t q8 = vmovn_s16(vcombine_s16(q16, q16));
+    y.qs[4 * j + 0] = vget_lane_s8(q8, 0);
+    y.qs[4 * j + 1] = vget_lane_s8(q8, 1);
+    y.qs[4 * j + 2] = vget_lane_s8(q8, 2);
+    y.qs[4 * j + 3] = vget_lane_s8(q8, 3);
+  }
+  y.d = d;
+  y.s = d * float(sum);
+}
+
+inline float abs_max_neon(const float* x, int64_t n) {
+  float32x4_t amax = vdupq_n_f32(0.f);
+  for (int64_t j = 0; j < n; j += 4) amax = vmaxq_f32(amax, vabsq_f32(vld1q_f32(x + j)));
+  return vmaxvq_f32(amax);
+}
+
 void quantize_q8a_neon(const float* x, BlockQ8A* y, int64_t n) {
   for (int64_t b = 0; b < n / kQuantBlock; ++b) {
     const float* xb = x + b * kQuantBlock;
-    float32x4_t v[8];
-    float32x4_t amax = vdupq_n_f32(0.f);
-    for (int j = 0; j < 8; ++j) {
-      v[j] = vld1q_f32(xb + 4 * j);
-      amax = vmaxq_f32(amax, vabsq_f32(v[j]));
-    }
-    const float mx = vmaxvq_f32(amax);
-    const float d = mx / 127.f, id = mx > 0.f ? 127.f / mx : 0.f;
-    int32_t sum = 0;
-    for (int j = 0; j < 8; ++j) {
-      const int32x4_t q = vcvtnq_s32_f32(vmulq_n_f32(v[j], id));  // round half to even
-      sum += vaddvq_s32(q);
-      const int16x4_t q16 = vmovn_s32(q);
-      const int8x8_t q8 = vmovn_s16(vcombine_s16(q16, q16));
-      y[b].qs[4 * j + 0] = vget_lane_s8(q8, 0);
-      y[b].qs[4 * j + 1] = vget_lane_s8(q8, 1);
-      y[b].qs[4 * j + 2] = vget_lane_s8(q8, 2);
-      y[b].qs[4 * j + 3] = vget_lane_s8(q8, 3);
-    }
-    y[b].d = d;
-    y[b].s = d * float(sum);
+    const float mx = abs_max_neon(xb, kQuantBlock);
+    quantize_block_neon(xb, mx > 0.f ? 127.f / mx : 0.f, mx / 127.f, y[b]);
+  }
+}
+
+// quantize_q8k_scalar's bits (matmul_scalar.cpp): one multiplier per 256.
+void quantize_q8k_neon(const float* x, BlockQ8A* y, int64_t n) {
+  constexpr int64_t kPer = kSuperBlock / kQuantBlock;
+  for (int64_t sb = 0; sb < n / kSuperBlock; ++sb) {
+    const float* xs = x + sb * kSuperBlock;
+    const float mx = abs_max_neon(xs, kSuperBlock);
+    const float iscale = mx > 0.f ? 127.f / mx : 0.f;
+    const bool ok = std::isfinite(iscale) && iscale > 0.f;
+    const float d = ok ? 1.f / iscale : 0.f, id = ok ? iscale : 0.f;
+    for (int64_t b = 0; b < kPer; ++b) quantize_block_neon(xs + b * kQuantBlock, id, d, y[sb * kPer + b]);
   }
 }
 
@@ -576,7 +593,7 @@ void silu_mul_neon(const float* gate, const float* up, float* y, int64_t n) {
 }  // namespace
 
 const KernelTable* kernels_neon() {
-  static const KernelTable table{"neon", matmul_neon, quantize_q8a_neon, dot_f16_f32_neon,
+  static const KernelTable table{"neon", matmul_neon, quantize_q8a_neon, quantize_q8k_neon, dot_f16_f32_neon,
                                  axpy_f16_f32_neon, f32_to_f16_neon, axpy_rows_neon,
                                  attn_tile_neon, kv_to_f32_neon, gelu_mul_generic, silu_mul_neon};
   return &table;

@@ -72,6 +72,32 @@ void quantize_q8a_scalar(const float* x, BlockQ8A* y, int64_t n) {
   }
 }
 
+// llama.cpp's quantize_row_q8_K_ref: one scale per 256 from the largest |x|, q = nearest(127 / amax * x) (its
+// -127 / max form negates both q and the scale, which leaves every product as it is), the scale 1 / (127 / amax)
+// in fp32. Each Q8A block of the 256 carries that scale and its own sum.
+void quantize_q8k_scalar(const float* x, BlockQ8A* y, int64_t n) {
+  constexpr int64_t kPer = kSuperBlock / kQuantBlock;
+  for (int64_t sb = 0; sb < n / kSuperBlock; ++sb) {
+    const float* xs = x + sb * kSuperBlock;
+    float amax = 0.f;
+    for (int64_t j = 0; j < kSuperBlock; ++j) amax = std::fmax(amax, std::fabs(xs[j]));
+    const float iscale = amax > 0.f ? 127.f / amax : 0.f;
+    const bool ok = std::isfinite(iscale) && iscale > 0.f;  // a subnormal amax gives no finite scale: zeros
+    const float d = ok ? 1.f / iscale : 0.f, id = ok ? iscale : 0.f;
+    for (int64_t b = 0; b < kPer; ++b) {
+      BlockQ8A& blk = y[sb * kPer + b];
+      int32_t sum = 0;
+      for (int j = 0; j < kQuantBlock; ++j) {
+        const int q = int(std::nearbyint(xs[b * kQuantBlock + j] * id));  // half to even, as nearest_int
+        blk.qs[j] = int8_t(q);
+        sum += q;
+      }
+      blk.d = d;
+      blk.s = d * float(sum);
+    }
+  }
+}
+
 float dot_f16_f32_scalar(const uint16_t* a, const float* b, int64_t n) {
   float s = 0.f;
   for (int64_t i = 0; i < n; ++i) s += fp16_to_fp32(a[i]) * b[i];
@@ -110,7 +136,7 @@ void matmul_float_weights(const MatMulArgs& a) {
 }
 
 const KernelTable& kernels_scalar() {
-  static const KernelTable table{"scalar", matmul_scalar, quantize_q8a_scalar, dot_f16_f32_scalar,
+  static const KernelTable table{"scalar", matmul_scalar, quantize_q8a_scalar, quantize_q8k_scalar, dot_f16_f32_scalar,
                                  axpy_f16_f32_scalar, f32_to_f16_scalar, axpy_rows_scalar,
                                  attn_tile_generic, kv_to_f32_generic, gelu_mul_generic,
                                  silu_mul_generic};

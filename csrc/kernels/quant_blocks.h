@@ -5,17 +5,9 @@
 #include <cstdint>
 
 #include "graph/dtype.h"
+#include "kernels/piece_decode.h"  // Piece32
 
 namespace pyinfer {
-
-// Element j (0..31) of a 32-element piece is  d * scale[j / 16] * q[j] + m  (Q2_K: + m * mins[j / 16]).
-struct Piece32 {
-  int8_t q[32];
-  int32_t scale[2];  // 1 for the legacy types; sub-block scales (Q6_K, Q3_K, Q2_K, IQ2_XS, IQ2_S: one per 16)
-  float d;
-  float m;           // offset shared by the piece: Q4_1's m, -8d for Q4_0, -dmin * min for Q4_K/Q5_K; Q2_K: -dmin
-  int32_t mins[2];   // Q2_K only: the 4-bit mins of the two halves (the offset differs every 16 elements)
-};
 
 // How the piece's numbers combine, per type (every kernel table sums a piece this way):
 // sub-scales: scale[0] and scale[1] differ (the integer dot is sc0 * dot(0..15) + sc1 * dot(16..31), times d);

@@ -1,6 +1,8 @@
 // Causal attention over the fp16 KV cache (csrc/kernels/attention.cpp is the reference): one warp per
 // (token, head). Keys go by in chunks of 32, one per lane for the scores; the running max and sum of the
-// online softmax are kept by every lane, and each lane owns head_dim / 32 output dimensions.
+// online softmax are kept by every lane, and each lane owns v_dim / 32 output dimensions. Multi-head latent
+// attention (DeepSeek-V2) is the same loop: a query head assembled from q and q_rope, the value a prefix of each
+// key row (its v cache a view of the k cache), shorter than the key.
 #include <cuda_fp16.h>
 
 #include "kernels/ops.cuh"
@@ -8,7 +10,7 @@
 namespace pyinfer::cuda {
 namespace {
 
-constexpr int kMaxDimsPerLane = 8;  // head_dim up to 256
+constexpr int kMaxDimsPerLane = kMaxAttentionDims / 32;
 constexpr int kWarps = 4;
 
 // kVec: key rows 16-byte aligned and head_dim a multiple of 8, so a lane reads its key 8 halves at a time
@@ -20,14 +22,17 @@ __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
   const int lane = threadIdx.x % 32;
   if (h >= p.heads) return;
   const int kvh = h / (p.heads / p.kv_heads);
-  const float* q = reinterpret_cast<const float*>(a.q.data + t * a.q.stride) + int64_t(h) * p.head_dim;
+  const int vd = p.v_dim > 0 ? p.v_dim : p.head_dim;
+  const int r = a.q_rope.data ? int(a.q_rope.cols / p.heads) : 0, q_own = p.head_dim - r;  // MLA: q | q_rope
+  const float* q = reinterpret_cast<const float*>(a.q.data + t * a.q.stride) + int64_t(h) * q_own;
+  const float* qr = r ? reinterpret_cast<const float*>(a.q_rope.data + t * a.q_rope.stride) + int64_t(h) * r : nullptr;
   __shared__ float q_shared[kWarps][32 * kMaxDimsPerLane];  // the warp's query, read by every lane
   float* qw = q_shared[threadIdx.x / 32];
-  for (int d = lane; d < p.head_dim; d += 32) qw[d] = q[d];
+  for (int d = lane; d < p.head_dim; d += 32) qw[d] = d < q_own ? q[d] : qr[d - q_own];
   __syncwarp();
   const int pos = a.positions[t];
   const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
-  const int per_lane = (p.head_dim + 31) / 32;
+  const int per_lane = (vd + 31) / 32;
   float acc[kMaxDimsPerLane] = {};
   float m = -INFINITY, sum = 0.f;
   for (int k0 = lo; k0 <= pos; k0 += 32) {
@@ -62,17 +67,17 @@ __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
     const int n = min(32, pos - k0 + 1);
     for (int j = 0; j < n; ++j) {
       const float w = expf(__shfl_sync(0xffffffffu, score, j) - m_new);
-      const int64_t r = __shfl_sync(0xffffffffu, row, j);
-      const __half* v = reinterpret_cast<const __half*>(a.v.data + r * a.v.stride) + int64_t(kvh) * p.head_dim;
+      const int64_t kr = __shfl_sync(0xffffffffu, row, j);
+      const __half* v = reinterpret_cast<const __half*>(a.v.data + kr * a.v.stride) + int64_t(kvh) * vd;
       sum += w;
       for (int i = 0; i < per_lane; ++i) {
         const int d = lane + 32 * i;
-        if (d < p.head_dim) acc[i] += w * __half2float(v[d]);
+        if (d < vd) acc[i] += w * __half2float(v[d]);
       }
     }
     m = m_new;
   }
-  float* out = reinterpret_cast<float*>(a.out.data + t * a.out.stride) + int64_t(h) * p.head_dim;
+  float* out = reinterpret_cast<float*>(a.out.data + t * a.out.stride) + int64_t(h) * vd;
   float ms = 1.f;  // the sink joins the denominator as the CPU's with_sink takes it (attention.cpp)
   if (a.sinks) {
     const float s = a.sinks[h];
@@ -85,7 +90,7 @@ __global__ void attention_kernel(AttentionRows a, AttentionParams p) {
   }
   for (int i = 0; i < per_lane; ++i) {
     const int d = lane + 32 * i;
-    if (d < p.head_dim) out[d] = sum > 0.f ? acc[i] * ms / sum : 0.f;
+    if (d < vd) out[d] = sum > 0.f ? acc[i] * ms / sum : 0.f;
   }
 }
 

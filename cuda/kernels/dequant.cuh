@@ -6,7 +6,10 @@
 #include <cuda_fp16.h>
 
 #include "graph/dtype.h"
+#include "kernels/iq_tables.h"
 #include "kernels/kquant_scales.h"
+#include "kernels/piece_decode.h"
+#include "kernels/piece_types.cuh"
 
 namespace pyinfer::cuda {
 
@@ -21,6 +24,35 @@ constexpr int kQ4_0 = dtype_block_bytes(DType::Q4_0), kQ4_1 = dtype_block_bytes(
 __device__ __forceinline__ float half_at(const uint8_t* p) {
   const uint16_t bits = uint16_t(p[0]) | uint16_t(uint16_t(p[1]) << 8);
   return __half2float(__ushort_as_half(bits));
+}
+
+// Device copies of llama.cpp's value tables and grids (kernels/iq_tables.h), one per translation unit (static),
+// for the low-bit types, which the device decodes with the CPU reference's own decoder (kernels/piece_decode.h).
+static __device__ const int8_t kIq4ValuesDev[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static __device__ const int8_t kMxfp4ValuesDev[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static __device__ const IqSigns kIqSignsDev = kIqSigns;
+static __device__ const IqGrid<256, 8> kIq2xxsGridDev = kIq2xxsGrid;
+static __device__ const IqGrid<512, 8> kIq2xsGridDev = kIq2xsGrid;
+static __device__ const IqGrid<1024, 8> kIq2sGridDev = kIq2sGrid;
+static __device__ const IqGrid<256, 4> kIq3xxsGridDev = kIq3xxsGrid;
+static __device__ const IqGrid<512, 4> kIq3sGridDev = kIq3sGrid;
+
+struct DeviceTables {
+  __device__ static float half(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+  __device__ static int8_t iq4(int i) { return kIq4ValuesDev[i]; }
+  __device__ static int8_t mxfp4(int i) { return kMxfp4ValuesDev[i]; }
+  __device__ static uint8_t signs(int i) { return kIqSignsDev.v[i]; }
+  __device__ static const uint8_t* iq2xxs(int i) { return kIq2xxsGridDev.v[i]; }
+  __device__ static const uint8_t* iq2xs(int i) { return kIq2xsGridDev.v[i]; }
+  __device__ static const uint8_t* iq2s(int i) { return kIq2sGridDev.v[i]; }
+  __device__ static const uint8_t* iq3xxs(int i) { return kIq3xxsGridDev.v[i]; }
+  __device__ static const uint8_t* iq3s(int i) { return kIq3sGridDev.v[i]; }
+};
+
+// Element j of a decoded piece (quant_blocks.h: d scale[j / 16] q[j] + m, Q2_K's m per half times its min).
+__device__ __forceinline__ float piece_elem(DType type, const Piece32& p, int j) {
+  const float m = type == DType::Q2_K ? p.m * float(p.mins[j / 16]) : p.m;
+  return p.d * float(p.scale[j / 16] * int(p.q[j])) + m;
 }
 
 // Low nibbles are elements 0..15 of a 32-element block, high nibbles 16..31.
@@ -78,7 +110,13 @@ __device__ inline float weight_elem(DType type, const uint8_t* row, int64_t i) {
       const int scale = int(int8_t(b[192 + 8 * half + 2 * g + l / 16]));
       return half_at(b + 208) * float(scale * q);
     }
-    default: return 0.f;
+    default:
+      if (is_piece_type(type)) {
+        Piece32 p;
+        decode_piece_with<DeviceTables>(type, row, i / kQuantBlock, p);
+        return piece_elem(type, p, j);
+      }
+      return 0.f;
   }
 }
 

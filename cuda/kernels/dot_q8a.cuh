@@ -17,7 +17,7 @@ namespace pyinfer::cuda {
 // The weight types with a block dot here; other types (F32, F16, BF16) take the element-wise matmul.
 __host__ __device__ constexpr bool has_block_dot(DType t) {
   return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0 ||
-         t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+         t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || is_piece_type(t);
 }
 
 // Four bytes at a 2-byte-aligned address (blocks of 18, 22, 34 or 210 bytes align their fields to 2 only).
@@ -107,6 +107,21 @@ __device__ __forceinline__ float block_dot(const uint8_t* row, int64_t blk, cons
     }
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * half + 2 * g);
     return half_at(b + 208) * act_d(xb) * float(int(sc[0]) * sum[0] + int(sc[1]) * sum[1]);
+  } else if constexpr (is_piece_type(T)) {  // the CPU reference's piece, its two halves' scales in integers
+    Piece32 p;
+    decode_piece_with<DeviceTables>(T, row, blk, p);
+    const int* q = reinterpret_cast<const int*>(p.q);
+    int sum[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum[k / 4] = __dp4a(q[k], act4(xb, k), sum[k / 4]);
+    const float dot = p.d * act_d(xb) * float(p.scale[0] * sum[0] + p.scale[1] * sum[1]);
+    if constexpr (T == DType::Q2_K) {  // an offset per half: m x its min x the half's sum of x
+      int half[2] = {0, 0};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) half[k / 4] = __dp4a(0x01010101, act4(xb, k), half[k / 4]);
+      return dot + p.m * act_d(xb) * float(p.mins[0] * half[0] + p.mins[1] * half[1]);
+    }
+    return dot + p.m * act_s(xb);
   } else {
     static_assert(has_block_dot(T), "no block dot for this weight type");
     return 0.f;
@@ -145,6 +160,16 @@ __device__ __forceinline__ void warp_row_dot_q8a(const Rows& w, int64_t row, con
   case DType::Q8_0: CALL(DType::Q8_0); break;         \
   case DType::Q4_K: CALL(DType::Q4_K); break;         \
   case DType::Q5_K: CALL(DType::Q5_K); break;         \
-  case DType::Q6_K: CALL(DType::Q6_K); break;
+  case DType::Q6_K: CALL(DType::Q6_K); break;         \
+  case DType::Q2_K: CALL(DType::Q2_K); break;         \
+  case DType::Q3_K: CALL(DType::Q3_K); break;         \
+  case DType::IQ4_NL: CALL(DType::IQ4_NL); break;     \
+  case DType::IQ4_XS: CALL(DType::IQ4_XS); break;     \
+  case DType::MXFP4: CALL(DType::MXFP4); break;       \
+  case DType::IQ2_XXS: CALL(DType::IQ2_XXS); break;   \
+  case DType::IQ2_XS: CALL(DType::IQ2_XS); break;     \
+  case DType::IQ2_S: CALL(DType::IQ2_S); break;       \
+  case DType::IQ3_XXS: CALL(DType::IQ3_XXS); break;   \
+  case DType::IQ3_S: CALL(DType::IQ3_S); break;
 
 }  // namespace pyinfer::cuda

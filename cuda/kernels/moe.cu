@@ -33,11 +33,23 @@ __global__ void moe_route_kernel(Rows logits, Rows route, MoeRouteParams p, cons
 }
 
 // Where a warp of the expert matmul works: expert row `r` of slot s of token t, and whether it computes it.
+// Expert of (token, slot) pair `pair`: the route's, or slot s's own expert s without a route.
+__device__ __forceinline__ int32_t pair_expert(const MoeMatMulArgs& a, int64_t pair) {
+  const int32_t s = int32_t(pair % a.p.k);
+  return a.route.data ? route_expert(at<const float>(a.route, pair / a.p.k), a.p.k, s, a.p.n_expert) : s;
+}
+
+// The expert's bias at row r (0 without biases), as the CPU adds it after the row's dot.
+__device__ __forceinline__ float expert_bias(const MoeMatMulArgs& a, int32_t e, int64_t r) {
+  return a.bias.data ? at<const float>(a.bias, e)[r] : 0.f;
+}
+
 struct ExpertRow {
   Rows w;      // the chosen expert's rows [rows_e, cols]
   Rows x;      // token t's input (its slot's segment for down), one row
   Rows y;      // token t's slot s outputs [rows_e], one row
   bool skip;   // another side's expert, or a row its gate's cut leaves out: write 0
+  float bias;  // the expert's bias at this row (0 without)
 };
 
 __device__ __forceinline__ ExpertRow expert_row(const MoeMatMulArgs& a, int64_t pair, int64_t r) {
@@ -45,12 +57,13 @@ __device__ __forceinline__ ExpertRow expert_row(const MoeMatMulArgs& a, int64_t 
   const int64_t t = pair / k;
   const int32_t s = int32_t(pair % k);
   const int64_t rows_e = a.w.rows / a.p.n_expert;
-  const int32_t e = route_expert(at<const float>(a.route, t), k, s, a.p.n_expert);
+  const int32_t e = pair_expert(a, pair);
   ExpertRow out;
   out.w = Rows{a.w.data + (e < 0 ? 0 : e) * rows_e * a.w.stride, rows_e, a.w.cols, a.w.stride, a.w.type};
   out.x = Rows{a.x.data + t * a.x.stride + (a.per_slot ? s * a.seg_bytes : 0), 1, a.w.cols, a.x.stride, a.x.type};
   out.y = Rows{a.y.data + t * a.y.stride + s * rows_e * int64_t(sizeof(float)), 1, rows_e, a.y.stride, DType::F32};
   out.skip = e < 0;
+  out.bias = out.skip ? 0.f : expert_bias(a, e, r);
   if (!out.skip && a.gate != nullptr) {  // one token: CATS, the expert's bounds (hi, lo, mid)
     const float* b = a.cut + 3 * e;
     const float g = a.gate[s * rows_e + r];
@@ -75,7 +88,7 @@ __global__ void moe_matmul_kernel(MoeMatMulArgs a) {
     float acc = 0.f;
     for (int64_t c = lane; c < er.w.cols; c += 32) acc += weight_elem(er.w.type, wr, c) * act_elem(er.x.type, er.x.data, c);
     acc = warp_sum(acc);
-    if (lane == 0) at<float>(er.y, 0)[r] = acc;
+    if (lane == 0) at<float>(er.y, 0)[r] = acc + er.bias;
   }
 }
 
@@ -92,6 +105,7 @@ __global__ void moe_matmul_q8a_kernel(MoeMatMulArgs a) {
       continue;
     }
     warp_row_dot_q8a<T, 1>(er.w, r, er.x, 0, 1, er.y);
+    if (threadIdx.x % 32 == 0 && a.bias.data) at<float>(er.y, 0)[r] += er.bias;  // the lane that stored the dot
   }
 }
 
@@ -109,8 +123,7 @@ __device__ __forceinline__ int32_t gather_pairs(const MoeMatMulArgs& a, int32_t 
   __syncthreads();
   const int64_t end = base + kScan < a.pairs ? base + kScan : a.pairs;
   for (int64_t p = base + threadIdx.x; p < end; p += blockDim.x)
-    if (route_expert(at<const float>(a.route, p / a.p.k), a.p.k, int32_t(p % a.p.k), a.p.n_expert) == e)
-      list[atomicAdd(count, 1)] = int32_t(p);
+    if (pair_expert(a, p) == e) list[atomicAdd(count, 1)] = int32_t(p);
   __syncthreads();
   return *count;
 }
@@ -132,7 +145,7 @@ __global__ void moe_matmul_grouped_kernel(MoeMatMulArgs a) {
       for (int64_t c = lane; c < er.w.cols; c += 32)
         acc += weight_elem(er.w.type, wr, c) * act_elem(er.x.type, er.x.data, c);
       acc = warp_sum(acc);
-      if (lane == 0) at<float>(er.y, 0)[r] = acc;
+      if (lane == 0) at<float>(er.y, 0)[r] = acc + er.bias;
     }
   }
 }
@@ -150,6 +163,7 @@ __global__ void moe_matmul_grouped_q8a_kernel(MoeMatMulArgs a) {
     for (int32_t i = 0; i < n; ++i) {
       const ExpertRow er = expert_row(a, list[i], r);
       warp_row_dot_q8a<T, 1>(er.w, r, er.x, 0, 1, er.y);
+      if (threadIdx.x % 32 == 0 && a.bias.data) at<float>(er.y, 0)[r] += er.bias;
     }
   }
 }
@@ -160,7 +174,7 @@ __global__ void moe_zero_other_slots_kernel(MoeMatMulArgs a) {
   for (int64_t pair = blockIdx.x; pair < a.pairs; pair += gridDim.x) {
     const int64_t t = pair / a.p.k;
     const int32_t s = int32_t(pair % a.p.k);
-    if (route_expert(at<const float>(a.route, t), a.p.k, s, a.p.n_expert) >= 0) continue;
+    if (pair_expert(a, pair) >= 0) continue;
     float* y = at<float>(a.y, t) + s * rows_e;
     for (int64_t r = threadIdx.x; r < rows_e; r += blockDim.x) y[r] = 0.f;
   }

@@ -14,7 +14,7 @@ void moe_route(const Rows& logits, const Rows& route, const MoeRouteParams& p, c
 struct MoeMatMulArgs {
   Rows w;             // merged experts [n_expert * rows_e, cols]
   Rows x;             // [T, cols] (gate, up) or [T, k * cols] with a segment per slot (down); F32 or Q8A
-  Rows route;         // F32 [T, 2k]
+  Rows route;         // F32 [T, 2k]; no data: slot s runs expert s (k == n_expert, a matmul per head)
   Rows y;             // F32 [T, k * rows_e]
   bool per_slot;      // slot s reads x's segment s
   int64_t seg_bytes;  // one segment's bytes
@@ -22,9 +22,10 @@ struct MoeMatMulArgs {
   const float* cut;
   MoeParams p;
   int64_t pairs;      // set by the launcher: T * k
+  Rows bias;          // F32 [n_expert, rows_e], each expert's own bias (gpt-oss); or no data
 };
-// y[t][s * rows_e + r] = dot(row r of expert route[t].id[s], x[t] or its segment s); 0 for another side's expert
-// and, in a one-token run with a gate, for rows whose gate does not pass the expert's cut.
+// y[t][s * rows_e + r] = dot(row r of expert route[t].id[s], x[t] or its segment s) (+ the expert's bias[r]); 0
+// for another side's expert and, in a one-token run with a gate, for rows whose gate does not pass the expert's cut.
 void moe_matmul(MoeMatMulArgs a, cudaStream_t s);
 // y[t] = sum_s route[t].w[s] * experts[t][slot s] (+ sigmoid(shared_gate[t]) * shared[t]).
 void moe_combine(const Rows& experts, const Rows& route, const Rows* shared, const Rows* shared_gate, const Rows& y,

@@ -69,22 +69,38 @@ __global__ void rms_norm_kernel(Rows x, const float* weight, Rows y, float eps, 
   for (int c = threadIdx.x; c < segment; c += blockDim.x) yr[c] = xr[c] * scale * weight[c];
 }
 
-// One warp per 32-element block.
-__global__ void quantize_q8a_kernel(Rows x, Rows y, int64_t blocks_per_row) {
+// One warp per 32-element block, in the CPU's schemes (csrc/kernels/act_quant.h; `scheme` an ActScheme): 0 own
+// (fp32 scale per 32), 1 Q8_0 (the scale in fp16), 2 Q8_1 (scale and scale x sum in fp16), 3 Q8_K (one scale per 256,
+// each warp taking the largest |x| of its block's 256 itself).
+__global__ void quantize_q8a_kernel(Rows x, Rows y, int64_t blocks_per_row, int scheme) {
   const int64_t b = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (b >= x.rows * blocks_per_row) return;
   const int64_t r = b / blocks_per_row, k = b % blocks_per_row;
-  const float v = at<float>(x, r)[k * 32 + lane];
-  const float amax = warp_max(fabsf(v));
-  const float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;  // as the CPU: subnormal amax -> zeros
-  const int q = __float2int_rn(v * id);  // round half to even, as the CPU's nearbyint
+  const float* xr = at<float>(x, r);
+  const float v = xr[k * 32 + lane];
+  const bool per256 = scheme == 3 && blocks_per_row % 8 == 0;
+  float amax;
+  if (per256) {
+    float m = 0.f;
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(xr[(k / 8) * 256 + j * 32 + lane]));
+    amax = warp_max(m);
+  } else {
+    amax = warp_max(fabsf(v));
+  }
+  const float id = amax > 0.f ? 127.f / amax : 0.f;  // as the CPU: subnormal amax -> zeros
+  float d = per256 ? (id > 0.f && isfinite(id) ? 1.f / id : 0.f) : amax / 127.f;
+  const int q = per256 && !(d > 0.f) ? 0 : max(-127, min(127, __float2int_rn(v * id)));  // half to even, as the CPU
   uint8_t* blk = y.data + r * y.stride + k * 40;
   blk[8 + lane] = uint8_t(int8_t(q));
   const float sum = warp_sum(float(q));
   if (lane == 0) {
+    float s = d * sum;
+    if (scheme == 2) s = __half2float(__float2half_rn(s));
+    if (scheme == 1 || scheme == 2 || (scheme == 3 && !per256)) d = __half2float(__float2half_rn(d));
+    if (scheme == 1 || (scheme == 3 && !per256)) s = d * sum;
     reinterpret_cast<float*>(blk)[0] = d;
-    reinterpret_cast<float*>(blk)[1] = d * sum;
+    reinterpret_cast<float*>(blk)[1] = s;
   }
 }
 
@@ -195,9 +211,10 @@ void rms_norm(const Rows& x, const float* weight, const Rows& y, float eps, int 
   if (x.rows > 0) rms_norm_kernel<<<dim3(unsigned(x.rows), unsigned(x.cols / seg)), kThreads, 0, s>>>(x, weight, y, eps, seg);
 }
 
-void quantize_q8a(const Rows& x, const Rows& y, cudaStream_t s) {
+void quantize_q8a(const Rows& x, const Rows& y, int scheme, cudaStream_t s) {
   const int64_t blocks = x.rows * (x.cols / 32), warps = kThreads / 32;
-  if (blocks > 0) quantize_q8a_kernel<<<unsigned((blocks + warps - 1) / warps), kThreads, 0, s>>>(x, y, x.cols / 32);
+  if (blocks > 0)
+    quantize_q8a_kernel<<<unsigned((blocks + warps - 1) / warps), kThreads, 0, s>>>(x, y, x.cols / 32, scheme);
 }
 
 void rope(const Rows& x, const Rows& y, const int32_t* positions, const float* factors, const RopeParams& p,

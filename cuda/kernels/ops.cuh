@@ -26,7 +26,7 @@ void get_rows(const Rows& table, const int32_t* ids, const Rows& y, float scale,
 // Per row, or per segment of `segment` columns: x / rms(x) * weight.
 void rms_norm(const Rows& x, const float* weight, const Rows& y, float eps, int segment, cudaStream_t s);
 // Q8A blocks of an F32 row (quantize_q8a_scalar: d = amax / 127, q = round half to even of x / d).
-void quantize_q8a(const Rows& x, const Rows& y, cudaStream_t s);
+void quantize_q8a(const Rows& x, const Rows& y, int scheme, cudaStream_t s);  // scheme: an ActScheme
 // factors: F32 [head_dim / 2] frequency divisors, or nullptr.
 void rope(const Rows& x, const Rows& y, const int32_t* positions, const float* factors, const RopeParams& p,
           cudaStream_t s);
@@ -47,8 +47,12 @@ struct AttentionRows {
   const int32_t* table;        // paged: [T, table_cols] block ids, or null
   int64_t table_cols;
   const float* sinks = nullptr;  // [heads]: gpt-oss's per-head sink logits, or null
+  Rows q_rope{};                 // MLA: F32 [T, heads * r], each query head's last r values (q then holds the
+                                 // first head_dim - r of each head); no data: q holds whole heads
 };
-// Causal attention (csrc/kernels/attention.cpp): one warp per (token, head), online softmax over the keys.
+// Causal attention (csrc/kernels/attention.cpp): one warp per (token, head), online softmax over the keys. Heads
+// up to kMaxAttentionDims values (MLA's 512 + 64 latent heads included), value heads of p.v_dim (0: head_dim).
+constexpr int kMaxAttentionDims = 640;
 void attention(const AttentionRows& a, const AttentionParams& p, cudaStream_t s);
 
 // ---- neuron-aware ops (kernels/sparse.cu; csrc/backends/cpu/sparse_ops.cpp is the reference)

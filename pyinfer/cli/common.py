@@ -15,9 +15,10 @@ def model_args(p: argparse.ArgumentParser, ctx_default: int = 2048) -> None:
     p.add_argument("-c", "--ctx", type=int, default=ctx_default,
                    help=f"context length in tokens (default {ctx_default})" if ctx_default else
                    "context length in tokens (default: what the test needs)")
-    p.add_argument("-ct", "--cache-type", default="f16", choices=["f16", "q8_0"],
-                   help="KV cache type, as llama.cpp's -ctk/-ctv: f16 (default) or q8_0 (half the memory and the "
-                        "bytes each decode step reads at depth)")
+    p.add_argument("-ct", "--cache-type", default="f16", choices=["f16", "q8_0", "f32"],
+                   help="KV cache type, as llama.cpp's -ctk/-ctv: f16 (default), q8_0 (half the memory and the "
+                        "bytes each decode step reads at depth) or f32 (twice the memory; attention without fp16 "
+                        "rounding, CPU only)")
     mapping = p.add_mutually_exclusive_group()
     mapping.add_argument("--no-mmap", action="store_true",
                          help="read the weights into memory (on 2 MiB pages where the OS grants them) instead of "

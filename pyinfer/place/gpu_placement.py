@@ -95,8 +95,8 @@ def fixed_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None
 
 
 def kv_cache_bytes(cfg: LlamaConfig, n_ctx: int, cache_type: str = "f16") -> int:
-    """The KV cache of n_ctx positions: f16, or q8_0 (34 bytes per 32 elements)."""
-    per_elem = 34 / 32 if cache_type == "q8_0" else 2
+    """The KV cache of n_ctx positions: f16, q8_0 (34 bytes per 32 elements) or f32."""
+    per_elem = {"q8_0": 34 / 32, "f32": 4}.get(cache_type, 2)
     return int(cfg.n_layers * n_ctx * cfg.kv_values_per_token * per_elem)
 
 

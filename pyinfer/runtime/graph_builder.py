@@ -42,8 +42,8 @@ def _guard(g: RunIf | Guard) -> Guard:
 class GraphBuilder:
     def __init__(self) -> None:
         self.graph = _core.Graph()
-        # (f32 activation id, guard) -> its Q8A copy, valid until the activation is rewritten
-        self._quantized: dict[tuple[int, Guard], T] = {}
+        # (f32 activation id, guard, scheme) -> its Q8A copy, valid until the activation is rewritten
+        self._quantized: dict[tuple[int, Guard, int], T] = {}
         self.unions: list[T] = []  # ActiveUnion results, in layer order: which path each run took
         self.ffn_nodes: list[range] = []  # per layer: the ids of the nodes its FFN built (timed per layer)
         self.node_ops: list[tuple[Op, str]] = []  # per node: its op and the name of the tensor it writes
@@ -165,20 +165,23 @@ class GraphBuilder:
         return self._node(Op.RMS_NORM, out or self.activation(name, x.cols, rows=x.rows), {"x": x, "weight": weight},
                           {"segment": segment, "eps": eps})
 
-    def quantize(self, x: T, run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
-        """Q8A copy of an activation, shared by every matmul that reads it in the same runs."""
-        key = (x.id, _guard(run_if))
-        q = self._quantized.get((x.id, Guard())) or self._quantized.get(key)  # an unguarded copy serves all
+    def quantize(self, x: T, run_if: RunIf | Guard = RunIf.ALWAYS, weight: DType | None = None) -> T:
+        """Q8A copy of an activation, shared by every matmul that reads it in the same runs and quantizes as the
+        same weight type does (`weight`'s scheme: llama.cpp's for that type, csrc/kernels/act_quant.h)."""
+        scheme = _core.act_scheme(weight) if weight is not None else 0
+        key = (x.id, _guard(run_if), scheme)
+        q = self._quantized.get((x.id, Guard(), scheme)) or self._quantized.get(key)  # an unguarded copy serves all
         if q is None:
-            q = self._node(Op.QUANTIZE, self.activation(f"q8({x.id})", x.cols, DType.Q8A, x.rows), {"x": x},
-                           run_if=run_if)
+            name = f"q8({x.id})" if scheme == 0 else f"q8({x.id}, {scheme})"
+            q = self._node(Op.QUANTIZE, self.activation(name, x.cols, DType.Q8A, x.rows), {"x": x},
+                           {"scheme": scheme}, run_if=run_if)
             self._quantized[key] = q
         return q
 
     def matmul(self, w: T, x: T, name: str, active: T | None = None, out: T | None = None,
                run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """dst = x @ w.T; with `active` (an active list), only the listed rows (gather-GEMV)."""
-        src = self.quantize(x, run_if) if w.dtype in INTEGER_DOT_WEIGHTS else x
+        src = self.quantize(x, run_if, w.dtype) if w.dtype in INTEGER_DOT_WEIGHTS else x
         dst = out or self.activation(name, w.n_rows, rows=x.rows)
         return self._node(Op.MAT_MUL, dst, {"weight": w, "x": src, "active": active}, run_if=run_if)
 
@@ -303,7 +306,7 @@ class GraphBuilder:
         only the rows whose |act(gate)| passes their expert's cut and leaves the others 0 (CATS). `bias` (F32
         [n_expert, rows_e]): each slot's rows plus its expert's bias (gpt-oss). `route` None: slot s runs expert s
         for every token (k == n_expert; a matmul per head, as MLA's absorbed projections)."""
-        src = self.quantize(x) if experts.dtype in INTEGER_DOT_WEIGHTS else x
+        src = self.quantize(x, weight=experts.dtype) if experts.dtype in INTEGER_DOT_WEIGHTS else x
         dst = self.activation(name, k * (experts.n_rows // n_expert), rows=x.rows)
         return self._node(Op.MOE_MAT_MUL, dst, {"weight": experts, "x": src, "route": route, "gate": gate, "cut": cut,
                                                 "bias": bias}, {"n_expert": n_expert, "k": k, "gate_fn": gate_fn})

@@ -139,11 +139,13 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     `sparsity` the CPU side runs sparse, and the device side too, in runs of up to `runs.max_tokens` tokens,
     where the layer has a predictor."""
     predictor = sparsity is not None and sparsity.layers[il].predictor is not None  # its w1 is Q8_0, any model
-    if predictor or DType(gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id) in INTEGER_DOT_WEIGHTS:
-        # One Q8A copy of h, made on the device (h is written there) and shared by both sides: the CPU reads
-        # a copy of it, 40 bytes per 32 values instead of h's 128. (Left to a side, the CPU's guarded copy
-        # would serve the device too, which would then wait for the CPU's half.)
-        b.quantize(h)  # h lives on the device, so this copy is made there (runtime/placement.py)
+    gate_type = DType(gguf.tensor(f"blk.{il}.ffn_gate.weight").dtype_id)
+    # One Q8A copy of h per scheme its readers quantize with (the predictor's Q8_0, gate and up's own), made on
+    # the device (h is written there) and shared by both sides: the CPU reads a copy of it, 40 bytes per 32
+    # values instead of h's 128. (Left to a side, the CPU's guarded copy would serve the device too, which would
+    # then wait for the CPU's half.) h lives on the device, so these copies are made there (runtime/placement.py).
+    for weight in {gate_type} & INTEGER_DOT_WEIGHTS | ({DType.Q8_0} if predictor else set()):
+        b.quantize(h, weight=weight)
     n_blocks = cfg.d_ff // block
     gpu = sorted(set(int(k) for k in gpu_blocks))
     cpu = [k for k in range(n_blocks) if k not in set(gpu)]

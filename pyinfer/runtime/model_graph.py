@@ -19,7 +19,7 @@ from .placement import CPU, Placement, assign_split
 from .sparse_ffn import SparseRuns
 
 # KV cache element types by their llama.cpp names.
-CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0}
+CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0, "f32": DType.F32}
 
 
 def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
@@ -30,7 +30,8 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
     in blocks (continuous batching); each run then also takes every token's KV slot and block table.
-    `cache_type`: "f16" or "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token).
+    `cache_type`: "f16", "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token) or "f32" (twice;
+    attention reads keys and values unrounded: what llama.cpp computes with -ctk f32 -ctv f32).
     `offload`: an offload.OffloadedFfn (with `sparsity`): the FFN rows come from its neuron store.
     `experts`: an offload.ExpertOffload (a Mixture of Experts under a memory limit): the experts come from its
     expert store. `expert_cuts`: a sparsity.expert_cuts.ExpertCuts (a Mixture of Experts): decode reads each

@@ -251,7 +251,7 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
     neurons.before_lists(b, il)
     out = b.activation("ffn_out" + tag, cfg.d_model, rows=h.rows)
     if gate_w.dtype in INTEGER_DOT_WEIGHTS:
-        b.quantize(h)  # one Q8A copy of h for the predictor and both paths
+        b.quantize(h, weight=gate_w.dtype)  # one Q8A copy of h for both paths (and the predictor, if its scheme)
 
     # 1. Each token's active list (runs of at most max_tokens tokens), then the union, which picks the path.
     few = Guard(max_tokens=runs.max_tokens)

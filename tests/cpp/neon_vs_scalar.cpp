@@ -22,6 +22,17 @@ int main() {
   int bad = 0;
   for (size_t i = 0; i < qa.size(); ++i) for (int j = 0; j < 32; ++j) bad += qa[i].qs[j] != qb[i].qs[j];
   printf("quantize mismatches %d\n", bad);
+  {  // one scale per 256 (llama.cpp's Q8_K scheme)
+    std::vector<BlockQ8A> ka(nt * k / 32), kb(nt * k / 32);
+    for (int t = 0; t < nt; ++t) { ne->quantize_q8k(&x[t*k], &ka[t*k/32], k); sc.quantize_q8k(&x[t*k], &kb[t*k/32], k); }
+    int kbad = 0;
+    for (size_t i = 0; i < ka.size(); ++i) {
+      kbad += ka[i].d != kb[i].d || ka[i].s != kb[i].s;
+      for (int j = 0; j < 32; ++j) kbad += ka[i].qs[j] != kb[i].qs[j];
+    }
+    printf("q8k quantize mismatches %d\n", kbad);
+    bad += kbad;
+  }
   // Every integer-dot weight type has its own NEON piece decoder. Random bits, then sane fp16 scales where each
   // type keeps them.
   std::vector<DType> types(std::begin(kIntegerDotTypes), std::end(kIntegerDotTypes));

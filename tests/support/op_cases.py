@@ -92,6 +92,79 @@ def quantize(b, rng):
     return Case([q], [q8a(x)], 3, rtol=1e-6, atol=1e-6, read=read)
 
 
+def act_scheme_name(weight) -> str:
+    """The activation scheme (llamacpp_q8's name) the engine quantizes with for weights of GGML type `weight`."""
+    return {0: "own", 1: "q8_0", 2: "q8_1", 3: "q8_k"}[_core.act_scheme(DType(int(weight)))]
+
+
+def q8a_as(x: np.ndarray, weight) -> np.ndarray:
+    """x as the engine quantizes it for weights of type `weight` (q8a() for pyinfer's own copies)."""
+    b = llamacpp_q8(x, act_scheme_name(weight))
+    return (b[..., 2:] * b[..., :1]).reshape(x.shape)
+
+
+def offset_correction(x: np.ndarray, wq: np.ndarray, qtype, rows: int, k: int) -> np.ndarray:
+    """What Q8_1 activations add to (x as quantized) @ w.T for Q4_1 / Q5_1 weights (zeros for other types): their
+    offset m meets the block's s = fp16(d x sum q), not the fp16 d times the sum (llama.cpp's Q8_1)."""
+    if act_scheme_name(qtype) != "q8_1":
+        return np.zeros((x.shape[0], rows))
+    act = llamacpp_q8(x, "q8_1")
+    s_minus = (act[..., 1] - act[..., 0] * act[..., 2:].sum(-1)).astype(np.float64)  # [tokens, blocks]
+    block = {Q.Q4_1: 20, Q.Q5_1: 24}[Q(int(qtype))]
+    m = wq.reshape(rows, k // 32, block)[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    return s_minus @ m.T
+
+
+def _fp16(v):
+    return np.asarray(v, np.float32).astype(np.float16).astype(np.float32)
+
+
+def llamacpp_q8(x: np.ndarray, scheme: str) -> np.ndarray:
+    """llama.cpp's activation blocks for a weight type, written out from ggml (x86 quantize_row_q8_0 / q8_1,
+    quantize_row_q8_K_ref) as Q8A's (d, s, q) per 32, [rows, blocks, 34] floats: the bits the engine must give."""
+    rows, n = x.shape
+    if scheme == "own":  # fp32 scales per 32, d x sum unrounded
+        xb = x.reshape(rows, -1, 32).astype(np.float32)
+        amax = np.abs(xb).max(-1, keepdims=True)
+        q = np.rint(xb * np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0))
+        d = (amax / np.float32(127)).astype(np.float32)
+        return np.concatenate([d, d * q.sum(-1, keepdims=True), q], -1).astype(np.float32)
+    per = 256 if scheme == "q8_k" else 32
+    xb = x.reshape(rows, -1, per).astype(np.float32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    iscale = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(xb * iscale), -127, 127).astype(np.float32).reshape(rows, -1, 32)
+    sums = q.sum(-1, keepdims=True)
+    if scheme == "q8_k":  # one fp32 scale 1 / (127 / amax) per 256
+        d = np.repeat(np.where(iscale > 0, np.float32(1) / np.where(iscale > 0, iscale, 1), 0), 8, axis=1)
+        s = d * sums
+    else:
+        d32 = (amax / np.float32(127)).astype(np.float32)
+        d = _fp16(d32)
+        s = _fp16(d32 * sums) if scheme == "q8_1" else d * sums
+    return np.concatenate([d, s, q], -1).astype(np.float32)
+
+
+def _read_q8a_blocks(rows: int, n: int):
+    def read(got):
+        raw = got.reshape(rows, n // 32, 40)
+        ds = raw[..., :8].copy().view(np.float32)
+        return np.concatenate([ds, raw[..., 8:].view(np.int8).astype(np.float32)], -1)
+    return read
+
+
+def _quantize_as(weight: Q, scheme: str):
+    def case(b, rng):
+        rows, n = 3, 512
+        x = (rng.standard_normal((rows, n)) * 3.0).astype(np.float32)
+        x[1, 256:] = 0.0  # an all-zero super-block
+        x[2, 5] = 2e3  # one large value: the rest of its block (or super-block) rounds to small q
+        q = b.quantize(b.weight("x", F32, n, rows, x), weight=DType(int(weight)))
+        return Case([q], [llamacpp_q8(x, scheme)], rows, rtol=0, atol=0, read=_read_q8a_blocks(rows, n))
+    case.__name__ = f"quantize_as_{weight.name.lower()}"
+    return case
+
+
 def mat_mul_f32(b, rng):
     W, w = f32(b, rng, "w", 37, 96)
     X, x = f32(b, rng, "x", 5, 96)
@@ -105,7 +178,7 @@ def mat_mul_q4_k(b, rng):
     wq = random_blocks(Q.Q4_K, rows, k, rng)
     X, x = f32(b, rng, "x", n, k)
     y = b.matmul(b.weight("w", int(Q.Q4_K), k, rows, wq), X, "y")
-    want = q8a(x) @ quants.dequantize(wq, Q.Q4_K).reshape(rows, k).T
+    want = q8a_as(x, Q.Q4_K) @ quants.dequantize(wq, Q.Q4_K).reshape(rows, k).T
     return Case([y], [want], n, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
 
 
@@ -407,7 +480,7 @@ def moe_mat_mul_per_head(b, rng):
     W = b.weight("per_head", int(DType.Q8_0), cols, heads * rows_e, blocks)
     X, x = f32(b, rng, "x", n, heads * cols)
     wd = quants.dequantize(blocks, Q.Q8_0).reshape(heads, rows_e, cols)
-    want = np.einsum("hrc,thc->thr", wd, q8a(x).reshape(n, heads, cols)).reshape(n, heads * rows_e)
+    want = np.einsum("hrc,thc->thr", wd, q8a_as(x, Q.Q8_0).reshape(n, heads, cols)).reshape(n, heads * rows_e)
     return Case([b.moe_matmul(W, X, None, heads, heads, "y")], [want], n, rtol=1e-4, atol=1e-4)
 
 
@@ -472,7 +545,10 @@ def moe_route_split(b, rng):
 
 
 CASES: dict[Op, list[Callable]] = {
-    Op.GET_ROWS: [get_rows], Op.RMS_NORM: [rms_norm], Op.QUANTIZE: [quantize], Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
+    Op.GET_ROWS: [get_rows], Op.RMS_NORM: [rms_norm],
+    Op.QUANTIZE: [quantize, _quantize_as(Q.Q8_0, "q8_0"), _quantize_as(Q.Q4_1, "q8_1"), _quantize_as(Q.Q4_K, "q8_k"),
+                  _quantize_as(Q.IQ2_XXS, "q8_k")],
+    Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
     Op.ROPE: [rope, rope_partial, rope_yarn], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention, attention_sinks, attention_mla, attention_mla_decode], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul, swiglu_oai_mul],
     Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set],
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
@@ -485,9 +561,8 @@ CASES: dict[Op, list[Callable]] = {
 HOST_ONLY = {active_union, neuron_fetch, expert_fetch, copy}
 ALL = [pytest.param(op, case, id=f"{op.name.lower()}-{case.__name__}") for op, cases in CASES.items() for case in cases]
 # Cases CUDA's `supports` refuses (their nodes stay on the CPU there): MLA's attention and the per-head matmul.
-CPU_ONLY_KERNELS = {attention_mla, attention_mla_decode, moe_mat_mul_per_head}
 ON_DEVICES = [p for p in ALL if p.values[1] not in HOST_ONLY]
-ON_CUDA = [p for p in ON_DEVICES if p.values[1] not in CPU_ONLY_KERNELS]
+ON_CUDA = ON_DEVICES  # every device op has its CUDA kernel (MLA's and the per-head matmul's included)
 
 
 def run_case(case: Callable, isa: str = "auto", device: str | None = None):

@@ -10,6 +10,7 @@
 
 #include "backends/cpu/sparse_ops.h"
 #include "executor/guards.h"
+#include "kernels/act_quant.h"
 #include "kernels/attention.h"
 #include "kernels/ops_float.h"
 
@@ -251,7 +252,8 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         break;
       }
       case OpKind::Quantize:
-        kernels_.quantize_q8a(row_ptr<const float>(*s0, r), row_ptr<BlockQ8A>(dst, r), dst.cols);
+        quantize_activations(kernels_, ActScheme(n.p.quantize.scheme), row_ptr<const float>(*s0, r),
+                             row_ptr<BlockQ8A>(dst, r), dst.cols);
         break;
       case OpKind::Rope:
       {
@@ -267,6 +269,8 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         const int32_t p = static_cast<const int32_t*>(s1->data)[r];
         if (dst.type == DType::Q8_0)
           quantize_row_q8_0(row_ptr<const float>(*s0, r), row_ptr<BlockQ8_0>(dst, p), dst.cols);
+        else if (dst.type == DType::F32)
+          std::memcpy(row_ptr<float>(dst, p), row_ptr<const float>(*s0, r), size_t(dst.cols) * sizeof(float));
         else
           kernels_.f32_to_f16(row_ptr<const float>(*s0, r), row_ptr<uint16_t>(dst, p), dst.cols);
         break;
