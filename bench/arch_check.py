@@ -160,15 +160,20 @@ def main() -> int:
           "|logit|; top-1 = share of positions whose argmax agrees; positions apart = positions whose logits differ "
           "anywhere by more than 0.1% of the largest |logit|. Quantization noise: llama.cpp's own logits "
           f"on the quantized file against its F32 file. Both engines hold an {kv} KV cache and quantize "
-          "activations as llama.cpp does for each weight type.", "",
-          "| architecture | checks | vocabulary | file | max | top-1 | positions apart | quantization noise: max | top-1 |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          "activations as llama.cpp does for each weight type. The last pair: llama.cpp with its default f16 cache "
+          "against itself with the f32 cache, on the same file (what fp16 rounding of K, V, q and the softmax "
+          "alone moves on these tiny random models).", "",
+          "| architecture | checks | vocabulary | file | max | top-1 | positions apart | quantization noise: max | top-1 "
+          "| llama.cpp f16 cache vs its f32 cache: max | top-1 |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     what = {c[1]: c[3] for c in CASES}
     for r in rows:
         a, q = r["pyinfer_vs_llamacpp"], r["quantization_noise"]
         qn = f"{q['max_rel']:.4f} | {q['argmax_agree']:.3f}" if q else "- | -"
+        kn = r.get("llamacpp_f16_cache_vs_f32")
+        kn = f"{kn['max_rel']:.4f} | {kn['argmax_agree']:.3f}" if kn else "- | -"
         md.append(f"| {r['arch']} | {what[r['kind']]} | {r['vocab']} | {r['file']} | {a['max_rel']:.4f} | "
-                  f"{a['argmax_agree']:.3f} | {a.get('positions_apart', '-')} | {qn} |")
+                  f"{a['argmax_agree']:.3f} | {a.get('positions_apart', '-')} | {qn} | {kn} |")
     for r in rows:
         if r.get("routing_near_ties") is not None:
             c = r["pyinfer_vs_llamacpp_clear_routing"]

@@ -57,8 +57,9 @@ def distance(a: np.ndarray, b: np.ndarray) -> dict:
 def quantized_by_llamacpp(src: Path, out: Path, ftype: str, code: int, ids: list[int],
                           f32_llamacpp: np.ndarray, cache_type: str = "f16") -> dict:
     """`src` quantized by `llama_model_quantize` to `ftype` (llama_ftype `code`) at `out`, both engines run on
-    `ids`: the file's tensor types, pyinfer's distance to llama.cpp on it, and the quantization noise (llama.cpp's
-    own logits on it against `f32_llamacpp`, its logits on the F32 source)."""
+    `ids`: the file's tensor types, pyinfer's distance to llama.cpp on it, the quantization noise (llama.cpp's
+    own logits on it against `f32_llamacpp`, its logits on the F32 source) and, with an f32 cache, llama.cpp's own
+    distance to itself with its default f16 cache on the same file (how far rounding alone moves these logits)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
@@ -69,34 +70,40 @@ def quantized_by_llamacpp(src: Path, out: Path, ftype: str, code: int, ids: list
     types = Counter(t.type_name for t in open_model(out).tensors.values())
     ours = pyinfer.load(str(out), n_threads=2, n_ctx=128, progress=False, cache_type=cache_type).eval(ids, all_logits=True)
     theirs = llamacpp_logits(str(out), ids, cache_type)
+    kv_noise = distance(llamacpp_logits(str(out), ids, "f16"), theirs) if cache_type == "f32" else None
     return {"tensor_types": dict(types), "pyinfer_vs_llamacpp": distance(ours.astype(np.float64), theirs),
-            "quantization_noise": distance(theirs, f32_llamacpp)}
+            "quantization_noise": distance(theirs, f32_llamacpp), "llamacpp_f16_cache_vs_f32": kv_noise}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--cache-type", default="f32", choices=["f32", "f16"],
+                    help="both engines' KV cache (default f32: attention unrounded on both sides)")
     args = ap.parse_args()
+    kv = args.cache_type
     tmp = Path(tempfile.mkdtemp(prefix="pyinfer-quant-"))
     src = write_tiny_llama(tmp / "tiny-f32.gguf", seed=11, matrix_type=Q.F32, embed_type=Q.F32,
                            config=dict(d_model=256, d_ff=512, n_heads=4, n_kv_heads=2, n_layers=2))
-    ref_model = pyinfer.load(str(src), n_threads=2, n_ctx=128)
+    ref_model = pyinfer.load(str(src), n_threads=2, n_ctx=128, cache_type=kv)
     ids = np.random.default_rng(0).integers(3, ref_model.config.vocab_size, args.tokens).tolist()
-    f32_llamacpp = llamacpp_logits(str(src), ids)
+    f32_llamacpp = llamacpp_logits(str(src), ids, kv)
     # The float file: no weight or activation quantization on either side, so the engines' floor.
     rows = [{"ftype": "F32 (source)", "tensor_types": dict(Counter(t.type_name for t in ref_model.gguf.tensors.values())),
              "pyinfer_vs_llamacpp": distance(ref_model.eval(ids, all_logits=True).astype(np.float64), f32_llamacpp),
              "quantization_noise": distance(f32_llamacpp, f32_llamacpp)}]
     for name, ftype in FTYPES.items():
         rows.append({"ftype": name, **quantized_by_llamacpp(src, tmp / f"tiny-{name}.gguf", name, ftype, ids,
-                                                           f32_llamacpp)})
+                                                           f32_llamacpp, kv)})
         print(name, json.dumps(rows[-1]), file=sys.stderr)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "llamacpp_quantized.json").write_text(json.dumps({"tokens": args.tokens, "rows": rows}, indent=1))
+    (RESULTS / "llamacpp_quantized.json").write_text(json.dumps({"tokens": args.tokens, "cache_type": kv, "rows": rows},
+                                                                indent=1))
     md = ["# Files quantized by llama.cpp: pyinfer against llama.cpp", "",
           f"A tiny random LLaMA (2 layers, d 256, FFN 512, F32) quantized by `llama_model_quantize`; {args.tokens} "
           "tokens evaluated by both engines. Distances are |difference| over the largest |logit|. The "
-          "quantization noise is llama.cpp's own logits on the quantized file against the F32 file.", "",
+          "quantization noise is llama.cpp's own logits on the quantized file against the F32 file. Both engines "
+          f"hold an {kv} KV cache and quantize activations as llama.cpp does for each weight type.", "",
           "| file | tensor types | pyinfer vs llama.cpp: max | median | corr | argmax | quantization noise: max | "
           "median | corr |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -38,6 +38,12 @@ PYINFER_HOST_DEVICE inline void signed_grid(const uint8_t* grid, int n, uint8_t 
   for (int k = 0; k < n; ++k) q[k] = int8_t((signs >> k) & 1 ? -int(grid[k]) : int(grid[k]));
 }
 
+// IQ2_XS / IQ2_S: a byte's two 4-bit scales s as the odd integers 2 s + 1, one per half of the piece.
+PYINFER_HOST_DEVICE inline void odd_scales(uint8_t packed, Piece32& p) {
+  p.scale[0] = 2 * (packed & 0x0f) + 1;
+  p.scale[1] = 2 * (packed >> 4) + 1;
+}
+
 PYINFER_HOST_DEVICE inline uint32_t load_u32(const uint8_t* p) {
   return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
 }
@@ -188,8 +194,7 @@ PYINFER_HOST_DEVICE inline void decode_piece_with(DType type, const uint8_t* row
         const uint16_t v = blk.qs[4 * j + l];
         piece_detail::signed_grid(Tab::iq2xs(v & 511), 8, Tab::signs(v >> 9), p.q + 8 * l);
       }
-      p.scale[0] = 2 * (blk.scales[j] & 0x0f) + 1;
-      p.scale[1] = 2 * (blk.scales[j] >> 4) + 1;
+      piece_detail::odd_scales(blk.scales[j], p);
       p.d = Tab::half(blk.d) * 0.125f;
       break;
     }
@@ -199,8 +204,7 @@ PYINFER_HOST_DEVICE inline void decode_piece_with(DType type, const uint8_t* row
         const int index = blk.qs[4 * j + l] | ((blk.qh[j] << (8 - 2 * l)) & 0x300);
         piece_detail::signed_grid(Tab::iq2s(index), 8, blk.qs[32 + 4 * j + l], p.q + 8 * l);
       }
-      p.scale[0] = 2 * (blk.scales[j] & 0x0f) + 1;
-      p.scale[1] = 2 * (blk.scales[j] >> 4) + 1;
+      piece_detail::odd_scales(blk.scales[j], p);
       p.d = Tab::half(blk.d) * 0.125f;
       break;
     }
