@@ -144,7 +144,7 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     # the device (h is written there) and shared by both sides: the CPU reads a copy of it, 40 bytes per 32
     # values instead of h's 128. (Left to a side, the CPU's guarded copy would serve the device too, which would
     # then wait for the CPU's half.) h lives on the device, so these copies are made there (runtime/placement.py).
-    for weight in {gate_type} & INTEGER_DOT_WEIGHTS | ({DType.Q8_0} if predictor else set()):
+    for weight in sorted({gate_type} & INTEGER_DOT_WEIGHTS | ({DType.Q8_0} if predictor else set()), key=int):
         b.quantize(h, weight=weight)
     n_blocks = cfg.d_ff // block
     gpu = sorted(set(int(k) for k in gpu_blocks))
