@@ -26,6 +26,48 @@ def test_block_manager_counts_and_frees():
     assert bm.free(1) == 2 and bm.free_blocks == 2
 
 
+def test_block_manager_holds_state_blocks_apart_from_the_kv_table():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    assert bm.hold_state(1, 2) and bm.grow(1, 5) and bm.used_blocks == 4
+    assert bm.table(1) == [2, 3]  # the KV table holds only its own blocks
+    assert bm.hold_state(1, 2) and bm.used_blocks == 4  # once per request
+    assert not bm.hold_state(2, 3) and bm.used_blocks == 4  # no room: no change
+    assert bm.free(1) == 4 and bm.free_blocks == 6
+
+
+def test_a_hybrid_request_is_charged_its_state():
+    """Budget 10 tokens, every request 1 prompt + 1 output token and a state worth 3: two run at once (2 x (2 + 3)),
+    not five; one whose tokens and state can never fit is refused in one line."""
+    from pyinfer.serve.policies import FCFS
+    from pyinfer.serve.request import Request
+    from pyinfer.serve.scheduler import Scheduler
+
+    sched = Scheduler(FCFS(), kv_budget=10, state_blocks=3)
+    for i in range(5):
+        sched.add_request(Request(i, 1, 1, 1, true_len=1))
+    with pytest.raises(ValueError, match="3 state blocks"):
+        sched.add_request(Request(9, 4, 1, 4, true_len=4))
+    most = 0
+    while sched.has_unfinished():
+        out = sched.schedule()
+        most = max(most, len(out.running))
+        assert out.used_blocks == out.kv_tokens + 3 * len(out.running) <= 10
+        sched.update_from_output(out.running)
+    assert most == 2 and sched.finished_count == 5 and sched.blocks.used_blocks == 0
+    assert simulate("fcfs", [1] * 5, [1] * 5, [1] * 5, [1] * 5, kv_budget=10, state_tokens=3).steps == 3
+
+
+@pytest.mark.parametrize("policy", ["amin", "amin-progress", "amax", "hsf", "fcfs", "hedge"])
+def test_hybrid_requests_finish_within_budget(policy):
+    """With a state per request, every policy (future-aware ones included) keeps tokens and states under the budget
+    and frees the states of finished and evicted requests."""
+    s, o = lmsys_like_lengths(120, seed=5)
+    lo, up = intervals(o, "c", 0.5)
+    up = np.maximum(up, o)
+    r = simulate(policy, s, o, lo, up, kv_budget=2500, state_tokens=64)
+    assert r.n == 120 and r.peak_kv_tokens <= 2500
+
+
 @pytest.mark.parametrize("policy", ["amin", "amin-progress", "amax", "hsf", "fcfs", "hedge"])
 def test_every_request_finishes_within_budget(policy):
     s, o = lmsys_like_lengths(200, seed=1)

@@ -1,4 +1,6 @@
-"""Paged KV blocks, in integers: block ids and counts. A request holding t tokens owns ceil(t/B) blocks."""
+"""Paged KV blocks, in integers: block ids and counts. A request holding t tokens owns ceil(t/B) blocks, and a
+request of a hybrid model (linear-attention layers with a recurrent state) also a fixed number of state blocks,
+held apart from its KV table from admission to its end."""
 from __future__ import annotations
 
 
@@ -10,6 +12,7 @@ class BlockManager:
         self.block_size = block_size
         self._free = list(range(num_blocks - 1, -1, -1))  # stack: low ids are handed out first
         self._tables: dict[int, list[int]] = {}
+        self._states: dict[int, list[int]] = {}
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -37,8 +40,17 @@ class BlockManager:
             table.append(self._free.pop())
         return True
 
+    def hold_state(self, req_id: int, blocks: int) -> bool:
+        """Gives req_id `blocks` state blocks (once; 0: nothing); False (and no change) if blocks run out."""
+        if blocks <= 0 or req_id in self._states:
+            return True
+        if blocks > len(self._free):
+            return False
+        self._states[req_id] = [self._free.pop() for _ in range(blocks)]
+        return True
+
     def free(self, req_id: int) -> int:
-        """Releases every block of req_id at once; returns how many."""
-        table = self._tables.pop(req_id, [])
+        """Releases every block of req_id at once, its state blocks included; returns how many."""
+        table = self._tables.pop(req_id, []) + self._states.pop(req_id, [])
         self._free.extend(reversed(table))
         return len(table)

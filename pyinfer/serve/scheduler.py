@@ -1,7 +1,9 @@
 """vLLM-v1-shaped scheduler: schedule() -> SchedulerOutput (plain data), then update_from_output().
 
 Model (arXiv 2508.14544): every running request emits one token per step; a request holding
-s_i + a_i tokens needs one more slot each step; an evicted request loses its progress and waits."""
+s_i + a_i tokens needs one more slot each step; an evicted request loses its progress and waits. A hybrid model's
+request (linear-attention layers with a fixed-size recurrent state, Qwen 3.5) also holds `state_blocks` from its
+admission to its end, whatever its length: every check below charges them beside its tokens."""
 from __future__ import annotations
 
 from collections import deque
@@ -26,10 +28,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, kv_budget: int, block_size: int = 1, keep_finished: int | None = None):
+    def __init__(self, policy: Policy, kv_budget: int, block_size: int = 1, keep_finished: int | None = None,
+                 state_blocks: int = 0):
         """`keep_finished`: how many finished requests `finished` remembers (None: all, for the simulator's
-        statistics; a server keeps a few, so a long-running process does not grow)."""
+        statistics; a server keeps a few, so a long-running process does not grow). `state_blocks`: the blocks
+        a running request's recurrent state takes (its bytes over a block's bytes, rounded up; 0 without one)."""
+        if state_blocks < 0:
+            raise ValueError("state_blocks must be 0 or more")
         self.policy = policy
+        self.state_blocks = state_blocks
         self.blocks = BlockManager(kv_budget // block_size, block_size)
         self.kv_budget = kv_budget
         self.step = 0
@@ -42,8 +49,9 @@ class Scheduler:
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, r: Request) -> None:
-        if self.blocks.blocks_for(r.prompt_len + r.upper) > self.blocks.num_blocks:
-            raise ValueError(f"request {r.id} can never fit: {r.prompt_len}+{r.upper} tokens > KV budget")
+        if self.blocks.blocks_for(r.prompt_len + r.upper) + self.state_blocks > self.blocks.num_blocks:
+            state = f" and {self.state_blocks} state blocks" if self.state_blocks else ""
+            raise ValueError(f"request {r.id} can never fit: {r.prompt_len}+{r.upper} tokens{state} > KV budget")
         self._by_id[r.id] = r
         self.waiting.append(r)
 
@@ -79,13 +87,13 @@ class Scheduler:
             return True
         held = np.fromiter((r.kv_tokens for r in batch), np.int64, len(batch))
         if not self.policy.future_aware:
-            return int(self.blocks.blocks_for(held + 1).sum()) <= self.blocks.num_blocks
+            return int(self.blocks.blocks_for(held + 1).sum()) + self.state_blocks * len(batch) <= self.blocks.num_blocks
         remaining = np.fromiter((max(1, self.policy.planned_len(r) - r.generated) for r in batch), np.int64,
                                 len(batch))
         # Memory only drops when a request completes, so the peaks are the last steps of each request.
         ks = np.unique(remaining)
         alive = remaining[None, :] >= ks[:, None]                      # [peaks, batch]
-        need = -(-(held[None, :] + ks[:, None]) // self.blocks.block_size)
+        need = -(-(held[None, :] + ks[:, None]) // self.blocks.block_size) + self.state_blocks
         return bool(((need * alive).sum(axis=1) <= self.blocks.num_blocks).all())
 
     def _evict(self, r: Request, out: SchedulerOutput) -> None:
@@ -105,7 +113,7 @@ class Scheduler:
         out = SchedulerOutput(self.step, [])
         # 1. Overflow: the next token of every running request must fit now.
         while self.running and (sum(self.blocks.blocks_for(r.kv_tokens + 1) for r in self.running)
-                                > self.blocks.num_blocks):
+                                + self.state_blocks * len(self.running) > self.blocks.num_blocks):
             self._evict(min(self.running, key=self.policy.victim_key), out)
         # 2. Admission in policy order while the plan stays feasible (evicted ones wait a step).
         evicted = set(out.evicted)
@@ -121,7 +129,7 @@ class Scheduler:
             out.prefill_tokens += r.prompt_len
         # 3. Reserve this step's slots; the checks above guarantee they exist.
         for r in self.running:
-            ok = self.blocks.grow(r.id, r.kv_tokens + 1)
+            ok = self.blocks.hold_state(r.id, self.state_blocks) and self.blocks.grow(r.id, r.kv_tokens + 1)
             assert ok, "KV budget exceeded"  # invariant: never more than M
         out.running = [r.id for r in self.running]
         out.kv_tokens = sum(r.kv_tokens + 1 for r in self.running)
