@@ -7,27 +7,18 @@ from gguf import quants
 from pyinfer import _core
 from pyinfer._core import DType, RowMode
 from pyinfer.runtime.graph_builder import GraphBuilder, single_op_engine
-from support.op_cases import offset_correction
+from support.op_cases import act_scheme_name, llamacpp_q8, offset_correction
 
 ISAS = _core.available_isas().split(",")
 RNG = np.random.default_rng(1234)
 
 
 def q8a_reference(x: np.ndarray, weight=None):
-    """Emulates the engine's activation quantization: per 32 values, d = amax/127, q = rint(x*127/amax); with
-    `weight` (a GGML type), as llama.cpp quantizes activations for that type (kernels/act_quant.h). q [rows,
-    blocks, 32] and d [rows, blocks, 1] per block of 32."""
-    if weight is not None:
-        from support.op_cases import act_scheme_name, llamacpp_q8
-
-        blocks = llamacpp_q8(x, act_scheme_name(weight))
-        return blocks[..., 2:].astype(np.int32), blocks[..., :1]
-    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    amax = np.abs(xb).max(-1, keepdims=True)
-    idv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    q = np.rint(xb * idv).astype(np.int32)
-    d = (amax / np.float32(127.0)).astype(np.float32)
-    return q, d
+    """Emulates the engine's activation quantization (support/op_cases.llamacpp_q8): per 32 values, d = amax/127,
+    q = rint(x*127/amax); with `weight` (a GGML type), as llama.cpp quantizes activations for that type
+    (kernels/act_quant.h). q [rows, blocks, 32] and d [rows, blocks, 1] per block of 32."""
+    blocks = llamacpp_q8(x, act_scheme_name(weight) if weight is not None else "own")
+    return blocks[..., 2:].astype(np.int32), blocks[..., :1]
 
 
 def run_single(build, n_tokens, isa, max_tokens=16, **run_kw):

@@ -28,8 +28,14 @@ __device__ __forceinline__ float half_at(const uint8_t* p) {
 
 // Device copies of llama.cpp's value tables and grids (kernels/iq_tables.h), one per translation unit (static),
 // for the low-bit types, which the device decodes with the CPU reference's own decoder (kernels/piece_decode.h).
-static __device__ const int8_t kIq4ValuesDev[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-static __device__ const int8_t kMxfp4ValuesDev[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+struct Values16 { int8_t v[16]; };
+constexpr Values16 values16(const int8_t (&a)[16]) {
+  Values16 out{};
+  for (int i = 0; i < 16; ++i) out.v[i] = a[i];
+  return out;
+}
+static __device__ const Values16 kIq4ValuesDev = values16(kIq4Values);
+static __device__ const Values16 kMxfp4ValuesDev = values16(kMxfp4Values);
 static __device__ const IqSigns kIqSignsDev = kIqSigns;
 static __device__ const IqGrid<256, 8> kIq2xxsGridDev = kIq2xxsGrid;
 static __device__ const IqGrid<512, 8> kIq2xsGridDev = kIq2xsGrid;
@@ -39,8 +45,8 @@ static __device__ const IqGrid<512, 4> kIq3sGridDev = kIq3sGrid;
 
 struct DeviceTables {
   __device__ static float half(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-  __device__ static int8_t iq4(int i) { return kIq4ValuesDev[i]; }
-  __device__ static int8_t mxfp4(int i) { return kMxfp4ValuesDev[i]; }
+  __device__ static int8_t iq4(int i) { return kIq4ValuesDev.v[i]; }
+  __device__ static int8_t mxfp4(int i) { return kMxfp4ValuesDev.v[i]; }
   __device__ static uint8_t signs(int i) { return kIqSignsDev.v[i]; }
   __device__ static const uint8_t* iq2xxs(int i) { return kIq2xxsGridDev.v[i]; }
   __device__ static const uint8_t* iq2xs(int i) { return kIq2xsGridDev.v[i]; }

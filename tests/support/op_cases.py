@@ -56,12 +56,9 @@ def silu(x):
 
 
 def q8a(x: np.ndarray) -> np.ndarray:
-    """x as the engine's activation quantization rounds it (per 32 values: d = amax / 127, q = rint(x / d))."""
-    xb = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    amax = np.abs(xb).max(-1, keepdims=True)
-    d = amax / np.float32(127.0)
-    q = np.rint(xb * np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0))
-    return (q * d).reshape(x.shape)
+    """x as the engine's own activation quantization rounds it (per 32 values: d = amax / 127, q = rint(x / d))."""
+    b = llamacpp_q8(x, "own")
+    return (b[..., 2:] * b[..., :1]).reshape(x.shape)
 
 
 # ---- the cases, by op ------------------------------------------------------------------------------------------
@@ -121,7 +118,8 @@ def _fp16(v):
 
 def llamacpp_q8(x: np.ndarray, scheme: str) -> np.ndarray:
     """llama.cpp's activation blocks for a weight type, written out from ggml (x86 quantize_row_q8_0 / q8_1,
-    quantize_row_q8_K_ref) as Q8A's (d, s, q) per 32, [rows, blocks, 34] floats: the bits the engine must give."""
+    quantize_row_q8_K_ref) as Q8A's (d, s, q) per 32, [rows, blocks, 34] floats: the bits the engine must give.
+    "own": pyinfer's blocks for its own copies (fp32 d = amax / 127 per 32, s = d x sum)."""
     rows, n = x.shape
     if scheme == "own":  # fp32 scales per 32, d x sum unrounded
         xb = x.reshape(rows, -1, 32).astype(np.float32)

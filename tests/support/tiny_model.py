@@ -278,9 +278,8 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
     else:
         n_vocab = _add_tiny_vocab(w)
 
-    def add(name: str, shape: tuple, scale: float | None = None):
+    def add(name: str, shape: tuple, scale: float = 0.2):
         router = name.endswith("ffn_gate_inp.weight")
-        scale = c.get("weight_scale", 0.2) if scale is None else scale  # config weight_scale: the matrices' default
         add_random(w, rng, name, shape, qtype if len(shape) >= 2 and not router else Q.F32, scale)
 
     d, ff = c["d_model"], c["d_ff"]
