@@ -57,6 +57,12 @@ CASES = [
      "routing with a selection bias in 4 groups of which 2 count, renormalized, x2.5"),
     ("smallthinker", "smallthinker", "ggml-vocab-qwen2.gguf", "5 layers: the router on each layer's input before "
      "attention, ReGLU experts, softmax top-2 of 8 renormalized; a sliding window: layers 0 and 4 global and NoPE"),
+    # Qwen 3.5 (issue 53): 4 layers, 0-2 gated DeltaNet, 3 gated full attention
+    ("qwen35", "qwen35", "ggml-vocab-qwen35.gguf", "3 gated DeltaNet layers (conv1d of 4 taps and its state, the "
+     "gated delta rule, 2 key heads read by 4 value heads of 32) and a gated full-attention layer (QK-norm, "
+     "partial M-RoPE 16 of 64)"),
+    ("qwen35moe", "qwen35moe", "ggml-vocab-qwen35.gguf", "qwen35's layers with experts: softmax top-2 of 8 "
+     "renormalized and a sigmoid-gated shared expert"),
     ("smallthinker (sigmoid, no window)", "smallthinker-sigmoid", "ggml-vocab-qwen2.gguf", "sigmoid routing, every "
      "layer global with RoPE"),
 ]
@@ -74,6 +80,12 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
                              w.add_float32("gemma3.rope.scaling.factor", 8.0))) if kind.endswith("linear8") else None
         return write_tiny_gemma3(path, seed=3, types=f32, extra=scaled)
     hd = 128 if kind in ("qwen3", "qwen3moe") else 64
+    if kind.startswith("qwen35"):
+        from support.tiny_hybrid import write_tiny_qwen35
+
+        return write_tiny_qwen35(path, seed=len(kind), vocab_from=vocab, moe=kind == "qwen35moe",
+                                 config=dict(SHAPE, n_layers=4, head_dim=hd, rope_dims=16, sections=(3, 3, 2, 0),
+                                             ssm_head_dim=32, ssm_k_heads=2, ssm_v_heads=4, **MOE))
     if kind.startswith("deepseek2"):  # query heads 64 + 32, a latent of 128 (+ 32 rotary), value heads 64
         mla = dict(SHAPE, n_layers=3, n_kv_heads=1, head_dim=96, rope_dims=32, kv_lora_rank=128, v_dim=64,
                    **MOE, q_lora_rank=96 if kind.endswith("v3") else 0, v3=kind.endswith("v3"))

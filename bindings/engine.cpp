@@ -69,7 +69,8 @@ void bind_engine(py::module_& m) {
            "backend given its own space stands in for a GPU: its own buffers, weights uploaded, Copy nodes where "
            "tensors cross.")
       .def("run", [](PyEngine& e, int64_t n_tokens, std::optional<I32Array> tokens, std::optional<I32Array> positions,
-                     std::optional<I32Array> out_ids, std::optional<I32Array> slots, std::optional<I32Array> kv_table) {
+                     std::optional<I32Array> out_ids, std::optional<I32Array> slots, std::optional<I32Array> kv_table,
+                     std::optional<I32Array> state_rows) {
              auto check = [&](const std::optional<I32Array>& a, int64_t n, const char* what) {
                if (a && a->size() != n)
                  throw GraphError(std::string(what) + " has " + std::to_string(a->size()) + " entries, expected " +
@@ -79,6 +80,7 @@ void bind_engine(py::module_& m) {
              check(tokens, n_tokens, "tokens");
              check(positions, n_tokens, "positions");
              check(slots, n_tokens, "slots");
+             check(state_rows, n_tokens, "state_rows");
              int64_t table_cols = 0;
              if (kv_table) {
                if (kv_table->ndim() != 2 || kv_table->shape(0) != n_tokens)
@@ -88,12 +90,14 @@ void bind_engine(py::module_& m) {
              {
                py::gil_scoped_release release;
                e.engine->run(data_or_null(tokens), data_or_null(positions), n_tokens, data_or_null(out_ids), n_out,
-                             data_or_null(slots), data_or_null(kv_table), table_cols);
+                             data_or_null(slots), data_or_null(kv_table), table_cols, data_or_null(state_rows));
              }
              e.last_outputs = n_out;
            }, py::arg("n_tokens"), py::arg("tokens") = py::none(), py::arg("positions") = py::none(),
            py::arg("out_ids") = py::none(), py::arg("slots") = py::none(), py::arg("kv_table") = py::none(),
-           "Computes one batch. Inputs are int32 arrays of n_tokens entries (out_ids: rows whose logits are wanted).")
+           py::arg("state_rows") = py::none(),
+           "Computes one batch. Inputs are int32 arrays of n_tokens entries (out_ids: rows whose logits are wanted; "
+           "state_rows: each token's recurrent state row, in a hybrid model's paged graph).")
       .def("logits", [](py::object self) {
              auto& e = self.cast<PyEngine&>();
              const Graph& g = e.engine->graph();

@@ -156,7 +156,9 @@ void bind_graph(py::module_& m) {
       .def_property("input_slots", [](const PyGraph& g) { return g.graph.input_slots; },
                     [](PyGraph& g, int v) { g.graph.input_slots = v; })
       .def_property("input_kv_table", [](const PyGraph& g) { return g.graph.input_kv_table; },
-                    [](PyGraph& g, int v) { g.graph.input_kv_table = v; });
+                    [](PyGraph& g, int v) { g.graph.input_kv_table = v; })
+      .def_property("input_state_rows", [](const PyGraph& g) { return g.graph.input_state_rows; },
+                    [](PyGraph& g, int v) { g.graph.input_state_rows = v; });
 }
 
 }  // namespace bindings

@@ -147,6 +147,11 @@ class Model:
         if start + len(ids) > self.n_ctx:
             raise ContextOverflowError(
                 f"{start + len(ids)} tokens do not fit the context of {self.n_ctx} tokens (raise n_ctx / --ctx)")
+        if self.config.recurrent_layers and 0 < start < len(self._cached):
+            # A recurrent state holds its whole sequence and cannot be rewound to a shorter prefix: the prefix is
+            # run again from position 0 (its logits are not returned).
+            ids = np.concatenate([np.asarray(self._cached[:start], np.int32), ids])
+            out_rows, start = out_rows + start, 0
         result = np.empty((len(out_rows), self.config.vocab_size), dtype=np.float32)
         self._runs += 1
         self._cached = self._cached[:start]

@@ -310,6 +310,14 @@ void Engine::check_row_coverage() {
       case OpKind::MoeCombine:
         for (int s : n.src) covers(n.dst, s);
         break;
+      case OpKind::SsmConv:
+        covers(n.dst, n.src[SsmConvSrc::x]); covers(n.dst, n.src[SsmConvSrc::positions]);
+        covers(n.dst, n.src[SsmConvSrc::rows]);
+        break;
+      case OpKind::DeltaNet:
+        for (int s : {DeltaNetSrc::qkv, DeltaNetSrc::beta, DeltaNetSrc::alpha, DeltaNetSrc::positions, DeltaNetSrc::rows})
+          covers(n.dst, n.src[s]);
+        break;
       default: break;
     }
   }
@@ -326,7 +334,8 @@ void Engine::plan_input_checks() {
     for (auto& c : input_checks_)
       if (c.tensor == id) return &c;
     const std::string r = role;
-    const char* what = r == "tokens" ? "token id" : r == "positions" ? "position" : r == "out_ids" ? "output row" : "KV slot";
+    const char* what = r == "tokens" ? "token id" : r == "positions" ? "position" : r == "out_ids" ? "output row"
+                       : r == "state_rows" ? "state row" : "KV slot";
     input_checks_.push_back(InputCheck{id, what});
     return &input_checks_.back();
   };
@@ -345,6 +354,13 @@ void Engine::plan_input_checks() {
           else c->below_tokens = true;
         }
         break;
+      case OpKind::SsmConv:
+      case OpKind::DeltaNet: {  // each token's state row lies in the state
+        const int rows = n.op == OpKind::SsmConv ? n.src[SsmConvSrc::rows] : n.src[DeltaNetSrc::rows];
+        const int state = n.op == OpKind::SsmConv ? n.src[SsmConvSrc::state] : n.src[DeltaNetSrc::state];
+        if (rows >= 0 && (c = check_of(rows))) c->limit = std::min(c->limit, ts[size_t(state)].rows);
+        break;
+      }
       case OpKind::KvStore:
         if ((c = check_of(n.src[1]))) {
           c->limit = std::min(c->limit, ts[size_t(n.dst)].rows);
@@ -429,7 +445,8 @@ void Engine::reserve_memory() {
 }
 
 void Engine::run(const int32_t* tokens, const int32_t* positions, int64_t n_tokens, const int32_t* out_ids,
-                 int64_t n_outputs, const int32_t* slots, const int32_t* kv_table, int64_t kv_table_cols) {
+                 int64_t n_outputs, const int32_t* slots, const int32_t* kv_table, int64_t kv_table_cols,
+                 const int32_t* state_rows) {
   std::lock_guard<std::mutex> lock(run_mutex_);
   if (n_tokens < 1 || n_tokens > cfg_.max_tokens)
     throw GraphError("batch of " + std::to_string(n_tokens) + " tokens; this engine takes 1.." +
@@ -451,6 +468,7 @@ void Engine::run(const int32_t* tokens, const int32_t* positions, int64_t n_toke
   bind(graph_.input_positions, positions, n_tokens, "positions");
   bind(graph_.input_out_ids, out_ids, n_outputs, "out_ids");
   bind(graph_.input_slots, slots, n_tokens, "slots");
+  bind(graph_.input_state_rows, state_rows, n_tokens, "state_rows");
   if (graph_.input_kv_table >= 0) {
     const Tensor& table = graph_.tensors[size_t(graph_.input_kv_table)];
     if (kv_table_cols != table.cols)

@@ -62,7 +62,7 @@ class Engine {
   // Safe to call from several threads: runs of one engine are serialized.
   void run(const int32_t* tokens, const int32_t* positions, int64_t n_tokens, const int32_t* out_ids,
            int64_t n_outputs, const int32_t* slots = nullptr, const int32_t* kv_table = nullptr,
-           int64_t kv_table_cols = 0);
+           int64_t kv_table_cols = 0, const int32_t* state_rows = nullptr);
 
   const Graph& graph() const { return graph_; }
   const EngineConfig& config() const { return cfg_; }

@@ -79,6 +79,7 @@ const char* Graph::input_role(int id) const {
   if (id == input_out_ids) return "out_ids";
   if (id == input_slots) return "slots";
   if (id == input_kv_table) return "kv_table";
+  if (id == input_state_rows) return "state_rows";
   return nullptr;
 }
 

@@ -87,6 +87,9 @@ enum class OpKind : int32_t {
   MoeRouteSplit = 22,  // dst = one backend's share of a route: slot s keeps its weight and becomes local id
                        //   map[id] where the map has one (>= 0); else weight 0 and id -1, a slot the expert
                        //   matmul leaves at 0 (experts placed on two backends: PowerInfer's split by expert)
+  // ---- recurrent layers (op_params.h: the state rows and their reset)
+  SsmConv = 23,      // dst[t] = (silu) causal conv1d of x over each channel's last K inputs, state rolled on
+  DeltaNet = 24,     // dst[t] = the gated delta rule's read-out of q[t] after its state update by k[t], v[t]
   Count              // number of op kinds (not an op)
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);
@@ -161,6 +164,8 @@ class Graph {
   // sequence's block table. Absent in single-sequence graphs, where the row is the position.
   int input_slots = -1;      // I32 [tokens]
   int input_kv_table = -1;   // I32 [tokens, max blocks per sequence]
+  // Recurrent layers of many sequences (a hybrid model's paged graph): each token's sequence's state row.
+  int input_state_rows = -1;  // I32 [tokens]
   int output_logits = -1;    // F32 [outputs, vocab]
   // Scratch tensors whose memory is never reused, so they can be read after a run (tests, debugging).
   std::vector<int> pinned;

@@ -36,6 +36,9 @@ constexpr ParamField kMoe[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k)};
 constexpr ParamField kMoeMatMul[] = {PYI_I32(moe, n_expert), PYI_I32(moe, k), PYI_I32(moe, gate_fn)};
 constexpr ParamField kQuantize[] = {PYI_I32(quantize, scheme)};
 constexpr ParamField kExpertFetch[] = {PYI_I32(expert_fetch, layer), PYI_I32(expert_fetch, prefetch)};
+constexpr ParamField kSsmConv[] = {PYI_I32(ssm_conv, silu)};
+constexpr ParamField kDeltaNet[] = {PYI_I32(delta_net, k_heads), PYI_I32(delta_net, v_heads),
+                                    PYI_I32(delta_net, head_dim), PYI_F32(delta_net, eps)};
 
 #undef PYI_I32
 #undef PYI_F32
@@ -73,6 +76,9 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::MoeCombine, "moe_combine", "MOE_COMBINE", {"experts", "route", "shared", "shared_gate"}, kMoe, count(kMoe)},
     {OpKind::ExpertFetch, "expert_fetch", "EXPERT_FETCH", {"route"}, kExpertFetch, count(kExpertFetch)},
     {OpKind::MoeRouteSplit, "moe_route_split", "MOE_ROUTE_SPLIT", {"route", "map"}, kMoe, count(kMoe)},
+    {OpKind::SsmConv, "ssm_conv", "SSM_CONV", {"x", "weight", "state", "positions", "rows"}, kSsmConv, count(kSsmConv)},
+    {OpKind::DeltaNet, "delta_net", "DELTA_NET", {"qkv", "beta", "alpha", "decay", "state", "positions", "rows"},
+     kDeltaNet, count(kDeltaNet)},
 };
 static_assert(sizeof(kSignatures) / sizeof(kSignatures[0]) == kOpKinds,
               "an op was added or removed: give it a row here, and a case in every backend's compute and supports");

@@ -22,8 +22,9 @@ enum class Activation : int32_t {
   ReLU2 = 3,     // squared ReLU on the gate (Primer, some ProSparse variants)
   DReLU = 4,     // ReLU on both gate and up (TurboSparse)
   SwigluOai = 5,  // gpt-oss: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)
+  Sigmoid = 6,    // an output gate, not an FFN: sigmoid(g) * u (Qwen3.5's gated attention)
 };
-constexpr int32_t kActivations = 6;
+constexpr int32_t kActivations = 7;
 
 // How RoPE pairs a head's elements: GGML's "normal" mode rotates adjacent pairs (the llama architecture,
 // whose converter permutes Q and K to match); NEOX mode rotates element i with i + head_dim / 2 (Gemma).
@@ -89,6 +90,17 @@ struct MoeCombineSrc { enum : int { experts = 0, route = 1, shared = 2, shared_g
 struct ExpertFetchSrc { enum : int { route = 0 }; };
 // `map`: I32 [1, n_expert of the route] -> this side's local expert id, or -1 (another side's).
 struct MoeRouteSplitSrc { enum : int { route = 0, map = 1 }; };
+// Linear-attention layers with a recurrent state (Qwen3.5's gated DeltaNet). `state`: F32 fixed rows, one per
+// sequence, read and rewritten in place by the node (the op's persistent memory, like a KV cache); a token at
+// position 0 starts its sequence's row from zeros. `rows` (optional): I32 [T], each token's state row (absent:
+// row 0, one sequence). Tokens of one sequence run in batch order, so a prompt is one recurrence.
+// SsmConv: `x` F32 [T, C] through a causal depthwise conv1d, `weight` F32 [C, K] (each channel's K taps, the
+// oldest first); the state row holds each channel's last K - 1 inputs ([C, K - 1]).
+struct SsmConvSrc { enum : int { x = 0, weight = 1, state = 2, positions = 3, rows = 4 }; };
+// DeltaNet: `qkv` F32 [T, 2 k_heads S + v_heads S] (q heads, k heads, v heads: the conv's output), `beta` and
+// `alpha` F32 [T, v_heads] (the per-head projections), `decay` F32 [2, v_heads] (row 0: dt bias, row 1: A, negative).
+// The state row holds v_heads S x S matrices, each stored by column (llama.cpp's layout).
+struct DeltaNetSrc { enum : int { qkv = 0, beta = 1, alpha = 2, decay = 3, state = 4, positions = 5, rows = 6 }; };
 
 // ---- scalar parameters -----------------------------------------------------------------------------
 struct GetRowsParams { float scale; };            // rows times scale (0: unscaled)
@@ -135,6 +147,10 @@ struct MoeParams { int32_t n_expert, k; GateFn gate_fn; };
 // Quantize: the scheme of the weights that read the copy (graph/dtype.h ActScheme; the graph builder sets it).
 struct QuantizeParams { int32_t scheme; };
 struct ExpertFetchParams { int32_t layer, prefetch; };  // prefetch 1: start reading, do not wait
+struct SsmConvParams { int32_t silu; };  // 1: SiLU of the conv's output
+// v head h reads q / k head h % k_heads (ggml's repeat); q and k are L2-normalised per head with `eps` as
+// llama.cpp's build_gdn_l2_norm does (rms_norm with eps / S, times 1 / sqrt(S)).
+struct DeltaNetParams { int32_t k_heads, v_heads, head_dim; float eps; };
 
 union OpParams {
   GetRowsParams get_rows;
@@ -151,6 +167,8 @@ union OpParams {
   MoeParams moe;
   ExpertFetchParams expert_fetch;
   QuantizeParams quantize;
+  SsmConvParams ssm_conv;
+  DeltaNetParams delta_net;
   OpParams() { std::memset(static_cast<void*>(this), 0, sizeof(*this)); }  // every field of every op: 0
 };
 

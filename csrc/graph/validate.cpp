@@ -52,6 +52,17 @@ struct NodeChecker {
       if (v[k] < 0 || (limit >= 0 && v[k] >= limit))
         fail(std::string(what) + " '" + x.name + "' holds " + std::to_string(v[k]) + ", out of range");
   }
+  // A recurrent op's state (fixed rows of F32 state, `want` values each, one per sequence), its positions and
+  // its optional per-token state rows (an input's rows are checked by the kernel as it reads them).
+  void recurrent_state(int state, int64_t want, int positions, int rows) const {
+    type(state, DType::F32);
+    const Tensor& s = t(state);
+    if (s.storage != Storage::State || s.view_of >= 0 || s.row_mode != RowMode::Fixed || s.rows < 1)
+      fail("the recurrent state '" + s.name + "' must be state of its own with fixed rows");
+    cols(state, want);
+    index_source(positions, -1, "positions");
+    if (rows >= 0) index_source(rows, s.rows, "state rows");
+  }
   // A constant that must be a permutation of [0, n).
   void permutation(int id, int64_t n, const char* what) const {
     type(id, DType::I32); cols(id, n);
@@ -91,7 +102,7 @@ struct NodeChecker {
 
 void Graph::validate() const {
   const size_t nt = tensors.size();
-  const int roles[] = {input_tokens, input_positions, input_out_ids, input_slots, input_kv_table};
+  const int roles[] = {input_tokens, input_positions, input_out_ids, input_slots, input_kv_table, input_state_rows};
   for (int r : roles) {
     if (r < -1 || r >= int(nt)) throw GraphError("a named input's tensor id is out of range");
     if (r >= 0 && (tensors[size_t(r)].storage != Storage::Input || tensors[size_t(r)].type != DType::I32))
@@ -495,6 +506,37 @@ void Graph::validate() const {
           c.fail("the map is one row, an entry per expert of the route");  // its entries are checked as read
         c.cols(n.dst, 2 * int64_t(P.k));
         if (d.row_mode != RowMode::Tokens || d.view_of >= 0) c.fail("a route has one row of its own per token");
+        break;
+      }
+      case OpKind::SsmConv: {
+        using S = SsmConvSrc;
+        c.type(n.dst, DType::F32); c.type(src[S::x], DType::F32); c.type(src[S::weight], DType::F32);
+        const Tensor& w = c.t(src[S::weight]);
+        c.cols(src[S::x], d.cols);
+        if (w.row_mode != RowMode::Fixed || w.rows != d.cols || w.cols < 2)
+          c.fail("the conv weight must be fixed rows, one per channel, of at least 2 taps");
+        c.recurrent_state(src[S::state], d.cols * (w.cols - 1), src[S::positions], src[S::rows]);
+        if (n.p.ssm_conv.silu != 0 && n.p.ssm_conv.silu != 1) c.fail("silu must be 0 or 1");
+        if (origin(n.dst) == origin(src[S::x])) c.fail("the conv cannot write its own input");
+        break;
+      }
+      case OpKind::DeltaNet: {
+        using S = DeltaNetSrc;
+        const auto& P = n.p.delta_net;
+        if (P.k_heads < 1 || P.v_heads < 1 || P.head_dim < 1 || P.v_heads % P.k_heads)
+          c.fail("v_heads must be a positive multiple of k_heads");
+        if (!(P.eps >= 0.f) || !std::isfinite(P.eps)) c.fail("eps must be finite and >= 0");
+        const int64_t s_dim = P.head_dim, hv = P.v_heads;
+        c.type(n.dst, DType::F32); c.cols(n.dst, hv * s_dim);
+        for (int k : {S::qkv, S::beta, S::alpha, S::decay}) c.type(src[k], DType::F32);
+        c.cols(src[S::qkv], (2 * int64_t(P.k_heads) + hv) * s_dim);
+        c.cols(src[S::beta], hv); c.cols(src[S::alpha], hv);
+        const Tensor& decay = c.t(src[S::decay]);
+        if (decay.row_mode != RowMode::Fixed || decay.rows != 2 || decay.cols != hv)
+          c.fail("decay must be two fixed rows (dt bias, A) of one value per v head");
+        c.recurrent_state(src[S::state], hv * s_dim * s_dim, src[S::positions], src[S::rows]);
+        for (int k : {S::qkv, S::beta, S::alpha})
+          if (origin(n.dst) == origin(src[k])) c.fail("the delta rule cannot write its own input");
         break;
       }
       default:

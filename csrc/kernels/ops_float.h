@@ -43,6 +43,7 @@ inline float gated_act(Activation a, float g, float u) {
       const float x = std::fmin(g, 7.f), y = std::fmin(std::fmax(u, -7.f), 7.f);
       return x / (1.f + std::exp(1.702f * -x)) * (y + 1.f);
     }
+    case Activation::Sigmoid: return u / (1.f + std::exp(-g));  // ggml's sigmoid, then the product
   }
   return 0.f;
 }

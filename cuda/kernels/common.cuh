@@ -44,6 +44,7 @@ __device__ __forceinline__ float gated(Activation a, float g, float u) {
       const float x = fminf(g, 7.f), y = fminf(fmaxf(u, -7.f), 7.f);
       return x / (1.f + expf(1.702f * -x)) * (y + 1.f);
     }
+    case Activation::Sigmoid: return u / (1.f + expf(-g));
   }
   return 0.f;
 }

@@ -15,6 +15,7 @@ class Activation(enum.IntEnum):
     RELU2 = 3       # squared ReLU on the gate
     DRELU = 4       # ReLU on gate and up: TurboSparse
     SWIGLU_OAI = 5  # gpt-oss: min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)
+    SIGMOID = 6     # an output gate, never an FFN's: sigmoid(g) * u (Qwen3.5's gated attention)
 
     @classmethod
     def parse(cls, name: str) -> Activation:
@@ -137,6 +138,35 @@ class LlamaConfig:
     # while its attention runs; and the layers that rotate no position (NoPE; SmallThinker's global layers).
     router_before_attention: bool = False
     nope_layers: tuple[bool, ...] = ()
+    # Qwen3.5's linear-attention layers (gated DeltaNet): per layer, whether it is one (its state is a fixed size per
+    # sequence, no KV cache); the conv's taps, the heads' size and the k and v head counts. And its full-attention
+    # layers' output gate (sigmoid of a second half of q's projection times the attention's output).
+    recurrent_layers: tuple[bool, ...] = ()
+    ssm_conv_kernel: int = 0
+    ssm_head_dim: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
+    attn_output_gate: bool = False
+
+    def is_recurrent(self, layer: int) -> bool:
+        """A linear-attention layer with a recurrent state instead of a KV cache (Qwen3.5's gated DeltaNet)."""
+        return bool(self.recurrent_layers) and self.recurrent_layers[layer]
+
+    @property
+    def ssm_conv_channels(self) -> int:
+        """The conv's channels: q and k heads, then v heads."""
+        return (2 * self.ssm_k_heads + self.ssm_v_heads) * self.ssm_head_dim
+
+    @property
+    def state_floats_per_sequence(self) -> int:
+        """F32 values of recurrent state one sequence holds across its layers (0: none), whatever its length."""
+        per_layer = (self.ssm_conv_kernel - 1) * self.ssm_conv_channels + self.ssm_v_heads * self.ssm_head_dim ** 2
+        return per_layer * sum(self.recurrent_layers)
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that keep a KV cache (all but the recurrent ones)."""
+        return self.n_layers - sum(self.recurrent_layers)
 
     @property
     def is_moe(self) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._core import DType
-from ..model.config import LlamaConfig
+from ..model.config import Activation, LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from .graph_builder import GraphBuilder, T
 
@@ -36,6 +36,10 @@ class ModelGraph:
     # (ModelGraph, x, weight name, node name) -> x @ W.T: how a layer's projections are computed, chosen outside
     # the model code (runtime/input_sparse.py); None: the dense matmul.
     projection: object = None
+    # Recurrent layers' state rows (runtime/recurrent.py): how many sequences hold one, and each token's (I32 [T];
+    # None: one sequence, row 0).
+    n_states: int = 1
+    state_rows: T | None = None
     _weights: dict[str, T] = field(default_factory=dict)
 
     # ---- weights --------------------------------------------------------------------------------------
@@ -80,14 +84,15 @@ class ModelGraph:
 
     def attention(self, h: T, il: int, qk_norm: bool = False, factors: T | None = None, rope_base: float | None = None,
                   window: int = 0, scale: float | None = None, freq_scale: float | None = None,
-                  qk_norm_rows: bool = False, sinks: bool = False, rope: bool = True) -> T:
+                  qk_norm_rows: bool = False, sinks: bool = False, rope: bool = True, output_gate: bool = False) -> T:
         """Self-attention of layer `il` on h (F32 [T, d_model]) to the output projection (F32 [T, d_model]):
         q, k, v (with their biases if present), per-head RMS norm of q and k (`qk_norm`), RoPE (the
         architecture's pairing, `factors` dividing each pair's frequency), the KV cache, causal attention
         (`window`: sliding-window layers) and the output projection. `rope_base` and `freq_scale`: this layer's
         (default: the model's). `qk_norm_rows`: q and k are each normalised as whole rows, not per head (OLMoE).
         `sinks`: the layer's attn_sinks.weight joins every row's softmax, one logit per head (gpt-oss). `rope`
-        False: positions are not rotated in (NoPE layers: SmallThinker's global ones)."""
+        False: positions are not rotated in (NoPE layers: SmallThinker's global ones). `output_gate`: the output is
+        times sigmoid of attn_q_gate's projection of h before its projection (Qwen3.5's gated attention)."""
         b, c, p = self.b, self.cfg, f"blk.{il}."
         q = self.linear(h, p + "attn_q.weight", "q", p + "attn_q.bias")  # F32 [T, n_heads * head_dim]
         k = self.linear(h, p + "attn_k.weight", "k", p + "attn_k.bias")  # F32 [T, n_kv_heads * head_dim]
@@ -109,7 +114,16 @@ class ModelGraph:
         o = b.attention(q, k_cache, v_cache, self.positions, c.n_heads, c.n_kv_heads, c.head_dim, "attn",
                         self.kv_table, self.block_size, window=window, scale=scale,
                         sinks=self.w(p + "attn_sinks.weight") if sinks else None)
+        if output_gate:
+            o = b.gated_mul(self.linear(h, p + "attn_q_gate.weight", "q_gate"), o, out=o, act=Activation.SIGMOID)
         return self.linear(o, p + "attn_output.weight", "attn_out", p + "attn_output.bias")  # F32 [T, d_model]
+
+    def linear_attention(self, h: T, il: int) -> T:
+        """Layer `il`'s gated DeltaNet (Qwen3.5's linear attention) on h (F32 [T, d_model]) to its output
+        projection: runtime/recurrent.py."""
+        from .recurrent import gated_delta_net
+
+        return gated_delta_net(self, h, il)
 
     def latent_attention(self, h: T, il: int) -> T:
         """DeepSeek-V2's multi-head latent attention of layer `il` (llama.cpp's deepseek2 graph, absorbed form), h

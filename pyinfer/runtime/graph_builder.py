@@ -319,6 +319,26 @@ class GraphBuilder:
         return self._node(Op.MOE_COMBINE, dst, {"experts": experts, "route": route, "shared": shared,
                                                 "shared_gate": shared_gate}, {"n_expert": 0, "k": k})
 
+    # ---- recurrent layers (op_params.h: one state row per sequence, reset at position 0) ------------------
+    def ssm_conv(self, x: T, weight: T, state: T, positions: T, name: str, rows: T | None = None,
+                 silu: bool = True) -> T:
+        """F32 [T, C]: each channel of x (F32 [T, C]) through its causal conv1d (`weight` F32 [C, K], oldest tap
+        first) over its last K inputs, kept in `state` (F32 state [sequences, C * (K - 1)]; `rows`: each token's
+        row, else row 0); SiLU of the result with `silu`."""
+        return self._node(Op.SSM_CONV, self.activation(name, x.cols, rows=x.rows),
+                          {"x": x, "weight": weight, "state": state, "positions": positions, "rows": rows},
+                          {"silu": int(silu)})
+
+    def delta_net(self, qkv: T, beta: T, alpha: T, decay: T, state: T, positions: T, k_heads: int, v_heads: int,
+                  head_dim: int, eps: float, name: str, rows: T | None = None) -> T:
+        """F32 [T, v_heads * head_dim]: the gated delta rule (Qwen3.5's linear attention) over `qkv` (the conv's
+        output: q heads, k heads, v heads), `beta` and `alpha` (F32 [T, v_heads]) and `decay` (F32 [2, v_heads]:
+        dt bias, A), each sequence's S x S matrices per head in `state` (F32 state [sequences, v_heads S S])."""
+        return self._node(Op.DELTA_NET, self.activation(name, v_heads * head_dim, rows=qkv.rows),
+                          {"qkv": qkv, "beta": beta, "alpha": alpha, "decay": decay, "state": state,
+                           "positions": positions, "rows": rows},
+                          {"k_heads": k_heads, "v_heads": v_heads, "head_dim": head_dim, "eps": eps})
+
     def select_rows(self, x: T, row_ids: T, name: str) -> T:
         return self._node(Op.SELECT_ROWS, self.activation(name, x.cols, rows=row_ids.rows), {"x": x, "rows": row_ids})
 

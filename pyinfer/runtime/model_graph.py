@@ -25,11 +25,13 @@ CACHE_TYPES = {"f16": DType.F16, "q8_0": DType.Q8_0, "f32": DType.F32}
 def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsity: SparsityPlan | None = None,
                       runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
                       paged: tuple[int, int] | None = None, cache_type: str = "f16", offload=None,
-                      placement: Placement | None = None, experts=None, expert_cuts=None) -> GraphBuilder:
+                      placement: Placement | None = None, experts=None, expert_cuts=None,
+                      states: int = 1) -> GraphBuilder:
     """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
-    in blocks (continuous batching); each run then also takes every token's KV slot and block table.
+    in blocks (continuous batching); each run then also takes every token's KV slot and block table, and for a model
+    with recurrent layers (Qwen 3.5) every token's state row, of `states` rows (one per sequence that may run).
     `cache_type`: "f16", "q8_0" (llama.cpp's -ctk/-ctv q8_0: half the bytes per cached token) or "f32" (twice;
     attention reads keys and values unrounded: what llama.cpp computes with -ctk f32 -ctv f32).
     `offload`: an offload.OffloadedFfn (with `sparsity`): the FFN rows come from its neuron store.
@@ -58,13 +60,20 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         slots = b.input("slots")                        # I32 [T]: cache row each token's K/V goes to
         kv_table = b.input("kv_table", cols=max_blocks)  # I32 [T, max_blocks]: its sequence's blocks
         b.graph.input_slots, b.graph.input_kv_table = slots.id, kv_table.id
+    state_rows = None
+    if paged is not None and cfg.recurrent_layers:
+        if states < 1:
+            raise ValueError("a paged graph of a model with recurrent layers needs states >= 1")
+        state_rows = b.input("state_rows")              # I32 [T]: its sequence's recurrent state row
+        b.graph.input_state_rows = state_rows.id
 
     def weight_source(name: str, data):
         return data if offload is None else offload.resident_copy(name, data)
 
     ffn = choose_ffn(sparsity, runs, down_type, offload, placement, record, experts, expert_cuts)
     m = ModelGraph(b, gguf, cfg, n_ctx, weight_source, ffn, positions, slots, kv_table, block_size,
-                   CACHE_TYPES[cache_type], seq_ctx=block_size * paged[1] if paged else n_ctx)
+                   CACHE_TYPES[cache_type], seq_ctx=block_size * paged[1] if paged else n_ctx,
+                   n_states=states if state_rows is not None else 1, state_rows=state_rows)
     if record:
         m.projection = RecordedInputs()
     elif sparsity is not None and sparsity.mode == "input":

@@ -6,15 +6,18 @@ weights inside GraphBuilder.weights_on(backend), and then, in node order,
   2. a node that reads a weight runs where its weight lives (the CPU's FFN neurons on the CPU, attention and
      the device's neurons on the device, the embedding lookup on the CPU, the head where the placement put it);
   3. any other node runs on the device if one of its inputs lives there, else on the CPU (the residual stream
-     moves to the device at the first add, the device's active lists stay with its predictor).
+     moves to the device at the first add, the device's active lists stay with its predictor);
+but the recurrent layers' conv and delta rule run on the CPU, beside the per-sequence state they rewrite in place.
 No model code places anything."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .._core import Op
 from .graph_builder import GraphBuilder
 
 CPU = 0
+HOST_STATE_OPS = (Op.SSM_CONV, Op.DELTA_NET)  # they rewrite a state that lives in host memory (no dst of theirs)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ def assign_split(b: GraphBuilder, device: int) -> None:
     for node, (dst, srcs) in enumerate(zip(b.node_dst, b.node_srcs)):
         dst, srcs = b.origin(dst), [b.origin(s) for s in srcs]
         weights = [b.weight_home[s] for s in srcs if s in b.weight_home]
-        if dst in home:
+        if b.node_ops[node][0] in HOST_STATE_OPS:
+            backend = CPU
+        elif dst in home:
             backend = home[dst]
         elif weights:
             backend = device if device in weights else CPU

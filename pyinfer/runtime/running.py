@@ -53,16 +53,17 @@ class ModelParts:
 
 
 def build_running(parts: ModelParts, n_ctx: int, max_tokens: int, runs: SparseRuns,
-                  paged: tuple[int, int] | None = None) -> RunningModel:
+                  paged: tuple[int, int] | None = None, states: int = 1) -> RunningModel:
     """The one place a graph and its engine are made from a model's parts (Session.build, BatchEngine, the auto
-    choice's engines). `paged`: (block size, max blocks per sequence) for a server's paged KV cache."""
+    choice's engines). `paged`: (block size, max blocks per sequence) for a server's paged KV cache; `states`: its
+    recurrent state rows (a model with recurrent layers: one per sequence that may run at once)."""
     p = parts
     kind, index = parse_device(p.device)
     try:  # a weight whose shape disagrees with the metadata is refused by the graph: one line
         b = build_model_graph(p.gguf, p.config, n_ctx, p.sparsity, runs, down_type=p.neuron_down, paged=paged,
                               cache_type=p.cache_type, offload=p.offload,
                               placement=p.placement, experts=p.experts,
-                              expert_cuts=p.expert_cuts)
+                              expert_cuts=p.expert_cuts, states=states)
         engine = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=p.n_threads,
                               isa=p.isa, **engine_backends(kind, index, p.n_threads, b.placement))
     except ValueError as e:
@@ -78,12 +79,12 @@ class RunningModel:
     union_ids: list[int]
     ffn_nodes: list[range] = field(default_factory=list)  # per layer: its FFN's node ids
 
-    def run(self, n_tokens: int, tokens, positions, out_rows, slots=None, kv_table=None) -> None:
+    def run(self, n_tokens: int, tokens, positions, out_rows, slots=None, kv_table=None, state_rows=None) -> None:
         try:
             if slots is None:
                 self.engine.run(n_tokens, tokens, positions, out_rows)
             else:
-                self.engine.run(n_tokens, tokens, positions, out_rows, slots, kv_table)
+                self.engine.run(n_tokens, tokens, positions, out_rows, slots, kv_table, state_rows)
         except ValueError as e:  # the engine refused the input (one line, as every user error)
             raise PyinferError(str(e)) from None
 

@@ -4,13 +4,19 @@ The cache holds num_blocks * block_size token rows shared by all sequences; a se
 in the blocks of its block table (the scheduler's BlockManager hands out the ids, in integers). One
 step feeds every running sequence's new tokens: a whole prompt for a newly admitted request, one
 token for a decoding one. Steps longer than max_batch_tokens are cut into consecutive runs, in
-order, so a long prompt is prefilled in chunks within the step."""
+order, so a long prompt is prefilled in chunks within the step.
+
+A model with recurrent layers (Qwen 3.5's linear attention) also keeps a fixed-size state per sequence, in rows of
+its own: a sequence takes a row when it starts (position 0: the row starts from zeros), keeps it while it runs and
+gives it back through release() (finished, cancelled or evicted; an evicted sequence starts again from position 0).
+The scheduler charges each sequence `state_blocks` KV blocks for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from .._core import DType, row_bytes
 from ..errors import PyinferError
 from ..runtime.running import ModelParts, build_running
 from ..runtime.sampling import token_logprob
@@ -26,6 +32,20 @@ class SeqWork:
     score: int | None = None  # score each of its tokens after the first: with this many alternatives (echo)
 
 
+MAX_STATE_ROWS = 256  # sequences of a hybrid model that may run at once (rows are mapped lazily: unused ones cost nothing)
+
+
+def state_blocks(cfg, cache_type: str, block_size: int) -> int:
+    """KV blocks whose bytes one sequence's recurrent state takes (0 without recurrent layers): what the scheduler
+    charges a hybrid model's sequence beside its tokens."""
+    if not cfg.recurrent_layers:
+        return 0
+    from ..runtime.model_graph import CACHE_TYPES
+
+    per_token = cfg.attention_layers * cfg.kv_values_per_token * row_bytes(CACHE_TYPES[cache_type], 32) / 32
+    return max(1, -(-int(-(-cfg.state_floats_per_sequence * 4 // per_token)) // block_size))
+
+
 class BatchEngine:
     def __init__(self, parts: ModelParts, num_blocks: int, block_size: int, max_seq_len: int,
                  max_batch_tokens: int = 512, runs: SparseRuns = SparseRuns()):
@@ -37,8 +57,12 @@ class BatchEngine:
         self.cfg, self.block_size, self.num_blocks = parts.config, block_size, num_blocks
         self.max_blocks = -(-max_seq_len // block_size)
         self.max_batch_tokens = max_batch_tokens
+        self.state_blocks = state_blocks(parts.config, parts.cache_type, block_size)
+        n_states = max(1, min(num_blocks // self.state_blocks, MAX_STATE_ROWS)) if self.state_blocks else 0
+        self._state_of: dict[int, int] = {}                     # seq_id -> its state row
+        self._free_states = list(range(n_states - 1, -1, -1))  # a stack: low rows first
         self.running = build_running(parts, num_blocks * block_size, max_batch_tokens, runs,
-                                     (block_size, self.max_blocks))
+                                     (block_size, self.max_blocks), states=max(n_states, 1))
         self.engine = self.running.engine
         self.scores: dict[int, list] = {}  # the last step's scored tokens, by sequence (see step)
 
@@ -48,6 +72,22 @@ class BatchEngine:
         """The server's engine for a session's model: many sequences over a paged KV cache of num_blocks *
         block_size rows."""
         return cls(session.parts(), num_blocks, block_size, max_seq_len, max_batch_tokens, runs)
+
+    def release(self, seq_id: int) -> None:
+        """The sequence's state row goes back to the pool (it finished, was cancelled or evicted); no-op otherwise."""
+        row = self._state_of.pop(seq_id, None)
+        if row is not None:
+            self._free_states.append(row)
+
+    def _state_row(self, w: SeqWork) -> int:
+        row = self._state_of.get(w.seq_id)
+        if row is None:
+            if w.start != 0:
+                raise PyinferError(f"sequence {w.seq_id}: a recurrent state starts at position 0, not {w.start}")
+            if not self._free_states:
+                raise PyinferError(f"sequence {w.seq_id}: every one of the {len(self._state_of)} state rows is in use")
+            row = self._state_of[w.seq_id] = self._free_states.pop()
+        return row
 
     def sparse_layers(self) -> float:
         """Share of FFN layers that took the sparse path in the last run (0 without a sparsity plan)."""
@@ -74,6 +114,7 @@ class BatchEngine:
         with `score` also has its tokens after the first scored by the logits before them (the prompt's
         log-probabilities, `echo`): self.scores[seq_id] = [runtime.sampling.token_logprob(...), ...], this step's."""
         self._check_blocks(work)
+        rows_of = {w.seq_id: self._state_row(w) for w in work} if self.state_blocks else {}
         feed = [(w, i) for w in work for i in range(len(w.tokens))]
         out: dict[int, np.ndarray] = {}
         self.scores = {}
@@ -84,6 +125,7 @@ class BatchEngine:
             positions = np.empty(n, np.int32)
             slots = np.empty(n, np.int32)
             table = np.zeros((n, self.max_blocks), np.int32)
+            states = np.array([rows_of[w.seq_id] for w, _ in chunk], np.int32) if rows_of else None
             out_rows, out_of = [], []
             for row, (w, i) in enumerate(chunk):
                 pos = w.start + i
@@ -93,7 +135,7 @@ class BatchEngine:
                 if i == len(w.tokens) - 1 or w.score is not None:
                     out_rows.append(row)
                     out_of.append((w, i))
-            self.running.run(n, tokens, positions, np.asarray(out_rows, np.int32), slots, table)
+            self.running.run(n, tokens, positions, np.asarray(out_rows, np.int32), slots, table, states)
             if out_rows:
                 logits = self.running.logits()
                 for k, (w, i) in enumerate(out_of):

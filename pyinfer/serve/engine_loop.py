@@ -60,7 +60,8 @@ class EngineStopped(PyinferError):
 class EngineLoop:
     def __init__(self, batch: BatchEngine, policy: str, kv_budget: int, eos_ids: set[int], seed: int = 0):
         self.batch, self.eos_ids = batch, eos_ids
-        self.sched = Scheduler(make_policy(policy, seed), kv_budget, batch.block_size, keep_finished=0)
+        self.sched = Scheduler(make_policy(policy, seed), kv_budget, batch.block_size, keep_finished=0,
+                               state_blocks=batch.state_blocks)
         self.policy_name, self.kv_budget = policy, kv_budget
         self.lengths = LengthPredictor()
         self._lock = threading.Condition()
@@ -198,6 +199,8 @@ class EngineLoop:
         out = self.sched.schedule()                                            # schedule()
         self.stats["steps_total"] += 1
         self.stats["evictions_total"] += len(out.evicted)
+        for rid in out.evicted:  # recomputed from position 0 when readmitted: its recurrent state row goes back
+            self.batch.release(rid)
         self.stats["kv_peak_tokens"] = max(self.stats["kv_peak_tokens"], self.sched.kv_tokens_reserved)
         if not out.running:
             return
@@ -289,6 +292,7 @@ class EngineLoop:
         return out
 
     def _finish(self, rid: int, kind: str, payload) -> None:
+        self.batch.release(rid)
         req = self._live.pop(rid, None)
         if req is not None and kind != "cancelled":
             req.emit(kind, payload)

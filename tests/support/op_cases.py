@@ -542,17 +542,67 @@ def moe_route_split(b, rng):
     return Case([part], [want], n, rtol=1e-5, atol=1e-6)
 
 
+def _sequences(b):
+    """Two sequences interleaved in one batch (A0 B0 A1 B1 A2 B2 A3), each starting at position 0 in a state row of
+    its own (1 and 0; row 2 unused): the row each token reads, and the per-sequence token indices."""
+    seq = np.array([0, 1, 0, 1, 0, 1, 0])
+    pos = np.array([0, 0, 1, 1, 2, 2, 3])
+    P = i32(b, "p", pos[:, None])
+    R = i32(b, "r", (1 - seq)[:, None])
+    return P, R, [np.flatnonzero(seq == s) for s in (0, 1)]
+
+
+def ssm_conv(b, rng):
+    """Qwen3.5's causal conv1d, two interleaved sequences in rows of their own (a tail of channels past 16)."""
+    from .reference_recurrent import ssm_conv as conv_ref
+
+    C, K = 37, 4
+    P, R, seqs = _sequences(b)
+    X, x = f32(b, rng, "x", 7, C)
+    W, w = f32(b, rng, "w", C, K, 0.5)
+    y = b.ssm_conv(X, W, b.state("conv", C * (K - 1), 3, DType.F32), P, "y", rows=R)
+    want = np.zeros((7, C))
+    for idx in seqs:
+        want[idx] = conv_ref(x[idx], w)
+    return Case([y], [want], 7, rtol=1e-5, atol=1e-6)
+
+
+def delta_net(b, rng):
+    """The gated delta rule: 2 k heads read by 4 v heads (h % 2), two interleaved sequences in rows of their own."""
+    from .reference_recurrent import delta_net as delta_ref
+
+    hk, hv, S, eps = 2, 4, 16, 1e-6
+    P, R, seqs = _sequences(b)
+    Q, qkv = f32(b, rng, "qkv", 7, (2 * hk + hv) * S)
+    B, beta = f32(b, rng, "beta", 7, hv)
+    A, alpha = f32(b, rng, "alpha", 7, hv)
+    decay = np.stack([rng.standard_normal(hv), -np.exp(rng.standard_normal(hv))]).astype(np.float32)
+    D = b.weight("decay", F32, hv, 2, decay)
+    o = b.delta_net(Q, B, A, D, b.state("s", hv * S * S, 3, DType.F32), P, hk, hv, S, eps, "o", rows=R)
+    want = np.zeros((7, hv * S))
+    for idx in seqs:
+        want[idx] = delta_ref(qkv[idx], beta[idx], alpha[idx], decay[0], decay[1], hk, hv, S, eps)
+    return Case([o], [want], 7, rtol=1e-4, atol=1e-5)
+
+
+def sigmoid_mul(b, rng):
+    """Qwen3.5's attention output gate: sigmoid(g) * u."""
+    G, g = f32(b, rng, "g", 3, 203, 4.0)
+    U, u = f32(b, rng, "u", 3, 203)
+    return Case([b.gated_mul(G, U, name="m", act=int(Activation.SIGMOID))], [u / (1 + np.exp(-g))], 3, atol=1e-6)
+
+
 CASES: dict[Op, list[Callable]] = {
     Op.GET_ROWS: [get_rows], Op.RMS_NORM: [rms_norm],
     Op.QUANTIZE: [quantize, _quantize_as(Q.Q8_0, "q8_0"), _quantize_as(Q.Q4_1, "q8_1"), _quantize_as(Q.Q4_K, "q8_k"),
                   _quantize_as(Q.IQ2_XXS, "q8_k")],
     Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
-    Op.ROPE: [rope, rope_partial, rope_yarn], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention, attention_sinks, attention_mla, attention_mla_decode], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul, swiglu_oai_mul],
+    Op.ROPE: [rope, rope_partial, rope_yarn], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention, attention_sinks, attention_mla, attention_mla_decode], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul, swiglu_oai_mul, sigmoid_mul],
     Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set],
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
     Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route, moe_route_grouped],
     Op.MOE_MAT_MUL: [moe_mat_mul, moe_mat_mul_bias, moe_mat_mul_per_head], Op.MOE_COMBINE: [moe_combine], Op.EXPERT_FETCH: [expert_fetch],
-    Op.MOE_ROUTE_SPLIT: [moe_route_split],
+    Op.MOE_ROUTE_SPLIT: [moe_route_split], Op.SSM_CONV: [ssm_conv], Op.DELTA_NET: [delta_net],
 }
 # Cases no device runs: the active union is a guard's decision, read on the host; offload's fetches run on the CPU;
 # the copy case places its own nodes.
@@ -560,7 +610,9 @@ HOST_ONLY = {active_union, neuron_fetch, expert_fetch, copy}
 ALL = [pytest.param(op, case, id=f"{op.name.lower()}-{case.__name__}") for op, cases in CASES.items() for case in cases]
 # Cases CUDA's `supports` refuses (their nodes stay on the CPU there): MLA's attention and the per-head matmul.
 ON_DEVICES = [p for p in ALL if p.values[1] not in HOST_ONLY]
-ON_CUDA = ON_DEVICES  # every device op has its CUDA kernel (MLA's and the per-head matmul's included)
+# Every device op has its CUDA kernel (MLA's and the per-head matmul's included) but the recurrent ones, which run
+# on the CPU beside their state (runtime/placement.py).
+ON_CUDA = [p for p in ON_DEVICES if p.values[1] not in (ssm_conv, delta_net)]
 
 
 def run_case(case: Callable, isa: str = "auto", device: str | None = None):

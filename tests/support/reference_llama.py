@@ -265,6 +265,10 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
     attn_out, ffn_in, ffn_mid; the last also given the gate's pre-activation). `cache_fp16`: keys and values rounded
     to fp16 as the engine's KV cache holds them (models whose un-normed router amplifies that rounding:
     SmallThinker's)."""
+    if f.architecture in ("qwen35", "qwen35moe"):  # linear-attention layers: their own reference
+        from .reference_recurrent import qwen35_logits
+
+        return qwen35_logits(f, tokens, margins)
     if input_cut is None:
         def input_cut(il, site, x, gate=None):
             return x

@@ -13,8 +13,22 @@
 #include "kernels/act_quant.h"
 #include "kernels/attention.h"
 #include "kernels/ops_float.h"
+#include "kernels/recurrent.h"
 
 namespace pyinfer {
+
+namespace {
+
+// A recurrent node's state rows: each token's (the `rows` source, else row 0) and its position (0 resets).
+RecurrentRows recurrent_rows(const Graph& g, const Tensor& state, int positions, int rows) {
+  RecurrentRows r;
+  r.positions = static_cast<const int32_t*>(g.tensors[size_t(positions)].data);
+  r.rows = rows >= 0 ? static_cast<const int32_t*>(g.tensors[size_t(rows)].data) : nullptr;
+  r.n_rows = state.rows;
+  return r;
+}
+
+}  // namespace
 
 struct CpuBackend::Job {
   CpuBackend* self;
@@ -32,6 +46,8 @@ CpuBackend::CpuBackend(const Graph& graph, int n_threads, const std::string& isa
       const AttentionParams& p = n.p.attention;
       scratch_per_thread_ = std::max(scratch_per_thread_, attention_thread_floats(p.heads, p.kv_heads, p.head_dim));
       widest_head = std::max(widest_head, p.head_dim);
+    } else if (n.op == OpKind::DeltaNet) {
+      scratch_per_thread_ = std::max(scratch_per_thread_, delta_net_scratch_floats(n.p.delta_net.head_dim));
     }
   scratch_per_thread_ = (scratch_per_thread_ + 15) / 16 * 16;  // keep each thread's slice on its own lines
   scratch_.assign(size_t(scratch_per_thread_ * pool_.size()), 0.f);
@@ -205,6 +221,35 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
                                          max_neurons_, neuron_dense_.data() + ith * max_neurons_});
     }
     case OpKind::MoeRoute: return cpu_moe_route(g, n, shape, ith, nth);
+    case OpKind::SsmConv: {  // channels split between threads, tokens in order (recurrent.h)
+      using S = SsmConvSrc;
+      const Tensor& w = g.tensors[size_t(n.src[S::weight])];
+      const Tensor& st = g.tensors[size_t(n.src[S::state])];
+      SsmConvArgs a{static_cast<const float*>(s0->data), f32_stride(*s0), static_cast<const float*>(w.data),
+                    f32_stride(w), w.cols, static_cast<float*>(st.data), f32_stride(st),
+                    static_cast<float*>(dst.data), f32_stride(dst), rows, n.p.ssm_conv.silu != 0};
+      thread_share(dst.cols, ith, nth, 16, r0, r1);
+      if (r0 < r1) ssm_conv(a, recurrent_rows(g, st, n.src[S::positions], n.src[S::rows]), r0, r1);
+      return;
+    }
+    case OpKind::DeltaNet: {  // v heads split between threads, tokens in order
+      using S = DeltaNetSrc;
+      const DeltaNetParams& p = n.p.delta_net;
+      const Tensor& beta = g.tensors[size_t(n.src[S::beta])];
+      const Tensor& alpha = g.tensors[size_t(n.src[S::alpha])];
+      const Tensor& decay = g.tensors[size_t(n.src[S::decay])];
+      const Tensor& st = g.tensors[size_t(n.src[S::state])];
+      const auto* dt = static_cast<const float*>(decay.data);
+      DeltaNetArgs a{static_cast<const float*>(s0->data), f32_stride(*s0), static_cast<const float*>(beta.data),
+                     f32_stride(beta), static_cast<const float*>(alpha.data), f32_stride(alpha), dt,
+                     dt + f32_stride(decay), static_cast<float*>(st.data), f32_stride(st),
+                     static_cast<float*>(dst.data), f32_stride(dst), rows, p.k_heads, p.v_heads, p.head_dim, p.eps};
+      thread_share(p.v_heads, ith, nth, 1, r0, r1);
+      if (r0 < r1)
+        delta_net(a, recurrent_rows(g, st, n.src[S::positions], n.src[S::rows]), int(r0), int(r1),
+                  scratch_.data() + ith * scratch_per_thread_);
+      return;
+    }
     case OpKind::ExpertFetch:
       if (ith == 0) {
         if (!experts_) throw GraphError("the graph reads offloaded experts but no expert store is attached");

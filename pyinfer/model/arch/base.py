@@ -75,7 +75,7 @@ class Architecture:
         return dict(
             n_layers=self.trunk_layers(f),
             d_model=d_model,
-            d_ff=int(f.require(p + "feed_forward_length")),
+            d_ff=self.ffn_width(f),
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
@@ -92,6 +92,10 @@ class Architecture:
             rope_dims=0 if rope_dims == head_dim else rope_dims,
             **self.yarn_hparams(f, rope_dims, float(f.get(p + "rope.freq_base", 10000.0))),
         )
+
+    def ffn_width(self, f: GGUFModelFile) -> int:
+        """A dense FFN's neurons (feed_forward_length)."""
+        return int(f.require(self.name + ".feed_forward_length"))
 
     def moe_hparams(self, f: GGUFModelFile, norm: bool = True, shared: bool = False,
                     width_key: str = "expert_feed_forward_length", shared_gated: bool = True,
