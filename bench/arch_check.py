@@ -63,6 +63,8 @@ CASES = [
      "partial M-RoPE 16 of 64)"),
     ("qwen35moe", "qwen35moe", "ggml-vocab-qwen35.gguf", "qwen35's layers with experts: softmax top-2 of 8 "
      "renormalized and a sigmoid-gated shared expert"),
+    ("qwen3next", "qwen3next", "ggml-vocab-qwen35.gguf", "qwen35moe's layers with value head h reading key head "
+     "h / 2 (repeat-interleave), beta and alpha fused in ssm_ba, plain NEOX RoPE"),
     ("smallthinker (sigmoid, no window)", "smallthinker-sigmoid", "ggml-vocab-qwen2.gguf", "sigmoid routing, every "
      "layer global with RoPE"),
 ]
@@ -80,10 +82,11 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
                              w.add_float32("gemma3.rope.scaling.factor", 8.0))) if kind.endswith("linear8") else None
         return write_tiny_gemma3(path, seed=3, types=f32, extra=scaled)
     hd = 128 if kind in ("qwen3", "qwen3moe") else 64
-    if kind.startswith("qwen35"):
+    if kind.startswith("qwen35") or kind == "qwen3next":
         from support.tiny_hybrid import write_tiny_qwen35
 
         return write_tiny_qwen35(path, seed=len(kind), vocab_from=vocab, moe=kind == "qwen35moe",
+                                 arch="qwen3next" if kind == "qwen3next" else "qwen35",
                                  config=dict(SHAPE, n_layers=4, head_dim=hd, rope_dims=16, sections=(3, 3, 2, 0),
                                              ssm_head_dim=32, ssm_k_heads=2, ssm_v_heads=4, **MOE))
     if kind.startswith("deepseek2"):  # query heads 64 + 32, a latent of 128 (+ 32 rotary), value heads 64
@@ -129,6 +132,14 @@ def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int, kv: str =
         clear = np.setdiff1d(np.arange(len(ids)), near)
         rows[0]["routing_near_ties"] = near.tolist()
         rows[0]["pyinfer_vs_llamacpp_clear_routing"] = distance(ours[clear], ref[clear])
+    if f32.config.recurrent_layers:  # a recurrent state: the prompt's half in one run, then one token at a time
+        half = n_ids // 2
+        m = pyinfer.load(str(src), n_threads=2, n_ctx=128, progress=False, cache_type=kv)
+        steps = [m.forward(ids[:half], 0, np.arange(half))] + [m.forward([t], half + i, np.array([0]))
+                                                              for i, t in enumerate(ids[half:])]
+        rows.append({"arch": name, "kind": kind, "file": "F32 decode", "vocab": vocab_name, "quantization_noise": None,
+                     "pyinfer_vs_llamacpp": distance(np.concatenate(steps).astype(np.float64),
+                                                     llamacpp_logits(str(src), ids, kv, prompt=half))})
     for ft, code in dict(FTYPES, **({"MXFP4_MOE": 38} if kind == "gpt-oss" else {})).items():  # gpt-oss ships MXFP4
         rows.append({"arch": name, "kind": kind, "file": ft, "vocab": vocab_name,
                      **quantized_by_llamacpp(src, tmp / f"{kind}-{ft}.gguf", ft, code, ids, ref, kv)})
@@ -161,7 +172,7 @@ def main() -> int:
         for f in tmp.glob(f"{kind}-*.gguf"):
             f.unlink()
     order = [c[1] for c in CASES]
-    rows.sort(key=lambda r: (order.index(r["kind"]), ["F32", *FTYPES, "MXFP4_MOE"].index(r["file"])))
+    rows.sort(key=lambda r: (order.index(r["kind"]), ["F32", "F32 decode", *FTYPES, "MXFP4_MOE"].index(r["file"])))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps({"tokens": args.tokens, "shape": SHAPE, "cache_type": kv, "rows": rows},
                                                         indent=1))

@@ -34,13 +34,19 @@ FTYPES = {"Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}  # llama_ftype
 LLAMACPP_CACHE = {"f16": 1, "f32": 0}
 
 
-def llamacpp_logits(path: str, ids: list[int], cache_type: str = "f16") -> np.ndarray:
+def llamacpp_logits(path: str, ids: list[int], cache_type: str = "f16", prompt: int = 0) -> np.ndarray:
     """llama.cpp's logits at every position; `cache_type` f32 keeps its attention unrounded (its f16 cache rounds
-    q and the softmax to fp16 as well: llama.cpp against itself moves 5-7% on a tiny quantized LLaMA)."""
+    q and the softmax to fp16 as well: llama.cpp against itself moves 5-7% on a tiny quantized LLaMA). `prompt` > 0:
+    the first `prompt` ids in one batch, then every other one alone (decode steps)."""
     t = LLAMACPP_CACHE[cache_type]
     ll = LlamaCpp(path, 2, 128, logits_all=True, type_k=t, type_v=t)
     ll.llm.reset()
-    ll.llm.eval(ids)
+    if prompt:
+        ll.llm.eval(ids[:prompt])
+        for tok in ids[prompt:]:
+            ll.llm.eval([tok])
+    else:
+        ll.llm.eval(ids)
     return np.asarray(ll.llm.scores[:len(ids)], dtype=np.float64)
 
 

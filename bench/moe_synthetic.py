@@ -57,8 +57,14 @@ SHAPES = {  # --family: the model shapes written (random weights, the type mix t
     "smallthinker": {"n_layers": 52, "d_model": 2560, "n_heads": 28, "n_kv_heads": 4, "head_dim": 128, "n_expert": 64,
                      "n_expert_used": 6, "d_ff_expert": 768, "vocab": 151936},
 }
+# Qwen3.5-35B-A3B's class (an assumption where its config is not at hand: Qwen3-Next's layout at 40 layers, d 2048): three
+# of every four layers gated DeltaNet (16 key and 32 value heads of 128, a conv of 4), the fourth gated attention (16
+# heads of 256, 2 KV heads, 64 rotary values); 256 experts of 512, 8 per token, and a gated shared expert of 512
+SHAPES["qwen35moe"] = {"n_layers": 40, "d_model": 2048, "n_heads": 16, "n_kv_heads": 2, "head_dim": 256,
+                       "n_expert": 256, "n_expert_used": 8, "d_ff_expert": 512, "vocab": 248320, "d_ff_shared": 512,
+                       "ssm_head": 128, "k_heads": 16, "v_heads": 32, "conv": 4, "rope_dims": 64}
 SHAPE = SHAPES["qwen3moe"]
-SHAPE_NAMES = {"qwen3moe": "Qwen3-30B-A3B", "gpt-oss": "gpt-oss-20b", "glm4moe": "GLM-4.5-Air (8-layer slice)",
+SHAPE_NAMES = {"qwen35moe": "Qwen3.5-35B-A3B (class)", "qwen3moe": "Qwen3-30B-A3B", "gpt-oss": "gpt-oss-20b", "glm4moe": "GLM-4.5-Air (8-layer slice)",
                "deepseek2": "DeepSeek-V2-Lite", "smallthinker": "SmallThinker-21B-A3B"}
 CLASSES = 2048            # routing classes: token id mod CLASSES (one axis of d_model each)
 ALPHA, REUSE = 1.0, 0.3   # popularity skew per layer; chance a token keeps each of the previous token's experts
@@ -421,6 +427,78 @@ def write_smallthinker(path: Path, seed: int = 0) -> None:
     write_plan(w, plan)
 
 
+def write_qwen35moe(path: Path, seed: int = 0) -> None:
+    """Qwen3.5-35B-A3B's class under the routing process: the DeltaNet layers (their conv and delta rule computing on
+    random Q8_0 projections), the attention layers, the experts and the shared expert all write exact zeros (zero
+    scales on ssm_out, attn_output and the downs); the router (softmax, on the normed class axis) and head carry the
+    class chain."""
+    from gguf import GGMLQuantizationType as Q
+
+    c = SHAPE
+    d, n, ff, V, hd = c["d_model"], c["n_expert"], c["d_ff_expert"], c["vocab"], c["head_dim"]
+    S, hk, hv, K = c["ssm_head"], c["k_heads"], c["v_heads"], c["conv"]
+    channels = (2 * hk + hv) * S
+    a = "qwen35moe"
+    w, rng, route = begin(path, a, seed, context=262144, ff=ff, rope_base=1e7, eps=1e-6)
+    w.add_expert_shared_feed_forward_length(c["d_ff_shared"])
+    w.add_rope_dimension_count(c["rope_dims"])
+    w.add_rope_dimension_sections([11, 11, 10, 0])
+    w.add_ssm_conv_kernel(K)
+    w.add_ssm_state_size(S)
+    w.add_ssm_group_count(hk)
+    w.add_ssm_time_step_rank(hv)
+    w.add_ssm_inner_size(hv * S)
+    w.add_full_attention_interval(4)
+    plan: list[tuple] = []
+
+    def f32(name, shape, make):
+        plan.append((name, shape, make, Q.F32))
+
+    def q8(name, rows, cols, scale):
+        plan.append((name, (rows, cols), lambda: q8_blocks(rng, rows, cols, scale), Q.Q8_0))
+
+    plan.append(("token_embd.weight", (V, d), lambda: class_embedding(V, d), Q.Q4_0))
+    for il in range(c["n_layers"]):
+        p = f"blk.{il}."
+        for norm in ("attn_norm", "post_attention_norm"):
+            f32(p + norm + ".weight", (d,), lambda: np.ones(d, np.float32))
+        if (il + 1) % 4:
+            q8(p + "attn_qkv.weight", channels, d, SCALE / 8)
+            q8(p + "attn_gate.weight", hv * S, d, SCALE / 8)
+            f32(p + "ssm_conv1d.weight", (channels, K), lambda: rng.standard_normal((channels, K)).astype(np.float32))
+            f32(p + "ssm_dt.bias", (hv,), lambda: np.zeros(hv, np.float32))
+            f32(p + "ssm_a", (hv,), lambda: -np.ones(hv, np.float32))
+            q8(p + "ssm_beta.weight", hv, d, SCALE / 8)
+            q8(p + "ssm_alpha.weight", hv, d, SCALE / 8)
+            f32(p + "ssm_norm.weight", (S,), lambda: np.ones(S, np.float32))
+            q8(p + "ssm_out.weight", d, hv * S, 0.0)
+        else:
+            q8(p + "attn_q.weight", 2 * c["n_heads"] * hd, d, SCALE / 8)
+            q8(p + "attn_k.weight", c["n_kv_heads"] * hd, d, SCALE / 8)
+            q8(p + "attn_v.weight", c["n_kv_heads"] * hd, d, SCALE / 8)
+            f32(p + "attn_q_norm.weight", (hd,), lambda: np.ones(hd, np.float32))
+            f32(p + "attn_k_norm.weight", (hd,), lambda: np.ones(hd, np.float32))
+            q8(p + "attn_output.weight", d, c["n_heads"] * hd, 0.0)
+
+        def router(il=il):
+            return class_router(route[il])
+
+        f32(p + "ffn_gate_inp.weight", (n, d), router)
+        for part in ("gate", "up"):
+            plan.append((p + f"ffn_{part}_exps.weight", (n, ff, d),
+                         lambda: q4k_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1), Q.Q4_K))
+        plan.append((p + "ffn_down_exps.weight", (n, d, ff), lambda: q4k_blocks(rng, n * d, ff, 0.0).reshape(n, d, -1),
+                     Q.Q4_K))
+        fs = c["d_ff_shared"]
+        f32(p + "ffn_gate_inp_shexp.weight", (d,), lambda: np.zeros(d, np.float32))
+        for part in ("gate", "up"):
+            plan.append((p + f"ffn_{part}_shexp.weight", (fs, d), lambda: q4k_blocks(rng, fs, d, SCALE), Q.Q4_K))
+        plan.append((p + "ffn_down_shexp.weight", (d, fs), lambda: q4k_blocks(rng, d, fs, 0.0), Q.Q4_K))
+    f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
+    plan.append(("output.weight", (V, d), lambda: class_head(V, d), Q.Q4_0))
+    write_plan(w, plan)
+
+
 def write_model(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
 
@@ -571,8 +649,9 @@ def main() -> int:
     ap.add_argument("--workdir", default="/tmp/pyinfer-moe")
     ap.add_argument("--family", default="qwen3moe", choices=sorted(SHAPES),
                     help="the shape written: Qwen3-30B-A3B (Q4_0), gpt-oss-20b (MXFP4 experts), an 8-layer slice of "
-                         "GLM-4.5-Air (Q4_K experts), DeepSeek-V2-Lite (latent attention, Q4_K experts) or "
-                         "SmallThinker-21B-A3B (routed before attention, Q4_K experts)")
+                         "GLM-4.5-Air (Q4_K experts), DeepSeek-V2-Lite (latent attention, Q4_K experts), "
+                         "SmallThinker-21B-A3B (routed before attention, Q4_K experts) or Qwen3.5-35B-A3B's class "
+                         "(gated DeltaNet layers, Q4_K experts)")
     ap.add_argument("--limits", nargs="+", default=["4G", "8G", "12G"], help="total memory limits (both engines)")
     ap.add_argument("--tag", default="moe_synthetic")
     ap.add_argument("--policies", action="store_true",
@@ -600,12 +679,13 @@ def main() -> int:
     os.environ["PYINFER_CACHE"] = str(work / "cache")  # the routing profile is cached next to the model
     names = {"gpt-oss": "gpt-oss-20b-shape-mxfp4.gguf", "glm4moe": "glm-4.5-air-8-layer-shape-q4_k.gguf",
              "qwen3moe": "qwen3moe-30b-a3b-shape-q4_0.gguf", "deepseek2": "deepseek-v2-lite-shape-q4_k.gguf",
-             "smallthinker": "smallthinker-21b-a3b-shape-q4_k.gguf"}
+             "smallthinker": "smallthinker-21b-a3b-shape-q4_k.gguf", "qwen35moe": "qwen3.5-35b-a3b-class-q4_k.gguf"}
     model = work / names[args.family]
     if not model.exists():
         print(f"writing {model} ...", file=sys.stderr)
         writer = {"gpt-oss": write_gpt_oss, "glm4moe": write_glm4moe, "qwen3moe": write_model,
-                  "deepseek2": write_deepseek2, "smallthinker": write_smallthinker}[args.family]
+                  "deepseek2": write_deepseek2, "smallthinker": write_smallthinker,
+                  "qwen35moe": write_qwen35moe}[args.family]
         writer(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
     prepare(model, bundle=args.sources or args.expert_source == "bundle")
@@ -625,7 +705,10 @@ def main() -> int:
             "deepseek2": "DeepSeek-V2-Lite-shaped synthetic MoE ({:.2f} GiB, latent attention, Q4_K experts, Q8_0 "
                          "attention, 6 of 64 experts per token and two shared experts)",
             "smallthinker": "SmallThinker-21B-A3B-shaped synthetic MoE ({:.2f} GiB, Q4_K ReGLU experts routed before "
-                            "attention, Q8_0 attention, 6 of 64 experts per token)"}[args.family]
+                            "attention, Q8_0 attention, 6 of 64 experts per token)",
+            "qwen35moe": "Qwen3.5-35B-A3B-class synthetic hybrid MoE ({:.2f} GiB, 30 gated DeltaNet and 10 gated "
+                         "attention layers in Q8_0, Q4_K experts, 8 of 256 per token and a gated shared "
+                         "expert)"}[args.family]
     print(ob.write_results(args.tag, what.format(model.stat().st_size / 2**30) + ": decode under one memory limit",
                            [f"Routing: per layer, expert popularity ~ (rank + 1)^-{ALPHA}; each of the previous "
                             f"token's experts kept with probability {REUSE}. Both engines in a memory cgroup of the "

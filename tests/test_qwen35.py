@@ -186,3 +186,14 @@ def test_the_moe_form_streams_its_experts_unchanged(moe_path, monkeypatch):
     m = load(moe_path, mem_limit="4G")
     assert m.session.experts is not None
     np.testing.assert_array_equal(m.eval(IDS, all_logits=True), want)
+
+
+def test_qwen3next_reads_its_own_layout(tmp_path):
+    """Qwen3-Next: value head h reads key head h // 2, beta and alpha from one fused ssm_ba, plain NEOX RoPE."""
+    p = str(write_tiny_qwen35(tmp_path / "next.gguf", arch="qwen3next"))
+    m = load(p)
+    assert m.config.ssm_grouped_heads and m.config.is_moe
+    assert "blk.0.ssm_beta.weight" in m.gguf.tensors and "blk.0.ssm_ba.weight" not in m.gguf.tensors
+    want = reference_logits(m.gguf, IDS)
+    got = m.eval(IDS, all_logits=True)
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()

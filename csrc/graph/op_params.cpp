@@ -38,7 +38,8 @@ constexpr ParamField kQuantize[] = {PYI_I32(quantize, scheme)};
 constexpr ParamField kExpertFetch[] = {PYI_I32(expert_fetch, layer), PYI_I32(expert_fetch, prefetch)};
 constexpr ParamField kSsmConv[] = {PYI_I32(ssm_conv, silu)};
 constexpr ParamField kDeltaNet[] = {PYI_I32(delta_net, k_heads), PYI_I32(delta_net, v_heads),
-                                    PYI_I32(delta_net, head_dim), PYI_F32(delta_net, eps)};
+                                    PYI_I32(delta_net, head_dim), PYI_F32(delta_net, eps),
+                                    PYI_I32(delta_net, grouped)};
 
 #undef PYI_I32
 #undef PYI_F32

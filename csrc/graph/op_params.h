@@ -148,9 +148,10 @@ struct MoeParams { int32_t n_expert, k; GateFn gate_fn; };
 struct QuantizeParams { int32_t scheme; };
 struct ExpertFetchParams { int32_t layer, prefetch; };  // prefetch 1: start reading, do not wait
 struct SsmConvParams { int32_t silu; };  // 1: SiLU of the conv's output
-// v head h reads q / k head h % k_heads (ggml's repeat); q and k are L2-normalised per head with `eps` as
+// v head h reads q / k head h % k_heads (ggml's repeat: Qwen 3.5, whose converter orders the value heads so), or with
+// `grouped` h / (v_heads / k_heads) (repeat-interleave: Qwen3-Next); q and k are L2-normalised per head with `eps` as
 // llama.cpp's build_gdn_l2_norm does (rms_norm with eps / S, times 1 / sqrt(S)).
-struct DeltaNetParams { int32_t k_heads, v_heads, head_dim; float eps; };
+struct DeltaNetParams { int32_t k_heads, v_heads, head_dim; float eps; int32_t grouped; };
 
 union OpParams {
   GetRowsParams get_rows;

@@ -526,6 +526,7 @@ void Graph::validate() const {
         if (P.k_heads < 1 || P.v_heads < 1 || P.head_dim < 1 || P.v_heads % P.k_heads)
           c.fail("v_heads must be a positive multiple of k_heads");
         if (!(P.eps >= 0.f) || !std::isfinite(P.eps)) c.fail("eps must be finite and >= 0");
+        if (P.grouped != 0 && P.grouped != 1) c.fail("grouped must be 0 or 1");
         const int64_t s_dim = P.head_dim, hv = P.v_heads;
         c.type(n.dst, DType::F32); c.cols(n.dst, hv * s_dim);
         for (int k : {S::qkv, S::beta, S::alpha, S::decay}) c.type(src[k], DType::F32);

@@ -51,10 +51,47 @@ void l2_norm(const float* x, float* y, int n, float eps) {
   for (int i = 0; i < n; ++i) y[i] = x[i] * scale * post;
 }
 
-float dot(const float* a, const float* b, int n) {
-  float s = 0.f;
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PYI_RECURRENT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PYI_RECURRENT_CLONES
+#endif
+
+// One head's token: each column j of the state (row j of M) is decayed, read against k for the delta, updated and
+// read against q in one pass while it sits in L1. Column j's steps depend on column j only, so this is the same
+// arithmetic as ggml's pass-per-step loop. Partial sums in 8 lanes: vectorised without reassociation flags.
+PYI_RECURRENT_CLONES
+void delta_rule_token(float* M, int S, const float* q, const float* k, const float* v, float beta, float decay,
+                      float out_scale, float* out) {
+  for (int j = 0; j < S; ++j) {
+    float* row = M + size_t(j) * S;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= S; i += 8)
+      for (int l = 0; l < 8; ++l) {
+        row[i + l] *= decay;
+        acc[l] += row[i + l] * k[i + l];
+      }
+    float sk = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < S; ++i) {
+      row[i] *= decay;
+      sk += row[i] * k[i];
+    }
+    const float dj = (v[j] - sk) * beta;
+    float acq[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    i = 0;
+    for (; i + 8 <= S; i += 8)
+      for (int l = 0; l < 8; ++l) {
+        row[i + l] += k[i + l] * dj;
+        acq[l] += row[i + l] * q[i + l];
+      }
+    float sq = ((acq[0] + acq[4]) + (acq[1] + acq[5])) + ((acq[2] + acq[6]) + (acq[3] + acq[7]));
+    for (; i < S; ++i) {
+      row[i] += k[i] * dj;
+      sq += row[i] * q[i];
+    }
+    out[j] = sq * out_scale;
+  }
 }
 
 }  // namespace
@@ -64,7 +101,6 @@ void delta_net(const DeltaNetArgs& a, const RecurrentRows& rows, int h0, int h1,
   const size_t SS = size_t(S) * size_t(S);
   float* q = scratch;
   float* k = scratch + S;
-  float* delta = scratch + 2 * S;
   const float out_scale = 1.0f / std::sqrt(float(S));
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     float* state = a.state + size_t(rows.row(t)) * a.state_stride;
@@ -73,23 +109,15 @@ void delta_net(const DeltaNetArgs& a, const RecurrentRows& rows, int h0, int h1,
     for (int h = h0; h < h1; ++h) {
       float* M = state + size_t(h) * SS;  // M[j * S + i] = S[i][j]: row j of M is column j of the state
       if (fresh) std::memset(M, 0, SS * sizeof(float));
-      const int kh = h % a.k_heads;  // ggml repeats the k heads across the v heads
+      const int kh = a.grouped ? h / (a.v_heads / a.k_heads) : h % a.k_heads;
       l2_norm(qkv + size_t(kh) * S, q, S, a.eps);
       l2_norm(qkv + size_t(a.k_heads + kh) * S, k, S, a.eps);
       const float* v = qkv + size_t(2 * a.k_heads + h) * S;
       const float beta = 1.0f / (1.0f + std::exp(-a.beta[size_t(t) * a.beta_stride + h]));
       const float z = a.alpha[size_t(t) * a.alpha_stride + h] + a.dt_bias[h];
       const float g = (z > 20.0f ? z : std::log(1.0f + std::exp(z))) * a.a[h];  // softplus as ggml's
-      const float decay = std::exp(g);
-      for (size_t i = 0; i < SS; ++i) M[i] *= decay;
-      for (int j = 0; j < S; ++j) delta[j] = (v[j] - dot(M + size_t(j) * S, k, S)) * beta;
-      for (int j = 0; j < S; ++j) {
-        float* row = M + size_t(j) * S;
-        const float dj = delta[j];
-        for (int i = 0; i < S; ++i) row[i] += k[i] * dj;
-      }
-      float* out = a.out + size_t(t) * a.out_stride + size_t(h) * S;
-      for (int j = 0; j < S; ++j) out[j] = dot(M + size_t(j) * S, q, S) * out_scale;
+      delta_rule_token(M, S, q, k, v, beta, std::exp(g), out_scale,
+                       a.out + size_t(t) * a.out_stride + size_t(h) * S);
     }
   }
 }

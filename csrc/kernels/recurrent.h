@@ -41,6 +41,7 @@ struct DeltaNetArgs {
   int64_t n_tokens;
   int k_heads, v_heads, head_dim;
   float eps;
+  bool grouped;  // v head h reads k head h / (v_heads / k_heads); else h % k_heads
 };
 // Floats of scratch one thread needs.
 inline int64_t delta_net_scratch_floats(int head_dim) { return 3 * int64_t(head_dim); }

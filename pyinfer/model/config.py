@@ -147,6 +147,7 @@ class LlamaConfig:
     ssm_k_heads: int = 0
     ssm_v_heads: int = 0
     attn_output_gate: bool = False
+    ssm_grouped_heads: bool = False  # v head h reads k head h / (v / k) (Qwen3-Next); else h % k (Qwen 3.5)
 
     def is_recurrent(self, layer: int) -> bool:
         """A linear-attention layer with a recurrent state instead of a KV cache (Qwen3.5's gated DeltaNet)."""

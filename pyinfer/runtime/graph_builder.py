@@ -330,14 +330,16 @@ class GraphBuilder:
                           {"silu": int(silu)})
 
     def delta_net(self, qkv: T, beta: T, alpha: T, decay: T, state: T, positions: T, k_heads: int, v_heads: int,
-                  head_dim: int, eps: float, name: str, rows: T | None = None) -> T:
+                  head_dim: int, eps: float, name: str, rows: T | None = None, grouped: bool = False) -> T:
         """F32 [T, v_heads * head_dim]: the gated delta rule (Qwen3.5's linear attention) over `qkv` (the conv's
         output: q heads, k heads, v heads), `beta` and `alpha` (F32 [T, v_heads]) and `decay` (F32 [2, v_heads]:
-        dt bias, A), each sequence's S x S matrices per head in `state` (F32 state [sequences, v_heads S S])."""
+        dt bias, A), each sequence's S x S matrices per head in `state` (F32 state [sequences, v_heads S S]). v head h
+        reads k head h % k_heads, or with `grouped` h / (v_heads / k_heads)."""
         return self._node(Op.DELTA_NET, self.activation(name, v_heads * head_dim, rows=qkv.rows),
                           {"qkv": qkv, "beta": beta, "alpha": alpha, "decay": decay, "state": state,
                            "positions": positions, "rows": rows},
-                          {"k_heads": k_heads, "v_heads": v_heads, "head_dim": head_dim, "eps": eps})
+                          {"k_heads": k_heads, "v_heads": v_heads, "head_dim": head_dim, "eps": eps,
+                           "grouped": int(grouped)})
 
     def select_rows(self, x: T, row_ids: T, name: str) -> T:
         return self._node(Op.SELECT_ROWS, self.activation(name, x.cols, rows=row_ids.rows), {"x": x, "rows": row_ids})

@@ -46,7 +46,7 @@ def gated_delta_net(m, h: T, il: int) -> T:
                       rows=m.state_rows)
     state = b.state(f"delta_state.{il}", hv * S * S, m.n_states, DType.F32)
     o = b.delta_net(conv, beta, alpha, decay_weight(m, il), state, m.positions, hk, hv, S, c.norm_eps, "delta",
-                    rows=m.state_rows)                                # F32 [T, hv * S]
+                    rows=m.state_rows, grouped=c.ssm_grouped_heads)   # F32 [T, hv * S]
     m.norm(o, p + "ssm_norm.weight", "delta_normed", out=o, segment=S)
     o = b.gated_mul(z, o, out=o, act=Activation.SILU)
     return m.linear(o, p + "ssm_out.weight", "linear_attn_out")

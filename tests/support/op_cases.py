@@ -585,6 +585,22 @@ def delta_net(b, rng):
     return Case([o], [want], 7, rtol=1e-4, atol=1e-5)
 
 
+def delta_net_grouped(b, rng):
+    """Qwen3-Next's head mapping: v head h reads k head h // 2 (repeat-interleave), one sequence."""
+    from .reference_recurrent import delta_net as delta_ref
+
+    hk, hv, S, eps = 2, 4, 16, 1e-6
+    P = i32(b, "p", np.arange(5)[:, None])
+    Q, qkv = f32(b, rng, "qkv", 5, (2 * hk + hv) * S)
+    B, beta = f32(b, rng, "beta", 5, hv)
+    A, alpha = f32(b, rng, "alpha", 5, hv)
+    decay = np.stack([rng.standard_normal(hv), -np.exp(rng.standard_normal(hv))]).astype(np.float32)
+    o = b.delta_net(Q, B, A, b.weight("decay", F32, hv, 2, decay), b.state("s", hv * S * S, 1, DType.F32), P, hk, hv,
+                    S, eps, "o", grouped=True)
+    return Case([o], [delta_ref(qkv, beta, alpha, decay[0], decay[1], hk, hv, S, eps, grouped=True)], 5, rtol=1e-4,
+                atol=1e-5)
+
+
 def sigmoid_mul(b, rng):
     """Qwen3.5's attention output gate: sigmoid(g) * u."""
     G, g = f32(b, rng, "g", 3, 203, 4.0)
@@ -602,7 +618,7 @@ CASES: dict[Op, list[Callable]] = {
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
     Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route, moe_route_grouped],
     Op.MOE_MAT_MUL: [moe_mat_mul, moe_mat_mul_bias, moe_mat_mul_per_head], Op.MOE_COMBINE: [moe_combine], Op.EXPERT_FETCH: [expert_fetch],
-    Op.MOE_ROUTE_SPLIT: [moe_route_split], Op.SSM_CONV: [ssm_conv], Op.DELTA_NET: [delta_net],
+    Op.MOE_ROUTE_SPLIT: [moe_route_split], Op.SSM_CONV: [ssm_conv], Op.DELTA_NET: [delta_net, delta_net_grouped],
 }
 # Cases no device runs: the active union is a guard's decision, read on the host; offload's fetches run on the CPU;
 # the copy case places its own nodes.
@@ -612,7 +628,7 @@ ALL = [pytest.param(op, case, id=f"{op.name.lower()}-{case.__name__}") for op, c
 ON_DEVICES = [p for p in ALL if p.values[1] not in HOST_ONLY]
 # Every device op has its CUDA kernel (MLA's and the per-head matmul's included) but the recurrent ones, which run
 # on the CPU beside their state (runtime/placement.py).
-ON_CUDA = [p for p in ON_DEVICES if p.values[1] not in (ssm_conv, delta_net)]
+ON_CUDA = [p for p in ON_DEVICES if p.values[1] not in (ssm_conv, delta_net, delta_net_grouped)]
 
 
 def run_case(case: Callable, isa: str = "auto", device: str | None = None):

@@ -265,7 +265,7 @@ def reference_logits(f: GGUFModelFile, tokens: list[int], n_ctx: int = 0, margin
     attn_out, ffn_in, ffn_mid; the last also given the gate's pre-activation). `cache_fp16`: keys and values rounded
     to fp16 as the engine's KV cache holds them (models whose un-normed router amplifies that rounding:
     SmallThinker's)."""
-    if f.architecture in ("qwen35", "qwen35moe"):  # linear-attention layers: their own reference
+    if f.architecture in ("qwen35", "qwen35moe", "qwen3next"):  # linear-attention layers: their own reference
         from .reference_recurrent import qwen35_logits
 
         return qwen35_logits(f, tokens, margins)

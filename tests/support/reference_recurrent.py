@@ -21,9 +21,10 @@ def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps / n) / np.sqrt(n)
 
 
-def delta_net(qkv, beta, alpha, dt_bias, a, k_heads: int, v_heads: int, S: int, eps: float) -> np.ndarray:
+def delta_net(qkv, beta, alpha, dt_bias, a, k_heads: int, v_heads: int, S: int, eps: float,
+              grouped: bool = False) -> np.ndarray:
     """One sequence from a zero state: qkv [T, (2 Hk + Hv) S], beta / alpha [T, Hv] -> [T, Hv S]. v head h reads
-    q / k head h % Hk (ggml's repeat)."""
+    q / k head h % Hk (ggml's repeat), or with `grouped` h // (Hv / Hk) (Qwen3-Next's repeat-interleave)."""
     qkv = np.asarray(qkv, np.float64)
     T = len(qkv)
     q = l2_norm(qkv[:, :k_heads * S].reshape(T, k_heads, S), eps)
@@ -36,7 +37,7 @@ def delta_net(qkv, beta, alpha, dt_bias, a, k_heads: int, v_heads: int, S: int, 
     out = np.zeros((T, v_heads, S))
     for t in range(T):
         for h in range(v_heads):
-            kh = h % k_heads
+            kh = h // (v_heads // k_heads) if grouped else h % k_heads
             st = state[h] * np.exp(g[t, h])
             d = (v[t, h] - k[t, kh] @ st) * b[t, h]
             st = st + np.outer(k[t, kh], d)
@@ -66,8 +67,13 @@ def qwen35_logits(f, tokens: list[int], margins: list | None = None) -> np.ndarr
         if c.is_recurrent(il):
             S, hk, hv = c.ssm_head_dim, c.ssm_k_heads, c.ssm_v_heads
             conv = ssm_conv(h @ W[p + "attn_qkv.weight"].T, W[p + "ssm_conv1d.weight"])
-            o = delta_net(conv, h @ W[p + "ssm_beta.weight"].T, h @ W[p + "ssm_alpha.weight"].T, W[p + "ssm_dt.bias"],
-                          W[p + "ssm_a"], hk, hv, S, c.norm_eps)
+            if p + "ssm_ba.weight" in W:  # Qwen3-Next: per key head, its value heads' beta rows, then their alpha rows
+                ba = (h @ W[p + "ssm_ba.weight"].T).reshape(T, hk, 2, hv // hk)
+                beta, alpha = ba[:, :, 0].reshape(T, hv), ba[:, :, 1].reshape(T, hv)
+            else:
+                beta, alpha = h @ W[p + "ssm_beta.weight"].T, h @ W[p + "ssm_alpha.weight"].T
+            o = delta_net(conv, beta, alpha, W[p + "ssm_dt.bias"], W[p + "ssm_a"], hk, hv, S, c.norm_eps,
+                          grouped=f.architecture == "qwen3next")
             o = head_norm(o.astype(np.float32), W[p + "ssm_norm.weight"], hv, c.norm_eps)
             z = h @ W[p + "attn_gate.weight"].T
             o = (o * z / (1 + np.exp(-z))) @ W[p + "ssm_out.weight"].T

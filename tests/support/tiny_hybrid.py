@@ -20,21 +20,25 @@ TINY_QWEN35_MOE = dict(TINY_QWEN35, n_expert=8)
 
 
 def write_tiny_qwen35(path: Path, seed: int = 0, qtype: Q = Q.F32, config: dict | None = None, vocab_from=None,
-                      context: int = 256, moe: bool = False) -> Path:
+                      context: int = 256, moe: bool = False, arch: str = "qwen35") -> Path:
     """`qtype`: the matrices' type (the conv's taps, A, dt and the norms stay F32, as llama.cpp's quantizer keeps
     them); `vocab_from`: a GGUF whose tokenizer is copied (llama.cpp's vocab files), else the tiny vocabulary. `moe`:
-    a `qwen35moe` file (TINY_QWEN35_MOE's experts)."""
+    a `qwen35moe` file (TINY_QWEN35_MOE's experts). `arch` "qwen3next": Qwen3-Next's layout (experts, beta and alpha
+    fused in ssm_ba, no M-RoPE sections)."""
     from gguf import GGUFReader
 
     rng = np.random.default_rng(seed)
+    nxt = arch == "qwen3next"
+    moe = moe or nxt
     c = dict(TINY_QWEN35_MOE if moe else TINY_QWEN35, **(config or {}))
-    w = GGUFWriter(str(path), "qwen35moe" if moe else "qwen35")
+    w = GGUFWriter(str(path), arch if nxt else "qwen35moe" if moe else "qwen35")
     _add_shape(w, c, context)
     hd, S, hk, hv = c["head_dim"], c["ssm_head_dim"], c["ssm_k_heads"], c["ssm_v_heads"]
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_rope_dimension_count(c["rope_dims"])
-    w.add_rope_dimension_sections(list(c["sections"]))
+    if not nxt:
+        w.add_rope_dimension_sections(list(c["sections"]))
     w.add_ssm_conv_kernel(c["conv_kernel"])
     w.add_ssm_state_size(S)
     w.add_ssm_group_count(hk)
@@ -68,8 +72,11 @@ def write_tiny_qwen35(path: Path, seed: int = 0, qtype: Q = Q.F32, config: dict 
                          .astype(np.float32))
             w.add_tensor(p + "ssm_dt.bias", rng.standard_normal(hv).astype(np.float32))
             w.add_tensor(p + "ssm_a", (-np.exp(0.5 * rng.standard_normal(hv))).astype(np.float32))
-            add(p + "ssm_beta.weight", (hv, d), 0.3)
-            add(p + "ssm_alpha.weight", (hv, d), 0.3)
+            if nxt:  # per key head: its value heads' beta rows, then their alpha rows
+                add(p + "ssm_ba.weight", (2 * hv, d), 0.3)
+            else:
+                add(p + "ssm_beta.weight", (hv, d), 0.3)
+                add(p + "ssm_alpha.weight", (hv, d), 0.3)
             norm(p + "ssm_norm.weight", S)
             add(p + "ssm_out.weight", (d, hv * S))
         else:

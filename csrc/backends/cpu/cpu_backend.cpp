@@ -243,7 +243,8 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
       DeltaNetArgs a{static_cast<const float*>(s0->data), f32_stride(*s0), static_cast<const float*>(beta.data),
                      f32_stride(beta), static_cast<const float*>(alpha.data), f32_stride(alpha), dt,
                      dt + f32_stride(decay), static_cast<float*>(st.data), f32_stride(st),
-                     static_cast<float*>(dst.data), f32_stride(dst), rows, p.k_heads, p.v_heads, p.head_dim, p.eps};
+                     static_cast<float*>(dst.data), f32_stride(dst), rows, p.k_heads, p.v_heads, p.head_dim, p.eps,
+                     p.grouped != 0};
       thread_share(p.v_heads, ith, nth, 1, r0, r1);
       if (r0 < r1)
         delta_net(a, recurrent_rows(g, st, n.src[S::positions], n.src[S::rows]), int(r0), int(r1),
