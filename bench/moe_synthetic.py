@@ -63,8 +63,10 @@ SHAPES = {  # --family: the model shapes written (random weights, the type mix t
 SHAPES["qwen35moe"] = {"n_layers": 40, "d_model": 2048, "n_heads": 16, "n_kv_heads": 2, "head_dim": 256,
                        "n_expert": 256, "n_expert_used": 8, "d_ff_expert": 512, "vocab": 248320, "d_ff_shared": 512,
                        "ssm_head": 128, "k_heads": 16, "v_heads": 32, "conv": 4, "rope_dims": 64}
+# its first 16 layers (12 DeltaNet, 4 attention; 7.5 GiB): small enough for both engines side by side in one process
+SHAPES["qwen35moe-slice"] = dict(SHAPES["qwen35moe"], n_layers=16)
 SHAPE = SHAPES["qwen3moe"]
-SHAPE_NAMES = {"qwen35moe": "Qwen3.5-35B-A3B (class)", "qwen3moe": "Qwen3-30B-A3B", "gpt-oss": "gpt-oss-20b", "glm4moe": "GLM-4.5-Air (8-layer slice)",
+SHAPE_NAMES = {"qwen35moe-slice": "Qwen3.5-35B-A3B (class, 16-layer slice)", "qwen35moe": "Qwen3.5-35B-A3B (class)", "qwen3moe": "Qwen3-30B-A3B", "gpt-oss": "gpt-oss-20b", "glm4moe": "GLM-4.5-Air (8-layer slice)",
                "deepseek2": "DeepSeek-V2-Lite", "smallthinker": "SmallThinker-21B-A3B"}
 CLASSES = 2048            # routing classes: token id mod CLASSES (one axis of d_model each)
 ALPHA, REUSE = 1.0, 0.3   # popularity skew per layer; chance a token keeps each of the previous token's experts
@@ -270,6 +272,21 @@ def q4k_blocks(rng, rows: int, cols: int, scale: float) -> np.ndarray:
     return b.reshape(rows, -1)
 
 
+def plan_q4k_experts(plan: list, rng, p: str, router_of_layer, zero_down: bool = True) -> None:
+    """A layer's router (F32, from `router_of_layer()`) and its merged Q4_K experts: gate and up random blocks that
+    compute, down (unless `zero_down` is False: the family writes its own) exact zeros."""
+    from gguf import GGMLQuantizationType as Q
+
+    n, d, ff = SHAPE["n_expert"], SHAPE["d_model"], SHAPE["d_ff_expert"]
+    plan.append((p + "ffn_gate_inp.weight", (n, d), router_of_layer, Q.F32))
+    for part in ("gate", "up"):
+        plan.append((p + f"ffn_{part}_exps.weight", (n, ff, d),
+                     lambda: q4k_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1), Q.Q4_K))
+    if zero_down:
+        plan.append((p + "ffn_down_exps.weight", (n, d, ff), lambda: q4k_blocks(rng, n * d, ff, 0.0).reshape(n, d, -1),
+                     Q.Q4_K))
+
+
 def write_glm4moe(path: Path, seed: int = 0) -> None:
     """GLM-4.5-Air's layers under the routing process: attention, the dense FFN, the experts and the shared expert
     write exact zeros (zero scales); the router (sigmoid, a zero selection bias) and head carry the class chain."""
@@ -375,13 +392,7 @@ def write_deepseek2(path: Path, seed: int = 0) -> None:
                 q8(p + f"ffn_{part}.weight", shape, scale)
             continue
 
-        def router(il=il):
-            return class_router(route[il])
-
-        f32(p + "ffn_gate_inp.weight", (n, d), router)
-        for part in ("gate", "up"):
-            plan.append((p + f"ffn_{part}_exps.weight", (n, ff, d),
-                         lambda: q4k_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1), Q.Q4_K))
+        plan_q4k_experts(plan, rng, p, lambda il=il: class_router(route[il]), zero_down=False)
         # down's rows of 1408 are no multiple of 256: Q5_0, as llama.cpp's Q4_K_M falls back (zeros: scale 0)
         plan.append((p + "ffn_down_exps.weight", (n, d, ff), lambda: np.zeros((n, d, ff // 32 * 22), np.uint8), Q.Q5_0))
         for part, shape, scale in (("gate", (2 * ff, d), SCALE), ("up", (2 * ff, d), SCALE), ("down", (d, 2 * ff), 0.0)):
@@ -413,15 +424,8 @@ def write_smallthinker(path: Path, seed: int = 0) -> None:
         p = f"blk.{il}."
         plan_attention(plan, rng, p, ("attn_norm", "ffn_norm"))
 
-        def router(il=il):  # the un-normed class axis (1.0) routes: logits sqrt(d) times the normed synthetics'
-            return class_router(route[il]) * float(np.sqrt(d))
-
-        f32(p + "ffn_gate_inp.weight", (n, d), router)
-        for part in ("gate", "up"):
-            plan.append((p + f"ffn_{part}_exps.weight", (n, ff, d),
-                         lambda: q4k_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1), Q.Q4_K))
-        plan.append((p + "ffn_down_exps.weight", (n, d, ff), lambda: q4k_blocks(rng, n * d, ff, 0.0).reshape(n, d, -1),
-                     Q.Q4_K))
+        # the un-normed class axis (1.0) routes: logits sqrt(d) times the normed synthetics'
+        plan_q4k_experts(plan, rng, p, lambda il=il: class_router(route[il]) * float(np.sqrt(d)))
     f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
     plan.append(("output.weight", (V, d), lambda: class_head(V, d), Q.Q4_0))
     write_plan(w, plan)
@@ -480,15 +484,7 @@ def write_qwen35moe(path: Path, seed: int = 0) -> None:
             f32(p + "attn_k_norm.weight", (hd,), lambda: np.ones(hd, np.float32))
             q8(p + "attn_output.weight", d, c["n_heads"] * hd, 0.0)
 
-        def router(il=il):
-            return class_router(route[il])
-
-        f32(p + "ffn_gate_inp.weight", (n, d), router)
-        for part in ("gate", "up"):
-            plan.append((p + f"ffn_{part}_exps.weight", (n, ff, d),
-                         lambda: q4k_blocks(rng, n * ff, d, SCALE).reshape(n, ff, -1), Q.Q4_K))
-        plan.append((p + "ffn_down_exps.weight", (n, d, ff), lambda: q4k_blocks(rng, n * d, ff, 0.0).reshape(n, d, -1),
-                     Q.Q4_K))
+        plan_q4k_experts(plan, rng, p, lambda il=il: class_router(route[il]))
         fs = c["d_ff_shared"]
         f32(p + "ffn_gate_inp_shexp.weight", (d,), lambda: np.zeros(d, np.float32))
         for part in ("gate", "up"):
@@ -679,13 +675,14 @@ def main() -> int:
     os.environ["PYINFER_CACHE"] = str(work / "cache")  # the routing profile is cached next to the model
     names = {"gpt-oss": "gpt-oss-20b-shape-mxfp4.gguf", "glm4moe": "glm-4.5-air-8-layer-shape-q4_k.gguf",
              "qwen3moe": "qwen3moe-30b-a3b-shape-q4_0.gguf", "deepseek2": "deepseek-v2-lite-shape-q4_k.gguf",
-             "smallthinker": "smallthinker-21b-a3b-shape-q4_k.gguf", "qwen35moe": "qwen3.5-35b-a3b-class-q4_k.gguf"}
+             "smallthinker": "smallthinker-21b-a3b-shape-q4_k.gguf", "qwen35moe": "qwen3.5-35b-a3b-class-q4_k.gguf",
+             "qwen35moe-slice": "qwen3.5-35b-a3b-class-16-layer-q4_k.gguf"}
     model = work / names[args.family]
     if not model.exists():
         print(f"writing {model} ...", file=sys.stderr)
         writer = {"gpt-oss": write_gpt_oss, "glm4moe": write_glm4moe, "qwen3moe": write_model,
                   "deepseek2": write_deepseek2, "smallthinker": write_smallthinker,
-                  "qwen35moe": write_qwen35moe}[args.family]
+                  "qwen35moe": write_qwen35moe, "qwen35moe-slice": write_qwen35moe}[args.family]
         writer(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
     prepare(model, bundle=args.sources or args.expert_source == "bundle")
@@ -708,7 +705,10 @@ def main() -> int:
                             "attention, Q8_0 attention, 6 of 64 experts per token)",
             "qwen35moe": "Qwen3.5-35B-A3B-class synthetic hybrid MoE ({:.2f} GiB, 30 gated DeltaNet and 10 gated "
                          "attention layers in Q8_0, Q4_K experts, 8 of 256 per token and a gated shared "
-                         "expert)"}[args.family]
+                         "expert)",
+            "qwen35moe-slice": "Qwen3.5-35B-A3B-class synthetic hybrid MoE, its first 16 layers ({:.2f} GiB, 12 gated "
+                               "DeltaNet and 4 gated attention layers in Q8_0, Q4_K experts, 8 of 256 per token and a "
+                               "gated shared expert)"}[args.family]
     print(ob.write_results(args.tag, what.format(model.stat().st_size / 2**30) + ": decode under one memory limit",
                            [f"Routing: per layer, expert popularity ~ (rank + 1)^-{ALPHA}; each of the previous "
                             f"token's experts kept with probability {REUSE}. Both engines in a memory cgroup of the "

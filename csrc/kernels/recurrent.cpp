@@ -51,7 +51,9 @@ void l2_norm(const float* x, float* y, int n, float eps) {
   for (int i = 0; i < n; ++i) y[i] = x[i] * scale * post;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// (Not under the sanitizers' builds: an ifunc resolver runs before their runtime is up.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
 #define PYI_RECURRENT_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define PYI_RECURRENT_CLONES
