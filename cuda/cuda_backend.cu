@@ -22,6 +22,7 @@
 #include "kernels/moe.cuh"
 #include "kernels/ops.cuh"
 #include "kernels/piece_types.cuh"
+#include "kernels/recurrent.cuh"
 
 namespace pyinfer {
 namespace {
@@ -92,6 +93,9 @@ class CudaBackend final : public Backend {
       case OpKind::SelectRows: case OpKind::BiasRelu: case OpKind::ScatterCols: case OpKind::Copy: return true;
       // Experts: whole merged tensors in device memory (streamed experts stay on the CPU).
       case OpKind::MoeRoute: case OpKind::MoeCombine: case OpKind::MoeRouteSplit: return true;
+      // The recurrent layers: their state lives where the node runs (copy_planner.cpp).
+      case OpKind::SsmConv: return true;
+      case OpKind::DeltaNet: return cuda::delta_net_fits(n.p.delta_net);
       case OpKind::MoeMatMul:  // routed, or slot s on expert s (a matmul per head); with or without expert biases
         return !src(MoeMatMulSrc::weight).paged && weight_type_ok(src(MoeMatMulSrc::weight).type) &&
                (src(MoeMatMulSrc::x).type == DType::F32 || src(MoeMatMulSrc::x).type == DType::Q8A);
@@ -358,6 +362,23 @@ class CudaBackend final : public Backend {
         const cuda::Rows sg = shared ? rows_of(src(S::shared_gate), rows) : cuda::Rows{};
         return cuda::moe_combine(rows_of(src(S::experts), rows), rows_of(src(S::route), rows), shared ? &sh : nullptr,
                                  shared ? &sg : nullptr, rows_of(dst, rows), n.p.moe.k, stream_);
+      }
+      case OpKind::SsmConv: {
+        using S = SsmConvSrc;
+        const Tensor& st = src(S::state);
+        return cuda::ssm_conv(rows_of(src(S::x), rows), rows_of(src(S::weight), src(S::weight).rows),
+                              static_cast<float*>(st.data), int64_t(st.row_stride / sizeof(float)), i32(S::positions),
+                              n.src[S::rows] >= 0 ? i32(S::rows) : nullptr, rows_of(dst, rows), n.p.ssm_conv.silu != 0,
+                              stream_);
+      }
+      case OpKind::DeltaNet: {
+        using S = DeltaNetSrc;
+        const Tensor& st = src(S::state);
+        const auto* decay = static_cast<const float*>(src(S::decay).data);
+        return cuda::delta_net(rows_of(src(S::qkv), rows), rows_of(src(S::beta), rows), rows_of(src(S::alpha), rows),
+                               decay, decay + src(S::decay).row_stride / sizeof(float), static_cast<float*>(st.data),
+                               int64_t(st.row_stride / sizeof(float)), i32(S::positions),
+                               n.src[S::rows] >= 0 ? i32(S::rows) : nullptr, rows_of(dst, rows), n.p.delta_net, stream_);
       }
       case OpKind::MoeRouteSplit: {
         const Tensor& map = src(MoeRouteSplitSrc::map);

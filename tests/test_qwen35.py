@@ -62,13 +62,17 @@ def test_a_shorter_prefix_is_run_again_not_rewound(path):
     np.testing.assert_allclose(m._prefill(other), fresh, rtol=1e-4, atol=1e-4 * np.abs(fresh).max())
 
 
-def test_the_recurrent_ops_stay_on_the_cpu_beside_their_state(path):
-    """A device load runs attention and the FFN there, the conv and the delta rule on the CPU (their state lives in
-    host memory); the logits are the CPU's."""
-    cpu = load(path).eval(IDS, all_logits=True)
-    dev = load(path, device="standin", vram_budget="200M")
-    got = dev.eval(IDS, all_logits=True)
-    np.testing.assert_allclose(got, cpu, rtol=1e-4, atol=1e-4 * np.abs(cpu).max())
+@pytest.mark.parametrize("ssm_head_dim", [16, 32])
+def test_a_device_load_keeps_each_state_where_its_node_runs(tmp_path, ssm_head_dim):
+    """On the stand-in device the conv and, for heads of whole warps, the delta rule run on the device with their
+    states in its memory; heads of 16 keep the delta rule on the CPU. Prompt and decode give the CPU's logits."""
+    p = str(write_tiny_qwen35(tmp_path / "q.gguf", config={"ssm_head_dim": ssm_head_dim}))
+    cpu = load(p).eval(IDS, all_logits=True)
+    dev = load(p, device="standin", vram_budget="200M")
+    np.testing.assert_allclose(dev.eval(IDS, all_logits=True), cpu, rtol=1e-4, atol=1e-4 * np.abs(cpu).max())
+    dev.forward(IDS[:8], 0, np.arange(8))
+    steps = np.stack([dev.forward([t], 8 + i, np.array([0]))[0] for i, t in enumerate(IDS[8:])])
+    np.testing.assert_allclose(steps, cpu[8:], rtol=1e-4, atol=1e-4 * np.abs(cpu).max())
     assert dev.n_copies > 0
 
 

@@ -8,6 +8,13 @@ namespace pyinfer {
 
 namespace {
 
+// The state a node rewrites in place through a source (a recurrent layer's rows): it lives where that node runs.
+int in_place_state(const Node& n) {
+  if (n.op == OpKind::SsmConv) return n.src[SsmConvSrc::state];
+  if (n.op == OpKind::DeltaNet) return n.src[DeltaNetSrc::state];
+  return -1;
+}
+
 struct Mirror {
   int tensor = -1;
   int64_t version = -1;  // the write count of its source's root when it was last refreshed
@@ -33,6 +40,8 @@ class CopyPlanner {
     for (size_t k = 0; k < g_.nodes.size(); ++k) {
       const int r = root_[size_t(g_.nodes[k].dst)];
       if (home_[size_t(r)] < 0) home_[size_t(r)] = space_of_[size_t(placement_[k])];
+      const int st = in_place_state(g_.nodes[k]);
+      if (st >= 0 && home_[size_t(root_[size_t(st)])] < 0) home_[size_t(root_[size_t(st)])] = space_of_[size_t(placement_[k])];
     }
   }
 
@@ -43,6 +52,10 @@ class CopyPlanner {
       Node n = g_.nodes[k];
       const int backend = placement_[k];
       const int space = space_of_[size_t(backend)];
+      const int st = in_place_state(n);
+      if (st >= 0 && home_[size_t(root_[size_t(st)])] != space)
+        throw GraphError("node " + std::to_string(k) + " (" + op_name(n.op) + ") rewrites state '" +
+                         g_.tensors[size_t(st)].name + "' outside its memory space (a state is used in one space only)");
       for (int& s : n.src)
         if (s >= 0) s = readable(s, space, backend, nodes, placement);
       if (n.guard.when_list >= 0) n.guard.when_list = readable(n.guard.when_list, space, backend, nodes, placement);

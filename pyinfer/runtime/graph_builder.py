@@ -49,6 +49,7 @@ class GraphBuilder:
         self.node_ops: list[tuple[Op, str]] = []  # per node: its op and the name of the tensor it writes
         self.node_dst: list[int] = []             # per node: the id of the tensor it writes
         self.node_srcs: list[list[int]] = []      # per node: the ids of the tensors it reads
+        self.node_params: list[dict] = []         # per node: its scalar parameters, by name
         # Per node: the engine backend that runs it (Engine(placement=...)); 0 until runtime/placement.py
         # assigns it from where weights live (weight_home).
         self.placement: list[int] = []
@@ -145,6 +146,7 @@ class GraphBuilder:
         self.node_ops.append((op, self._names.get(dst.id, "")))
         self.node_dst.append(dst.id)
         self.node_srcs.append([t.id for t in src.values() if t is not None])
+        self.node_params.append(dict(params or {}))
         self.placement.append(0)
         for key in [k for k in self._quantized if k[0] == dst.id]:
             del self._quantized[key]

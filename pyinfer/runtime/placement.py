@@ -7,7 +7,8 @@ weights inside GraphBuilder.weights_on(backend), and then, in node order,
      the device's neurons on the device, the embedding lookup on the CPU, the head where the placement put it);
   3. any other node runs on the device if one of its inputs lives there, else on the CPU (the residual stream
      moves to the device at the first add, the device's active lists stay with its predictor);
-but the recurrent layers' conv and delta rule run on the CPU, beside the per-sequence state they rewrite in place.
+a recurrent layer's state lives where its node runs (the device's delta-rule kernel takes heads of a multiple of 32
+values, at most 1024: a layer of other heads runs its delta rule on the CPU).
 No model code places anything."""
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ from .._core import Op
 from .graph_builder import GraphBuilder
 
 CPU = 0
-HOST_STATE_OPS = (Op.SSM_CONV, Op.DELTA_NET)  # they rewrite a state that lives in host memory (no dst of theirs)
+
+
+def device_runs(b: GraphBuilder, node: int) -> bool:
+    """Whether the device has a kernel for the node's shape (cuda/kernels/recurrent.cu: whole warps per head)."""
+    if b.node_ops[node][0] == Op.DELTA_NET:
+        s = b.node_params[node]["head_dim"]
+        return s % 32 == 0 and s <= 1024
+    return True
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ def assign_split(b: GraphBuilder, device: int) -> None:
     for node, (dst, srcs) in enumerate(zip(b.node_dst, b.node_srcs)):
         dst, srcs = b.origin(dst), [b.origin(s) for s in srcs]
         weights = [b.weight_home[s] for s in srcs if s in b.weight_home]
-        if b.node_ops[node][0] in HOST_STATE_OPS:
+        if not device_runs(b, node):
             backend = CPU
         elif dst in home:
             backend = home[dst]

@@ -571,7 +571,7 @@ def delta_net(b, rng):
     """The gated delta rule: 2 k heads read by 4 v heads (h % 2), two interleaved sequences in rows of their own."""
     from .reference_recurrent import delta_net as delta_ref
 
-    hk, hv, S, eps = 2, 4, 16, 1e-6
+    hk, hv, S, eps = 2, 4, 32, 1e-6  # heads of whole warps (the device kernel's)
     P, R, seqs = _sequences(b)
     Q, qkv = f32(b, rng, "qkv", 7, (2 * hk + hv) * S)
     B, beta = f32(b, rng, "beta", 7, hv)
@@ -589,7 +589,7 @@ def delta_net_grouped(b, rng):
     """Qwen3-Next's head mapping: v head h reads k head h // 2 (repeat-interleave), one sequence."""
     from .reference_recurrent import delta_net as delta_ref
 
-    hk, hv, S, eps = 2, 4, 16, 1e-6
+    hk, hv, S, eps = 2, 4, 32, 1e-6
     P = i32(b, "p", np.arange(5)[:, None])
     Q, qkv = f32(b, rng, "qkv", 5, (2 * hk + hv) * S)
     B, beta = f32(b, rng, "beta", 5, hv)
@@ -626,9 +626,7 @@ HOST_ONLY = {active_union, neuron_fetch, expert_fetch, copy}
 ALL = [pytest.param(op, case, id=f"{op.name.lower()}-{case.__name__}") for op, cases in CASES.items() for case in cases]
 # Cases CUDA's `supports` refuses (their nodes stay on the CPU there): MLA's attention and the per-head matmul.
 ON_DEVICES = [p for p in ALL if p.values[1] not in HOST_ONLY]
-# Every device op has its CUDA kernel (MLA's and the per-head matmul's included) but the recurrent ones, which run
-# on the CPU beside their state (runtime/placement.py).
-ON_CUDA = [p for p in ON_DEVICES if p.values[1] not in (ssm_conv, delta_net, delta_net_grouped)]
+ON_CUDA = ON_DEVICES  # every device op has its CUDA kernel (MLA's, the per-head matmul's, the recurrent ones included)
 
 
 def run_case(case: Callable, isa: str = "auto", device: str | None = None):
