@@ -44,7 +44,7 @@ struct DeltaNetArgs {
   bool grouped;  // v head h reads k head h / (v_heads / k_heads); else h % k_heads
 };
 // Floats of scratch one thread needs.
-inline int64_t delta_net_scratch_floats(int head_dim) { return 3 * int64_t(head_dim); }
+inline int64_t delta_net_scratch_floats(int head_dim) { return 2 * int64_t(head_dim); }  // l2-normed q and k
 // v heads [h0, h1) of every token; `scratch`: delta_net_scratch_floats of the calling thread's own.
 void delta_net(const DeltaNetArgs& a, const RecurrentRows& rows, int h0, int h1, float* scratch);
 

@@ -12,12 +12,14 @@ gives it back through release() (finished, cancelled or evicted; an evicted sequ
 The scheduler charges each sequence `state_blocks` KV blocks for it."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._core import DType, row_bytes
+from .._core import row_bytes
 from ..errors import PyinferError
+from ..runtime.model_graph import CACHE_TYPES
 from ..runtime.running import ModelParts, build_running
 from ..runtime.sampling import token_logprob
 from ..runtime.sparse_ffn import SparseRuns
@@ -32,7 +34,7 @@ class SeqWork:
     score: int | None = None  # score each of its tokens after the first: with this many alternatives (echo)
 
 
-MAX_STATE_ROWS = 256  # sequences of a hybrid model that may run at once (rows are mapped lazily: unused ones cost nothing)
+MAX_STATE_ROWS = 256  # sequences of a hybrid model that may run at once (the server keeps their rows resident)
 
 
 def state_blocks(cfg, cache_type: str, block_size: int) -> int:
@@ -40,10 +42,8 @@ def state_blocks(cfg, cache_type: str, block_size: int) -> int:
     charges a hybrid model's sequence beside its tokens."""
     if not cfg.recurrent_layers:
         return 0
-    from ..runtime.model_graph import CACHE_TYPES
-
-    per_token = cfg.attention_layers * cfg.kv_values_per_token * row_bytes(CACHE_TYPES[cache_type], 32) / 32
-    return max(1, -(-int(-(-cfg.state_floats_per_sequence * 4 // per_token)) // block_size))
+    block_bytes = block_size * cfg.attention_layers * cfg.kv_values_per_token * row_bytes(CACHE_TYPES[cache_type], 32) / 32
+    return max(1, math.ceil(cfg.state_floats_per_sequence * 4 / block_bytes))
 
 
 class BatchEngine:

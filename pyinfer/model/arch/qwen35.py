@@ -100,6 +100,8 @@ class Qwen35(Architecture):
         """The full-attention layers' attn_q holds, per head, its query rows then its output gate's rows: presented
         as attn_q (the queries) and attn_q_gate (the gates), copies of the rows (a quantized row is whole blocks).
         attn_qkv here is the linear attention's fused input, which is not split."""
+        from ..gguf_file import GGUFTensor
+
         p = self.name + "."
         n_heads = int(f.get(p + "attention.head_count", 0) or 0)
         head_dim = int(f.get(p + "attention.key_length", 0) or 0)
@@ -110,8 +112,6 @@ class Qwen35(Architecture):
                                        f"{n_heads} heads of {head_dim} need {2 * n_heads * head_dim}")
             data = np.asarray(t.data).reshape(t.rows, -1)
             heads = data.reshape(n_heads, 2, head_dim, *data.shape[1:])
-            from ..gguf_file import GGUFTensor
-
             for part, half in (("attn_q", 0), ("attn_q_gate", 1)):
                 rows = np.ascontiguousarray(heads[:, half]).reshape(n_heads * head_dim, *data.shape[1:])
                 new = name.replace(".attn_q.", f".{part}.")
