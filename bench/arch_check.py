@@ -22,6 +22,7 @@ sys.path.insert(1, str(Path(__file__).parents[1] / "tests"))
 import pyinfer  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from llamacpp_quantized import distance, llamacpp_logits, quantized_by_llamacpp  # noqa: E402
+from support.reference_gemma4 import gemma4_logits  # noqa: E402
 from support.reference_llama import reference_logits  # noqa: E402
 from support.tiny_model import MOE_KINDS, write_tiny_arch  # noqa: E402
 
@@ -65,6 +66,15 @@ CASES = [
      "renormalized and a sigmoid-gated shared expert"),
     ("qwen3next", "qwen3next", "ggml-vocab-qwen35.gguf", "qwen35moe's layers with value head h reading key head "
      "h / 2 (repeat-interleave), beta and alpha fused in ssm_ba, plain NEOX RoPE"),
+    # Gemma 4 (issue 53): 6 layers, sliding / global alternating, the last 2 sharing the caches of layers 2 and 3
+    ("gemma4", "gemma4", "ggml-vocab-gemma-4.gguf", "sliding heads of 32 (2 KV heads, window 5) and global ones of "
+     "64 (1 KV head, a quarter of the pairs rotated), V norm, 2 shared-KV layers with double-wide FFNs, per-layer "
+     "embeddings of 16, layer output scales, logits capped at 30"),
+    ("gemma4 (k = v)", "gemma4-kv", "ggml-vocab-gemma-4.gguf", "global layers without attn_v (the value is k's "
+     "projection), no per-layer embeddings or shared KV (31B's layout)"),
+    ("gemma4 MoE", "gemma4moe", "ggml-vocab-gemma-4.gguf", "26B-A4B's layout: each layer's dense FFN beside 8 "
+     "experts of 256, 2 per token, each half normed apart; the router on the stream's own norm times a scale; each "
+     "expert's output scaled; gate and up fused in ffn_gate_up_exps"),
     ("smallthinker (sigmoid, no window)", "smallthinker-sigmoid", "ggml-vocab-qwen2.gguf", "sigmoid routing, every "
      "layer global with RoPE"),
 ]
@@ -81,6 +91,16 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
         scaled = (lambda w: (w.add_string("gemma3.rope.scaling.type", "linear"),
                              w.add_float32("gemma3.rope.scaling.factor", 8.0))) if kind.endswith("linear8") else None
         return write_tiny_gemma3(path, seed=3, types=f32, extra=scaled)
+    if kind.startswith("gemma4"):
+        from support.tiny_gemma4 import write_tiny_gemma4
+
+        shape = dict(d_model=256, d_ff=512, n_heads=4, head_dim=64, head_dim_local=32, kv_heads=1, kv_heads_local=2,
+                     per_layer=16, cap=30.0, rotated_pairs=8, scale=0.05)  # ~1/sqrt(d), as trained weights
+        if kind == "gemma4-kv":
+            shape.update(per_layer=0, shared=0, k_eq_v=True)
+        if kind == "gemma4moe":
+            shape.update(per_layer=0, shared=0, k_eq_v=True, n_expert=8, n_expert_used=2, d_ff_expert=256, fused=True)
+        return write_tiny_gemma4(path, seed=len(kind), vocab_from=vocab, config=shape)
     hd = 128 if kind in ("qwen3", "qwen3moe") else 64
     if kind.startswith("qwen35") or kind == "qwen3next":
         from support.tiny_hybrid import write_tiny_qwen35
@@ -117,7 +137,8 @@ def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int, kv: str =
     ref = llamacpp_logits(str(src), ids, kv)
     ours = f32.eval(ids, all_logits=True).astype(np.float64)
     margins: list = []
-    numpy_ref = reference_logits(f32.gguf, ids, n_ctx=128, margins=margins)
+    numpy_ref = (gemma4_logits(f32.gguf, ids, cache_fp16=kv == "f16") if kind.startswith("gemma4") else
+                 reference_logits(f32.gguf, ids, n_ctx=128, margins=margins))
     # Where the engines' top tokens differ: llama.cpp's top-2 gap over its largest |logit|, and whose side
     # the fp32 numpy reference (tests/reference_llama.py) takes.
     ties = [{"position": int(i), "llamacpp_top2_gap": float(-np.diff(np.sort(ref[i])[::-1][:2])[0] / np.abs(ref).max()),
@@ -132,7 +153,8 @@ def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int, kv: str =
         clear = np.setdiff1d(np.arange(len(ids)), near)
         rows[0]["routing_near_ties"] = near.tolist()
         rows[0]["pyinfer_vs_llamacpp_clear_routing"] = distance(ours[clear], ref[clear])
-    if f32.config.recurrent_layers:  # a recurrent state: the prompt's half in one run, then one token at a time
+    if f32.config.recurrent_layers or f32.config.kv_shared_from or kind.startswith("gemma4"):
+        # a recurrent state or borrowed caches: the prompt's half in one run, then one token at a time
         half = n_ids // 2
         m = pyinfer.load(str(src), n_threads=2, n_ctx=128, progress=False, cache_type=kv)
         steps = [m.forward(ids[:half], 0, np.arange(half))] + [m.forward([t], half + i, np.array([0]))

@@ -1,5 +1,6 @@
 """Memory one sequence of a hybrid model holds at a given context (issue 53's figure 4): pyinfer's engine state (the
-attention layers' KV cache plus the recurrent layers' conv and delta-rule states) against llama.cpp's, as each
+KV cache of the attention layers that keep one (Gemma 4's shared-KV layers keep none) plus the recurrent layers'
+conv and delta-rule states) against llama.cpp's, as each
 reports it: pyinfer's Engine.state_bytes after load, llama.cpp's own log lines of its KV cache and recurrent memory
 (llama-cpp-python, verbose, in a subprocess so its log is read whole). No weights are read by either beyond load.
 
@@ -40,10 +41,11 @@ def pyinfer_memory(path: str, ctx: int, cache_type: str) -> dict:
     m = pyinfer.load(path, n_ctx=ctx, n_threads=2, progress=False, cache_type=cache_type)
     c = m.config
     elem = {"f16": 2, "f32": 4, "q8_0": 34 / 32}[cache_type]
-    kv = c.attention_layers * c.kv_values_per_token * elem * ctx
+    kv = c.cached_values_per_token * elem * ctx
     state = c.state_floats_per_sequence * 4
     return {"engine_state_mib": m.running.engine.state_bytes / MIB, "kv_mib": kv / MIB, "recurrent_state_mib": state / MIB,
-            "attention_layers": c.attention_layers, "recurrent_layers": sum(c.recurrent_layers)}
+            "attention_layers": sum(c.owns_cache(il) for il in range(c.n_layers)),
+            "recurrent_layers": sum(c.recurrent_layers)}
 
 
 def main() -> int:

@@ -65,8 +65,16 @@ SHAPES["qwen35moe"] = {"n_layers": 40, "d_model": 2048, "n_heads": 16, "n_kv_hea
                        "ssm_head": 128, "k_heads": 16, "v_heads": 32, "conv": 4, "rope_dims": 64}
 # its first 16 layers (12 DeltaNet, 4 attention; 7.5 GiB): small enough for both engines side by side in one process
 SHAPES["qwen35moe-slice"] = dict(SHAPES["qwen35moe"], n_layers=16)
+# Gemma 4 26B-A4B (transformers' conversion config): 30 layers, five sliding over 1024 (16 heads of 256 over 8 KV
+# heads) per global one (heads of 512 over 2 KV heads, no attn_v: the value is k's projection); every layer a dense
+# FFN of 2112 beside 128 experts of 704, 8 per token, gate and up fused; Q4_K experts (down Q5_0: its rows of 704 are
+# no multiple of 256), Q8_0 attention and dense FFN
+SHAPES["gemma4moe"] = {"n_layers": 30, "d_model": 2816, "n_heads": 16, "n_kv_heads": 8, "head_dim": 256,
+                       "head_dim_global": 512, "kv_heads_global": 2, "n_expert": 128, "n_expert_used": 8,
+                       "d_ff_expert": 704, "vocab": 262144, "d_ff_dense": 2112, "window": 1024,
+                       "kv_heads_per_layer": [8 if (il + 1) % 6 else 2 for il in range(30)]}
 SHAPE = SHAPES["qwen3moe"]
-SHAPE_NAMES = {"qwen35moe-slice": "Qwen3.5-35B-A3B (class, 16-layer slice)", "qwen35moe": "Qwen3.5-35B-A3B (class)", "qwen3moe": "Qwen3-30B-A3B", "gpt-oss": "gpt-oss-20b", "glm4moe": "GLM-4.5-Air (8-layer slice)",
+SHAPE_NAMES = {"gemma4moe": "Gemma 4 26B-A4B", "qwen35moe-slice": "Qwen3.5-35B-A3B (class, 16-layer slice)", "qwen35moe": "Qwen3.5-35B-A3B (class)", "qwen3moe": "Qwen3-30B-A3B", "gpt-oss": "gpt-oss-20b", "glm4moe": "GLM-4.5-Air (8-layer slice)",
                "deepseek2": "DeepSeek-V2-Lite", "smallthinker": "SmallThinker-21B-A3B"}
 CLASSES = 2048            # routing classes: token id mod CLASSES (one axis of d_model each)
 ALPHA, REUSE = 1.0, 0.3   # popularity skew per layer; chance a token keeps each of the previous token's experts
@@ -182,7 +190,7 @@ def moe_header(w, context: int, ff: int, rope_base: float, eps: float, head_keys
     w.add_embedding_length(c["d_model"])
     w.add_feed_forward_length(ff)
     w.add_head_count(c["n_heads"])
-    w.add_head_count_kv(c["n_kv_heads"])
+    w.add_head_count_kv(c.get("kv_heads_per_layer", c["n_kv_heads"]))  # (Gemma 4: a list, its layers' own)
     if head_keys:
         w.add_key_length(c["head_dim"])
         w.add_value_length(c["head_dim"])
@@ -495,6 +503,66 @@ def write_qwen35moe(path: Path, seed: int = 0) -> None:
     write_plan(w, plan)
 
 
+def write_gemma4moe(path: Path, seed: int = 0) -> None:
+    """Gemma 4 26B-A4B under the routing process: attention, the dense FFN and the experts write exact zeros (zero
+    scales; each branch's post-norm keeps a zero a zero); the router (its input the stream RMS-normed over sqrt(d)
+    times ffn_gate_inp.scale, here sqrt(d): the normed class axis other families' routers read) and head carry the
+    class chain; layer output scales 1."""
+    from gguf import GGMLQuantizationType as Q
+
+    c = SHAPE
+    d, n, ff, V, L = c["d_model"], c["n_expert"], c["d_ff_expert"], c["vocab"], c["n_layers"]
+    local = [(il + 1) % 6 != 0 for il in range(L)]
+    a = "gemma4"
+    w, rng, route = begin(path, a, seed, context=262144, ff=c["d_ff_dense"], rope_base=1e6, eps=1e-6, head_keys=False)
+    hd, hg = c["head_dim"], c["head_dim_global"]
+    for key, v in (("key_length", hg), ("value_length", hg), ("key_length_swa", hd), ("value_length_swa", hd)):
+        w.add_uint32(f"{a}.attention.{key}", v)
+    w.add_rope_dimension_count(hg)
+    w.add_rope_dimension_count_swa(hd)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_sliding_window(c["window"])
+    w.add_sliding_window_pattern(local)
+    w.add_final_logit_softcapping(30.0)
+    plan: list[tuple] = []
+
+    def f32(name, shape, make):
+        plan.append((name, shape, make, Q.F32))
+
+    def q8(name, rows, cols, scale):
+        plan.append((name, (rows, cols), lambda: q8_blocks(rng, rows, cols, scale), Q.Q8_0))
+
+    plan.append(("token_embd.weight", (V, d), lambda: class_embedding(V, d), Q.Q4_0))
+    f32("rope_freqs.weight", (hg // 2,), lambda: np.array([1.0] * (hg // 8) + [1e30] * (hg // 2 - hg // 8), np.float32))
+    dff = c["d_ff_dense"]
+    for il in range(L):
+        p, h = f"blk.{il}.", hd if local[il] else hg
+        kv = c["n_kv_heads"] if local[il] else c["kv_heads_global"]
+        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "pre_ffw_norm_2",
+                     "post_ffw_norm_1", "post_ffw_norm_2"):
+            f32(p + norm + ".weight", (d,), lambda: np.ones(d, np.float32))
+        q8(p + "attn_q.weight", c["n_heads"] * h, d, SCALE / 8)
+        q8(p + "attn_k.weight", kv * h, d, SCALE / 8)
+        if local[il]:
+            q8(p + "attn_v.weight", kv * h, d, SCALE / 8)
+        f32(p + "attn_q_norm.weight", (h,), lambda h=h: np.full(h, h ** -0.25, np.float32))
+        f32(p + "attn_k_norm.weight", (h,), lambda h=h: np.full(h, h ** -0.25, np.float32))
+        q8(p + "attn_output.weight", d, c["n_heads"] * h, 0.0)
+        q8(p + "ffn_gate.weight", dff, d, SCALE)
+        q8(p + "ffn_up.weight", dff, d, SCALE)
+        q8(p + "ffn_down.weight", d, dff, 0.0)
+        f32(p + "ffn_gate_inp.weight", (n, d), lambda il=il: class_router(route[il]))
+        f32(p + "ffn_gate_inp.scale", (d,), lambda: np.full(d, np.sqrt(d), np.float32))
+        plan.append((p + "ffn_gate_up_exps.weight", (n, 2 * ff, d),
+                     lambda: q4k_blocks(rng, n * 2 * ff, d, SCALE).reshape(n, 2 * ff, -1), Q.Q4_K))
+        plan.append((p + "ffn_down_exps.weight", (n, d, ff), lambda: np.zeros((n, d, ff // 32 * 22), np.uint8), Q.Q5_0))
+        f32(p + "ffn_down_exps.scale", (n,), lambda: np.ones(n, np.float32))
+        f32(p + "layer_output_scale.weight", (1,), lambda: np.ones(1, np.float32))
+    f32("output_norm.weight", (d,), lambda: np.ones(d, np.float32))
+    plan.append(("output.weight", (V, d), lambda: class_head(V, d), Q.Q4_0))
+    write_plan(w, plan)
+
+
 def write_model(path: Path, seed: int = 0) -> None:
     from gguf import GGMLQuantizationType as Q
 
@@ -646,8 +714,9 @@ def main() -> int:
     ap.add_argument("--family", default="qwen3moe", choices=sorted(SHAPES),
                     help="the shape written: Qwen3-30B-A3B (Q4_0), gpt-oss-20b (MXFP4 experts), an 8-layer slice of "
                          "GLM-4.5-Air (Q4_K experts), DeepSeek-V2-Lite (latent attention, Q4_K experts), "
-                         "SmallThinker-21B-A3B (routed before attention, Q4_K experts) or Qwen3.5-35B-A3B's class "
-                         "(gated DeltaNet layers, Q4_K experts)")
+                         "SmallThinker-21B-A3B (routed before attention, Q4_K experts), Qwen3.5-35B-A3B's class "
+                         "(gated DeltaNet layers, Q4_K experts) or Gemma 4 26B-A4B (fused Q4_K experts beside a "
+                         "dense FFN)")
     ap.add_argument("--limits", nargs="+", default=["4G", "8G", "12G"], help="total memory limits (both engines)")
     ap.add_argument("--tag", default="moe_synthetic")
     ap.add_argument("--policies", action="store_true",
@@ -676,13 +745,13 @@ def main() -> int:
     names = {"gpt-oss": "gpt-oss-20b-shape-mxfp4.gguf", "glm4moe": "glm-4.5-air-8-layer-shape-q4_k.gguf",
              "qwen3moe": "qwen3moe-30b-a3b-shape-q4_0.gguf", "deepseek2": "deepseek-v2-lite-shape-q4_k.gguf",
              "smallthinker": "smallthinker-21b-a3b-shape-q4_k.gguf", "qwen35moe": "qwen3.5-35b-a3b-class-q4_k.gguf",
-             "qwen35moe-slice": "qwen3.5-35b-a3b-class-16-layer-q4_k.gguf"}
+             "qwen35moe-slice": "qwen3.5-35b-a3b-class-16-layer-q4_k.gguf", "gemma4moe": "gemma-4-26b-a4b-shape-q4_k.gguf"}
     model = work / names[args.family]
     if not model.exists():
         print(f"writing {model} ...", file=sys.stderr)
         writer = {"gpt-oss": write_gpt_oss, "glm4moe": write_glm4moe, "qwen3moe": write_model,
                   "deepseek2": write_deepseek2, "smallthinker": write_smallthinker,
-                  "qwen35moe": write_qwen35moe, "qwen35moe-slice": write_qwen35moe}[args.family]
+                  "qwen35moe": write_qwen35moe, "qwen35moe-slice": write_qwen35moe, "gemma4moe": write_gemma4moe}[args.family]
         writer(model.with_suffix(".tmp"))
         model.with_suffix(".tmp").replace(model)
     prepare(model, bundle=args.sources or args.expert_source == "bundle")
@@ -706,6 +775,8 @@ def main() -> int:
             "qwen35moe": "Qwen3.5-35B-A3B-class synthetic hybrid MoE ({:.2f} GiB, 30 gated DeltaNet and 10 gated "
                          "attention layers in Q8_0, Q4_K experts, 8 of 256 per token and a gated shared "
                          "expert)",
+            "gemma4moe": "Gemma 4 26B-A4B-shaped synthetic MoE ({:.2f} GiB, fused Q4_K experts, 8 of 128 per token, "
+                         "beside a Q8_0 dense FFN in every layer; Q8_0 attention)",
             "qwen35moe-slice": "Qwen3.5-35B-A3B-class synthetic hybrid MoE, its first 16 layers ({:.2f} GiB, 12 gated "
                                "DeltaNet and 4 gated attention layers in Q8_0, Q4_K experts, 8 of 256 per token and a "
                                "gated shared expert)"}[args.family]

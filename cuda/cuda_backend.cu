@@ -90,7 +90,8 @@ class CudaBackend final : public Backend {
                n.p.attention.kv_heads > 0;  // MLA included: q_rope, value heads shorter than key heads
       case OpKind::KvStore: return g.tensors[size_t(n.dst)].type == DType::F16;
       case OpKind::RmsNorm: case OpKind::Quantize: case OpKind::Rope: case OpKind::Add: case OpKind::SiluMul:
-      case OpKind::SelectRows: case OpKind::BiasRelu: case OpKind::ScatterCols: case OpKind::Copy: return true;
+      case OpKind::SelectRows: case OpKind::BiasRelu: case OpKind::ScatterCols: case OpKind::Copy: case OpKind::Softcap:
+        return true;
       // Experts: whole merged tensors in device memory (streamed experts stay on the CPU).
       case OpKind::MoeRoute: case OpKind::MoeCombine: case OpKind::MoeRouteSplit: return true;
       // The recurrent layers: their state lives where the node runs (copy_planner.cpp).
@@ -304,8 +305,10 @@ class CudaBackend final : public Backend {
       {
         cuda::Rows b = rows_of(src(BinarySrc::b), rows);
         if (is_bias_row(src(BinarySrc::b))) b.stride = 0;  // one bias row for every row
-        return cuda::add(rows_of(src(BinarySrc::a), rows), b, rows_of(dst, rows), n.p.add.scale, stream_);
+        return cuda::add(rows_of(src(BinarySrc::a), rows), b, rows_of(dst, rows), n.p.add.scale, n.p.add.post, stream_);
       }
+      case OpKind::Softcap:
+        return cuda::softcap(rows_of(src(SoftcapSrc::x), rows), rows_of(dst, rows), n.p.softcap.cap, stream_);
       case OpKind::SiluMul:
         return cuda::gated_mul(rows_of(src(GatedMulSrc::gate), rows), rows_of(src(GatedMulSrc::up), rows),
                                rows_of(dst, rows), n.p.gated_mul.act, stream_);
@@ -342,7 +345,9 @@ class CudaBackend final : public Backend {
       case OpKind::MoeRoute:
         return cuda::moe_route(rows_of(src(MoeRouteSrc::logits), rows), rows_of(dst, rows), n.p.moe_route,
                                n.src[MoeRouteSrc::bias] >= 0 ? static_cast<const float*>(src(MoeRouteSrc::bias).data)
-                                                             : nullptr, stream_);
+                                                             : nullptr,
+                               n.src[MoeRouteSrc::expert_scale] >= 0
+                                   ? static_cast<const float*>(src(MoeRouteSrc::expert_scale).data) : nullptr, stream_);
       case OpKind::MoeMatMul: {
         using S = MoeMatMulSrc;
         const Tensor& w = src(S::weight);

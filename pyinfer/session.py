@@ -72,7 +72,7 @@ class Session:
         self.chat_template = self.gguf.get("tokenizer.chat_template")
         self.cache_type, self.neuron_down = cache_type, neuron_down
         c = self.config  # MLA caches one latent row per token: its key is the row, its value the latent part
-        cached = (c.kv_width, c.kv_lora_rank) if c.kv_lora_rank else (c.head_dim,)
+        cached = (c.kv_width, c.kv_lora_rank) if c.kv_lora_rank else sorted({c.layer_head_dim(il) for il in range(c.n_layers)})
         if cache_type == "q8_0" and any(n % 32 for n in cached):
             raise PyinferError(f"a q8_0 KV cache needs cached heads of a multiple of 32 values; this model's are "
                                f"{' and '.join(map(str, cached))} (use cache_type f16)")
@@ -81,6 +81,9 @@ class Session:
             print(f"pyinfer: {n_threads} CPU threads with a device on {physical_cores()} cores leave its executor "
                   f"thread no core of its own (on a 16-core H200 machine -t 16 decoded 3.6x slower than -t 8); "
                   f"the default is {default_threads(device)}", file=sys.stderr)
+        if sparsity == "input" and not self.config.uniform_ffn:
+            raise UnsupportedModelError("input sparsity needs FFNs of one width in every layer; this model's widths "
+                                        f"are {sorted(set(self.config.ffn_widths))}")
         if sparsity == "input":  # chosen by quality on held-out text, with engines built as this session's
             from .sparsity.input_choice import input_plan
 

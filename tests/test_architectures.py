@@ -97,7 +97,7 @@ def test_a_fused_qkv_of_the_wrong_size_is_refused(tmp_path):
 
 
 def test_registry_lists_what_runs():
-    assert set(ARCHITECTURES) == {"llama", "gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "olmoe", "granitemoe", "glm4moe", "gpt-oss", "deepseek2", "smallthinker", "qwen35", "qwen35moe", "qwen3next"}
+    assert set(ARCHITECTURES) == {"llama", "gemma3", "qwen2", "qwen3", "phi3", "qwen2moe", "qwen3moe", "olmoe", "granitemoe", "glm4moe", "gpt-oss", "deepseek2", "smallthinker", "qwen35", "qwen35moe", "qwen3next", "gemma4"}
 
 
 def test_linear_rope_scaling(tmp_path):

@@ -105,7 +105,7 @@ def test_unsupported_architecture(tmp_path):
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     rc, _, err = run_cli("generate", "-m", str(tmp_path / "gpt2.gguf"), "hi")
-    assert_one_line_error(rc, err, "architecture 'gpt2' is not supported (supported: deepseek2, gemma3, glm4moe, gpt-oss, granitemoe, llama, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, smallthinker)")
+    assert_one_line_error(rc, err, "architecture 'gpt2' is not supported (supported: deepseek2, gemma3, gemma4, glm4moe, gpt-oss, granitemoe, llama, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, smallthinker)")
 
 
 def test_unsupported_tensor_type_names_it_and_the_supported_ones(tmp_path):

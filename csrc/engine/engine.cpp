@@ -291,7 +291,7 @@ void Engine::check_row_coverage() {
         break;
       case OpKind::GetRows: case OpKind::SelectRows: covers(n.dst, n.src[1]); break;
       case OpKind::RmsNorm: case OpKind::Quantize: case OpKind::BiasRelu: case OpKind::ScatterCols:
-      case OpKind::ActiveSet:
+      case OpKind::ActiveSet: case OpKind::Softcap:
         covers(n.dst, n.src[0]);
         break;
       case OpKind::Rope: covers(n.dst, n.src[0]); covers(n.dst, n.src[1]); break;

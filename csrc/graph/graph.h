@@ -90,6 +90,8 @@ enum class OpKind : int32_t {
   // ---- recurrent layers (op_params.h: the state rows and their reset)
   SsmConv = 23,      // dst[t] = (silu) causal conv1d of x over each channel's last K inputs, state rolled on
   DeltaNet = 24,     // dst[t] = the gated delta rule's read-out of q[t] after its state update by k[t], v[t]
+  // ---- element-wise
+  Softcap = 25,      // dst = cap * tanh(x / cap) (Gemma's final logits)
   Count              // number of op kinds (not an op)
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);

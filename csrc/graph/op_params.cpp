@@ -21,7 +21,8 @@ constexpr ParamField kAttention[] = {PYI_I32(attention, heads), PYI_I32(attentio
                                  PYI_I32(attention, window), PYI_F32(attention, scale),
                                  PYI_I32(attention, v_dim)};
 constexpr ParamField kGatedMul[] = {PYI_I32(gated_mul, act)};
-constexpr ParamField kAdd[] = {PYI_F32(add, scale)};
+constexpr ParamField kAdd[] = {PYI_F32(add, scale), PYI_F32(add, post)};
+constexpr ParamField kSoftcap[] = {PYI_F32(softcap, cap)};
 constexpr ParamField kActiveSet[] = {PYI_I32(active_set, n_ff), PYI_I32(active_set, hot), PYI_I32(active_set, mode),
                                  PYI_I32(active_set, gate_fn), PYI_F32(active_set, threshold)};
 constexpr ParamField kGatedAct[] = {PYI_I32(gated_act, act), PYI_F32(gated_act, threshold)};
@@ -71,7 +72,7 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::ActiveUnion, "active_union", "ACTIVE_UNION", {"lists"}, kActiveUnion, count(kActiveUnion)},
     {OpKind::NeuronFetch, "neuron_fetch", "NEURON_FETCH", {"union_list"}, kNeuronFetch, count(kNeuronFetch)},
     {OpKind::Copy, "copy", "COPY", {"x"}, nullptr, 0},
-    {OpKind::MoeRoute, "moe_route", "MOE_ROUTE", {"logits", "bias"}, kMoeRoute, count(kMoeRoute)},
+    {OpKind::MoeRoute, "moe_route", "MOE_ROUTE", {"logits", "bias", "expert_scale"}, kMoeRoute, count(kMoeRoute)},
     {OpKind::MoeMatMul, "moe_mat_mul", "MOE_MAT_MUL", {"weight", "x", "route", "gate", "cut", "bias"}, kMoeMatMul,
      count(kMoeMatMul)},
     {OpKind::MoeCombine, "moe_combine", "MOE_COMBINE", {"experts", "route", "shared", "shared_gate"}, kMoe, count(kMoe)},
@@ -80,6 +81,7 @@ constexpr OpSignature kSignatures[] = {
     {OpKind::SsmConv, "ssm_conv", "SSM_CONV", {"x", "weight", "state", "positions", "rows"}, kSsmConv, count(kSsmConv)},
     {OpKind::DeltaNet, "delta_net", "DELTA_NET", {"qkv", "beta", "alpha", "decay", "state", "positions", "rows"},
      kDeltaNet, count(kDeltaNet)},
+    {OpKind::Softcap, "softcap", "SOFTCAP", {"x"}, kSoftcap, count(kSoftcap)},
 };
 static_assert(sizeof(kSignatures) / sizeof(kSignatures[0]) == kOpKinds,
               "an op was added or removed: give it a row here, and a case in every backend's compute and supports");

@@ -77,7 +77,9 @@ struct CopySrc { enum : int { x = 0 }; };
 // a shared expert's output F32 [T, d] and its gate logit F32 [T, 1] (Qwen2-MoE).
 // `bias` (optional): F32 [1, n_expert] added to the experts' probabilities for choosing them only (GLM-4.5's and
 // DeepSeek-V3's exp_probs_b); the weights stay the unbiased probabilities.
-struct MoeRouteSrc { enum : int { logits = 0, bias = 1 }; };
+// `expert_scale` F32 [1, n_expert] (optional): each chosen expert's weight times its value, last (Gemma 4's per-expert
+// output scale, which llama.cpp multiplies into the expert's down output).
+struct MoeRouteSrc { enum : int { logits = 0, bias = 1, expert_scale = 2 }; };
 // MoeMatMul's `gate` and `cut` (optional, together): CATS inside the experts. `gate`: F32 [T, k * rows_e], the same
 // route's gate MoeMatMul before its activation; `cut`: F32 [n_expert, 3], each expert's GateCut bounds (hi, lo, mid;
 // _core.gate_cut_bounds). A one-token run then computes only the rows whose |act(gate)| passes their expert's cut
@@ -100,6 +102,8 @@ struct SsmConvSrc { enum : int { x = 0, weight = 1, state = 2, positions = 3, ro
 // DeltaNet: `qkv` F32 [T, 2 k_heads S + v_heads S] (q heads, k heads, v heads: the conv's output), `beta` and
 // `alpha` F32 [T, v_heads] (the per-head projections), `decay` F32 [2, v_heads] (row 0: dt bias, row 1: A, negative).
 // The state row holds v_heads S x S matrices, each stored by column (llama.cpp's layout).
+// Softcap: x F32 [T, n] (dst may be x).
+struct SoftcapSrc { enum : int { x = 0 }; };
 struct DeltaNetSrc { enum : int { qkv = 0, beta = 1, alpha = 2, decay = 3, state = 4, positions = 5, rows = 6 }; };
 
 // ---- scalar parameters -----------------------------------------------------------------------------
@@ -123,7 +127,10 @@ struct AttentionParams {
   int32_t v_dim;       // a value head's size (0: head_dim); MLA reads a prefix of each key row as the value
 };
 struct GatedMulParams { Activation act; };
-struct AddParams { float scale; };  // dst = a + scale * b (0: 1; Granite's residual multiplier)
+// dst = (a + scale * b) * post (each 0: 1): Granite's residual multiplier; Gemma 4's layer output scale, applied to
+// the layer's last residual sum as llama.cpp's mul after its add.
+struct AddParams { float scale, post; };
+struct SoftcapParams { float cap; };  // dst = cap * tanh(x * (1 / cap)): Gemma's final logit soft-capping
 struct ActiveSetParams { int32_t n_ff, hot; ActiveSetMode mode; GateFn gate_fn; float threshold; };
 struct GatedActParams { Activation act; float threshold; };  // 0 where |act(gate) * up| <= threshold
 // Count -1 ("run dense") when the run has more than max_tokens tokens, when the mean list density exceeds
@@ -170,6 +177,7 @@ union OpParams {
   QuantizeParams quantize;
   SsmConvParams ssm_conv;
   DeltaNetParams delta_net;
+  SoftcapParams softcap;
   OpParams() { std::memset(static_cast<void*>(this), 0, sizeof(*this)); }  // every field of every op: 0
 };
 

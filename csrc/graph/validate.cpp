@@ -274,6 +274,11 @@ void Graph::validate() const {
         c.cols(src[0], d.cols); c.cols(src[1], d.cols);
         if (n.op == OpKind::SiluMul && (int32_t(n.p.gated_mul.act) < 0 || int32_t(n.p.gated_mul.act) >= kActivations))
           c.fail("unknown activation");
+        if (n.op == OpKind::Add && !std::isfinite(n.p.add.post)) c.fail("the output scale must be finite");
+        break;
+      case OpKind::Softcap:
+        c.type(n.dst, DType::F32); c.type(src[SoftcapSrc::x], DType::F32); c.cols(src[SoftcapSrc::x], d.cols);
+        if (!(n.p.softcap.cap > 0.f) || !std::isfinite(n.p.softcap.cap)) c.fail("the soft cap must be positive");
         break;
       case OpKind::SelectRows: {
         const Tensor& x = c.t(src[SelectRowsSrc::x]);
@@ -412,6 +417,12 @@ void Graph::validate() const {
           if (b.row_mode != RowMode::Fixed || b.rows != 1 || b.cols != P.n_expert)
             c.fail("the routing bias must be one fixed row of n_expert values");
           if (P.gating == MoeGating::SoftmaxWeight) c.fail("a routing bias chooses by probability: softmax or sigmoid");
+        }
+        if (src[MoeRouteSrc::expert_scale] >= 0) {
+          const Tensor& s = c.t(src[MoeRouteSrc::expert_scale]);
+          c.type(src[MoeRouteSrc::expert_scale], DType::F32);
+          if (s.row_mode != RowMode::Fixed || s.rows != 1 || s.cols != P.n_expert)
+            c.fail("the experts' output scales must be one fixed row of n_expert values");
         }
         if (d.row_mode != RowMode::Tokens || d.view_of >= 0) c.fail("a route has one row of its own per token");
         break;

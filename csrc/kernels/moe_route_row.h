@@ -37,10 +37,10 @@ PYINFER_HOST_DEVICE inline void moe_top_k(int32_t n_expert, int32_t k, Value v_o
   }
 }
 
-// l: F32 [n_expert] logits; out: F32 [2k], the k weights best first, then the k ids as floats. bias: F32
-// [n_expert] or null.
+// l: F32 [n_expert] logits; out: F32 [2k], the k weights best first, then the k ids as floats. bias and
+// expert_scale: F32 [n_expert] or null.
 PYINFER_HOST_DEVICE inline void moe_route_row(const float* l, float* out, const MoeRouteParams& P,
-                                              const float* bias = nullptr) {
+                                              const float* bias = nullptr, const float* expert_scale = nullptr) {
   float* w = out;
   float* ids = out + P.k;
   const bool grouped = P.n_group > 1;
@@ -53,7 +53,7 @@ PYINFER_HOST_DEVICE inline void moe_route_row(const float* l, float* out, const 
   }
   if (!std::isfinite(top)) {  // no usable logit (NaN or infinite everywhere): equal weights, not NaN
     if (grouped) moe_top_k(P.n_expert, P.k, [&](int32_t e) { return l[e]; }, w, ids);  // ids the plain way
-    for (int32_t s = 0; s < P.k; ++s) w[s] = 1.f / float(P.k);
+    for (int32_t s = 0; s < P.k; ++s) w[s] = expert_scale ? expert_scale[int32_t(ids[s])] / float(P.k) : 1.f / float(P.k);
     return;
   }
   double sum = 0;  // softmax's denominator over every logit (SoftmaxWeight: over the chosen k only)
@@ -93,6 +93,8 @@ PYINFER_HOST_DEVICE inline void moe_route_row(const float* l, float* out, const 
   }
   if (P.scale != 0.f && P.scale != 1.f)
     for (int32_t s = 0; s < P.k; ++s) w[s] *= P.scale;
+  if (expert_scale)
+    for (int32_t s = 0; s < P.k; ++s) w[s] *= expert_scale[int32_t(ids[s])];
 }
 
 }  // namespace pyinfer

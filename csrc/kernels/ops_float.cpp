@@ -119,6 +119,15 @@ void add_row(const float* a, const float* b, float* y, int64_t n, float scale) {
   }
 }
 
+void scale_row(float* y, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= s;
+}
+
+void softcap_row(const float* x, float* y, int64_t n, float cap) {
+  const float inv = 1.f / cap;
+  for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i] * inv) * cap;
+}
+
 const float* gelu_fp16_table() {
   static const std::vector<float> table = [] {
     std::vector<float> t(1 << 16);

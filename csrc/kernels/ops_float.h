@@ -55,6 +55,9 @@ void rope_row(const float* x, float* y, int32_t pos, int heads, int head_dim, fl
               const float* factors = nullptr, float freq_scale = 1.f, float attn_factor = 1.f, int n_rot = 0,
               const float* yarn = nullptr);  // n_rot 0: all; yarn: {ext_factor, low, high} or null
 void add_row(const float* a, const float* b, float* y, int64_t n, float scale = 0.f);  // a + scale * b (0: 1)
+void scale_row(float* y, int64_t n, float s);  // y *= s (llama.cpp's mul by a one-value tensor)
+// y = cap * tanh(x * (1 / cap)), as llama.cpp's scale, tanh, scale (x and y may alias).
+void softcap_row(const float* x, float* y, int64_t n, float cap);
 void gated_act_row(Activation a, const float* gate, const float* up, float* y, int64_t n);
 // gated_act_row for GELU: the portable entry of KernelTable::gelu_mul.
 void gelu_mul_generic(const float* gate, const float* up, float* y, int64_t n);

@@ -27,9 +27,9 @@ __device__ __forceinline__ int32_t route_expert(const float* r, int32_t k, int32
 }
 
 // One thread per token (kernels/moe_route_row.h, the CPU's own code).
-__global__ void moe_route_kernel(Rows logits, Rows route, MoeRouteParams p, const float* bias) {
+__global__ void moe_route_kernel(Rows logits, Rows route, MoeRouteParams p, const float* bias, const float* expert_scale) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t < route.rows) moe_route_row(at<const float>(logits, t), at<float>(route, t), p, bias);
+  if (t < route.rows) moe_route_row(at<const float>(logits, t), at<float>(route, t), p, bias, expert_scale);
 }
 
 // Where a warp of the expert matmul works: expert row `r` of slot s of token t, and whether it computes it.
@@ -219,9 +219,10 @@ unsigned col_blocks(int64_t cols) {
 
 }  // namespace
 
-void moe_route(const Rows& logits, const Rows& route, const MoeRouteParams& p, const float* bias, cudaStream_t s) {
+void moe_route(const Rows& logits, const Rows& route, const MoeRouteParams& p, const float* bias,
+               const float* expert_scale, cudaStream_t s) {
   if (route.rows > 0)
-    moe_route_kernel<<<unsigned((route.rows + 127) / 128), 128, 0, s>>>(logits, route, p, bias);
+    moe_route_kernel<<<unsigned((route.rows + 127) / 128), 128, 0, s>>>(logits, route, p, bias, expert_scale);
 }
 
 void moe_matmul(MoeMatMulArgs a, cudaStream_t s) {

@@ -9,7 +9,9 @@
 namespace pyinfer::cuda {
 
 // route F32 [T, 2k] = the top k experts of softmax or sigmoid(logits F32 [T, n_expert]), weights then ids.
-void moe_route(const Rows& logits, const Rows& route, const MoeRouteParams& p, const float* bias, cudaStream_t s);
+// bias, expert_scale: F32 [n_expert] or null (kernels/moe_route_row.h)
+void moe_route(const Rows& logits, const Rows& route, const MoeRouteParams& p, const float* bias,
+               const float* expert_scale, cudaStream_t s);
 
 struct MoeMatMulArgs {
   Rows w;             // merged experts [n_expert * rows_e, cols]

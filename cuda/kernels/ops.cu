@@ -144,14 +144,16 @@ __global__ void kv_store_kernel(Rows x, const int32_t* rows, Rows cache) {
 }
 
 // Element-wise over [rows, cols]: grid.y is the row.
-enum class Binary { Add, Gated, BiasRelu };
-__global__ void binary_kernel(Rows a, Rows b, const float* bias, Rows y, Binary op, Activation act, float scale = 1.f) {
+enum class Binary { Add, Gated, BiasRelu, Softcap };
+__global__ void binary_kernel(Rows a, Rows b, const float* bias, Rows y, Binary op, Activation act, float scale = 1.f,
+                              float post = 1.f) {
   const int64_t r = blockIdx.x;
   for (int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; c < y.cols; c += int64_t(gridDim.y) * blockDim.x) {
     const float x = at<float>(a, r)[c];
     float v;
     switch (op) {
-      case Binary::Add: v = x + __fmul_rn(scale, at<float>(b, r)[c]); break;  // scale 1: exact
+      case Binary::Add: v = __fmul_rn(x + __fmul_rn(scale, at<float>(b, r)[c]), post); break;  // 1s: exact
+      case Binary::Softcap: v = __fmul_rn(tanhf(__fmul_rn(x, scale)), post); break;  // scale 1 / cap, post cap
       case Binary::Gated: v = gated(act, x, at<float>(b, r)[c]); break;
       default: v = fmaxf(0.f, x + bias[c]); break;
     }
@@ -228,10 +230,16 @@ void kv_store_f16(const Rows& x, const int32_t* rows, const Rows& cache, cudaStr
   if (x.rows > 0) kv_store_kernel<<<row_grid(x.cols, x.rows), kThreads, 0, s>>>(x, rows, cache);
 }
 
-void add(const Rows& a, const Rows& b, const Rows& y, float scale, cudaStream_t s) {
+void add(const Rows& a, const Rows& b, const Rows& y, float scale, float post, cudaStream_t s) {
   if (y.rows > 0)
     binary_kernel<<<row_grid(y.cols, y.rows), kThreads, 0, s>>>(a, b, nullptr, y, Binary::Add, Activation::SiLU,
-                                                                 scale == 0.f ? 1.f : scale);
+                                                                 scale == 0.f ? 1.f : scale, post == 0.f ? 1.f : post);
+}
+
+void softcap(const Rows& x, const Rows& y, float cap, cudaStream_t s) {
+  if (y.rows > 0)
+    binary_kernel<<<row_grid(y.cols, y.rows), kThreads, 0, s>>>(x, x, nullptr, y, Binary::Softcap, Activation::SiLU,
+                                                                 1.f / cap, cap);
 }
 
 void gated_mul(const Rows& gate, const Rows& up, const Rows& y, Activation act, cudaStream_t s) {

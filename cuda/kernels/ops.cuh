@@ -32,7 +32,9 @@ void rope(const Rows& x, const Rows& y, const int32_t* positions, const float* f
           cudaStream_t s);
 // cache[rows[t]] = fp16(x[t]).
 void kv_store_f16(const Rows& x, const int32_t* rows, const Rows& cache, cudaStream_t s);
-void add(const Rows& a, const Rows& b, const Rows& y, float scale, cudaStream_t s);  // a + scale * b (0: 1)
+// (a + scale * b) * post (each 0: 1; ops_float.cpp add_row, scale_row)
+void add(const Rows& a, const Rows& b, const Rows& y, float scale, float post, cudaStream_t s);
+void softcap(const Rows& x, const Rows& y, float cap, cudaStream_t s);  // cap * tanh(x / cap) (softcap_row)
 void gated_mul(const Rows& gate, const Rows& up, const Rows& y, Activation act, cudaStream_t s);
 void select_rows(const Rows& x, const int32_t* rows, const Rows& y, cudaStream_t s);
 void bias_relu(const Rows& x, const float* bias, const Rows& y, cudaStream_t s);

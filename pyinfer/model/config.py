@@ -148,6 +148,21 @@ class LlamaConfig:
     ssm_v_heads: int = 0
     attn_output_gate: bool = False
     ssm_grouped_heads: bool = False  # v head h reads k head h / (v / k) (Qwen3-Next); else h % k (Qwen 3.5)
+    # Gemma 4: the sliding-window layers' own head size and rotated values (0: head_dim, rope_dims); each layer's KV
+    # heads where they differ (its global layers have fewer); the layers from `kv_shared_from` on (0: none) read the
+    # cache of the last layer of their kind before it instead of keeping one (llama.cpp's layer reuse); per-layer
+    # token embeddings of `per_layer_embd` values per layer (0: none); each layer's FFN width where they differ (its
+    # double-wide MLP); the final logits' soft cap (0: none).
+    head_dim_local: int = 0
+    rope_dims_local: int = 0
+    kv_heads_per_layer: tuple[int, ...] = ()
+    kv_shared_from: int = 0
+    per_layer_embd: int = 0
+    ffn_widths: tuple[int, ...] = ()
+    logit_softcap: float = 0.0
+    # Gemma 4's MoE form: each expert's output times its own value (blk.N.ffn_down_exps.scale), folded into the
+    # route's weights.
+    expert_output_scale: bool = False
 
     def is_recurrent(self, layer: int) -> bool:
         """A linear-attention layer with a recurrent state instead of a KV cache (Qwen3.5's gated DeltaNet)."""
@@ -163,6 +178,45 @@ class LlamaConfig:
         """F32 values of recurrent state one sequence holds across its layers (0: none), whatever its length."""
         per_layer = (self.ssm_conv_kernel - 1) * self.ssm_conv_channels + self.ssm_v_heads * self.ssm_head_dim ** 2
         return per_layer * sum(self.recurrent_layers)
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.head_dim_local if self.head_dim_local and self.is_local(layer) else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.kv_heads_per_layer[layer] if self.kv_heads_per_layer else self.n_kv_heads
+
+    def layer_rope_dims(self, layer: int) -> int:
+        """Values of each head that rotate (0: all)."""
+        return self.rope_dims_local if self.head_dim_local and self.is_local(layer) else self.rope_dims
+
+    def layer_kv_width(self, layer: int) -> int:
+        """Values of one cache row of layer `layer` (K, and V unless MLA)."""
+        return self.kv_width if self.kv_lora_rank else self.layer_kv_heads(layer) * self.layer_head_dim(layer)
+
+    def kv_owner(self, layer: int) -> int:
+        """The layer whose KV cache `layer` attends over: itself, or from kv_shared_from on the last sliding-window
+        (or global) layer before it, as llama.cpp's layer reuse picks (kv_shared_from - 2 or - 1; the architecture
+        checks that those are of the right kinds)."""
+        if self.kv_shared_from and layer >= self.kv_shared_from:
+            return self.kv_shared_from - (2 if self.is_local(layer) else 1)
+        return layer
+
+    def owns_cache(self, layer: int) -> bool:
+        return not self.is_recurrent(layer) and self.kv_owner(layer) == layer
+
+    @property
+    def cached_values_per_token(self) -> int:
+        """Values one token adds to the KV cache across the layers that keep one (K and V; MLA: its one row)."""
+        per_layer = (lambda il: self.kv_width) if self.kv_lora_rank else (lambda il: 2 * self.layer_kv_width(il))
+        return sum(per_layer(il) for il in range(self.n_layers) if self.owns_cache(il))
+
+    def layer_ffn_width(self, layer: int) -> int:
+        return self.ffn_widths[layer] if self.ffn_widths else self.d_ff
+
+    @property
+    def uniform_ffn(self) -> bool:
+        """Every layer's FFN has d_ff neurons (what neuron-level plans assume)."""
+        return not self.ffn_widths or all(w == self.d_ff for w in self.ffn_widths)
 
     @property
     def attention_layers(self) -> int:

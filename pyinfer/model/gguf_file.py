@@ -61,6 +61,9 @@ class GGUFModelFile:
         self._map = getattr(raw, "_mmap", None)  # the mapping itself, for release()
         self._random = False
         self._ranges: dict[str, tuple[int, int, np.ndarray]] = {}  # tensor name -> (file offset, bytes, view)
+        # A merged expert tensor an architecture presents from part of a fused one (Gemma 4's ffn_gate_up_exps):
+        # name -> (file offset of expert 0's part, bytes from one expert's part to the next), for the expert store.
+        self.expert_spans: dict[str, tuple[int, int]] = {}
         extents = []
         for t in header.tensors:
             tensor = self._tensor_view(t, raw, header, size)

@@ -55,12 +55,14 @@ def gguf_layers(gguf: GGUFModelFile, cfg: LlamaConfig) -> list[dict]:
     experts (the store's layers: GLM-4.5's leading dense layers are not among them)."""
     out = []
     for il in cfg.moe_layers:
-        offsets, sizes = [], []
+        offsets, sizes, strides = [], [], []
         for name in expert_names(il):
-            start, nbytes, _ = gguf._ranges[name]
+            size = int(gguf.tensors[name].data.nbytes) // cfg.n_expert
+            start, stride = gguf.expert_spans.get(name) or (gguf._ranges[name][0], size)
             offsets.append(int(start))
-            sizes.append(nbytes // cfg.n_expert)
-        out.append({"file_offsets": offsets, "expert_bytes": sizes})
+            sizes.append(size)
+            strides.append(int(stride))
+        out.append({"file_offsets": offsets, "expert_bytes": sizes, "expert_strides": strides})
     return out
 
 

@@ -97,7 +97,7 @@ def fixed_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None
 def kv_cache_bytes(cfg: LlamaConfig, n_ctx: int, cache_type: str = "f16") -> int:
     """The KV cache of n_ctx positions: f16, q8_0 (34 bytes per 32 elements) or f32."""
     per_elem = {"q8_0": 34 / 32, "f32": 4}.get(cache_type, 2)
-    return int(cfg.n_layers * n_ctx * cfg.kv_values_per_token * per_elem)
+    return int(n_ctx * cfg.cached_values_per_token * per_elem)
 
 
 def head_bytes(gguf: GGUFModelFile) -> int:
@@ -121,10 +121,11 @@ def neuron_seconds(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | N
     per_layer = ffn_tensors(gguf, cfg)
     out = []
     for il, total in enumerate(per_layer):
-        row = total / 3 / cfg.d_ff * costs.cpu_seconds_per_byte   # one gate row, up row or down column
+        n_ff = cfg.layer_ffn_width(il)
+        row = total / 3 / n_ff * costs.cpu_seconds_per_byte       # one gate row, up row or down column
         f = np.clip(model_order(cfg, plan, freq, il), 0, 1)
         lp = plan.layers[il] if plan is not None else None
-        gate_up = np.full(cfg.d_ff, 2.0)                          # computed every token...
+        gate_up = np.full(n_ff, 2.0)                              # computed every token...
         if lp is not None and lp.predictor is not None:          # ...but for a predictor's cold neurons
             gate_up = 2 * f
             gate_up[lp.perm[:lp.hot]] = 2.0                      # (its hot prefix always runs)
@@ -138,7 +139,7 @@ def neuron_bytes(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | Non
     out = []
     nm_row = {"f32": 4 * cfg.d_model, "q8_0": 34 * cfg.d_model // 32, "q4t": cfg.d_model // 2 + cfg.d_model // 8}
     for il, total in enumerate(ffn_tensors(gguf, cfg)):
-        b = total / cfg.d_ff * block
+        b = total / cfg.layer_ffn_width(il) * block
         if plan is not None and plan.layers[il].predictor is not None:
             b += nm_row[device_down(gguf, cfg, il)] * block
         out.append(b)
@@ -163,13 +164,14 @@ def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram
     if freq is None and plan is not None and all(lp.freq is not None for lp in plan.layers):
         freq = [lp.freq for lp in plan.layers]
     block = down_block(gguf)
-    if cfg.d_ff % block:
-        raise PyinferError(f"d_ff {cfg.d_ff} is not a whole number of down blocks of {block}")
+    widths = [cfg.layer_ffn_width(il) for il in range(cfg.n_layers)]
+    if any(w % block for w in widths):
+        raise PyinferError(f"FFN widths {sorted(set(widths))} are not whole numbers of down blocks of {block}")
     per_group = max(1, -(-group // block))                     # blocks per group
     seconds = neuron_seconds(gguf, cfg, plan, costs, freq)
     block_s = [v.reshape(-1, block).sum(1) for v in seconds]   # per layer, per down block
     order = [np.argsort(-v, kind="stable") for v in block_s]   # each layer's blocks, most valuable first
-    sizes = [group_sizes(cfg.d_ff // block, per_group) for _ in range(cfg.n_layers)]
+    sizes = [group_sizes(w // block, per_group) for w in widths]
     group_s = [group_sums(v[o], ss) for v, o, ss in zip(block_s, order, sizes)]
     per_block = neuron_bytes(gguf, cfg, plan, block)
     head = head_bytes(gguf)
@@ -191,7 +193,7 @@ def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram
     return Placement(
         fingerprint=gguf.fingerprint(), vram_budget=int(vram_budget), fixed=fixed, minimum=int(minimum),
         group=per_group * block, gpu_neurons=[len(b) * block for b in blocks], gpu_blocks=blocks, block=block,
-        n_ff=[cfg.d_ff] * cfg.n_layers, head_on_gpu=bool(answer.kept[-1]),
+        n_ff=widths, head_on_gpu=bool(answer.kept[-1]),
         ffn_bytes_on_gpu=int(sum(len(b) * pb for b, pb in zip(blocks, per_block))),
         ffn_bytes=int(sum(ffn_tensors(gguf, cfg))), head_bytes=head,
         mass_on_gpu=float(sum(m.reshape(-1, block)[b].sum() for m, b in zip(mass, blocks))) / total_mass,
@@ -206,9 +208,9 @@ def place(gguf: GGUFModelFile, cfg: LlamaConfig, plan: SparsityPlan | None, vram
 def model_order(cfg: LlamaConfig, plan: SparsityPlan | None, freq, il: int) -> np.ndarray:
     """F64 [n_ff]: layer il's firing frequencies (given per hot-first neuron) in the model's neuron order;
     1 where unknown."""
-    m = np.ones(cfg.d_ff)
+    m = np.ones(cfg.layer_ffn_width(il))
     if freq is not None and freq[il] is not None:
-        m[plan.layers[il].perm if plan is not None else np.arange(cfg.d_ff)] = np.asarray(freq[il], np.float64)
+        m[plan.layers[il].perm if plan is not None else np.arange(len(m))] = np.asarray(freq[il], np.float64)
     return m
 
 
@@ -236,8 +238,9 @@ def check_placement(d: dict, cfg: LlamaConfig, plan: SparsityPlan | None, n_ctx:
                 raise PyinferError(f"{path} was placed for {k} {info.get(k)!r}, this load has {v!r}; run "
                                    f"`pyinfer place` again")
         block, blocks = int(d["block"]), d["gpu_blocks"]
-        if len(blocks) != cfg.n_layers or block <= 0 or cfg.d_ff % block or any(
-                not 0 <= int(k) < cfg.d_ff // block for bl in blocks for k in bl):
+        widths = [cfg.layer_ffn_width(il) for il in range(cfg.n_layers)]
+        if len(blocks) != cfg.n_layers or block <= 0 or any(w % block for w in widths) or any(
+                not 0 <= int(k) < w // block for bl, w in zip(blocks, widths) for k in bl):
             raise PyinferError(f"{path}: its block lists do not fit this model")
     except (KeyError, TypeError, ValueError) as e:
         raise PyinferError(f"{path} is not a valid placement ({e})") from None

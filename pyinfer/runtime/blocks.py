@@ -40,7 +40,13 @@ class ModelGraph:
     # None: one sequence, row 0).
     n_states: int = 1
     state_rows: T | None = None
+    # Gemma 4's per-layer token embeddings (F32 [T, n_layers * per_layer_embd]; model/arch/gemma4.py), or None.
+    per_layer_inputs: T | None = None
+    tokens: T | None = None          # I32 [T]: the run's token ids
+    host: int | None = None          # where lookup tables live (embed_rows): the CPU beside a device, else None
     _weights: dict[str, T] = field(default_factory=dict)
+    _caches: dict[int, tuple[T, T]] = field(default_factory=dict)  # layer -> its (K, V) cache
+    _ffn_layer: int = -1             # the layer of the last ffn() call
 
     # ---- weights --------------------------------------------------------------------------------------
     def w(self, name: str) -> T:
@@ -48,7 +54,10 @@ class ModelGraph:
         t = self._weights.get(name)
         if t is None:
             g = self.gguf.finite_norm(name) if name.endswith("norm.weight") else self.gguf.tensor(name)
-            data = self.weight_source(name, g.data)
+            data = g.data
+            if not data.flags.c_contiguous:  # part of a fused tensor (Gemma 4's experts): copied when read in RAM
+                data = np.ascontiguousarray(data).reshape(g.rows, -1)
+            data = self.weight_source(name, data)
             if g.rows == 1 and g.type_name == "F16" and not name.endswith("norm.weight"):  # biases, factors: F32
                 data = np.asarray(data, np.float32)
                 t = self.b.weight(name, int(DType.F32), g.cols, 1, data)
@@ -71,6 +80,28 @@ class ModelGraph:
     def optional(self, name: str) -> T | None:
         return self.w(name) if name in self.gguf.tensors else None
 
+    def embed_rows(self, table: str, name: str, scale: float = 0.0) -> T:
+        """Each token's row of the lookup table `table` as F32 (times `scale`), the table kept in host memory as the
+        token embedding is: only the rows of the run's tokens are read."""
+        with self.b.weights_on(self.host):
+            t = self.w(table)
+        return self.b.get_rows(t, self.tokens, name, scale=scale)
+
+    def constant(self, name: str, values) -> T:
+        """A row of F32 values the graph computes with (a norm's weight the model folds or lacks), once per name."""
+        if name not in self._weights:
+            v = np.ascontiguousarray(values, np.float32).reshape(-1)
+            self._weights[name] = self.b.weight(name, int(DType.F32), v.size, 1, v)
+        return self._weights[name]
+
+    def scaled(self, x: T, s: float) -> T:
+        """x times s in place (llama.cpp's ggml_scale): an add of a row of zeros, times s."""
+        return self.b.add(x, self.constant(f"zeros.{x.cols}", np.zeros(x.cols)), out=x, post=s)
+
+    def ones(self, n: int) -> T:
+        """An F32 row of n ones: the weight of a norm the model applies without one (Gemma 4's V norm)."""
+        return self.constant(f"ones.{n}", np.ones(n))
+
     # ---- pieces ---------------------------------------------------------------------------------------
     def norm(self, x: T, weight: str, name: str, out: T | None = None, segment: int = 0) -> T:
         return self.b.rms_norm(x, self.w(weight), self.cfg.norm_eps, name, segment=segment, out=out)
@@ -84,7 +115,8 @@ class ModelGraph:
 
     def attention(self, h: T, il: int, qk_norm: bool = False, factors: T | None = None, rope_base: float | None = None,
                   window: int = 0, scale: float | None = None, freq_scale: float | None = None,
-                  qk_norm_rows: bool = False, sinks: bool = False, rope: bool = True, output_gate: bool = False) -> T:
+                  qk_norm_rows: bool = False, sinks: bool = False, rope: bool = True, output_gate: bool = False,
+                  v_norm: bool = False) -> T:
         """Self-attention of layer `il` on h (F32 [T, d_model]) to the output projection (F32 [T, d_model]):
         q, k, v (with their biases if present), per-head RMS norm of q and k (`qk_norm`), RoPE (the
         architecture's pairing, `factors` dividing each pair's frequency), the KV cache, causal attention
@@ -92,26 +124,44 @@ class ModelGraph:
         (default: the model's). `qk_norm_rows`: q and k are each normalised as whole rows, not per head (OLMoE).
         `sinks`: the layer's attn_sinks.weight joins every row's softmax, one logit per head (gpt-oss). `rope`
         False: positions are not rotated in (NoPE layers: SmallThinker's global ones). `output_gate`: the output is
-        times sigmoid of attn_q_gate's projection of h before its projection (Qwen3.5's gated attention)."""
+        times sigmoid of attn_q_gate's projection of h before its projection (Qwen3.5's gated attention). `v_norm`:
+        each value head RMS-normed (no weight) before the cache, and without attn_v the value is k's projection
+        (Gemma 4). The layer's head size and KV heads are the config's for it; a layer that shares an earlier
+        layer's cache (cfg.kv_owner) computes only q and attends over that cache."""
         b, c, p = self.b, self.cfg, f"blk.{il}."
-        q = self.linear(h, p + "attn_q.weight", "q", p + "attn_q.bias")  # F32 [T, n_heads * head_dim]
-        k = self.linear(h, p + "attn_k.weight", "k", p + "attn_k.bias")  # F32 [T, n_kv_heads * head_dim]
-        v = self.linear(h, p + "attn_v.weight", "v", p + "attn_v.bias")
-        if qk_norm or qk_norm_rows:  # each head normalised on its own, or each whole row
-            segment = 0 if qk_norm_rows else c.head_dim
-            q = self.norm(q, p + "attn_q_norm.weight", "q_normed", segment=segment)
-            k = self.norm(k, p + "attn_k_norm.weight", "k_normed", segment=segment)
+        hd, kv_heads, owner = c.layer_head_dim(il), c.layer_kv_heads(il), c.kv_owner(il)
+        segment = 0 if qk_norm_rows else hd
         base = c.rope_base if rope_base is None else rope_base
         scale_f = c.rope_freq_scale if freq_scale is None else freq_scale
-        for x, heads in ((q, c.n_heads), (k, c.n_kv_heads)) if rope else ():
-            b.rope(x, self.positions, heads, c.head_dim, base, neox=c.rope_neox, factors=factors,
-                   freq_scale=scale_f, attn_factor=c.rope_attn_factor, n_rot=c.rope_dims,
+
+        def rotate(x: T, heads: int) -> None:
+            b.rope(x, self.positions, heads, hd, base, neox=c.rope_neox, factors=factors, freq_scale=scale_f,
+                   attn_factor=c.rope_attn_factor, n_rot=c.layer_rope_dims(il),
                    yarn=(c.rope_ext_factor, c.rope_yarn_low, c.rope_yarn_high) if c.rope_ext_factor else None)
-        k_cache = b.state(f"k_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)  # F16|Q8_0 [n_ctx, kv width]
-        v_cache = b.state(f"v_cache.{il}", c.kv_width, self.n_ctx, self.kv_dtype)
-        b.kv_store(k_cache, k, self.slots)
-        b.kv_store(v_cache, v, self.slots)
-        o = b.attention(q, k_cache, v_cache, self.positions, c.n_heads, c.n_kv_heads, c.head_dim, "attn",
+
+        q = self.linear(h, p + "attn_q.weight", "q", p + "attn_q.bias")  # F32 [T, n_heads * head_dim]
+        if qk_norm or qk_norm_rows:  # each head normalised on its own, or each whole row
+            q = self.norm(q, p + "attn_q_norm.weight", "q_normed", segment=segment)
+        if rope:
+            rotate(q, c.n_heads)
+        if owner == il:
+            k = self.linear(h, p + "attn_k.weight", "k", p + "attn_k.bias")  # F32 [T, kv_heads * head_dim]
+            v = (k if v_norm and p + "attn_v.weight" not in self.gguf.tensors
+                 else self.linear(h, p + "attn_v.weight", "v", p + "attn_v.bias"))
+            if v_norm:  # a tensor of its own: k (when v is k's projection) is normed apart below
+                v = b.rms_norm(v, self.ones(hd), c.norm_eps, "v_normed", segment=hd)
+            if qk_norm or qk_norm_rows:
+                k = self.norm(k, p + "attn_k_norm.weight", "k_normed", segment=segment)
+            if rope:
+                rotate(k, kv_heads)
+            width = c.layer_kv_width(il)
+            k_cache = b.state(f"k_cache.{il}", width, self.n_ctx, self.kv_dtype)  # F16|Q8_0 [n_ctx, kv width]
+            v_cache = b.state(f"v_cache.{il}", width, self.n_ctx, self.kv_dtype)
+            b.kv_store(k_cache, k, self.slots)
+            b.kv_store(v_cache, v, self.slots)
+            self._caches[il] = (k_cache, v_cache)
+        k_cache, v_cache = self._caches[owner]
+        o = b.attention(q, k_cache, v_cache, self.positions, c.n_heads, kv_heads, hd, "attn",
                         self.kv_table, self.block_size, window=window, scale=scale,
                         sinks=self.w(p + "attn_sinks.weight") if sinks else None)
         if output_gate:
@@ -165,20 +215,26 @@ class ModelGraph:
         here and run while attention computes. Hand it to ffn(route=...)."""
         return self.ffn_builder.route(self, x, il)
 
-    def ffn(self, h: T, il: int, route: T | None = None) -> T:
+    def ffn(self, h: T, il: int, route: T | None = None, dense: bool = False) -> T:
         """The layer's FFN on h (F32 [T, d_model]), as this graph's FFN builder makes it; `route`: the layer's
-        expert choice made earlier (route()), else the FFN routes h itself."""
+        expert choice made earlier (route()), else the FFN routes h itself. `dense`: the layer's dense FFN
+        (ffn_gate/up/down) even where it also runs experts (Gemma 4's MoE layers run both, on inputs normed
+        apart). A layer's FFN calls count as one span of its nodes (b.ffn_nodes[layer])."""
         first = len(self.b.node_ops)
-        out = self.ffn_builder(self, h, il, route=route)
+        out = self.ffn_builder(self, h, il, route=route, dense=dense)
+        if self._ffn_layer == il and self.b.ffn_nodes:  # the layer's second FFN: one span from its first
+            first = self.b.ffn_nodes.pop().start
         self.b.ffn_nodes.append(range(first, len(self.b.node_ops)))
+        self._ffn_layer = il
         return out
 
-    def residual(self, x: T, y: T) -> T:
+    def residual(self, x: T, y: T, post: float = 0.0) -> T:
         """x + y, in place on the residual stream; its first add makes the stream a tensor of its own, so the
-        stream is written where the layers run, not where the embedding lookup ran."""
+        stream is written where the layers run, not where the embedding lookup ran. `post`: the sum times it
+        (Gemma 4's layer output scale; 0: not)."""
         scale = self.cfg.residual_scale  # Granite: each branch scaled before its add (0: not)
         if self.embedding is not None and x.id == self.embedding.id:
-            self.stream = self.b.add(x, y, name="x_stream", scale=scale)
+            self.stream = self.b.add(x, y, name="x_stream", scale=scale, post=post)
         else:
-            self.stream = self.b.add(x, y, out=x, scale=scale)
+            self.stream = self.b.add(x, y, out=x, scale=scale, post=post)
         return self.stream

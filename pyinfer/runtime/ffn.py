@@ -28,8 +28,8 @@ class DenseFfn(FfnBuilder):
     def __init__(self, experts=None, cuts=None):
         self.experts, self.cuts = experts, cuts
 
-    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
-        if m.cfg.moe_layer(il):
+    def __call__(self, m, h: T, il: int, route: T | None = None, dense: bool = False) -> T:
+        if m.cfg.moe_layer(il) and not dense:
             return moe_ffn(m.b, m.w, h, il, m.cfg, self.experts, stream=m.stream, cuts=self.cuts, route=route)
         return dense_ffn(m.b, m.w, h, il, m.cfg, project=m.project)
 
@@ -48,8 +48,8 @@ class RecordedFfn(FfnBuilder):
     """The dense FFN, keeping each layer's input, gate and up readable after a run (the profiler's view:
     b.records[layer] = (ffn_in, gate, up) ids)."""
 
-    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
-        if m.cfg.moe_layer(il):  # the routing profile: each layer's route
+    def __call__(self, m, h: T, il: int, route: T | None = None, dense: bool = False) -> T:
+        if m.cfg.moe_layer(il) and not dense:  # the routing profile: each layer's route
             return moe_ffn(m.b, m.w, h, il, m.cfg, record=True, route=route)
         if m.cfg.is_moe:  # a leading dense layer of a MoE model: nothing to profile (records hold routes only)
             return dense_ffn(m.b, m.w, h, il, m.cfg)
@@ -65,7 +65,7 @@ class SparseFfn(FfnBuilder):
     def __init__(self, plan, runs: SparseRuns, down_type: str = "auto", offload=None):
         self.plan, self.runs, self.down_type, self.offload = plan, runs, down_type, offload
 
-    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
+    def __call__(self, m, h: T, il: int, route: T | None = None, dense: bool = False) -> T:
         _dense_only(m, "neuron-level sparsity")
         if self.plan.layers[il].dense and self.offload is None:
             return dense_ffn(m.b, m.w, h, il, m.cfg)
@@ -81,7 +81,7 @@ class InputSparseFfn(FfnBuilder):
     def __init__(self, plan, runs: SparseRuns):
         self.plan, self.runs = plan, runs
 
-    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
+    def __call__(self, m, h: T, il: int, route: T | None = None, dense: bool = False) -> T:
         _dense_only(m, "input sparsity")
         lp = self.plan.layers[il]
         if lp.dense:  # (projections of a dense layer run dense too: input_sparse.site_threshold)
@@ -98,9 +98,9 @@ class SplitFfn(FfnBuilder):
     def __init__(self, placement: Placement, plan=None, runs: SparseRuns = SparseRuns(), down_type: str = "auto"):
         self.placement, self.plan, self.runs, self.down_type = placement, plan, runs, down_type
 
-    def __call__(self, m, h: T, il: int, route: T | None = None) -> T:
+    def __call__(self, m, h: T, il: int, route: T | None = None, dense: bool = False) -> T:
         pl = self.placement
-        if m.cfg.moe_layer(il):  # an expert placement (place/expert_placement.py): whole experts on each side
+        if m.cfg.moe_layer(il) and not dense:  # an expert placement (place/expert_placement.py): whole experts on each side
             return split_moe_ffn(m.b, m.w, m.gguf, h, il, m.cfg, list(pl.gpu_experts[il]), pl.device, route=route)
         if m.cfg.is_moe:  # a dense layer of a MoE model (GLM-4.5's first): placed with attention, on the device
             return dense_ffn(m.b, m.w, h, il, m.cfg)

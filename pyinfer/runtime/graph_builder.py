@@ -223,10 +223,14 @@ class GraphBuilder:
             "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "block_size": block_size, "window": window,
             "scale": head_dim ** -0.5 if scale is None else scale, "v_dim": v_dim})
 
-    def add(self, a: T, b: T, out: T | None = None, name: str = "add", scale: float = 0.0) -> T:
-        """a + scale * b (`scale` 0: a + b; Granite scales each residual branch)."""
-        params = {"scale": scale} if scale else None
+    def add(self, a: T, b: T, out: T | None = None, name: str = "add", scale: float = 0.0, post: float = 0.0) -> T:
+        """(a + scale * b) * post (each 0: 1; Granite scales each residual branch, Gemma 4 each layer's output)."""
+        params = {k: v for k, v in (("scale", scale), ("post", post)) if v} or None
         return self._node(Op.ADD, out or self.activation(name, a.cols, rows=a.rows), {"a": a, "b": b}, params)
+
+    def softcap(self, x: T, cap: float, out: T | None = None, name: str = "softcap") -> T:
+        """cap * tanh(x / cap) (Gemma's final logit soft-capping); in place with out=x."""
+        return self._node(Op.SOFTCAP, out or self.activation(name, x.cols, rows=x.rows), {"x": x}, {"cap": cap})
 
     def gated_mul(self, gate: T, up: T, out: T | None = None, name: str = "act", act: int = 0,
                   run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
@@ -282,13 +286,15 @@ class GraphBuilder:
 
     # ---- Mixture of Experts (see graph.h for the route layout) -------------------------------------
     def moe_route(self, logits: T, k: int, name: str = "route", norm: bool = True, gating: int = 0,
-                  scale: float = 0.0, bias: T | None = None, groups: tuple[int, int] = (0, 0)) -> T:
+                  scale: float = 0.0, bias: T | None = None, groups: tuple[int, int] = (0, 0),
+                  expert_scale: T | None = None) -> T:
         """F32 [T, 2k]: each token's top k experts of softmax (gating 0) or sigmoid (1) of the router's
         `logits` (F32 [T, n_expert]): their weights (divided by their sum with `norm`, times `scale` unless 0),
         then their ids as floats. `bias` (F32 [1, n_expert]): added to the probabilities for choosing only.
-        `groups` = (n_group, group_used): DeepSeek-V3's grouped routing (op_params.h MoeRouteParams)."""
+        `groups` = (n_group, group_used): DeepSeek-V3's grouped routing (op_params.h MoeRouteParams).
+        `expert_scale` (F32 [1, n_expert]): each chosen weight times its expert's value, last (Gemma 4)."""
         return self._node(Op.MOE_ROUTE, self.activation(name, 2 * k, rows=logits.rows),
-                          {"logits": logits, "bias": bias},
+                          {"logits": logits, "bias": bias, "expert_scale": expert_scale},
                           {"n_expert": logits.cols, "k": k, "gating": gating, "norm": int(norm), "scale": scale,
                            "n_group": groups[0], "group_used": groups[1]})
 

@@ -47,7 +47,7 @@ def side_weights(gguf: GGUFModelFile, il: int, blocks: list[int], block: int, n_
 def _side(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaConfig, blocks: list[int], block: int,
           tag: str, backend: int) -> T:
     """The listed blocks' FFN, dense, on `backend`: F32 [T, d_model] (the dense writer, on their rows)."""
-    sub = SubFfnModel(gguf, il, blocks, block, cfg.d_ff)
+    sub = SubFfnModel(gguf, il, blocks, block, cfg.layer_ffn_width(il))
     with b.weights_on(backend):
         return dense_ffn(b, sub.weights(b, "." + tag), h, il, cfg, tag="." + tag)
 
@@ -146,7 +146,7 @@ def hybrid_ffn(b: GraphBuilder, gguf: GGUFModelFile, h: T, il: int, cfg: LlamaCo
     # then wait for the CPU's half.) h lives on the device, so these copies are made there (runtime/placement.py).
     for weight in sorted({gate_type} & INTEGER_DOT_WEIGHTS | ({DType.Q8_0} if predictor else set()), key=int):
         b.quantize(h, weight=weight)
-    n_blocks = cfg.d_ff // block
+    n_blocks = cfg.layer_ffn_width(il) // block
     gpu = sorted(set(int(k) for k in gpu_blocks))
     cpu = [k for k in range(n_blocks) if k not in set(gpu)]
     if not cpu:

@@ -86,8 +86,9 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     with b.weights_on(CPU if device is not None else None):
         embed = m.w("token_embd.weight")                # [vocab, d_model]
     x = b.get_rows(embed, tokens, "x", scale=cfg.embed_scale)  # F32 [T, d_model], the residual stream
-    m.embedding = x
+    m.embedding, m.tokens, m.host = x, tokens, CPU if device is not None else None
     with b.weights_on(device):
+        arch.prepare(m, x)
         for il in range(cfg.n_layers):
             x = arch.build_layer(m, il, x)
         # Only rows that need logits go through the final norm and the (large) output head.
@@ -106,6 +107,8 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         head = (m.w_alias("token_embd.weight", "output.tied") if cfg.tied_output and head_home == device
                 and device is not None else embed if cfg.tied_output else m.w("output.weight"))
     logits = b.matmul(head, h, "logits")                # F32 [O, vocab]
+    if cfg.logit_softcap:  # Gemma 4: cap * tanh(logits / cap), where the head ran
+        b.softcap(logits, cfg.logit_softcap, out=logits)
     b.graph.output_logits = logits.id
     if device is not None:
         assign_split(b, device)

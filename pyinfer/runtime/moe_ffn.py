@@ -64,8 +64,9 @@ def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, name: str = "rou
     if cfg.expert_biases:  # gpt-oss: the router's bias
         b.add(logits, w(f"blk.{il}.ffn_gate_inp.bias"), out=logits)
     bias = w(f"blk.{il}.exp_probs_b.bias") if cfg.expert_bias else None    # F32 [1, n_expert]: for choosing only
+    out_scale = w(f"blk.{il}.ffn_down_exps.scale") if cfg.expert_output_scale else None  # F32 [1, n_expert]
     return b.moe_route(logits, cfg.n_expert_used, name, norm=cfg.expert_norm, gating=cfg.expert_gating,
-                       scale=cfg.expert_scale, bias=bias, groups=cfg.expert_groups)
+                       scale=cfg.expert_scale, bias=bias, groups=cfg.expert_groups, expert_scale=out_scale)
 
 
 def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weight, n: int, tag: str,

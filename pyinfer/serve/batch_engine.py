@@ -42,7 +42,7 @@ def state_blocks(cfg, cache_type: str, block_size: int) -> int:
     charges a hybrid model's sequence beside its tokens."""
     if not cfg.recurrent_layers:
         return 0
-    block_bytes = block_size * cfg.attention_layers * cfg.kv_values_per_token * row_bytes(CACHE_TYPES[cache_type], 32) / 32
+    block_bytes = block_size * cfg.cached_values_per_token * row_bytes(CACHE_TYPES[cache_type], 32) / 32
     return max(1, math.ceil(cfg.state_floats_per_sequence * 4 / block_bytes))
 
 

@@ -63,6 +63,14 @@ def resolve_sparsity(spec, gguf: GGUFModelFile, cfg: LlamaConfig, tokenize, targ
             print(f"pyinfer: Mixture of Experts: each token runs {cfg.n_expert_used} of {cfg.n_expert} experts; "
                   f"{inside}", file=sys.stderr)
         return None
+    if not cfg.uniform_ffn:  # a plan holds d_ff neurons per layer (Gemma 4 E2B's shared layers are twice as wide)
+        if spec == "auto":
+            if progress:
+                print("pyinfer: this model's layers have FFNs of different widths; auto runs them dense",
+                      file=sys.stderr)
+            return None
+        raise UnsupportedModelError("neuron-level sparsity plans need FFNs of one width in every layer; this "
+                                    f"model's widths are {sorted(set(cfg.ffn_widths))} (use --sparsity off or auto)")
     fp = gguf.fingerprint()
     if isinstance(spec, SparsityPlan):
         if spec.fingerprint != fp:

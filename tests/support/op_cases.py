@@ -311,6 +311,20 @@ def add_scaled(b, rng):
     return Case([b.add(A, C, name="s", scale=0.22)], [a + np.float32(0.22) * c], 4, rtol=1e-6, atol=0)
 
 
+def add_post_scaled(b, rng):
+    """(a + b) * post (Gemma 4's layer output scale: llama.cpp's add, then its mul): the sum rounded, then scaled."""
+    A, a = f32(b, rng, "a", 4, 80)
+    C, c = f32(b, rng, "c", 4, 80)
+    return Case([b.add(A, C, name="s", post=0.37)], [(a + c) * np.float32(0.37)], 4, rtol=1e-6, atol=0)
+
+
+def softcap(b, rng):
+    """cap * tanh(x / cap) over rows wider than the threads' column shares (Gemma's logits)."""
+    X, x = f32(b, rng, "x", 2, 1000, 40.0)
+    want = (np.tanh(x * np.float32(1 / 30.0)) * np.float32(30.0)).astype(np.float32)
+    return Case([b.softcap(X, 30.0)], [want], 2, rtol=1e-6, atol=1e-6)
+
+
 def silu_mul(b, rng):
     G, g = f32(b, rng, "g", 3, 203, 4.0)  # a tail after the SIMD loop
     U, u = f32(b, rng, "u", 3, 203)
@@ -613,7 +627,7 @@ CASES: dict[Op, list[Callable]] = {
     Op.QUANTIZE: [quantize, _quantize_as(Q.Q8_0, "q8_0"), _quantize_as(Q.Q4_1, "q8_1"), _quantize_as(Q.Q4_K, "q8_k"),
                   _quantize_as(Q.IQ2_XXS, "q8_k")],
     Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
-    Op.ROPE: [rope, rope_partial, rope_yarn], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention, attention_sinks, attention_mla, attention_mla_decode], Op.ADD: [add, add_scaled], Op.SILU_MUL: [silu_mul, swiglu_oai_mul, sigmoid_mul],
+    Op.ROPE: [rope, rope_partial, rope_yarn], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention, attention_sinks, attention_mla, attention_mla_decode], Op.ADD: [add, add_scaled, add_post_scaled], Op.SOFTCAP: [softcap], Op.SILU_MUL: [silu_mul, swiglu_oai_mul, sigmoid_mul],
     Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set],
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
     Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route, moe_route_grouped],

@@ -273,6 +273,13 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
                                        moe_out_.data() + ith * moe_size_.out, std::max<int64_t>(moe_size_.tokens, 1),
                                        ints + moe_size_.order + moe_size_.start});
     }
+    case OpKind::Softcap: {  // a few rows of a vocabulary's logits: every thread takes a share of each row's columns
+      int64_t c0, c1;
+      thread_share(dst.cols, ith, nth, 64, c0, c1);
+      for (int64_t r = 0; r < rows && c0 < c1; ++r)
+        softcap_row(row_ptr<const float>(*s0, r) + c0, row_ptr<float>(dst, r) + c0, c1 - c0, n.p.softcap.cap);
+      return;
+    }
     default: break;
   }
 
@@ -325,6 +332,7 @@ void CpuBackend::compute_node(const Graph& g, const Node& n, const RunShape& sha
         // b of one fixed row: a bias for every row
         add_row(row_ptr<const float>(*s0, r), row_ptr<const float>(*s1, is_bias_row(*s1) ? 0 : r), row_ptr<float>(dst, r),
                 dst.cols, n.p.add.scale);
+        if (n.p.add.post != 0.f && n.p.add.post != 1.f) scale_row(row_ptr<float>(dst, r), dst.cols, n.p.add.post);
         break;
       case OpKind::SiluMul:
         if (n.p.gated_mul.act == Activation::GeluTanh)

@@ -47,9 +47,12 @@ void cpu_moe_route(const Graph& g, const Node& n, const RunShape& shape, int ith
   const MoeRouteParams& P = n.p.moe_route;
   const int b = n.src[MoeRouteSrc::bias];
   const float* bias = b >= 0 ? static_cast<const float*>(g.tensors[size_t(b)].data) : nullptr;
+  const int sc = n.src[MoeRouteSrc::expert_scale];
+  const float* expert_scale = sc >= 0 ? static_cast<const float*>(g.tensors[size_t(sc)].data) : nullptr;
   int64_t r0, r1;
   thread_share(rows_in_run(dst, shape), ith, nth, 1, r0, r1);
-  for (int64_t t = r0; t < r1; ++t) moe_route_row(row_ptr<const float>(logits, t), row_ptr<float>(dst, t), P, bias);
+  for (int64_t t = r0; t < r1; ++t)
+    moe_route_row(row_ptr<const float>(logits, t), row_ptr<float>(dst, t), P, bias, expert_scale);
 }
 
 void cpu_moe_matmul(const KernelTable& kt, const Graph& g, const Node& n, const RunShape& shape, int ith, int nth,

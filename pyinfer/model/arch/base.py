@@ -239,6 +239,10 @@ class Architecture:
         return n_heads * head_dim, n_kv_heads * head_dim
 
     # ---- graph ------------------------------------------------------------------------------------------
+    def prepare(self, m: ModelGraph, x: T) -> None:
+        """What the graph computes from the embedding (x, F32 [T, d_model]) before the first layer (Gemma 4's
+        per-layer inputs); nothing by default."""
+
     def build_layer(self, m: ModelGraph, il: int, x: T) -> T:
         """Layer `il` on the residual stream x (F32 [T, d_model]); returns the stream after it. The default is
         the pre-norm llama layer: x += attn(norm(x)); x += ffn(norm(x))."""
