@@ -159,6 +159,19 @@ def mxfp4_blocks(rng, rows: int, cols: int, scale: float) -> np.ndarray:
     return b.reshape(rows, -1)
 
 
+def plan_adders(plan: list, rng):
+    """(f32, q8): add to `plan` an F32 tensor made by `make`, and a Q8_0 matrix of random blocks under `scale`."""
+    from gguf import GGMLQuantizationType as Q
+
+    def f32(name, shape, make):
+        plan.append((name, shape, make, Q.F32))
+
+    def q8(name, rows, cols, scale):
+        plan.append((name, (rows, cols), lambda: q8_blocks(rng, rows, cols, scale), Q.Q8_0))
+
+    return f32, q8
+
+
 def write_plan(w, plan: list[tuple]) -> None:
     """The tensors of `plan` ((name, element shape, maker of its bytes, type) each) into the file: their infos first
     (the byte shape of block types: gguf-py turns it into elements), then each made one at a time while writing."""
@@ -462,12 +475,7 @@ def write_qwen35moe(path: Path, seed: int = 0) -> None:
     w.add_ssm_inner_size(hv * S)
     w.add_full_attention_interval(4)
     plan: list[tuple] = []
-
-    def f32(name, shape, make):
-        plan.append((name, shape, make, Q.F32))
-
-    def q8(name, rows, cols, scale):
-        plan.append((name, (rows, cols), lambda: q8_blocks(rng, rows, cols, scale), Q.Q8_0))
+    f32, q8 = plan_adders(plan, rng)
 
     plan.append(("token_embd.weight", (V, d), lambda: class_embedding(V, d), Q.Q4_0))
     for il in range(c["n_layers"]):
@@ -524,13 +532,9 @@ def write_gemma4moe(path: Path, seed: int = 0) -> None:
     w.add_sliding_window(c["window"])
     w.add_sliding_window_pattern(local)
     w.add_final_logit_softcapping(30.0)
+    w.add_embedding_length_per_layer_input(0)  # (llama.cpp requires the key)
     plan: list[tuple] = []
-
-    def f32(name, shape, make):
-        plan.append((name, shape, make, Q.F32))
-
-    def q8(name, rows, cols, scale):
-        plan.append((name, (rows, cols), lambda: q8_blocks(rng, rows, cols, scale), Q.Q8_0))
+    f32, q8 = plan_adders(plan, rng)
 
     plan.append(("token_embd.weight", (V, d), lambda: class_embedding(V, d), Q.Q4_0))
     f32("rope_freqs.weight", (hg // 2,), lambda: np.array([1.0] * (hg // 8) + [1e30] * (hg // 2 - hg // 8), np.float32))

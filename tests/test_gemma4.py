@@ -4,6 +4,7 @@ per-layer token embeddings, layer output scales and soft-capped logits. Against 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
+from support.decode_check import assert_decode_gives
 from support.reference_gemma4 import gemma4_logits
 from support.tiny_gemma4 import TINY_GEMMA4_MOE, write_tiny_gemma4
 
@@ -54,9 +55,7 @@ def test_decode_gives_what_the_prompt_gives(path):
     """One token at a time through the shared layers' borrowed caches and the per-layer inputs of each token."""
     m = load(path)
     want = m.eval(IDS, all_logits=True)
-    m.forward(IDS[:8], 0, np.arange(8))
-    steps = np.stack([m.forward([t], 8 + i, np.array([0]))[0] for i, t in enumerate(IDS[8:])])
-    np.testing.assert_allclose(steps, want[8:], rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert_decode_gives(m, IDS, want)
 
 
 def test_the_shared_layers_keep_no_cache(path):
@@ -80,9 +79,7 @@ def test_a_device_load_gives_the_cpus_logits(path):
     cpu = load(path).eval(IDS, all_logits=True)
     dev = load(path, device="standin", vram_budget="200M")
     np.testing.assert_allclose(dev.eval(IDS, all_logits=True), cpu, rtol=1e-4, atol=1e-4 * np.abs(cpu).max())
-    dev.forward(IDS[:8], 0, np.arange(8))
-    steps = np.stack([dev.forward([t], 8 + i, np.array([0]))[0] for i, t in enumerate(IDS[8:])])
-    np.testing.assert_allclose(steps, cpu[8:], rtol=1e-4, atol=1e-4 * np.abs(cpu).max())
+    assert_decode_gives(dev, IDS, cpu)
 
 
 def test_batched_sequences_give_what_each_gives_alone(path):
@@ -142,12 +139,9 @@ def test_the_moe_form_matches_the_reference(tmp_path, fused):
     m = load(str(write_tiny_gemma4(tmp_path / "moe.gguf", config=dict(TINY_GEMMA4_MOE, fused=fused))))
     c = m.config
     assert (c.n_expert, c.n_expert_used, c.d_ff_expert, c.expert_output_scale) == (8, 2, 64, True)
-    close(m.eval(IDS, all_logits=True), gemma4_logits(m.gguf, IDS))
-    m.forward(IDS[:8], 0, np.arange(8))
     want = m.eval(IDS, all_logits=True)
-    m.forward(IDS[:8], 0, np.arange(8))
-    steps = np.stack([m.forward([t], 8 + i, np.array([0]))[0] for i, t in enumerate(IDS[8:])])
-    np.testing.assert_allclose(steps, want[8:], rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    close(want, gemma4_logits(m.gguf, IDS))
+    assert_decode_gives(m, IDS, want)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["gate-and-up", "fused-gate-up"])

@@ -4,6 +4,7 @@ logits are bench/arch_check.py's (it needs llama-cpp-python)."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
+from support.decode_check import assert_decode_gives
 from support.reference_llama import reference_logits
 from support.tiny_hybrid import write_tiny_qwen35
 
@@ -43,9 +44,7 @@ def test_decode_carries_the_state_the_prompt_left(path):
     """A prompt, then one token at a time: the state each run leaves is the next one's start."""
     m = load(path)
     want = m.eval(IDS, all_logits=True)
-    m.forward(IDS[:8], 0, np.arange(8))
-    steps = np.stack([m.forward([t], 8 + i, np.array([0]))[0] for i, t in enumerate(IDS[8:])])
-    np.testing.assert_allclose(steps, want[8:], rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert_decode_gives(m, IDS, want)
 
 
 def test_a_shorter_prefix_is_run_again_not_rewound(path):
@@ -70,9 +69,7 @@ def test_a_device_load_keeps_each_state_where_its_node_runs(tmp_path, ssm_head_d
     cpu = load(p).eval(IDS, all_logits=True)
     dev = load(p, device="standin", vram_budget="200M")
     np.testing.assert_allclose(dev.eval(IDS, all_logits=True), cpu, rtol=1e-4, atol=1e-4 * np.abs(cpu).max())
-    dev.forward(IDS[:8], 0, np.arange(8))
-    steps = np.stack([dev.forward([t], 8 + i, np.array([0]))[0] for i, t in enumerate(IDS[8:])])
-    np.testing.assert_allclose(steps, cpu[8:], rtol=1e-4, atol=1e-4 * np.abs(cpu).max())
+    assert_decode_gives(dev, IDS, cpu)
     assert dev.n_copies > 0
 
 

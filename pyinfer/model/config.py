@@ -163,6 +163,8 @@ class LlamaConfig:
     # Gemma 4's MoE form: each expert's output times its own value (blk.N.ffn_down_exps.scale), folded into the
     # route's weights.
     expert_output_scale: bool = False
+    # Its experts' gate and up stored fused (blk.N.ffn_gate_up_exps: per expert, gate rows then up rows).
+    fused_gate_up: bool = False
 
     def is_recurrent(self, layer: int) -> bool:
         """A linear-attention layer with a recurrent state instead of a KV cache (Qwen3.5's gated DeltaNet)."""

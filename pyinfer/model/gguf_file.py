@@ -64,6 +64,9 @@ class GGUFModelFile:
         # A merged expert tensor an architecture presents from part of a fused one (Gemma 4's ffn_gate_up_exps):
         # name -> (file offset of expert 0's part, bytes from one expert's part to the next), for the expert store.
         self.expert_spans: dict[str, tuple[int, int]] = {}
+        # Fused tensors an architecture presented as others, still readable whole by name (tensor()) for a graph
+        # that computes on them as stored (Gemma 4's ffn_gate_up_exps in RAM); not among `tensors`.
+        self.fused: dict[str, GGUFTensor] = {}
         extents = []
         for t in header.tensors:
             tensor = self._tensor_view(t, raw, header, size)
@@ -279,7 +282,7 @@ class GGUFModelFile:
         return str(self.get("general.architecture", "?"))
 
     def tensor(self, name: str) -> GGUFTensor:
-        t = self.tensors.get(name)
+        t = self.tensors.get(name) or self.fused.get(name)
         if t is None:
             raise ModelFormatError(f"{self.path.name}: tensor '{name}' is missing")
         if t.type_name not in SUPPORTED_TYPES:

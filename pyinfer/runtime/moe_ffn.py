@@ -44,8 +44,9 @@ def moe_ffn(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, experts=None, r
     cut = None
     if cuts is not None:
         cut = b.weight(p + "ffn_exps.gate_cut", int(DType.F32), 3, n, cuts.bounds(il))   # F32 [n_expert, 3]
+    fused = w(p + "ffn_gate_up_exps.weight") if cfg.fused_gate_up and experts is None and cut is None else None
     return _experts(b, w, h, il, cfg, route, weight, n, "", cut=cut, cut_fn=cuts.gate_fn if cuts else 0,
-                    record=record)
+                    record=record, fused=fused)
 
 
 def early_route(b: GraphBuilder, w, x: T, il: int, cfg: LlamaConfig, experts=None) -> T:
@@ -70,17 +71,28 @@ def _route(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, name: str = "rou
 
 
 def _experts(b: GraphBuilder, w, h: T, il: int, cfg: LlamaConfig, route: T, weight, n: int, tag: str,
-             shared: bool = True, cut: T | None = None, cut_fn: int = 0, record: bool = False, bias=None) -> T:
+             shared: bool = True, cut: T | None = None, cut_fn: int = 0, record: bool = False, bias=None,
+             fused: T | None = None) -> T:
     """The one expert writer: the route's experts among the `n` that weight(part) holds (the side: the model's
     merged tensors, an expert store, a device's share), weighted and summed (with the shared expert when the model
     has one and `shared`): F32 [T, d_model]. `cut` (F32 [n, 3]): up only where the gate passes. `bias(part)`: the
-    side's expert biases (gpt-oss; default: the model's, by global expert id)."""
+    side's expert biases (gpt-oss; default: the model's, by global expert id). `fused`: gate and up in one tensor
+    (Gemma 4's ffn_gate_up_exps), read as 2n experts: the gate of expert e is expert 2e, its up 2e + 1, chosen by
+    the route with its ids mapped (MoeRouteSplit keeps the weights)."""
     p, k = f"blk.{il}.", cfg.n_expert_used
     if bias is None:
         bias = (lambda part: w(p + f"ffn_{part}_exps.bias")) if cfg.expert_biases else (lambda part: None)
-    gate = b.moe_matmul(weight("gate"), h, route, n, k, "gate_exps" + tag, bias=bias("gate"))  # F32 [T, k * d_ff_e]
-    up = b.moe_matmul(weight("up"), h, route, n, k, "up_exps" + tag, gate=gate if cut is not None else None,
-                      cut=cut, gate_fn=cut_fn, bias=bias("up"))              # 0 where the gate's cut says so
+    if fused is not None:
+        ids = np.arange(n, dtype=np.int32)[None, :]
+        routes = [b.moe_route_split(route, b.weight(p + f"ffn_gate_up_exps.{part}_map", int(DType.I32), n, 1,
+                                                    2 * ids + half), 2 * n, k, f"route.{part}" + tag)
+                  for half, part in enumerate(("gate", "up"))]
+        gate = b.moe_matmul(fused, h, routes[0], 2 * n, k, "gate_exps" + tag)  # F32 [T, k * d_ff_e]
+        up = b.moe_matmul(fused, h, routes[1], 2 * n, k, "up_exps" + tag)
+    else:
+        gate = b.moe_matmul(weight("gate"), h, route, n, k, "gate_exps" + tag, bias=bias("gate"))  # [T, k * d_ff_e]
+        up = b.moe_matmul(weight("up"), h, route, n, k, "up_exps" + tag, gate=gate if cut is not None else None,
+                          cut=cut, gate_fn=cut_fn, bias=bias("up"))              # 0 where the gate's cut says so
     if record:
         b.graph.pin(gate.id)
         b.expert_gates.append(gate.id)

@@ -12,7 +12,8 @@ The MoE form (26B-A4B): every layer runs its dense FFN and its experts side by s
 output normed, their sum normed again; the router reads the un-normed stream RMS-normed times a per-channel scale
 over sqrt(d_model), softmax top k renormalized, each expert's output times its own scale (folded into the route).
 Experts stored fused (ffn_gate_up_exps: each expert's gate rows, then its up rows) are presented as the two merged
-tensors the expert writer and the expert store read, as strided views of the file (copied only if read in RAM)."""
+tensors the expert store and the GPU split read, as strided views of the file; in RAM the expert writer reads the
+fused tensor itself, as 2n experts (runtime/moe_ffn.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -112,7 +113,8 @@ class Gemma4(Architecture):
                     t = f.tensors.get(f"blk.{il}.{name}")
                     if t is None or t.cols * t.rows != size:
                         raise ModelFormatError(f"{f.path.name}: blk.{il}.{name} must hold {size} values")
-            moe.update(expert_gating=0, expert_output_scale=True, ffn_norm="pre_ffw_norm_2")
+            moe.update(expert_gating=0, expert_output_scale=True, ffn_norm="pre_ffw_norm_2",
+                       fused_gate_up=any(k.endswith(".ffn_gate_up_exps.weight") for k in f.fused))
         return LlamaConfig(**moe,
             **hp, embed_scale=float(np.sqrt(hp["d_model"])), qk_norm=True, post_norms=True,
             sliding_window=int(f.require(p + "attention.sliding_window")), local_layers=local,
@@ -190,6 +192,7 @@ def split_gate_up_experts(f, name: str, n: int) -> None:
     from ..gguf_file import GGUFTensor
 
     t = f.tensors.pop(name)
+    f.fused[name] = t
     if n < 1 or t.rows % (2 * n):
         raise ModelFormatError(f"{f.path.name}: {name} has {t.rows} rows, not {n} experts of gate and up rows")
     ff = t.rows // (2 * n)
