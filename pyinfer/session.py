@@ -72,7 +72,8 @@ class Session:
         self.chat_template = self.gguf.get("tokenizer.chat_template")
         self.cache_type, self.neuron_down = cache_type, neuron_down
         c = self.config  # MLA caches one latent row per token: its key is the row, its value the latent part
-        cached = (c.kv_width, c.kv_lora_rank) if c.kv_lora_rank else sorted({c.layer_head_dim(il) for il in range(c.n_layers)})
+        cached = ((c.kv_width, c.kv_lora_rank) if c.kv_lora_rank else
+                  sorted({c.layer_head_dim(il) for il in range(c.n_layers)}))
         if cache_type == "q8_0" and any(n % 32 for n in cached):
             raise PyinferError(f"a q8_0 KV cache needs cached heads of a multiple of 32 values; this model's are "
                                f"{' and '.join(map(str, cached))} (use cache_type f16)")

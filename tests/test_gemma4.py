@@ -101,6 +101,16 @@ def test_batched_sequences_give_what_each_gives_alone(path):
             np.testing.assert_allclose(got[i], load(path).eval(s), rtol=1e-4, atol=1e-4)
 
 
+def test_the_server_interleaves_its_sequences(path):
+    """Four greedy completions at once through the OpenAI server (the shared layers read caches the batch's other
+    sequences also write): each is what the model generates alone."""
+    pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    from support.serve_helpers import assert_interleaved_equal_alone
+
+    assert_interleaved_equal_alone(path, load, kv_budget=512, cache_type="f32")
+
+
 def test_neuron_level_sparsity_refuses_layers_of_different_widths(path):
     with pytest.raises(pyinfer.PyinferError, match="widths"):
         load(path, sparsity="threshold")

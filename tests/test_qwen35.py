@@ -134,28 +134,11 @@ def test_batched_sequences_give_what_each_gives_alone(path):
 
 def test_the_server_interleaves_hybrid_sequences(path):
     """Four greedy completions at once through the OpenAI server: each is what the model generates alone."""
-    import concurrent.futures
-
-    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("httpx")
     pytest.importorskip("uvicorn")
-    from support.serve_helpers import start_server, stop_server
+    from support.serve_helpers import assert_interleaved_equal_alone
 
-    base, loop, model, srv, t = start_server(path, "k", kv_budget=512, cache_type="f32")
-    try:
-        prompts = ["ab", "hello world", "the cat", "xyz xyz"]
-
-        def one(p):
-            r = httpx.post(base + "/v1/completions", headers={"Authorization": "Bearer k"}, timeout=60,
-                           json={"model": "q35", "prompt": p, "max_tokens": 8, "temperature": 0})
-            return r.json()["choices"][0]["text"]
-
-        with concurrent.futures.ThreadPoolExecutor(4) as ex:
-            texts = list(ex.map(one, prompts))
-        alone = load(path)
-        assert texts == [alone.generate(p, max_tokens=8, temperature=0) for p in prompts]
-        assert loop.stats["finished_total"] == 4
-    finally:
-        stop_server(srv, t, loop)
+    assert_interleaved_equal_alone(path, load, kv_budget=512, cache_type="f32")
 
 
 @pytest.fixture(scope="module")

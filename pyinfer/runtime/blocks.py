@@ -49,15 +49,16 @@ class ModelGraph:
     _ffn_layer: int = -1             # the layer of the last ffn() call
 
     # ---- weights --------------------------------------------------------------------------------------
-    def w(self, name: str) -> T:
-        """A weight of the model, once per graph however many pieces read it."""
+    def w(self, name: str, mapped: bool = False) -> T:
+        """A weight of the model, once per graph however many pieces read it. `mapped`: as the file holds it, never
+        a resident copy under offload (a lookup table read by row)."""
         t = self._weights.get(name)
         if t is None:
             g = self.gguf.finite_norm(name) if name.endswith("norm.weight") else self.gguf.tensor(name)
             data = g.data
             if not data.flags.c_contiguous:  # part of a fused tensor (Gemma 4's experts): copied when read in RAM
                 data = np.ascontiguousarray(data).reshape(g.rows, -1)
-            data = self.weight_source(name, data)
+            data = data if mapped else self.weight_source(name, data)
             if g.rows == 1 and g.type_name == "F16" and not name.endswith("norm.weight"):  # biases, factors: F32
                 data = np.asarray(data, np.float32)
                 t = self.b.weight(name, int(DType.F32), g.cols, 1, data)
@@ -84,7 +85,7 @@ class ModelGraph:
         """Each token's row of the lookup table `table` as F32 (times `scale`), the table kept in host memory as the
         token embedding is: only the rows of the run's tokens are read."""
         with self.b.weights_on(self.host):
-            t = self.w(table)
+            t = self.w(table, mapped=True)  # under a memory limit too: only the run's rows are read
         return self.b.get_rows(t, self.tokens, name, scale=scale)
 
     def constant(self, name: str, values) -> T:

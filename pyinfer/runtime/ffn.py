@@ -100,7 +100,7 @@ class SplitFfn(FfnBuilder):
 
     def __call__(self, m, h: T, il: int, route: T | None = None, dense: bool = False) -> T:
         pl = self.placement
-        if m.cfg.moe_layer(il) and not dense:  # an expert placement (place/expert_placement.py): whole experts on each side
+        if m.cfg.moe_layer(il) and not dense:  # an expert placement (place/expert_placement.py): whole experts
             return split_moe_ffn(m.b, m.w, m.gguf, h, il, m.cfg, list(pl.gpu_experts[il]), pl.device, route=route)
         if m.cfg.is_moe:  # a dense layer of a MoE model (GLM-4.5's first): placed with attention, on the device
             return dense_ffn(m.b, m.w, h, il, m.cfg)

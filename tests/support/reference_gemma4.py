@@ -10,7 +10,8 @@ from .reference_llama import Weights, attention, gelu_tanh, head_norm, rms_norm,
 def experts(W, p: str, x, h, k: int, d: int, eps: float) -> np.ndarray:
     """The MoE half of a layer: routed from x (RMS-normed, over sqrt(d), times the router's scale), softmax top k
     renormalized, each chosen expert's GELU FFN on h times its output scale, weighted and summed."""
-    logits = (rms_norm(x, 1.0, eps) / np.float32(np.sqrt(d)) * W[p + "ffn_gate_inp.scale"]) @ W[p + "ffn_gate_inp.weight"].T
+    router_in = rms_norm(x, 1.0, eps) / np.float32(np.sqrt(d)) * W[p + "ffn_gate_inp.scale"]
+    logits = router_in @ W[p + "ffn_gate_inp.weight"].T
     n = logits.shape[1]
     if p + "ffn_gate_up_exps.weight" in W:
         fused = W[p + "ffn_gate_up_exps.weight"].reshape(n, 2, -1, h.shape[1])

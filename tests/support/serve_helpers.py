@@ -4,6 +4,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -40,3 +41,33 @@ def stop_server(srv, t, loop) -> None:
     srv.should_exit = True
     t.join(timeout=10)
     loop.stop()
+
+
+def concurrent_completions(model_path, prompts: list[str], max_tokens: int = 8, **server_kwargs) -> tuple[list, dict]:
+    """Greedy completions of `prompts`, all requested at once through the OpenAI server (their sequences interleave
+    in its batches); returns (texts in prompt order, the serving loop's stats)."""
+    import concurrent.futures
+
+    import httpx
+
+    base, loop, model, srv, t = start_server(model_path, "k", **server_kwargs)
+    try:
+        def one(p):
+            r = httpx.post(base + "/v1/completions", headers={"Authorization": "Bearer k"}, timeout=60,
+                           json={"model": Path(model_path).stem, "prompt": p, "max_tokens": max_tokens, "temperature": 0})
+            return r.json()["choices"][0]["text"]
+
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+            return list(ex.map(one, prompts)), dict(loop.stats)
+    finally:
+        stop_server(srv, t, loop)
+
+
+def assert_interleaved_equal_alone(model_path, load, **server_kwargs) -> None:
+    """Four greedy completions requested at once through the server are each what the model (`load(path)`)
+    generates alone, and all four finish."""
+    prompts = ["ab", "hello world", "the cat", "xyz xyz"]
+    texts, stats = concurrent_completions(model_path, prompts, **server_kwargs)
+    alone = load(model_path)
+    assert texts == [alone.generate(p, max_tokens=8, temperature=0) for p in prompts]
+    assert stats["finished_total"] == 4

@@ -69,8 +69,9 @@ def write_tiny_gemma4(path: Path, seed: int = 0, qtype: Q = Q.F32, config: dict 
         w.add_expert_feed_forward_length(fe)
     n_vocab = _copy_vocab(w, GGUFReader(str(vocab_from))) if vocab_from is not None else _add_tiny_vocab(w)
 
-    def add(name: str, shape: tuple, scale: float = c["scale"]):  # rows too short for qtype's blocks stay F32, as llama.cpp's
-        block = 32 if qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1) else 256   # quantizer leaves them
+    def add(name: str, shape: tuple, scale: float = c["scale"]):
+        # rows too short for qtype's blocks stay F32, as llama.cpp's quantizer leaves them
+        block = 32 if qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1) else 256
         add_random(w, rng, name, shape, qtype if shape[-1] % block == 0 else Q.F32, scale)
 
     def norm(name: str, n: int, scale: float = 1.0):
