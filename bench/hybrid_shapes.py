@@ -14,7 +14,8 @@ heads of 128 with 16 key and 32 value heads, a conv of 4 taps, FFN 12288), an as
 Gemma 4 E4B: transformers' conversion script's published config (42 layers, five sliding-window layers of heads of 256
 per global one of 512, 8 heads over 2 KV heads, d 2560, FFN 10240, per-layer inputs of 256, the last 18 layers
 sharing KV, window 512, vocabulary 262144); its per-layer table and projections get their types from a 2-layer
-twin (the full twin's table would be 5.6 GB).
+twin (the full twin's table would be 5.6 GB). E2B: 35 layers of d 1536, four sliding layers per global one, 1 KV head,
+the last 20 layers sharing KV with FFNs of 12288 instead of 6144.
 """
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ SHAPES = {
     "gemma4-e4b": dict(arch="gemma4", d=2560, ff=10240, layers=42, heads=8, kv=2, head_dim=512, head_local=256,
                        global_every=6, per_layer=256, shared=18, window=512, rope_base=1e6, rope_base_local=1e4,
                        rotated_pairs=64, eps=1e-6, cap=30.0),
+    # E2B: 35 layers of d 1536, four sliding layers per global one, 1 KV head, the last 20 layers sharing KV with FFNs
+    # twice as wide (use_double_wide_mlp)
+    "gemma4-e2b": dict(arch="gemma4", d=1536, ff=6144, layers=35, heads=8, kv=1, head_dim=512, head_local=256,
+                       global_every=5, per_layer=256, shared=20, window=512, rope_base=1e6, rope_base_local=1e4,
+                       rotated_pairs=64, eps=1e-6, cap=30.0, double_wide=True),
 }
 FTYPES = {"Q4_K_M": 15, "Q8_0": 7}
 
@@ -85,10 +91,16 @@ def gemma4_local(c: dict) -> list[bool]:
     return [(il + 1) % c["global_every"] != 0 for il in range(c["layers"])]
 
 
+def gemma4_widths(c: dict) -> list[int]:
+    """Each layer's FFN width: the shared-KV layers' twice as wide with use_double_wide_mlp (E2B)."""
+    shared_from = c["layers"] - c["shared"]
+    return [c["ff"] * (2 if c.get("double_wide") and il >= shared_from else 1) for il in range(c["layers"])]
+
+
 def gemma4_tensors(c: dict, vocab: int):
     """Gemma 4's tensors in tests/support/tiny_gemma4.py's order (the head tied to token_embd, as Gemma's is)."""
-    d, ff, n, L = c["d"], c["ff"], c["per_layer"], c["layers"]
-    shared_from = L - c["shared"]
+    d, n, L = c["d"], c["per_layer"], c["layers"]
+    shared_from, widths = L - c["shared"], gemma4_widths(c)
     yield "token_embd.weight", vocab, d
     yield "rope_freqs.weight", c["head_dim"] // 2, None
     yield "per_layer_token_embd.weight", vocab, L * n
@@ -105,9 +117,9 @@ def gemma4_tensors(c: dict, vocab: int):
             yield p + "attn_v.weight", c["kv"] * hd, d
             yield p + "attn_k_norm.weight", hd, None
         yield p + "attn_output.weight", d, c["heads"] * hd
-        yield p + "ffn_gate.weight", ff, d
-        yield p + "ffn_up.weight", ff, d
-        yield p + "ffn_down.weight", d, ff
+        yield p + "ffn_gate.weight", widths[il], d
+        yield p + "ffn_up.weight", widths[il], d
+        yield p + "ffn_down.weight", d, widths[il]
         yield p + "inp_gate.weight", n, d
         yield p + "proj.weight", d, n
         yield p + "post_norm.weight", d, None
@@ -158,8 +170,10 @@ def add_keys(w: GGUFWriter, c: dict, ftype: str) -> int:
     """The architecture's keys and the vocabulary; returns the vocabulary's size."""
     if c["arch"] == "gemma4":
         L = c["layers"]
-        _add_shape(w, dict(n_layers=L, d_model=c["d"], d_ff=c["ff"], n_heads=c["heads"], n_kv_heads=c["kv"],
-                           rope_base=c["rope_base"], eps=c["eps"]), context=131072)
+        widths = gemma4_widths(c)
+        _add_shape(w, dict(n_layers=L, d_model=c["d"], d_ff=widths if len(set(widths)) > 1 else c["ff"],
+                           n_heads=c["heads"], n_kv_heads=c["kv"], rope_base=c["rope_base"], eps=c["eps"]),
+                   context=131072)
         w.add_rope_freq_base_swa(c["rope_base_local"])
         w.add_key_length(c["head_dim"])
         w.add_value_length(c["head_dim"])
