@@ -56,7 +56,7 @@ class ModelGraph:
         if t is None:
             g = self.gguf.finite_norm(name) if name.endswith("norm.weight") else self.gguf.tensor(name)
             data = g.data
-            if not data.flags.c_contiguous:  # part of a fused tensor (Gemma 4's experts): copied when read in RAM
+            if not data.flags.c_contiguous:  # a half of a fused tensor read on its own (a GPU split's CPU side)
                 data = np.ascontiguousarray(data).reshape(g.rows, -1)
             data = data if mapped else self.weight_source(name, data)
             if g.rows == 1 and g.type_name == "F16" and not name.endswith("norm.weight"):  # biases, factors: F32

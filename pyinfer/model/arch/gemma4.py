@@ -46,23 +46,11 @@ class Gemma4(Architecture):
         d_model = int(f.require(p + "embedding_length"))
         if n_heads < 1 or d_model < 1:
             raise ModelFormatError(f"{f.path.name}: head_count and embedding_length must be positive")
-        kv = self._kv_heads(f)
-        return d_model, n_heads, kv[0] if kv else n_heads, int(f.get(p + "attention.key_length", d_model // n_heads))
-
-    def _kv_heads(self, f) -> tuple[int, ...]:
-        v = f.get(self.name + ".attention.head_count_kv", None)
-        if v is None:
-            return ()
-        blocks = int(f.require(self.name + ".block_count"))
-        return tuple(int(x) for x in v) if isinstance(v, (list, tuple, np.ndarray)) else (int(v),) * blocks
+        kv = layer_values(f, p + "attention.head_count_kv", n_heads)
+        return d_model, n_heads, kv[0], int(f.get(p + "attention.key_length", d_model // n_heads))
 
     def ffn_width(self, f) -> int:
-        return max(self._ffn_widths(f))
-
-    def _ffn_widths(self, f) -> tuple[int, ...]:
-        v = f.require(self.name + ".feed_forward_length")
-        blocks = int(f.require(self.name + ".block_count"))
-        return tuple(int(x) for x in v) if isinstance(v, (list, tuple, np.ndarray)) else (int(v),) * blocks
+        return max(layer_values(f, self.name + ".feed_forward_length"))
 
     def config(self, f) -> LlamaConfig:
         p = self.name + "."
@@ -80,7 +68,7 @@ class Gemma4(Architecture):
         if not 2 <= rot_local <= head_local or rot_local % 2:
             raise ModelFormatError(f"{f.path.name}: {p}rope.dimension_count_swa {rot_local} must be even and in "
                                    f"[2, {head_local}]")
-        kv_heads = self._kv_heads(f)
+        kv_heads = layer_values(f, p + "attention.head_count_kv", hp["n_heads"])
         if len(kv_heads) != n or any(not 1 <= k <= hp["n_heads"] or hp["n_heads"] % k for k in kv_heads):
             raise ModelFormatError(f"{f.path.name}: {p}attention.head_count_kv must give each of {n} layers a "
                                    f"divisor of {hp['n_heads']} heads")
@@ -90,7 +78,7 @@ class Gemma4(Architecture):
             # llama.cpp's reuse: sliding layers read layer kv_from - 2, global ones kv_from - 1
             raise UnsupportedModelError(f"{p}attention.shared_kv_layers {shared}: the two layers before the shared "
                                         "ones must be a sliding-window layer, then a global one")
-        widths = self._ffn_widths(f)
+        widths = layer_values(f, p + "feed_forward_length")
         if len(widths) != n:
             raise ModelFormatError(f"{f.path.name}: {p}feed_forward_length lists {len(widths)} layers, not {n}")
         per_layer = int(f.get(p + "embedding_length_per_layer_input", 0) or 0)
@@ -209,15 +197,24 @@ def split_gate_up_experts(f, name: str, n: int) -> None:
                                    view.itemsize)
 
 
+def layer_values(f, key: str, default: int | None = None) -> tuple[int, ...]:
+    """A key llama.cpp reads as one value or one per layer, as one per layer (block_count of them; a list is kept as
+    it is, its length checked by the caller). `default`: when the key is absent (None: required)."""
+    v = f.require(key) if default is None else f.get(key, default)
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return tuple(int(x) for x in v)
+    return (int(v),) * int(f.require(f.architecture + ".block_count"))
+
+
 def layer_output_scale(m, il: int) -> float:
     """The layer's layer_output_scale (one value; 0: none)."""
     name = f"blk.{il}.layer_output_scale.weight"
     if name not in m.gguf.tensors:
         return 0.0
     v = np.asarray(m.gguf.tensor(name).data, np.float32).reshape(-1)
-    if v.size != 1 or not np.isfinite(v[0]):
-        raise ModelFormatError(f"{name} must hold one finite value")
-    return float(v[0]) if v[0] != 0 else 1e-30  # (0 would read as "none")
+    if v.size != 1 or not np.isfinite(v[0]) or v[0] == 0:
+        raise ModelFormatError(f"{name} must hold one finite, nonzero value")
+    return float(v[0])
 
 
 ARCH = Gemma4()
