@@ -132,13 +132,13 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
 def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int, kv: str = "f16") -> list[dict]:
     """`kv`: both engines' KV cache type."""
     src = write(kind, tmp / f"{kind}-f32.gguf", vocab)
-    f32 = pyinfer.load(str(src), n_threads=2, n_ctx=128, progress=False, cache_type=kv)
+    f32 = pyinfer.load(str(src), n_threads=2, n_ctx=max(128, n_ids), progress=False, cache_type=kv)
     ids = np.random.default_rng(0).integers(3, f32.config.vocab_size, n_ids).tolist()
     ref = llamacpp_logits(str(src), ids, kv)
     ours = f32.eval(ids, all_logits=True).astype(np.float64)
     margins: list = []
     numpy_ref = (gemma4_logits(f32.gguf, ids, cache_fp16=kv == "f16") if kind.startswith("gemma4") else
-                 reference_logits(f32.gguf, ids, n_ctx=128, margins=margins))
+                 reference_logits(f32.gguf, ids, n_ctx=max(128, n_ids), margins=margins))
     # Where the engines' top tokens differ: llama.cpp's top-2 gap over its largest |logit|, and whose side
     # the fp32 numpy reference (tests/reference_llama.py) takes.
     ties = [{"position": int(i), "llamacpp_top2_gap": float(-np.diff(np.sort(ref[i])[::-1][:2])[0] / np.abs(ref).max()),
@@ -156,7 +156,7 @@ def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int, kv: str =
     if f32.config.recurrent_layers or f32.config.kv_shared_from or kind.startswith("gemma4"):
         # a recurrent state or borrowed caches: the prompt's half in one run, then one token at a time
         half = n_ids // 2
-        m = pyinfer.load(str(src), n_threads=2, n_ctx=128, progress=False, cache_type=kv)
+        m = pyinfer.load(str(src), n_threads=2, n_ctx=max(128, n_ids), progress=False, cache_type=kv)
         steps = [m.forward(ids[:half], 0, np.arange(half))] + [m.forward([t], half + i, np.array([0]))
                                                               for i, t in enumerate(ids[half:])]
         rows.append({"arch": name, "kind": kind, "file": "F32 decode", "vocab": vocab_name, "quantization_noise": None,

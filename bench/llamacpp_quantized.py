@@ -39,7 +39,7 @@ def llamacpp_logits(path: str, ids: list[int], cache_type: str = "f16", prompt: 
     q and the softmax to fp16 as well: llama.cpp against itself moves 5-7% on a tiny quantized LLaMA). `prompt` > 0:
     the first `prompt` ids in one batch, then every other one alone (decode steps)."""
     t = LLAMACPP_CACHE[cache_type]
-    ll = LlamaCpp(path, 2, 128, logits_all=True, type_k=t, type_v=t)
+    ll = LlamaCpp(path, 2, max(128, len(ids)), logits_all=True, type_k=t, type_v=t)
     ll.llm.reset()
     if prompt:
         ll.llm.eval(ids[:prompt])
@@ -74,7 +74,7 @@ def quantized_by_llamacpp(src: Path, out: Path, ftype: str, code: int, ids: list
     if rc != 0:
         raise SystemExit(f"llama_model_quantize {ftype} of {Path(src).name} failed ({rc})")
     types = Counter(t.type_name for t in open_model(out).tensors.values())
-    ours = pyinfer.load(str(out), n_threads=2, n_ctx=128, progress=False, cache_type=cache_type).eval(ids, all_logits=True)
+    ours = pyinfer.load(str(out), n_threads=2, n_ctx=max(128, len(ids)), progress=False, cache_type=cache_type).eval(ids, all_logits=True)
     theirs = llamacpp_logits(str(out), ids, cache_type)
     kv_noise = distance(llamacpp_logits(str(out), ids, "f16"), theirs) if cache_type == "f32" else None
     return {"tensor_types": dict(types), "pyinfer_vs_llamacpp": distance(ours.astype(np.float64), theirs),

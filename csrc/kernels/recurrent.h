@@ -17,6 +17,8 @@ struct RecurrentRows {
   int64_t n_rows = 1;
   int64_t row(int64_t t) const;
   bool starts(int64_t t) const { return positions[t] == 0; }
+  // The end of the run of one sequence's tokens that starts at t: the same row, positions one apart, no restart.
+  int64_t run_end(int64_t t, int64_t n_tokens) const;
 };
 
 struct SsmConvArgs {
@@ -44,7 +46,11 @@ struct DeltaNetArgs {
   bool grouped;  // v head h reads k head h / (v_heads / k_heads); else h % k_heads
 };
 // Floats of scratch one thread needs.
-inline int64_t delta_net_scratch_floats(int head_dim) { return 2 * int64_t(head_dim); }  // l2-normed q and k
+// Floats of scratch one thread needs: a chunk's work space (delta_rule_chunk.h), or l2-normed q and k per token.
+int64_t delta_net_scratch_floats(int head_dim);
+// A run of one sequence's tokens at least this long goes through the chunked form (a prompt); shorter ones (decode,
+// a batch of sequences one token each) token by token.
+constexpr int64_t kDeltaChunkMinRun = 64;
 // v heads [h0, h1) of every token; `scratch`: delta_net_scratch_floats of the calling thread's own.
 void delta_net(const DeltaNetArgs& a, const RecurrentRows& rows, int h0, int h1, float* scratch);
 

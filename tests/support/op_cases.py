@@ -615,6 +615,57 @@ def delta_net_grouped(b, rng):
                 atol=1e-5)
 
 
+def _prompt_runs(b, lengths):
+    """A prompt batch: runs of two sequences in turn, each run in order (A0..A(n-1) B0.. A(n)..), A in state row 1
+    and B in row 0; A's later run goes on from the state its first run left. Positions, rows and per-sequence
+    token indices."""
+    seq, pos, seen = [], [], [0, 0]
+    for i, n in enumerate(lengths):
+        s = i % 2
+        seq += [s] * n
+        pos += list(range(seen[s], seen[s] + n))
+        seen[s] += n
+    seq = np.array(seq)
+    P = i32(b, "p", np.array(pos)[:, None])
+    R = i32(b, "r", (1 - seq)[:, None])
+    return P, R, [np.flatnonzero(seq == s) for s in (0, 1)], len(seq)
+
+
+def ssm_conv_prompt(b, rng):
+    """The conv over prompts: a run longer than its taps (rows read from the run itself), a short run of another
+    sequence, then the first sequence again from the state its long run left."""
+    from .reference_recurrent import ssm_conv as conv_ref
+
+    C, K = 37, 4
+    P, R, seqs, T = _prompt_runs(b, [40, 2, 5])
+    X, x = f32(b, rng, "x", T, C)
+    W, w = f32(b, rng, "w", C, K, 0.5)
+    y = b.ssm_conv(X, W, b.state("conv", C * (K - 1), 2, DType.F32), P, "y", rows=R)
+    want = np.zeros((T, C))
+    for idx in seqs:
+        want[idx] = conv_ref(x[idx], w)
+    return Case([y], [want], T, rtol=1e-5, atol=1e-6)
+
+
+def delta_net_prompt(b, rng):
+    """The gated delta rule over prompts, in chunks (kDeltaChunk = 64): 130 tokens of one sequence (two whole
+    chunks and two tokens), 70 of another, then 5 more of the first token by token from the state the chunks left."""
+    from .reference_recurrent import delta_net as delta_ref
+
+    hk, hv, S, eps = 2, 4, 32, 1e-6
+    P, R, seqs, T = _prompt_runs(b, [130, 70, 5])
+    Q, qkv = f32(b, rng, "qkv", T, (2 * hk + hv) * S)
+    B, beta = f32(b, rng, "beta", T, hv)
+    A, alpha = f32(b, rng, "alpha", T, hv)
+    decay = np.stack([rng.standard_normal(hv), -np.exp(rng.standard_normal(hv))]).astype(np.float32)
+    D = b.weight("decay", F32, hv, 2, decay)
+    o = b.delta_net(Q, B, A, D, b.state("s", hv * S * S, 2, DType.F32), P, hk, hv, S, eps, "o", rows=R)
+    want = np.zeros((T, hv * S))
+    for idx in seqs:
+        want[idx] = delta_ref(qkv[idx], beta[idx], alpha[idx], decay[0], decay[1], hk, hv, S, eps)
+    return Case([o], [want], T, rtol=1e-4, atol=1e-5)
+
+
 def sigmoid_mul(b, rng):
     """Qwen3.5's attention output gate: sigmoid(g) * u."""
     G, g = f32(b, rng, "g", 3, 203, 4.0)
@@ -632,7 +683,8 @@ CASES: dict[Op, list[Callable]] = {
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
     Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route, moe_route_grouped],
     Op.MOE_MAT_MUL: [moe_mat_mul, moe_mat_mul_bias, moe_mat_mul_per_head], Op.MOE_COMBINE: [moe_combine], Op.EXPERT_FETCH: [expert_fetch],
-    Op.MOE_ROUTE_SPLIT: [moe_route_split], Op.SSM_CONV: [ssm_conv], Op.DELTA_NET: [delta_net, delta_net_grouped],
+    Op.MOE_ROUTE_SPLIT: [moe_route_split], Op.SSM_CONV: [ssm_conv, ssm_conv_prompt],
+    Op.DELTA_NET: [delta_net, delta_net_grouped, delta_net_prompt],
 }
 # Cases no device runs: the active union is a guard's decision, read on the host; offload's fetches run on the CPU;
 # the copy case places its own nodes.
@@ -654,7 +706,7 @@ def run_case(case: Callable, isa: str = "auto", device: str | None = None):
     if device is not None:
         kw = {"placement": [0 if op == Op.ACTIVE_UNION else 1 for op, _ in b.node_ops], "backend_threads": [1, 1],
               "backend_memory": [0, 1], "backend_kinds": ["cpu", device]}
-    e = _core.Engine(b.graph, max_tokens=16, max_outputs=16, n_threads=2, isa=isa, **kw)
+    e = _core.Engine(b.graph, max_tokens=max(16, c.n_tokens), max_outputs=16, n_threads=2, isa=isa, **kw)
     e.run(c.n_tokens, **c.run_kw)
     rows = {RowMode.TOKENS: c.n_tokens, RowMode.OUTPUTS: len(c.run_kw.get("out_ids", []))}
     outs = [np.array(e.tensor(t.id, rows.get(t.rows, t.n_rows))) for t in c.outputs]
