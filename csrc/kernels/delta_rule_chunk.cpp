@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/ops_float.h"
 #include "kernels/vec8.h"
 
 namespace pyinfer {
@@ -12,41 +13,28 @@ namespace {
 
 using namespace vec8;
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
-#define PYI_CHUNK_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define PYI_CHUNK_CLONES
-#endif
-
-
-
-// e^x for x <= 0 lanes (decay ratios): 2^n p(r) as ops_float.h's silu_mul_one, clamped below at -87.3 (e^x < 1e-37
-// there: a decay that has run out).
+// e^x for x <= 0 lanes (decay ratios): 2^n p(r) with ops_float.h's constants (silu_mul_one's exp), clamped below
+// as there (e^x < 1e-37: a decay that has run out).
 inline __attribute__((always_inline)) v8 exp_nonpositive(v8 x) {
-  x = x < splat(-87.3f) ? splat(-87.3f) : x;
+  x = x < splat(kSiluClampLo) ? splat(kSiluClampLo) : x;
   x = x > splat(0.f) ? splat(0.f) : x;  // (lanes that are masked out afterwards may hold any value)
   const v8 magic = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const v8 n = (x * splat(1.44269504088896341f) + magic) - magic;
-  v8 r = x - n * splat(0.693145751953125f);
-  r = r - n * splat(1.428606765330187045e-06f);
-  v8 p = splat(1.f / 720);
-  p = p * r + splat(1.f / 120);
-  p = p * r + splat(1.f / 24);
-  p = p * r + splat(1.f / 6);
-  p = p * r + splat(0.5f);
-  p = p * r + splat(1.f);
-  p = p * r + splat(1.f);
+  const v8 n = (x * splat(kLog2e) + magic) - magic;
+  v8 r = x - n * splat(kLn2Hi);
+  r = r - n * splat(kLn2Lo);
+  v8 p = splat(kExpC[6]);
+  for (int k = 5; k >= 0; --k) p = p * r + splat(kExpC[k]);
   const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
   v8 scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
 
-// Out[r][c] = (scale_rows ? scale_rows[r * scale_stride] * Out[r][c] : 0) + sum_{x < kd(r)} A[r][x] * B[x][c], rows in blocks of
-// 8 or 4 and columns in blocks of 16 (16 or 8 sums in registers; A's entries broadcast, B's rows loaded). kd(r) is `kd`, or
-// with `lower_kd` the end of r's block of 4 (B's rows past it are only ever multiplied by zeros). rows % 4 == 0,
-// cols % 16 == 0. Column blocks past the row block are skipped when `lower_cols` (their outputs are never read).
+// Out[r][c] = (scale_rows ? scale_rows[r * scale_stride] * Out[r][c] : 0) + sum_{x < kd(r)} A[r][x] * B[x][c],
+// rows in blocks of 8 or 4 and columns in blocks of 16 (16 or 8 sums in registers; A's entries broadcast, B's rows
+// loaded). kd(r) is `kd`, or with `lower_kd` the end of r's block of 4 (B's rows past it are only ever multiplied
+// by zeros). rows % 4 == 0, cols % 16 == 0. Column blocks past the row block are skipped when `lower_cols` (their
+// outputs are never read).
 template <int RB>
 inline __attribute__((always_inline)) void gemm_block(const float* A, int lda, const float* B, int ldb, float* Out,
                                                       int ldo, int r, int c, int kend, const float* scale_rows,
@@ -77,7 +65,7 @@ inline __attribute__((always_inline)) void gemm_block(const float* A, int lda, c
   }
 }
 
-PYI_CHUNK_CLONES
+PYI_VEC8_CLONES
 void gemm(const float* A, int lda, const float* B, int ldb, float* Out, int ldo, int rows, int cols, int kd,
           const float* scale_rows, int scale_stride, bool lower_kd, bool lower_cols) {
   for (int r = 0; r < rows; r += 4) {
@@ -94,7 +82,7 @@ void gemm(const float* A, int lda, const float* B, int ldb, float* Out, int ldo,
 
 // Dst[c][r] = Src[r][c] for an R x Cn block (row strides ls, ld; R, Cn multiples of 8): 8 x 8 tiles through
 // registers (unpack, pair shuffles, half swaps).
-PYI_CHUNK_CLONES
+PYI_VEC8_CLONES
 void transpose(const float* Src, int ls, float* Dst, int ld, int R, int Cn) {
   for (int r0 = 0; r0 < R; r0 += 8)
     for (int c0 = 0; c0 < Cn; c0 += 8) {
@@ -119,7 +107,7 @@ void transpose(const float* Src, int ls, float* Dst, int ld, int R, int Cn) {
 
 // The masked, decayed coefficient matrices: A[t][s] = -beta_t e^(G_t - G_s) (k_t . k_s) for s < t, and
 // B[t][s] = e^(G_t - G_s) (q_t . k_s) for s <= t; zero above (the products read whole blocks of 4 rows).
-PYI_CHUNK_CLONES
+PYI_VEC8_CLONES
 void decay_masks(float* Akk, float* Aqk, const float* G, const float* beta, int C) {
   for (int t = 0; t < C; ++t) {
     float* a = Akk + size_t(t) * C;
@@ -138,7 +126,7 @@ void decay_masks(float* Akk, float* Aqk, const float* G, const float* beta, int 
 
 }  // namespace
 
-PYI_CHUNK_CLONES
+PYI_VEC8_CLONES
 void delta_rule_chunk(float* M, int S, const DeltaChunk& c, float out_scale, float* scratch) {
   const int C = kDeltaChunk, n = c.n;
   const size_t CS = size_t(C) * size_t(S);
@@ -211,11 +199,12 @@ void delta_rule_chunk(float* M, int S, const DeltaChunk& c, float out_scale, flo
     for (int i = 0; i < S; i += 8) store(c.out[t] + i, load(R + size_t(t) * S + i) * os);
   // S_n[i][j] = e^G_last S0[i][j] + sum_s e^(G_last - G_s) k_s[i] u_s[j]: KT's columns scaled, then one product
   // onto the decayed state.
-  const float g_last = G[C - 1];
+  float* to_last = Akk;  // e^(G_last - G_s), once per chunk (Akk is read no more)
+  for (int s = 0; s < C; s += 8) store(to_last + s, exp_nonpositive(splat(G[C - 1]) - load(G + s)));
   for (int i = 0; i < S; ++i)
     for (int s = 0; s < C; s += 8) {
       float* kt = KT + size_t(i) * C + s;
-      store(kt, load(kt) * exp_nonpositive(splat(g_last) - load(G + s)));
+      store(kt, load(kt) * load(to_last + s));
     }
   gemm(KT, C, P, S, ST, S, S, S, C, eG + C - 1, 0, false, false);
   transpose(ST, S, M, S, S, S);

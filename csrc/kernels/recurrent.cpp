@@ -25,14 +25,6 @@ int64_t delta_net_scratch_floats(int head_dim) {
   return std::max<int64_t>(2 * int64_t(head_dim), delta_chunk_scratch_floats(head_dim));
 }
 
-// (Not under the sanitizers' builds: an ifunc resolver runs before their runtime is up.)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
-#define PYI_RECURRENT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define PYI_RECURRENT_CLONES
-#endif
-
 int64_t RecurrentRows::run_end(int64_t t, int64_t n_tokens) const {
   const int64_t r = row(t);
   int64_t e = t + 1;
@@ -66,7 +58,7 @@ void conv_token(const SsmConvArgs& a, const RecurrentRows& rows, int64_t t, int6
 // Token t of a run whose taps all lie in the run (t - keep at or after its start): the same sums over the input
 // rows themselves, no state, channels in vector lanes (Qwen3.5's 4 taps unrolled).
 template <int K>
-PYI_RECURRENT_CLONES void conv_row_taps(const SsmConvArgs& a, int64_t t, int64_t c0, int64_t c1) {
+PYI_VEC8_CLONES void conv_row_taps(const SsmConvArgs& a, int64_t t, int64_t c0, int64_t c1) {
   const float* x[K];
   for (int i = 0; i < K; ++i) x[i] = a.x + size_t(t - (K - 1) + i) * a.x_stride;
   float* y = a.y + size_t(t) * a.y_stride;
@@ -79,7 +71,7 @@ PYI_RECURRENT_CLONES void conv_row_taps(const SsmConvArgs& a, int64_t t, int64_t
 }
 
 // SiLU in place, as the dense FFN's polynomial (silu_mul_one): in vector lanes, where libm's expf is a call per value.
-PYI_RECURRENT_CLONES void silu_row(float* y, int64_t c0, int64_t c1) {
+PYI_VEC8_CLONES void silu_row(float* y, int64_t c0, int64_t c1) {
   for (int64_t c = c0; c < c1; ++c) y[c] = silu_mul_one(y[c], 1.f);
 }
 
@@ -122,7 +114,7 @@ namespace {
 // llama.cpp's build_gdn_l2_norm: rms_norm with eps / n (its squares rounded to float, summed in double), then times
 // 1 / sqrt(n). Eight double sums in turn (one chain of double adds held a token's head for ~500 cycles); in double,
 // the order changes the float result only at a rounding tie.
-PYI_RECURRENT_CLONES
+PYI_VEC8_CLONES
 void l2_norm(const float* x, float* y, int n, float eps) {
   typedef double v4d __attribute__((vector_size(32), aligned(8)));
   typedef float v4f __attribute__((vector_size(16), aligned(4)));
@@ -142,12 +134,11 @@ void l2_norm(const float* x, float* y, int n, float eps) {
   for (i = 0; i < n; ++i) y[i] = x[i] * scale * post;
 }
 
-
 // One head's token: each column j of the state (row j of M) is decayed, read against k for the delta, updated and
 // read against q in one pass while it sits in L1. Column j's steps depend on column j only, so this is the same
 // arithmetic as ggml's pass-per-step loop; its dot products keep ggml's AVX2 partial sums (4 x 8 lanes, reduced
 // pairwise), four independent chains in registers.
-PYI_RECURRENT_CLONES
+PYI_VEC8_CLONES
 void delta_rule_token(float* M, int S, const float* q, const float* k, const float* v, float beta, float decay,
                       float out_scale, float* out) {
   using namespace vec8;

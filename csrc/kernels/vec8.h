@@ -4,6 +4,15 @@
 // vectors without AVX (-Wpsabi) never matters: CMakeLists.txt silences it for the files that include this.
 #pragma once
 
+// The kernels that use these lanes are built twice on x86-64 GCC, for x86-64-v3 (AVX2 + FMA) and the baseline,
+// and the loader picks one (not under the sanitizers' builds: an ifunc resolver runs before their runtime is up).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
+#define PYI_VEC8_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define PYI_VEC8_CLONES
+#endif
+
 namespace pyinfer::vec8 {
 
 typedef float v8 __attribute__((vector_size(32), aligned(4)));
