@@ -58,7 +58,7 @@ def main() -> int:
     ap.add_argument("-m", "--model", help="GGUF file")
     ap.add_argument("--tag", required=True)
     ap.add_argument("--configs", nargs="*", default=None,
-                    help="config names (default: all; with --no-ppl the speed set: " + ", ".join(SPEED_SET) + ")")
+                    help="config names (default: all; with --no-ppl the speed set: " + ", ".join(SPEED_SET).replace("%", "%%") + ")")
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--no-ppl", action="store_true", help="speed and bytes only (random-weight models)")
     ap.add_argument("--rounds", type=int, default=3)

@@ -20,6 +20,7 @@ def main(path: str) -> None:
            "| shape | op | density | us | vs dense GEMV |", "|---|---|---|---|---|"]
     curves = {}
     for shape in shapes:
+        # (down_axpy_q8t: the input-sparse copy until it was dropped for Q8_0 rows; older result files hold it)
         for op, dense in (("gather_gemv", "gate_gemv"), ("down_axpy_q4t", "down_gemv"), ("down_axpy_q8_0", "down_gemv"),
                           ("down_axpy_q8t", "down_gemv")):
             if (shape, dense, 1.0) not in med or not any(k[0] == shape and k[1] == op for k in med):

@@ -14,12 +14,11 @@ from gguf import quants
 
 from pyinfer._core import DType
 from pyinfer.runtime.graph_builder import single_op_engine
-from pyinfer.runtime.input_major import q8t_from_float
 from pyinfer.runtime.sparse_ffn import q4t_from_blocks
 from checks import check_close, deq, q8a, run_and_check
 
 THREADS = 2
-SHAPES = {"smollm2": (576, 1536), "7b": (4096, 11008)}  # (d_model, d_ff)
+SHAPES = {"smollm2": (576, 1536), "qwen0.5b": (896, 4864), "7b": (4096, 11008)}  # (d_model, d_ff)
 DENSITIES = [1.0, 0.5, 0.25, 0.1, 0.05]
 _cache: dict = {}
 
@@ -31,8 +30,7 @@ def _mats(shape: str):
         gate = quants.quantize(rng.standard_normal((ff, d)).astype(np.float32) * 0.05, Q.Q4_1)   # [ff, d]
         down = quants.quantize(rng.standard_normal((d, ff)).astype(np.float32) * 0.05, Q.Q4_1)   # [d, ff]
         down_t = quants.quantize(quants.dequantize(down, Q.Q4_1).reshape(d, ff).T.copy(), Q.Q8_0)  # [ff, d]
-        q8t = q8t_from_float(quants.dequantize(down, Q.Q4_1).reshape(d, ff).T.copy())  # input-major, shared scales
-        _cache[shape] = (gate, down, q4t_from_blocks(down, "Q4_1", d, ff), down_t, q8t)
+        _cache[shape] = (gate, down, q4t_from_blocks(down, "Q4_1", d, ff), down_t)
     return _cache[shape]
 
 
@@ -65,7 +63,7 @@ def _check(eng, out, want, what):
 @pytest.mark.parametrize("op", ["gate_gemv", "down_gemv"])
 def test_dense(benchmark, shape, op):
     d, ff = SHAPES[shape]
-    gate, down, _, _, _ = _mats(shape)
+    gate, down, _, _ = _mats(shape)
     rows, k, w = (ff, d, gate) if op == "gate_gemv" else (d, ff, down)
     eng, y = single_op_engine(lambda b: b.matmul(b.weight("w", int(DType.Q4_1), k, rows, w), _input(b, k), "y"),
                               max_tokens=1, n_threads=THREADS)
@@ -77,7 +75,7 @@ def test_dense(benchmark, shape, op):
 @pytest.mark.parametrize("density", DENSITIES)
 def test_gather_gemv(benchmark, shape, density):
     d, ff = SHAPES[shape]
-    gate, _, _, _, _ = _mats(shape)
+    gate, _, _, _ = _mats(shape)
     s = _scores(ff, density)
 
     def build(b):
@@ -93,28 +91,22 @@ def test_gather_gemv(benchmark, shape, density):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("density", DENSITIES)
-@pytest.mark.parametrize("fmt", ["q4t", "q8_0", "q8t"])
+@pytest.mark.parametrize("fmt", ["q4t", "q8_0"])
 def test_down_axpy(benchmark, shape, density, fmt):
     d, ff = SHAPES[shape]
-    _, _, (nibbles, scales), down_t, (q8t_rows, q8t_scales) = _mats(shape)
+    _, _, (nibbles, scales), down_t = _mats(shape)
     s = _scores(ff, density)
 
     def build(b):
         a = b.get_rows(b.weight("a", int(DType.F32), ff, 1, s), _input_ids(b), "a")
         active = b.active_set(a, ff, "active", threshold=0.5)
-        if fmt == "q8_0":
+        if fmt == "q8_0":  # the threshold plans' down at low density, and the input-sparse projections' copy
             return b.down_axpy(b.weight("w", int(DType.Q8_0), d, ff, down_t), a, active)
-        if fmt == "q8t":  # the input-sparse projections' copy (runtime/input_major.py)
-            return b.down_axpy(b.weight("w", int(DType.Q8T), d, ff, q8t_rows), a, active,
-                               scales=b.weight("sc", int(DType.F16), d, ff // 32, q8t_scales))
         return b.down_axpy(b.weight("w", int(DType.Q4T), d, ff, nibbles), a, active,
                            scales=b.weight("sc", int(DType.F16), 2 * d, ff // 32, scales))
 
     eng, y = single_op_engine(build, max_tokens=1, n_threads=THREADS)
-    if fmt == "q8t":
-        down = (q8t_rows.astype(np.float32) - 128) * np.repeat(q8t_scales.astype(np.float32), 32, axis=0)
-    else:
-        down = deq(down_t, Q.Q8_0, ff, d) if fmt == "q8_0" else deq(_mats(shape)[1], Q.Q4_1, d, ff).T
+    down = deq(down_t, Q.Q8_0, ff, d) if fmt == "q8_0" else deq(_mats(shape)[1], Q.Q4_1, d, ff).T
     _check(eng, y, np.where(s > 0.5, s, 0) @ down, f"down_axpy_{fmt}")
     _run(benchmark, eng, shape=shape, op=f"down_axpy_{fmt}", density=density, kind="sparse")
 

@@ -36,7 +36,6 @@ class DType(enum.IntEnum):
     MXFP4 = 39
     Q8A = 1000
     Q4T = 1001
-    Q8T = 1002
 
 class Op(enum.IntEnum):
     GET_ROWS = 0

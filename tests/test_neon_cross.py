@@ -42,7 +42,6 @@ def test_neon_matches_scalar(tmp_path):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"axpy {t} "))
         assert float(line.split()[-1]) < 1e-4, out
     assert "axpy Q4T max diff 0\n" in out and "axpy Q4T full max diff 0\n" in out  # integer sums: the same bits
-    assert "axpy Q8T max diff 0\n" in out, out
     assert "gather max diff 0" in out
     for case in ("prefill", "decode", "window", "q8_0", "hd24"):  # float sums in another order, exp to ~1 ulp
         line = next(ln for ln in out.splitlines() if ln.startswith(f"attention {case} max diff "))

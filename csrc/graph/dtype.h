@@ -35,11 +35,6 @@ enum class DType : int32_t {
   // elements, 16 bytes). The Q4_1/Q4_0 scales stay shared by groups of 32 neurons, in a side F16 tensor
   // [n_ff / 32, 2 * d] (scales, then offsets), so the transposition is lossless. Not a GGUF type.
   Q4T = 1001,
-  // Input-major 8-bit rows for input-sparse projections (runtime/input_sparse.py): row i = input i's column of a
-  // [d_out, d_in] weight as int8 + 128 (bytes 0..255, so VNNI's unsigned operand takes them as they are), its
-  // scales shared by groups of 32 inputs in a side F16 tensor [d_in / 32, d_out]: the blocks of the weight's own
-  // Q8_0 form, read input-major. Not a GGUF type.
-  Q8T = 1002,
 };
 
 constexpr int kQuantBlock = 32;  // elements per block of the legacy types and of activations (Q8A)
@@ -99,7 +94,7 @@ static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(Bloc
 // vec_dot_type), so that a quantized file gives llama.cpp's logits and not only its quality. Q8_0: blocks of 32,
 // the scale rounded to fp16; Q8_1: also the block's sum times the scale, rounded to fp16 (Q4_1 / Q5_1's offsets);
 // Q8_K: one fp32 scale per 256 (K-quants and the IQ grids). Own: blocks of 32 with fp32 scales (pyinfer's
-// internal copies, Q4T / Q8T, whose dots llama.cpp does not have). All are stored as Q8A blocks.
+// internal copy Q4T, whose dots llama.cpp does not have). All are stored as Q8A blocks.
 enum class ActScheme : int32_t { Own = 0, Q8_0 = 1, Q8_1 = 2, Q8_K = 3 };
 
 struct DTypeTraits {
@@ -136,9 +131,8 @@ inline constexpr DTypeTraits kDTypeTraits[] = {
     {DType::IQ3_S, "IQ3_S", kSuperBlock, int32_t(sizeof(BlockIQ3_S)), true, true, ActScheme::Q8_K},
     {DType::Q8A, "Q8A", kQuantBlock, int32_t(sizeof(BlockQ8A)), false, true},
     {DType::Q4T, "Q4T", kQuantBlock, 16, false, true},  // nibbles only: its scales live in a side tensor
-    {DType::Q8T, "Q8T", kQuantBlock, 32, false, true},  // bytes only: its scales live in a side tensor
 };
-inline constexpr int kDTypeCount = 25;
+inline constexpr int kDTypeCount = 24;
 static_assert(sizeof(kDTypeTraits) / sizeof(kDTypeTraits[0]) == kDTypeCount,
               "a DType was added or removed: update kDTypeTraits and every switch over DType");
 

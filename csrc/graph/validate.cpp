@@ -324,9 +324,9 @@ void Graph::validate() const {
         using S = DownAxpySrc;
         const Tensor& w = c.t(src[S::down]);
         c.type(n.dst, DType::F32); c.type(src[S::act], DType::F32);
-        if (w.type != DType::Q8_0 && w.type != DType::Q4_1 && w.type != DType::Q4T && w.type != DType::Q8T &&
+        if (w.type != DType::Q8_0 && w.type != DType::Q4_1 && w.type != DType::Q4T &&
             w.type != DType::F32 && w.type != DType::F16)
-          c.fail("neuron-major down must be Q4T, Q8T, Q4_1, Q8_0, F32 or F16");
+          c.fail("neuron-major down must be Q4T, Q4_1, Q8_0, F32 or F16");
         if (w.row_mode != RowMode::Fixed || c.t(origin(src[S::down])).storage != Storage::External)
           c.fail("down must be a weight");
         c.cols(src[S::down], d.cols); c.cols(src[S::act], w.rows);
@@ -337,12 +337,6 @@ void Graph::validate() const {
           if (c.t(src[S::scales]).row_stride != c.t(src[S::scales]).row_bytes) c.fail("the Q4T scales must be packed");
           if (w.rows % kQuantBlock || c.t(src[S::scales]).rows != w.rows / kQuantBlock)
             c.fail("Q4T needs n_ff / 32 scale rows");
-        }
-        if (w.type == DType::Q8T) {
-          c.type(src[S::scales], DType::F16); c.cols(src[S::scales], d.cols);
-          if (c.t(src[S::scales]).row_stride != c.t(src[S::scales]).row_bytes) c.fail("the Q8T scales must be packed");
-          if (w.rows % kQuantBlock || c.t(src[S::scales]).rows != w.rows / kQuantBlock)
-            c.fail("Q8T needs d_in / 32 scale rows");
         }
         if (src[S::row_map] >= 0) c.permutation(src[S::row_map], w.rows, "row map");
         if (src[S::union_list] >= 0) {

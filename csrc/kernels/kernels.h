@@ -31,7 +31,7 @@ struct MatMulArgs {
 // y[c0, c1) += sum_k coef[k] * W[ids[k]][c0, c1): the down projection over active neurons only, from a
 // neuron-major (transposed) copy of down. c0 and c1 are multiples of 32.
 struct AxpyRowsArgs {
-  DType wtype;               // Q4T, Q8T, Q4_1, Q8_0, F32 or F16
+  DType wtype;               // Q4T, Q4_1, Q8_0, F32 or F16
   const uint8_t* w;          // [n_ff, d] rows, w_row_bytes apart
   size_t w_row_bytes;
   const int32_t* ids;        // [n] neuron ids
@@ -39,8 +39,7 @@ struct AxpyRowsArgs {
   int64_t n;
   int64_t c0, c1;
   float* y;                  // [d], accumulated into
-  // Q4T and Q8T: ids ascending; scales of neuron group g at scales + g * scales_stride (Q4T: d scales, then d
-  // offsets; Q8T: d scales).
+  // Q4T: ids ascending; scales of neuron group g at scales + g * scales_stride (d scales, then d offsets).
   const uint16_t* scales = nullptr;
   int64_t scales_stride = 0;
   // Paged weights (offload/neuron_store.h): row j lies at w_rows[j] instead of w + j * w_row_bytes.

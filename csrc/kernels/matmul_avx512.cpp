@@ -1,21 +1,13 @@
 // AVX-512 table: the AVX2 table with the integer-dot matmul rebuilt for AVX-512VL + VNNI (vpdpbusd for the
 // byte dots, 32 vector registers for bigger tiles). Compiled alone with those flags; select_kernels()
-// checks the CPU first. The prefill attention tile is 16-lane too (attention_avx512.cpp), and the Q8T axpy takes
-// vpdpbusd (sparse_ffn_q8t_x86.h); every other entry is the AVX2 code, shared by pointer.
+// checks the CPU first. The prefill attention tile is 16-lane too (attention_avx512.cpp); every other entry is the
+// AVX2 code, shared by pointer.
 #if defined(__x86_64__) || defined(_M_X64)
 #include "kernels/attention.h"
 #include "kernels/kernels.h"
 #include "kernels/matmul_x86.h"
-#include "kernels/sparse_ffn_q8t_x86.h"
 
 namespace pyinfer {
-
-namespace {
-void axpy_rows_avx512(const AxpyRowsArgs& a) {
-  if (a.wtype == DType::Q8T) return axpy_q8t_x86<Q8TDotVnni>(a);
-  axpy_rows_avx2(a);
-}
-}  // namespace
 
 const KernelTable* kernels_avx512() {
   static const KernelTable table = [] {
@@ -26,7 +18,6 @@ const KernelTable* kernels_avx512() {
     // keep 4 rows x 4 tokens (of 4x4, 4x6, 6x4 and 8x2 the best or tied); decode 4 rows (matmul_x86.h's TileShape).
     t.matmul = matmul_x86<TileShape<2, 4, 4, 2>>;
     t.attn_tile = attn_tile_avx512;
-    t.axpy_rows = axpy_rows_avx512;
     return t;
   }();
   return &table;

@@ -4,7 +4,6 @@
 #include <immintrin.h>
 
 #include "kernels/kernels.h"
-#include "kernels/sparse_ffn_q8t_x86.h"
 #include "kernels/sparse_ffn_walk.h"
 
 namespace pyinfer {
@@ -135,7 +134,6 @@ void axpy_q4t(const AxpyRowsArgs& a) {
 }  // namespace
 
 void axpy_rows_avx2(const AxpyRowsArgs& a) {
-  if (a.wtype == DType::Q8T) return axpy_q8t_x86<Q8TDotAvx2>(a);
   axpy_dispatch(a, axpy_q4t, [&](int64_t k, auto nn) { axpy_group_q4_1<decltype(nn)::value>(a, k); },
                 [&](int64_t k, auto nn) { axpy_group<decltype(nn)::value>(a, k); });
 }

@@ -107,46 +107,9 @@ void axpy_q4t(const AxpyRowsArgs& a) {
   });
 }
 
-// Q8T in integers, as the scalar reference sums: per group of 32 inputs and 16 columns, each active row's bytes
-// (w + 128, made w again) times its int8 coefficient digit, widened to int32 (|product| <= 128 * 127); then one
-// scale and one fused multiply-add per column.
-void axpy_q8t(const AxpyRowsArgs& a) {
-  const int64_t width = a.c1 - a.c0;
-  const int64_t distance = axpy_ahead_rows(width);
-  int64_t ahead = 0;  // the first list position whose slice is not yet asked for
-  const uint8x16_t flip = vdupq_n_u8(0x80);
-  for_each_q4t_group(a, [&](const Q4TGroup& g) {
-    for (const int64_t upto = std::min(a.n, g.end + distance); ahead < upto; ++ahead) {
-      const char* row = reinterpret_cast<const char*>(a.row(a.ids[ahead]) + a.c0);
-      for (int64_t off = 0; off < width; off += 64) prefetch_l2(row + off);
-    }
-    Q4TCoefs qc;
-    quantize_group_coefs(a, g, qc);
-    const uint16_t* scale = a.scales + int64_t(g.group) * a.scales_stride;
-    for (int64_t c = a.c0; c < a.c1; c += 16) {
-      int32x4_t acc[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
-      for (int64_t e = g.begin; e < g.end; ++e) {
-        const int8x16_t w = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(a.row(a.ids[e]) + c), flip));
-        const int8x8_t q = vdup_n_s8(qc.q[e - g.begin]);
-        const int16x8_t lo = vmull_s8(vget_low_s8(w), q), hi = vmull_s8(vget_high_s8(w), q);
-        acc[0] = vaddw_s16(acc[0], vget_low_s16(lo));
-        acc[1] = vaddw_high_s16(acc[1], lo);
-        acc[2] = vaddw_s16(acc[2], vget_low_s16(hi));
-        acc[3] = vaddw_high_s16(acc[3], hi);
-      }
-      for (int j = 0; j < 4; ++j) {
-        const int64_t col = c + 4 * j;
-        const float32x4_t s = vmulq_n_f32(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(scale + col))), qc.d);
-        vst1q_f32(a.y + col, vfmaq_f32(vld1q_f32(a.y + col), s, vcvtq_f32_s32(acc[j])));
-      }
-    }
-  });
-}
-
 }  // namespace
 
 void axpy_rows_neon(const AxpyRowsArgs& a) {
-  if (a.wtype == DType::Q8T) return axpy_q8t(a);
   axpy_dispatch(a, axpy_q4t, [&](int64_t k, auto nn) { axpy_group_q4_1<decltype(nn)::value>(a, k); },
                 [&](int64_t k, auto nn) { axpy_group<decltype(nn)::value>(a, k); });
 }

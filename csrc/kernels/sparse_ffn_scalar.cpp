@@ -1,5 +1,5 @@
-// Reference neuron-major axpy for the sparse down projection and the input-sparse projections (Q8T); every ISA
-// path is tested against it.
+// Reference neuron-major axpy for the sparse down projection and the input-sparse projections (their Q8_0 rows);
+// every ISA path is tested against it.
 // It is also the float-weight (F32/F16) path of every ISA, used by the exactness tests on float models.
 #include <cmath>
 
@@ -43,27 +43,10 @@ void axpy_q4t_scalar(const AxpyRowsArgs& a) {
   });
 }
 
-// Q8T: per group of 32 inputs, t = sum_j q_j * (w_j + 128) - 128 * sum_j q_j in integers (q: the group's
-// coefficients as one int8 digit, quantize_group_coefs' first), then y += (d_coef * scale) * t.
-void axpy_q8t_scalar(const AxpyRowsArgs& a) {
-  for_each_q4t_group(a, [&](const Q4TGroup& g) {
-    Q4TCoefs qc;
-    quantize_group_coefs(a, g, qc);
-    const uint16_t* scale = a.scales + int64_t(g.group) * a.scales_stride;
-    const int32_t bias = q8t_bias(qc);
-    for (int64_t c = a.c0; c < a.c1; ++c) {
-      int32_t t = -bias;
-      for (int64_t e = g.begin; e < g.end; ++e) t += qc.q[e - g.begin] * int32_t(a.row(a.ids[e])[c]);
-      a.y[c] = std::fma(qc.d * fp16_to_fp32(scale[c]), float(t), a.y[c]);
-    }
-  });
-}
-
 }  // namespace
 
 void axpy_rows_scalar(const AxpyRowsArgs& a) {
   if (a.wtype == DType::Q4T) return axpy_q4t_scalar(a);
-  if (a.wtype == DType::Q8T) return axpy_q8t_scalar(a);
   for (int64_t k = 0; k < a.n; ++k) {
     const uint8_t* row = a.row(a.ids[k]);
     const float c = a.coef[k];

@@ -79,13 +79,6 @@ inline void quantize_group_coefs(const AxpyRowsArgs& a, const Q4TGroup& g, Q4TCo
   for (int64_t k = n; k < out.n4; ++k) out.q[k] = out.q_lo[k] = 0;
 }
 
-// Q8T rows hold w + 128: a group's integer sum carries 128 times its coefficient digits' sum, taken off once.
-inline int32_t q8t_bias(const Q4TCoefs& qc) {
-  int32_t s = 0;
-  for (int64_t k = 0; k < qc.n4; ++k) s += qc.q[k];
-  return 128 * s;
-}
-
 // The group's row pointers, padded like its coefficients (with its first row: a zero coefficient adds nothing).
 inline void group_rows(const AxpyRowsArgs& a, const Q4TGroup& g, int64_t n4, const uint8_t** rows) {
   for (int64_t k = 0; k < n4; ++k) rows[k] = a.row(a.ids[g.begin + (g.begin + k < g.end ? k : 0)]);
@@ -129,7 +122,6 @@ inline void axpy_dispatch(const AxpyRowsArgs& a, Q4T q4t, Q41 q41, Q80 q80) {
   using One = std::integral_constant<int, 1>;
   switch (a.wtype) {
     case DType::Q4T: return q4t(a);
-    case DType::Q8T: return axpy_rows_scalar(a);  // (every table runs its own kernel before dispatching here)
     case DType::Q4_1:
       return for_rows_prefetched<BlockQ4_1>(a, [&](int64_t k) { q41(k, Four{}); }, [&](int64_t k) { q41(k, One{}); });
     case DType::Q8_0:

@@ -1,12 +1,14 @@
 """Input-major copies of a weight [d_out, d_in] (row i = input i's column), the rows an input-sparse projection's
 axpy reads (runtime/input_sparse.py) and the neuron-major down of an input-sparse plan's FFN (runtime/sparse_ffn.py).
 
-Q8T for quantized weights: 8-bit rows, the scales of each 32 inputs in a side table (the weight's own blocks
-for Q8_0, a Q8_0 rounding of the others: 8.5 bits a weight, so a Q4_K matrix's copy is 1.9x its bytes). Q4T
-(nibbles, 5 bits a weight) was measured first: its axpy unpacks nibbles and pairs rows at run time, about three
-times a dense GEMV's work per weight; at 30% of a 1.5B down's inputs it took 1.4x the dense matmul's time,
-where Q8T's integer dot4 took 0.9-1.4x on this noisy 2-core VM (bench/results/sparsity/input_*.md). F32 for
-float weights.
+Q8_0 rows for quantized weights: one Q8_0 rounding of the original (under 1/254 of a block's largest weight),
+8.5 bits a weight (a Q4_K matrix's copy is 1.9x its bytes), each row's scales inside the row. Two formats were
+measured before it and dropped: Q4T (nibbles, 5 bits a weight; unpacking and pairing rows at run time cost about
+three times a dense GEMV's work per weight) and Q8T (int8 rows, the scales of each 32 inputs in a side table, an
+integer dot4): a group's side row of scales (2 bytes per output) is read whenever one of its 32 inputs is active,
+which at the densities decode sees (3-20% of down's inputs on Qwen2.5-Coder-0.5B) is more bytes than the row
+itself; Qwen2.5-Coder-0.5B's 24 downs at 80% took 2.1 ms a token through Q8T, 0.9 ms through Q8_0 rows, against
+1.9-2.3 ms dense. F32 for float weights.
 """
 from __future__ import annotations
 
@@ -27,47 +29,21 @@ def raw_rows(gguf: GGUFModelFile, name: str) -> np.ndarray:
     return np.asarray(t.data).view(np.uint8).reshape(t.rows, -1)
 
 
-def q8t_from_q8_0(data: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """A Q8_0 matrix [rows, cols] as Q8T of its transpose, losslessly: bytes + 128 U8 [cols, rows] and the
-    blocks' scales F16 [cols / 32, rows]."""
-    raw = np.asarray(data).view(np.uint8).reshape(rows, cols // 32, 34)
-    scales = np.ascontiguousarray(raw[..., :2].copy().view(np.float16)[..., 0].T)
-    qs = raw[..., 2:].reshape(rows, cols)
-    return np.ascontiguousarray(qs.T ^ np.uint8(0x80)), scales
-
-
-def q8t_from_float(wt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Input-major floats [cols, rows] (row i = input i) as Q8T: each 32 inputs of one output quantized as a Q8_0
-    block of the original matrix (scale amax / 127, fp16), so a 4-6 bit source loses under 1/254 of a block's
-    largest weight."""
-    cols, rows = wt.shape
-    x = wt.reshape(cols // 32, 32, rows)
-    d = np.abs(x).max(axis=1) / 127.0                                  # [cols / 32, rows]
-    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d > 0)
-    q = np.clip(np.rint(x * inv[:, None, :]), -127, 127).astype(np.int16)
-    return np.ascontiguousarray((q + 128).astype(np.uint8).reshape(cols, rows)), d.astype(np.float16)
-
-
-def transposed_weight(gguf: GGUFModelFile, name: str) -> tuple[DType, np.ndarray, np.ndarray | None]:
-    """(type, rows, Q8T scales or None) of the input-major copy of weight `name` [out, in]: row i = input i. Q8T
-    for quantized weights (the integer axpy: bench/results/sparsity/input_*.md), F32 for float ones."""
+def transposed_weight(gguf: GGUFModelFile, name: str) -> tuple[DType, np.ndarray]:
+    """(type, rows) of the input-major copy of weight `name` [out, in]: row i = input i. Q8_0 rows for quantized
+    weights (each 32 outputs of an input share one fp16 scale, so the scales travel with the row), F32 for float
+    ones and for rows no multiple of 32."""
     t = gguf.tensor(name)
-    if t.type_name == "Q8_0" and t.rows % 32 == 0:
-        rows, scales = q8t_from_q8_0(raw_rows(gguf, name), t.rows, t.cols)
-        return DType.Q8T, rows, scales
-    wt = _core.neuron_major(raw_rows(gguf, name), DType(t.dtype_id), t.cols, np.arange(t.cols, dtype=np.int32),
-                            DType.F32, physical_cores()).view(np.float32).reshape(t.cols, t.rows)
-    if t.type_name in _FLOAT or t.rows % 32:
-        return DType.F32, wt, None  # float weights, or rows no multiple of 32: exact F32
-    rows, scales = q8t_from_float(wt)
-    return DType.Q8T, rows, scales
+    quantized = t.type_name not in _FLOAT and t.rows % 32 == 0
+    rows = _core.neuron_major(raw_rows(gguf, name), DType(t.dtype_id), t.cols, np.arange(t.cols, dtype=np.int32),
+                              DType.Q8_0 if quantized else DType.F32, physical_cores())
+    if quantized:
+        return DType.Q8_0, rows.reshape(t.cols, -1)
+    return DType.F32, rows.view(np.float32).reshape(t.cols, t.rows)
 
 
-def by_input_weight(b: GraphBuilder, gguf: GGUFModelFile, weight: str, tag: str = "") -> tuple[T, T | None]:
-    """The graph's input-major copy of `weight` and its Q4T scales (or None)."""
+def by_input_weight(b: GraphBuilder, gguf: GGUFModelFile, weight: str, tag: str = "") -> T:
+    """The graph's input-major copy of `weight`."""
     t = gguf.tensor(weight)
-    dt, rows, scales = transposed_weight(gguf, weight)
-    w_t = b.weight(weight + ".by_input" + tag, int(dt), t.rows, t.cols, rows)
-    if scales is None:
-        return w_t, None
-    return w_t, b.weight(weight + ".by_input_scales" + tag, int(DType.F16), scales.shape[1], t.cols // 32, scales)
+    dt, rows = transposed_weight(gguf, weight)
+    return b.weight(weight + ".by_input" + tag, int(dt), t.rows, t.cols, rows)

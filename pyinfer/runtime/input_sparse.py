@@ -53,9 +53,9 @@ class InputSparseProjections:
             return b.matmul(m.w(weight), x, name)
         il, site, thr = hit
         lists, union = self._active(b, x, t.cols, f"blk.{il}.{site}", thr)
-        w_t, sc = by_input_weight(b, self.gguf, weight)
+        w_t = by_input_weight(b, self.gguf, weight)
         y = b.activation(name, t.rows, rows=x.rows)
-        b.down_axpy(w_t, x, lists, out=y, scales=sc, union=union, run_if=Guard(when=union))
+        b.down_axpy(w_t, x, lists, out=y, union=union, run_if=Guard(when=union))
         b.matmul(m.w(weight), x, name, out=y, run_if=Guard(when=union, sparse=False))
         return y
 

@@ -193,8 +193,8 @@ class InRamNeurons:
     def layer_weights(self, b: GraphBuilder, il: int):
         """(gate, up, neuron-major down, Q4T scales or None) of layer `il`."""
         if self.plan.mode == "input":  # neurons in file order: gate and up as they are, down by input
-            down_t, scales = by_input_weight(b, self.gguf, f"blk.{il}.ffn_down.weight", self.tag)
-            return self.w(f"blk.{il}.ffn_gate.weight"), self.w(f"blk.{il}.ffn_up.weight"), down_t, scales
+            down_t = by_input_weight(b, self.gguf, f"blk.{il}.ffn_down.weight", self.tag)
+            return self.w(f"blk.{il}.ffn_gate.weight"), self.w(f"blk.{il}.ffn_up.weight"), down_t, None
         fa = ffn_arrays(self.gguf, self.cfg, self.plan, il, self.down_type)
         p, d, n_ff, tag = f"blk.{il}.", self.cfg.d_model, self.cfg.d_ff, self.tag
         gate_w = b.weight(p + "ffn_gate.perm" + tag, fa.gate_type, d, n_ff, fa.gate)

@@ -1,6 +1,6 @@
 """What an input-sparse plan reads: each site's measured density on calibration text, and the weight bytes one
-decode step reads with the plan against without it (the copies' own formats: Q8T rows and their shared scales,
-read whole). `bench --json` and `pyinfer info` show both."""
+decode step reads with the plan against without it (the copies' own format: Q8_0 rows, or F32 for float
+weights). `bench --json` and `pyinfer info` show both."""
 from __future__ import annotations
 
 import numpy as np
@@ -54,25 +54,19 @@ def bytes_per_token(gguf, cfg, plan: SparsityPlan, densities: list[dict[str, flo
         lp = plan.layers[il]
         if lp.gate_threshold > 0 and not lp.dense and part.startswith("ffn_"):  # gate dense, then the cuts
             sparse += {"ffn_gate": nbytes, "ffn_up": int(nbytes * d["up"]),
-                       "ffn_down": int(copy_bytes(t) * d["ffn_mid"]) + copy_side_bytes(t)}[part]
+                       "ffn_down": int(copy_bytes(t) * d["ffn_mid"])}[part]
         elif site_threshold(plan, name) is not None:
-            sparse += int(copy_bytes(t) * d[SITE_OF_PART[part]]) + copy_side_bytes(t)
+            sparse += int(copy_bytes(t) * d[SITE_OF_PART[part]])
         else:
             sparse += nbytes
     return {"dense": dense, "sparse": sparse}
 
 
 def copy_bytes(t) -> int:
-    """Bytes of the input-major copy's rows (runtime/input_sparse.transposed_weight's formats)."""
+    """Bytes of the input-major copy's rows (runtime/input_major.transposed_weight's formats)."""
     if t.type_name in ("F32", "F16", "BF16") or t.rows % 32:
-        return 4 * t.rows * t.cols if t.type_name in ("F32", "F16", "BF16") else t.rows * t.cols // 32 * 34
-    return t.rows * t.cols
-
-
-def copy_side_bytes(t) -> int:
-    """Q8T's scales: each group of 32 inputs shares a row of them, read whenever one of its inputs is active (at
-    the densities that pay, nearly every group has one)."""
-    return 2 * t.rows * t.cols // 32 if t.type_name not in ("F32", "F16", "BF16") and t.rows % 32 == 0 else 0
+        return 4 * t.rows * t.cols
+    return t.rows * t.cols // 32 * 34
 
 
 def describe_input_plan(plan: SparsityPlan) -> str:

@@ -117,20 +117,6 @@ int main() {
       printf("axpy Q4T full max diff %g\n", md);
     }
   }
-  {  // Q8T (input-sparse projections): integer sums, the same bits as the reference
-    const int n_in = 96, d = 160;
-    std::vector<uint8_t> w(n_in * d); for (auto& b : w) b = uint8_t(rng());
-    w[0] = 0; w[1] = 255;  // the extremes: w = -128 and 127
-    std::vector<uint16_t> sc(n_in / 32 * d); for (auto& s : sc) s = fp32_to_fp16(nd(rng) * 0.01f);
-    std::vector<int32_t> ids = {0, 1, 2, 5, 31, 32, 33, 40, 64, 65, 70, 95};
-    std::vector<float> coef(ids.size()); for (auto& c : coef) c = nd(rng);
-    std::vector<float> y1(d, 0.5f), y2(d, 0.5f);
-    AxpyRowsArgs ax{DType::Q8T, w.data(), size_t(d), ids.data(), coef.data(), int64_t(ids.size()), 32, d, y1.data()};
-    ax.scales = sc.data(); ax.scales_stride = d;
-    ne->axpy_rows(ax); ax.y = y2.data(); sc_axpy(ax);
-    float md = 0; for (int i = 0; i < d; ++i) md = std::fmax(md, std::fabs(y1[i] - y2[i]));
-    printf("axpy Q8T max diff %g\n", md);
-  }
   {  // the tiled attention: NEON's matrix-product tile and cache conversion against the scalar tile
     struct Case { const char* name; int heads, kv_heads, hd, depth, tokens, window; DType cache; bool inf_first; };
     const Case cases[] = {

@@ -197,7 +197,7 @@ void cpu_down_axpy(const KernelTable& k, const Graph& g, const Node& n, const Ru
                        scratch.coef + i * scratch.stride, m[i], tc, std::min(tc + tile, c1),
                        row_ptr<float>(dst, t0 + i)};
         a.w_rows = weight_rows(w);
-        if (w.type == DType::Q4T || w.type == DType::Q8T) {
+        if (w.type == DType::Q4T) {
           const Tensor& sc = src(g, n, DownAxpySrc::scales);
           a.scales = static_cast<const uint16_t*>(sc.data);
           a.scales_stride = sc.cols;
