@@ -82,7 +82,8 @@ class CudaBackend final : public Backend {
         return !src(DownAxpySrc::down).paged &&
                (weight_type_ok(src(DownAxpySrc::down).type) ||
                 (src(DownAxpySrc::down).type == DType::Q4T && n.src[DownAxpySrc::scales] >= 0));
-      case OpKind::ActiveSet: case OpKind::GatedAct: return true;
+      case OpKind::ActiveSet: return n.p.active_set.top_k == 0;  // (a fixed density runs on the CPU)
+      case OpKind::GatedAct: return true;
       case OpKind::GetRows: return !src(GetRowsSrc::table).paged && weight_type_ok(src(GetRowsSrc::table).type);
       case OpKind::Attention:
         return src(AttentionSrc::k_cache).type == DType::F16 && src(AttentionSrc::v_cache).type == DType::F16 &&

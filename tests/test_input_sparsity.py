@@ -92,6 +92,29 @@ def test_the_sparse_path_is_the_reference_with_small_inputs_zeroed(float_model_p
                                rtol=1e-4, atol=1e-4 * scale)
 
 
+def test_a_fixed_density_keeps_each_tokens_largest_inputs(float_model_path, profile):
+    """plan.info["fixed_density"]: each token keeps its k largest |x| of a cut site (what speed at a known density
+    is measured with on random-weight models), against the reference with the same inputs kept."""
+    dense = pyinfer.load(float_model_path, n_threads=2, n_ctx=64)
+    plan = profile.plan(dict(attn_in=0.5, ffn_mid=0.6), dense.config.d_ff)
+    plan.info["fixed_density"] = {"attn_in": 0.5, "ffn_mid": 0.25}
+    keep = {s: plan.fixed_top_k(s, n) for s, n in (("attn_in", dense.config.d_model), ("ffn_mid", dense.config.d_ff))}
+    assert keep == {"attn_in": dense.config.d_model // 2, "ffn_mid": round(0.25 * dense.config.d_ff)}
+
+    def cut(il, site, x, gate=None):
+        if site not in keep:
+            return x
+        top = np.argsort(-np.abs(x), axis=-1, kind="stable")[..., :keep[site]]
+        out = np.zeros_like(x)
+        np.put_along_axis(out, top, np.take_along_axis(x, top, -1), -1)
+        return out
+
+    sparse = pyinfer.load(float_model_path, n_threads=2, n_ctx=64, sparsity=plan)
+    got = decode_logits(sparse, TOKENS)
+    want = reference_logits(dense.gguf, TOKENS, input_cut=cut)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q4_0, Q.Q8_0])
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "neon"])
 def test_an_input_sparse_projection_of_each_copy_type(qtype, isa):

@@ -24,7 +24,8 @@ constexpr ParamField kGatedMul[] = {PYI_I32(gated_mul, act)};
 constexpr ParamField kAdd[] = {PYI_F32(add, scale), PYI_F32(add, post)};
 constexpr ParamField kSoftcap[] = {PYI_F32(softcap, cap)};
 constexpr ParamField kActiveSet[] = {PYI_I32(active_set, n_ff), PYI_I32(active_set, hot), PYI_I32(active_set, mode),
-                                 PYI_I32(active_set, gate_fn), PYI_F32(active_set, threshold)};
+                                 PYI_I32(active_set, gate_fn), PYI_F32(active_set, threshold),
+                                 PYI_I32(active_set, top_k)};
 constexpr ParamField kGatedAct[] = {PYI_I32(gated_act, act), PYI_F32(gated_act, threshold)};
 constexpr ParamField kActiveUnion[] = {PYI_I32(active_union, n_ff), PYI_I32(active_union, max_tokens),
                                    PYI_F32(active_union, max_density), PYI_F32(active_union, max_union),

@@ -131,7 +131,9 @@ struct GatedMulParams { Activation act; };
 // the layer's last residual sum as llama.cpp's mul after its add.
 struct AddParams { float scale, post; };
 struct SoftcapParams { float cap; };  // dst = cap * tanh(x * (1 / cap)): Gemma's final logit soft-capping
-struct ActiveSetParams { int32_t n_ff, hot; ActiveSetMode mode; GateFn gate_fn; float threshold; };
+// Threshold mode with top_k > 0: each token keeps its top_k largest |scores| (a fixed density; the threshold is
+// not read).
+struct ActiveSetParams { int32_t n_ff, hot; ActiveSetMode mode; GateFn gate_fn; float threshold; int32_t top_k; };
 struct GatedActParams { Activation act; float threshold; };  // 0 where |act(gate) * up| <= threshold
 // Count -1 ("run dense") when the run has more than max_tokens tokens, when the mean list density exceeds
 // max_density or the union's density max_union (one token: its list's density max_single).

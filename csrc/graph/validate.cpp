@@ -299,6 +299,9 @@ void Graph::validate() const {
         c.type(n.dst, DType::I32); c.type(src[S::scores], DType::F32); c.cols(n.dst, int64_t(P.n_ff) + 1);
         if (P.n_ff < 1) c.fail("n_ff must be positive");
         if (P.hot < 0 || P.hot > P.n_ff) c.fail("hot prefix out of range");
+        if (P.top_k < 0 || P.top_k > P.n_ff) c.fail("top_k out of range");
+        if (P.top_k > 0 && (P.mode != ActiveSetMode::Threshold || P.gate_fn != GateFn::Identity))
+          c.fail("top_k keeps the largest |scores|: threshold mode without a gate function");
         if (P.mode == ActiveSetMode::Predictor) {
           c.cols(src[S::scores], int64_t(P.n_ff) - P.hot); c.type(src[S::cut], DType::F32);
           c.cols(src[S::cut], int64_t(P.n_ff) - P.hot);

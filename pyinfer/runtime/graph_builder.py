@@ -243,15 +243,17 @@ class GraphBuilder:
         return self._node(Op.BIAS_RELU, x, {"x": x, "bias": bias}, run_if=run_if)
 
     def active_set(self, scores: T, n_ff: int, name: str, cut: T | None = None, hot: int = 0,
-                   threshold: float = 0.0, gate_act: Activation | None = None,
+                   threshold: float = 0.0, gate_act: Activation | None = None, top_k: int = 0,
                    run_if: RunIf | Guard = RunIf.ALWAYS) -> T:
         """Predictor mode when `cut` is given (logits > cut, hot prefix always on), else
-        |scores| > threshold (|act(scores)| with `gate_act`, SiLU or GELU: gate-first sets)."""
+        |scores| > threshold (|act(scores)| with `gate_act`, SiLU or GELU: gate-first sets), or with `top_k` each
+        token's top_k largest |scores| (a fixed density)."""
         dst = self.activation(name, n_ff + 1, DType.I32, scores.rows)
         mode = 0 if cut is not None else 1
         return self._node(Op.ACTIVE_SET, dst, {"scores": scores, "cut": cut},
                           {"n_ff": n_ff, "hot": hot, "mode": mode,
-                           "gate_fn": 0 if gate_act is None else GATE_FIRST[gate_act], "threshold": threshold},
+                           "gate_fn": 0 if gate_act is None else GATE_FIRST[gate_act], "threshold": threshold,
+                           "top_k": top_k},
                           run_if=run_if)
 
     def gated_act(self, gate: T, up: T, active: T, threshold: float, act: int = 0,

@@ -52,19 +52,21 @@ class InputSparseProjections:
         if hit is None or t.rows % 32:
             return b.matmul(m.w(weight), x, name)
         il, site, thr = hit
-        lists, union = self._active(b, x, t.cols, f"blk.{il}.{site}", thr)
+        lists, union = self._active(b, x, t.cols, f"blk.{il}.{site}", thr, self.plan.fixed_top_k(site, t.cols))
         w_t = by_input_weight(b, self.gguf, weight)
         y = b.activation(name, t.rows, rows=x.rows)
         b.down_axpy(w_t, x, lists, out=y, union=union, run_if=Guard(when=union))
         b.matmul(m.w(weight), x, name, out=y, run_if=Guard(when=union, sparse=False))
         return y
 
-    def _active(self, b: GraphBuilder, x: T, n: int, prefix: str, thr: float) -> tuple[T, T]:
-        """Each token's list of |x_i| > thr, and their union (which picks the path), once per input."""
-        key = (x.id, thr)
+    def _active(self, b: GraphBuilder, x: T, n: int, prefix: str, thr: float, top_k: int) -> tuple[T, T]:
+        """Each token's list of |x_i| > thr (or its top_k largest), and their union (which picks the path), once
+        per input."""
+        key = (x.id, thr, top_k)
         if key not in self._lists:
             runs = self.runs
-            lists = b.active_set(x, n, prefix + ".active", threshold=thr, run_if=Guard(max_tokens=runs.max_tokens))
+            lists = b.active_set(x, n, prefix + ".active", threshold=thr, top_k=top_k,
+                                 run_if=Guard(max_tokens=runs.max_tokens))
             union = b.active_union(lists, n, prefix + ".union", runs.max_tokens, *runs.threshold,
                                    max_single=runs.single)
             self._lists[key] = (lists, union)

@@ -273,7 +273,8 @@ def sparse_ffn(b: GraphBuilder, w, gguf: GGUFModelFile, h: T, il: int, cfg: Llam
         gate = b.matmul(gate_w, h, "gate")
         up = b.matmul(up_w, h, "up")
         b.gated_mul(gate, up, out=gate, act=act_kind)
-        lists = b.active_set(gate, n_ff, "active", threshold=lp.threshold, run_if=few)
+        top_k = plan.fixed_top_k("ffn_mid", n_ff) if in_order else 0
+        lists = b.active_set(gate, n_ff, "active", threshold=lp.threshold, top_k=top_k, run_if=few)
     if per_token:  # each token's own list; the run's length picks the path
         union, rows = None, lists
         sparse, dense = few, Guard(min_tokens=runs.max_tokens + 1)

@@ -34,7 +34,13 @@ def measure_densities(gguf, cfg, plan: SparsityPlan, ids: list[int], n_threads: 
             seen[0] += 1
 
     Recorder(gguf, cfg, n_threads).run_sites(ids, MEASURE_TOKENS, on_layer, "measuring", progress=False)
-    return [{s: round(v / max(seen[0], 1), 4) for s, v in d.items() if s != "gate"} for d in sums]
+    out = [{s: round(v / max(seen[0], 1), 4) for s, v in d.items() if s != "gate"} for d in sums]
+    fixed = plan.info.get("fixed_density") or {}
+    for d in out:  # a fixed density is what each token keeps, whatever the text (where the site is cut at all)
+        for s, v in fixed.items():
+            if s in d and d[s] < 1.0:
+                d[s] = round(float(v), 4)
+    return out
 
 
 def bytes_per_token(gguf, cfg, plan: SparsityPlan, densities: list[dict[str, float]]) -> dict[str, int]:

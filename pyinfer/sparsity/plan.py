@@ -124,6 +124,14 @@ class SparsityPlan:
         layers = [replace(lp, dense=il in dense) for il, lp in enumerate(self.layers)]
         return replace(self, layers=layers, info=dict(self.info))
 
+    def fixed_top_k(self, site: str, n: int) -> int:
+        """Inputs of `site` (mode "input") each token keeps where the plan fixes its density
+        (info["fixed_density"][site]: each token its k largest |x| instead of |x| > t), else 0. A fixed density is
+        what speed at a given density needs where thresholds cannot give one: a random-weight model of a real
+        shape keeps all or none of an input at decode (bench/input_sparsity.py --fixed-density)."""
+        d = (self.info.get("fixed_density") or {}).get(site) if isinstance(self.info, dict) else None
+        return max(1, min(n, int(round(float(d) * n)))) if is_number(d) else 0
+
     @property
     def dense_layers(self) -> list[int]:
         return [il for il, lp in enumerate(self.layers) if lp.dense]

@@ -370,6 +370,18 @@ def active_set(b, rng):
     return Case([act], [_lists(want)], n, rtol=0, atol=0, read=_lists)
 
 
+def active_set_top_k(b, rng):
+    """A fixed density: each token's 11 largest |scores|."""
+    n_ff, n = 64, 3
+    S, s = f32(b, rng, "s", n, n_ff)
+    act = b.active_set(S, n_ff, "act", top_k=11)
+    want = np.zeros((n, n_ff + 1), np.int32)
+    for t in range(n):
+        ids = np.sort(np.argsort(-np.abs(s[t]), kind="stable")[:11])
+        want[t, 0], want[t, 1:1 + len(ids)] = len(ids), ids
+    return Case([act], [_lists(want)], n, rtol=0, atol=0, read=_lists)
+
+
 def gated_act(b, rng):
     n_ff, n = 64, 2
     G, g = f32(b, rng, "g", n, n_ff)
@@ -679,7 +691,7 @@ CASES: dict[Op, list[Callable]] = {
                   _quantize_as(Q.IQ2_XXS, "q8_k")],
     Op.MAT_MUL: [mat_mul_f32, mat_mul_q4_k],
     Op.ROPE: [rope, rope_partial, rope_yarn], Op.KV_STORE: [kv_store], Op.ATTENTION: [attention, attention_sinks, attention_mla, attention_mla_decode], Op.ADD: [add, add_scaled, add_post_scaled], Op.SOFTCAP: [softcap], Op.SILU_MUL: [silu_mul, swiglu_oai_mul, sigmoid_mul],
-    Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set],
+    Op.SELECT_ROWS: [select_rows], Op.BIAS_RELU: [bias_relu], Op.ACTIVE_SET: [active_set, active_set_top_k],
     Op.GATED_ACT: [gated_act], Op.DOWN_AXPY: [down_axpy], Op.SCATTER_COLS: [scatter_cols],
     Op.ACTIVE_UNION: [active_union], Op.NEURON_FETCH: [neuron_fetch], Op.COPY: [copy], Op.MOE_ROUTE: [moe_route, moe_route_grouped],
     Op.MOE_MAT_MUL: [moe_mat_mul, moe_mat_mul_bias, moe_mat_mul_per_head], Op.MOE_COMBINE: [moe_combine], Op.EXPERT_FETCH: [expert_fetch],

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <vector>
 
 #include "kernels/ops_float.h"
 
@@ -10,6 +12,20 @@ namespace pyinfer {
 namespace {
 
 const Tensor& src(const Graph& g, const Node& n, int k) { return g.tensors[size_t(n.src[size_t(k)])]; }
+
+// The cut t for which |s| > t keeps the k largest |s| (ties with the k-th kept too): just below the k-th largest. A
+// NaN counts as 0 (an ordering with NaN in it is no ordering: nth_element could run off the buffer). A per-thread
+// buffer, grown once.
+float kth_largest_magnitude(const float* s, int64_t n, int64_t k) {
+  thread_local std::vector<float> mag;
+  mag.resize(size_t(n));
+  for (int64_t j = 0; j < n; ++j) {
+    const float m = std::fabs(s[j]);
+    mag[size_t(j)] = m == m ? m : 0.f;
+  }
+  std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
+  return std::nextafter(mag[size_t(k - 1)], -1.f);
+}
 
 }  // namespace
 
@@ -39,8 +55,8 @@ void cpu_active_set(const Graph& g, const Node& n, const RunShape& shape, int it
         ids[count] = int32_t(j);
         count += cut.above(s[j]);
       }
-    } else {  // threshold on computed activations
-      const float thr = p.threshold;
+    } else {  // threshold on computed activations (or the top_k-th largest |score|: a fixed density)
+      const float thr = p.top_k > 0 ? kth_largest_magnitude(s, n_ff, p.top_k) : p.threshold;
       for (int64_t j = 0; j < n_ff; ++j) {
         ids[count] = int32_t(j);
         count += std::fabs(s[j]) > thr;
