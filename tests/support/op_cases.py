@@ -359,27 +359,24 @@ def _lists(lists: np.ndarray) -> list:
     return [row[1:1 + row[0]] for row in lists]
 
 
-def active_set(b, rng):
-    n_ff, n = 64, 2
+def _active_sets(b, rng, n: int, top_k: int):
+    """Each token's list: |scores| > 1, or with top_k its top_k largest |scores| (a fixed density)."""
+    n_ff = 64
     S, s = f32(b, rng, "s", n, n_ff)
-    act = b.active_set(S, n_ff, "act", threshold=1.0)
+    act = b.active_set(S, n_ff, "act", threshold=0.0 if top_k else 1.0, top_k=top_k)
     want = np.zeros((n, n_ff + 1), np.int32)
     for t in range(n):
-        ids = np.flatnonzero(np.abs(s[t]) > 1.0)
+        ids = np.sort(np.argsort(-np.abs(s[t]), kind="stable")[:top_k]) if top_k else np.flatnonzero(np.abs(s[t]) > 1.0)
         want[t, 0], want[t, 1:1 + len(ids)] = len(ids), ids
     return Case([act], [_lists(want)], n, rtol=0, atol=0, read=_lists)
+
+
+def active_set(b, rng):
+    return _active_sets(b, rng, 2, 0)
 
 
 def active_set_top_k(b, rng):
-    """A fixed density: each token's 11 largest |scores|."""
-    n_ff, n = 64, 3
-    S, s = f32(b, rng, "s", n, n_ff)
-    act = b.active_set(S, n_ff, "act", top_k=11)
-    want = np.zeros((n, n_ff + 1), np.int32)
-    for t in range(n):
-        ids = np.sort(np.argsort(-np.abs(s[t]), kind="stable")[:11])
-        want[t, 0], want[t, 1:1 + len(ids)] = len(ids), ids
-    return Case([act], [_lists(want)], n, rtol=0, atol=0, read=_lists)
+    return _active_sets(b, rng, 3, 11)
 
 
 def gated_act(b, rng):

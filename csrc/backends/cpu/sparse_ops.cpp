@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -13,18 +14,35 @@ namespace {
 
 const Tensor& src(const Graph& g, const Node& n, int k) { return g.tensors[size_t(n.src[size_t(k)])]; }
 
-// The cut t for which |s| > t keeps the k largest |s| (ties with the k-th kept too): just below the k-th largest. A
-// NaN counts as 0 (an ordering with NaN in it is no ordering: nth_element could run off the buffer). A per-thread
-// buffer, grown once.
+// The cut t for which |s| > t keeps the k largest |s| (ties with the k-th kept too): just below the k-th largest.
+// |s| as its bits orders as an unsigned integer; a histogram of the top 11 bits (exponent and 3 mantissa bits)
+// finds the bucket that holds the k-th largest, and only that bucket is ordered (std::nth_element over all 8,960
+// of a 1.5B's down inputs cost ~40 us a layer, as much as the rows it saved). A NaN counts as 0 (an ordering with
+// NaN in it is no ordering). Per-thread buffers, grown once.
 float kth_largest_magnitude(const float* s, int64_t n, int64_t k) {
-  thread_local std::vector<float> mag;
-  mag.resize(size_t(n));
+  constexpr int kBuckets = 2048;
+  thread_local std::vector<uint32_t> bits, bucket;
+  bits.resize(size_t(n));
+  int64_t count[kBuckets] = {};
   for (int64_t j = 0; j < n; ++j) {
+    uint32_t b;
     const float m = std::fabs(s[j]);
-    mag[size_t(j)] = m == m ? m : 0.f;
+    std::memcpy(&b, &m, sizeof(b));
+    b = b > 0x7f800000u ? 0u : b;  // NaN
+    bits[size_t(j)] = b;
+    ++count[b >> 20];
   }
-  std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
-  return std::nextafter(mag[size_t(k - 1)], -1.f);
+  int h = kBuckets - 1;
+  int64_t above = 0;  // values in the buckets over h
+  for (; h > 0 && above + count[h] < k; --h) above += count[h];
+  bucket.clear();
+  for (int64_t j = 0; j < n; ++j)
+    if (int(bits[size_t(j)] >> 20) == h) bucket.push_back(bits[size_t(j)]);
+  const int64_t r = std::min<int64_t>(k - above, int64_t(bucket.size())) - 1;  // its rank within the bucket
+  std::nth_element(bucket.begin(), bucket.begin() + r, bucket.end(), std::greater<uint32_t>());
+  float v;
+  std::memcpy(&v, &bucket[size_t(r)], sizeof(v));
+  return std::nextafter(v, -1.f);
 }
 
 }  // namespace
