@@ -29,17 +29,18 @@ def raw_rows(gguf: GGUFModelFile, name: str) -> np.ndarray:
     return np.asarray(t.data).view(np.uint8).reshape(t.rows, -1)
 
 
-def transposed_weight(gguf: GGUFModelFile, name: str) -> tuple[DType, np.ndarray]:
-    """(type, rows) of the input-major copy of weight `name` [out, in]: row i = input i. Q8_0 rows for quantized
-    weights (each 32 outputs of an input share one fp16 scale, so the scales travel with the row), F32 for float
-    ones and for rows no multiple of 32."""
+def transposed_weight(gguf: GGUFModelFile, name: str, order: np.ndarray | None = None) -> tuple[DType, np.ndarray]:
+    """(type, rows) of the input-major copy of weight `name` [out, in]: row k = input order[k] (every input in
+    file order by default). Q8_0 rows for quantized weights (each 32 outputs of an input share one fp16 scale, so
+    the scales travel with the row), F32 for float ones and for rows no multiple of 32."""
     t = gguf.tensor(name)
     quantized = t.type_name not in _FLOAT and t.rows % 32 == 0
-    rows = _core.neuron_major(raw_rows(gguf, name), DType(t.dtype_id), t.cols, np.arange(t.cols, dtype=np.int32),
+    order = np.arange(t.cols, dtype=np.int32) if order is None else np.ascontiguousarray(order, dtype=np.int32)
+    rows = _core.neuron_major(raw_rows(gguf, name), DType(t.dtype_id), t.cols, order,
                               DType.Q8_0 if quantized else DType.F32, physical_cores())
     if quantized:
-        return DType.Q8_0, rows.reshape(t.cols, -1)
-    return DType.F32, rows.view(np.float32).reshape(t.cols, t.rows)
+        return DType.Q8_0, rows.reshape(len(order), -1)
+    return DType.F32, rows.view(np.float32).reshape(len(order), t.rows)
 
 
 def by_input_weight(b: GraphBuilder, gguf: GGUFModelFile, weight: str, tag: str = "") -> T:

@@ -27,7 +27,7 @@ from ..model.config import LlamaConfig
 from ..model.gguf_file import GGUFModelFile
 from ..sparsity.plan import LayerPlan, SparsityPlan
 from .graph_builder import INTEGER_DOT_WEIGHTS, GraphBuilder, Guard, T
-from .input_major import by_input_weight, raw_rows
+from .input_major import by_input_weight, raw_rows, transposed_weight
 from .threads import physical_cores
 
 _FLOAT_TYPES = {"F32", "F16", "BF16"}
@@ -108,15 +108,12 @@ def neuron_major_down(gguf: GGUFModelFile, name: str, perm: np.ndarray, down_typ
     """down [d_model, d_ff] -> [d_ff, d_model] in permuted neuron order. Quantized models re-quantize it
     along the other axis: Q4_1 (as many bytes as the source, a second rounding) or Q8_0 (1.7x the bytes,
     nearly lossless). Float models stay exact in F32."""
-    t, raw = gguf.tensor(name), raw_rows(gguf, name)
-    perm = np.ascontiguousarray(perm, dtype=np.int32)
+    t = gguf.tensor(name)
     dt = NEURON_DOWN_TYPES[down_type]
-    exact = t.type_name in _FLOAT_TYPES or t.rows % 32
-    if not exact and dt == DType.Q8_0:  # decode, transpose and quantize in C++ on every core
-        return dt, _core.neuron_major(raw, DType(t.dtype_id), t.cols, perm, DType.Q8_0, physical_cores())
-    wt = _core.neuron_major(raw, DType(t.dtype_id), t.cols, perm, DType.F32, physical_cores()).view(np.float32)
-    if exact:
-        return DType.F32, wt                                            # F32 [n, d_model]
+    if dt == DType.Q8_0 or t.type_name in _FLOAT_TYPES or t.rows % 32:  # the input-sparse projections' copy
+        return transposed_weight(gguf, name, perm)                    # (Q8_0 rows, or exact F32 [n, d_model])
+    wt = _core.neuron_major(raw_rows(gguf, name), DType(t.dtype_id), t.cols, np.ascontiguousarray(perm, np.int32),
+                            DType.F32, physical_cores()).view(np.float32)
     return dt, quants.quantize(wt, GGMLQuantizationType[dt.name])
 
 
