@@ -24,7 +24,8 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from llamacpp_quantized import distance, llamacpp_logits, quantized_by_llamacpp  # noqa: E402
 from support.reference_gemma4 import gemma4_logits  # noqa: E402
 from support.reference_llama import reference_logits  # noqa: E402
-from support.tiny_model import MOE_KINDS, write_tiny_arch  # noqa: E402
+from support.tiny_model import MOE_KINDS  # noqa: E402
+from support.tiny_model import write_tiny_arch as tiny_arch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "robustness"
 FTYPES = {"Q4_K_M": 15, "Q8_0": 7}  # llama_ftype
@@ -81,9 +82,17 @@ CASES = [
 MOE = dict(n_expert=8, n_expert_used=2, d_ff_expert=256, d_ff_shared=512)
 
 
-def write(kind: str, path: Path, vocab: Path | None) -> Path:
+# Kinds whose own writers (Gemma 3 and 4, Qwen 3.5) set their weights' scale themselves: `--init fan-in` skips them.
+OWN_INIT = ("gemma3", "gemma4", "qwen35", "qwen3next")
+
+
+def write(kind: str, path: Path, vocab: Path | None, fan_in: bool = False) -> Path:
     """llama.cpp rounds its context up to a multiple of 256 before choosing Phi-3's long or short factors,
-    so the original context is put well away from the 128 both engines run with: 4096 (short), 64 (long)."""
+    so the original context is put well away from the 128 both engines run with: 4096 (short), 64 (long).
+    `fan_in`: every projection matrix drawn at 1 / sqrt(its inputs) (write_tiny_arch's fan_in)."""
+    def write_tiny_arch(path: Path, arch: str, **kw) -> Path:
+        return tiny_arch(path, arch, **dict(kw, config=dict(kw.get("config") or {}, fan_in=fan_in)))
+
     if kind.startswith("gemma3"):
         from support.tiny_model import write_tiny_gemma3
 
@@ -129,9 +138,10 @@ def write(kind: str, path: Path, vocab: Path | None) -> Path:
                            vocab_from=vocab, **extra)
 
 
-def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int, kv: str = "f16") -> list[dict]:
-    """`kv`: both engines' KV cache type."""
-    src = write(kind, tmp / f"{kind}-f32.gguf", vocab)
+def run_case(name: str, kind: str, vocab: Path, tmp: Path, n_ids: int, kv: str = "f16",
+             fan_in: bool = False) -> list[dict]:
+    """`kv`: both engines' KV cache type; `fan_in`: write()'s."""
+    src = write(kind, tmp / f"{kind}-f32.gguf", vocab, fan_in)
     f32 = pyinfer.load(str(src), n_threads=2, n_ctx=max(128, n_ids), progress=False, cache_type=kv)
     ids = np.random.default_rng(0).integers(3, f32.config.vocab_size, n_ids).tolist()
     ref = llamacpp_logits(str(src), ids, kv)
@@ -180,27 +190,35 @@ def main() -> int:
                     help="both engines' KV cache (default f32: llama.cpp's f16 cache also rounds q and the softmax "
                          "to fp16, noise that activation quantization amplifies on these tiny random models); "
                          "f16 results go to arch_check_f16.{json,md}")
+    ap.add_argument("--init", default="plain", choices=["plain", "fan-in"],
+                    help="the tiny models' projection matrices: plain (normal with sd 0.2, each layer's gain ~3: "
+                         "small differences grow layer to layer) or fan-in (sd 1/sqrt(inputs), the scale trained "
+                         "weights keep; Gemma 3 / 4 and Qwen 3.5, whose writers set their own, are skipped); "
+                         "fan-in results go to arch_check_fan_in.{json,md}")
     args = ap.parse_args()
-    kv = args.cache_type
-    stem = "arch_check" if kv == "f32" else f"arch_check_{kv}"
+    kv, fan_in = args.cache_type, args.init == "fan-in"
+    stem = ("arch_check" if kv == "f32" else f"arch_check_{kv}") + ("_fan_in" if fan_in else "")
     tmp = Path(tempfile.mkdtemp(prefix="pyinfer-arch-"))
     rows = []
     if args.only and (RESULTS / f"{stem}.json").exists():
         rows = [r for r in json.loads((RESULTS / f"{stem}.json").read_text())["rows"] if r["kind"] not in args.only]
     for name, kind, vocab, _ in CASES:
-        if args.only and kind not in args.only:
+        if (args.only and kind not in args.only) or (fan_in and kind.startswith(OWN_INIT)):
             continue
-        rows += run_case(name, kind, args.vendor / vocab if vocab else None, tmp, args.tokens, kv)
+        rows += run_case(name, kind, args.vendor / vocab if vocab else None, tmp, args.tokens, kv, fan_in)
         for f in tmp.glob(f"{kind}-*.gguf"):
             f.unlink()
     order = [c[1] for c in CASES]
     rows.sort(key=lambda r: (order.index(r["kind"]), ["F32", "F32 decode", *FTYPES, "MXFP4_MOE"].index(r["file"])))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps({"tokens": args.tokens, "shape": SHAPE, "cache_type": kv, "rows": rows},
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"tokens": args.tokens, "shape": SHAPE, "cache_type": kv,
+                                                      "init": args.init, "rows": rows},
                                                         indent=1))
     md = ["# Architectures against llama.cpp 0.3.36", "",
           f"Tiny random models ({SHAPE['n_layers']} layers, d {SHAPE['d_model']}, FFN {SHAPE['d_ff']}, "
-          f"{SHAPE['n_heads']} heads, {SHAPE['n_kv_heads']} KV heads) with llama.cpp's own vocabularies; "
+          f"{SHAPE['n_heads']} heads, {SHAPE['n_kv_heads']} KV heads; projection matrices "
+          f"{'at sd 1/sqrt(inputs), as trained weights keep their scale' if fan_in else 'at sd 0.2'}) with "
+          "llama.cpp's own vocabularies; "
           f"{args.tokens} random ids evaluated by both engines. max = largest |difference| over the largest "
           "|logit|; top-1 = share of positions whose argmax agrees; positions apart = positions whose logits differ "
           "anywhere by more than 0.1% of the largest |logit|. Quantization noise: llama.cpp's own logits "

@@ -115,6 +115,19 @@ def test_rms_norm_add_silu_mul(isa):
     np.testing.assert_allclose(eng.tensor(m.id, n_tok), a / (1 + np.exp(-a)) * c, rtol=1e-5, atol=1e-6)
 
 
+def test_rms_norm_rounds_as_llamacpp():
+    """Bit for bit ggml's rms_norm then its mul: float squares summed in double, a float mean, a float scale, x times
+    it, times the weight. The norm's output is quantized next; an ulp apart can flip an 8-bit value there."""
+    n_tok, k = 16, 256
+    a = (RNG.standard_normal((n_tok, k)) * np.geomspace(1e-3, 1e3, n_tok)[:, None]).astype(np.float32)
+    g = RNG.standard_normal(k).astype(np.float32)
+    eng, n = run_single(lambda b: b.rms_norm(b.weight("a", int(DType.F32), k, n_tok, a),
+                                             b.weight("g", int(DType.F32), k, 1, g), 1e-6, "n"), n_tok, "auto")
+    mean = (np.cumsum((a * a).astype(np.float64), axis=-1)[:, -1] / k).astype(np.float32)  # summed in order
+    scale = np.float32(1) / np.sqrt(mean + np.float32(1e-6))
+    np.testing.assert_array_equal(eng.tensor(n.id, n_tok), (a * scale[:, None]) * g)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 def test_rope_matches_reference(isa):
     from support.reference_llama import rope

@@ -57,9 +57,12 @@ GateCut::GateCut(GateFn fn, float t) {
 }
 
 void rms_norm_row(const float* x, const float* weight, float* y, int64_t n, float eps) {
+  // llama.cpp's rounding step for step (ggml's rms_norm: float squares summed in double, a float mean, a float
+  // scale): the norm feeds the activations' 8-bit rounding, where one ulp of difference can flip a value.
   double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
-  const float scale = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i] * x[i]);
+  const float mean = float(ss / double(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * weight[i];
 }
 

@@ -280,6 +280,8 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
 
     def add(name: str, shape: tuple, scale: float = 0.2):
         router = name.endswith("ffn_gate_inp.weight")
+        if c.get("fan_in") and len(shape) >= 2 and not router and name not in ("token_embd.weight", "output.weight"):
+            scale = 1.0 / np.sqrt(shape[-1])  # as trained weights are: each matrix keeps its input's scale
         add_random(w, rng, name, shape, qtype if len(shape) >= 2 and not router else Q.F32, scale)
 
     d, ff = c["d_model"], c["d_ff"]
