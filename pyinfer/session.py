@@ -133,11 +133,12 @@ class Session:
         if sparsity == "auto" and target is None and self.sparsity is not None and self.sparsity.info.get("auto") \
                 and ram_budget is None and self.memory is None and str(device) == "cpu":
             # (an explicit target, a plan file, offload and a device keep the plan: sparse saves reads there)
-            from .sparsity.auto_choice import keep_if_faster
+            from .sparsity.auto_choice import input_candidate, keep_if_faster
             from .sparsity.resolve import AUTO_TARGET, auto_plan_path
 
             self.sparsity, self.auto_choice = keep_if_faster(
-                self, self.sparsity, auto_plan_path(self.gguf.fingerprint(), AUTO_TARGET), progress)
+                self, self.sparsity, auto_plan_path(self.gguf.fingerprint(), AUTO_TARGET), progress,
+                input_plan=input_candidate(self, o.sparsity_quality, progress), quality=o.sparsity_quality)
         if self.memory is not None and self.memory.offload and ram_budget is None and not self.config.is_moe:
             ram_budget = max(self.memory.weights, 1)
         expert_budget = None  # a Mixture of Experts streams whole experts (offload/experts.py), not FFN neurons

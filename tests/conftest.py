@@ -60,9 +60,10 @@ def gemma_model(gemma_model_path):
 @pytest.fixture(autouse=True)
 def _auto_keeps_its_plan(monkeypatch):
     """sparsity="auto" still times its plan against dense (pyinfer/sparsity/auto_choice.py), but keeps it
-    whatever the speeds (the threshold plan, never its gate-first candidate), so tests of the sparse path do not
-    depend on which is faster on the CI machine; tests of the choice itself set the bars back."""
+    whatever the speeds (the threshold plan, never its gate-first or input-sparse candidate), so tests of the
+    sparse path do not depend on which is faster on the CI machine; tests of the choice itself set the bars back."""
     from pyinfer.sparsity import auto_choice
 
     monkeypatch.setattr(auto_choice, "KEEP_AT", 0.0)
     monkeypatch.setattr(auto_choice, "GATE_KEEP_AT", float("inf"))
+    monkeypatch.setattr(auto_choice, "INPUT_KEEP_AT", float("inf"))

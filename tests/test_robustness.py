@@ -435,11 +435,11 @@ def test_a_cached_auto_choice_of_wrong_types_is_measured_again(tiny_model_path, 
     good = plan.info["auto_choice"]
     assert auto_choice._well_typed(good)
     for field, value in [("ratio", "x"), ("dense_tok_s", None), ("layer_ratios", "x"), ("gate_ratio", [1]),
-                         ("sets", float("nan"))]:
+                         ("sets", float("nan")), ("quality", "x"), ("input_ratio", "fast")]:
         plan.info["auto_choice"] = dict(good, **{field: value})
         plan.save(path)
         measured = []
-        monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p, g=None: measured.append(1) or dict(good))
+        monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p, g=None, **k: measured.append(1) or dict(good))
         again = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", progress=False)
         assert measured == [1], field
         assert auto_choice.describe(again.session.auto_choice)

@@ -181,8 +181,10 @@ def test_auto_calibrates_once_then_uses_the_cache(tiny_model_path, tmp_path, mon
     m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
     assert m.sparsity is not None and m.sparsity.mode == "contrib"
     assert m.sparsity.target == 0.4 and all(lp.threshold > 0 for lp in m.sparsity.layers)
-    cached = sorted((tmp_path / "sparsity").glob("*.npz"), key=lambda p: len(p.name))
-    assert len(cached) == 2 and cached[1].name == cached[0].stem + "-gate.npz"  # and its gate-first candidate
+    # the plan and its gate-first candidate (beside them: the input-sparse candidate and its profile)
+    cached = sorted((p for p in (tmp_path / "sparsity").glob("*.npz") if "-input-" not in p.name),
+                    key=lambda p: len(p.name))
+    assert len(cached) == 2 and cached[1].name == cached[0].stem + "-gate.npz"
     gate = SparsityPlan.load(cached[1])
     assert gate.mode == "contrib" and gate.target == 0.4 and gate.info["auto_candidate"] == "gate"
     assert [lp.threshold for lp in gate.layers] == [lp.threshold for lp in m.sparsity.layers]
@@ -367,7 +369,7 @@ def test_auto_decodes_dense_where_its_plan_is_not_faster_and_remembers_why(tiny_
     assert explicit.sparsity is not None and explicit.session.auto_choice is None
     assert pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity=str(path), progress=False).sparsity is not None
     # Another machine (or thread count) measures again.
-    monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p, g=None: dict(c, chose="sparse", machine="x"))
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p, g=None, **k: dict(c, chose="sparse", machine="x"))
     other = pyinfer.load(tiny_model_path, n_threads=1, n_ctx=64, sparsity="auto", progress=False)
     assert other.sparsity is not None and other.session.auto_choice["chose"] == "sparse"
 
@@ -429,7 +431,7 @@ def test_auto_keeps_sparse_decode_in_the_layers_where_it_pays(tiny_model_path, t
 
     monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
     monkeypatch.setattr(auto_choice, "KEEP_AT", 1.03)
-    speeds = {"dense": 100.0, "sparse": 90.0, "gate": 80.0, "layers": 110.0}  # tok/s by engine name
+    speeds = {"dense": 100.0, "sparse": 90.0, "gate": 80.0, "layers": 110.0, "input": 95.0}  # tok/s by engine
     monkeypatch.setattr(auto_choice, "interleaved_tok_s",
                         lambda engines, *a: {k: speeds[k] for k in engines})
     monkeypatch.setattr(auto_choice, "layer_ratios", lambda *a, **k: np.array([1.3, 0.7]))
@@ -438,7 +440,7 @@ def test_auto_keeps_sparse_decode_in_the_layers_where_it_pays(tiny_model_path, t
     assert c["chose"] == "layers" and c["sparse_layers"] == [0] and c["layer_ratios"] == [1.3, 0.7]
     assert c["layers_ratio"] == pytest.approx(1.1) and m.sparsity.dense_layers == [1]
     assert "in 1 of 2 layers" in auto_choice.describe(c)
-    monkeypatch.setattr(auto_choice, "measure_choice", lambda *a: pytest.fail("measured again"))
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda *a, **k: pytest.fail("measured again"))
     again = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
     assert again.sparsity.dense_layers == [1] and again.session.auto_choice == c
     # A mix slower than the bar: dense, and why.
@@ -477,6 +479,46 @@ def test_auto_choice_bars(monkeypatch):
     assert choose({"sparse": 0.90, "layers": 1.02}) == "dense"
     assert choose({"sparse": 1.05, "layers": 1.04}) == "sparse"
     assert choose({"sparse": 0.90, "layers": 1.04, "gate": 1.06}) == "layers"
+    # The input-sparse plan spends the whole quality bound: 3% above the best of the others, and dense.
+    monkeypatch.setattr(auto_choice, "INPUT_KEEP_AT", 1.03)
+    assert choose({"sparse": 1.04, "input": 1.06}) == "sparse"
+    assert choose({"sparse": 1.04, "input": 1.08}) == "input"
+    assert choose({"sparse": 0.90, "gate": 1.04, "input": 1.06}) == "gate"
+    assert choose({"sparse": 0.90, "input": 1.02}) == "dense"
+    # A plan past the quality bound is never kept, however fast.
+    assert choose({"sparse": 1.30, "input": 1.10}, allowed={"dense", "input"}) == "input"
+    assert choose({"sparse": 1.30, "layers": 1.2}, allowed={"dense"}) == "dense"
+
+
+def test_auto_weighs_the_input_sparse_plan_within_the_quality_bound(tiny_model_path, tmp_path, monkeypatch):
+    """On a SwiGLU model `auto` times the input-sparse plan (chosen within the bound on held-out calibration text)
+    beside its threshold plan; kept, it is the plan the model runs, the choice stores every candidate's held-out
+    perplexity change, and the next load measures nothing. A plan past the bound is timed but not kept."""
+    from pyinfer.sparsity import auto_choice
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(auto_choice, "INPUT_KEEP_AT", 0.0)
+    m = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", sparsity_quality=50.0, progress=False)
+    c = m.session.auto_choice
+    assert c["chose"] == "input" and m.sparsity.mode == "input" and c["input_tok_s"] > 0 and c["input_levels"]
+    q = c["quality"]
+    assert q["bound_pct"] == 50.0 and q["dense_ppl"] > 0 and set(q["changes"]) >= {"sparse", "input"}
+    assert q["changes"]["input"] * 100 <= 50.0 and "input-sparse" in auto_choice.describe(c)
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda *a, **k: pytest.fail("measured again"))
+    again = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", sparsity_quality=50.0,
+                         progress=False)
+    assert again.sparsity.mode == "input" and again.session.auto_choice == c
+    # Another bound weighs again; here every plan but dense is past it.
+    monkeypatch.undo()
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    monkeypatch.setattr(auto_choice, "KEEP_AT", 0.0)
+    monkeypatch.setattr(auto_choice, "input_candidate", lambda *a, **k: None)
+    monkeypatch.setattr(auto_choice, "quality_changes",
+                        lambda s, plans, known=None: ({k: 0.5 for k, p in plans.items() if p is not None}, 10.0))
+    bounded = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
+    c = bounded.session.auto_choice
+    assert bounded.sparsity is None and c["chose"] == "dense" and c["quality"]["bound_pct"] == 3.0
+    assert "past the +3% held-out perplexity bound: threshold plan +50.0%" in auto_choice.describe(c)
 
 
 def test_auto_keeps_its_gate_first_candidate_where_that_is_fastest(tiny_model_path, tmp_path, monkeypatch):
@@ -492,13 +534,13 @@ def test_auto_keeps_its_gate_first_candidate_where_that_is_fastest(tiny_model_pa
     c = m.session.auto_choice
     assert c["chose"] == "gate" and m.sparsity.layers[0].gate_threshold > 0 and c["gate_tok_s"] > 0
     assert "gate-first" in auto_choice.describe(c)
-    monkeypatch.setattr(auto_choice, "measure_choice", lambda *a: pytest.fail("measured again"))
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda *a, **k: pytest.fail("measured again"))
     again = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
     assert again.sparsity.layers[0].gate_threshold > 0 and again.session.auto_choice == c
     # An older cache: the plan without its candidate file weighs (and stored) only threshold against dense.
     path = auto_plan_path(m.session.gguf.fingerprint(), 0.4)
     gate_candidate_path(path).unlink()
-    monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p, g=None: dict(
+    monkeypatch.setattr(auto_choice, "measure_choice", lambda s, p, g=None, **k: dict(
         {k: v for k, v in c.items() if not k.startswith("gate")}, chose="sparse"))
     old = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="auto", progress=False)
     assert old.sparsity.layers[0].gate_threshold == 0 and old.session.auto_choice["chose"] == "sparse"

@@ -45,8 +45,9 @@ def sparsity_args(p: argparse.ArgumentParser) -> None:
                         "and the up rows of small gates, as much as --sparsity-quality allows), or a file from "
                         "`pyinfer train-predictors`")
     p.add_argument("--sparsity-quality", type=float, default=None, metavar="PCT",
-                   help="with --sparsity input: the most perplexity (percent, on held-out calibration text) the "
-                        "cuts may add (default 3): less keeps more of the model, more skips more bytes")
+                   help="with --sparsity input or auto: the most perplexity (percent, on held-out calibration "
+                        "text) the cuts may add (default 3): less keeps more of the model, more skips more bytes; "
+                        "auto never keeps a plan past it")
     p.add_argument("--target", type=float, default=None,
                    help="FFN sparsity that --sparsity auto calibrates for (default: 0.4 for SwiGLU models); "
                         "an explicit target keeps the plan without timing it against dense. A Mixture-of-Experts "

@@ -55,6 +55,15 @@ def input_profile_path(fingerprint: str) -> Path:
     return cache_dir() / "sparsity" / f"{fingerprint[:20]}-input-profile.npz"
 
 
+def heldout_ids(session, ids: list[int] | None = None) -> np.ndarray:
+    """The held-out windows: the calibration text's last HELDOUT_WINDOWS x HELDOUT_CTX tokens (`ids`: the whole
+    text's, when the caller has them)."""
+    from .calibrate import bundled_calibration_text
+
+    ids = session.tokenizer.encode(bundled_calibration_text()) if ids is None else ids
+    return np.clip(np.asarray(ids[-HELDOUT_CTX * HELDOUT_WINDOWS:]), 0, session.config.vocab_size - 1)
+
+
 def heldout_perplexity(session, plan: SparsityPlan | None, ids: np.ndarray, ctx: int = HELDOUT_CTX) -> float:
     """Perplexity of `ids` (whole windows of ctx tokens, each from an empty cache, the second half scored, as
     llama.cpp's protocol), every token computed as decode computes it under `plan` (None: dense)."""
@@ -135,7 +144,7 @@ def choose_input_plan(session, quality: float, progress: bool = True) -> Sparsit
         print(f"pyinfer: choosing input sparsity within +{quality:g}% perplexity on first use (calibration, then "
               f"up to {len(LADDER)} plans scored on held-out text); cached afterwards", file=sys.stderr)
     prof = _profile(session, ids[:CALIBRATION_TOKENS], progress)
-    heldout = np.clip(np.asarray(ids[-HELDOUT_CTX * HELDOUT_WINDOWS:]), 0, cfg.vocab_size - 1)
+    heldout = heldout_ids(session, ids)
     dense = heldout_perplexity(session, None, heldout)
     bound = dense * (1.0 + quality / 100.0)
     # Binary search over the rungs (perplexity grows with skipping, near enough): about log2(len(LADDER)) scores.
