@@ -178,7 +178,10 @@ def main() -> int:
             path = out
     import pyinfer
 
-    n_vocab = pyinfer.load(path, n_threads=1, n_ctx=128, progress=False).config.vocab_size
+    try:
+        n_vocab = pyinfer.load(path, n_threads=1, n_ctx=128, progress=False).config.vocab_size
+    except pyinfer.PyinferError as e:
+        raise SystemExit(f"trace_vs_llamacpp: {e}") from None
     ids = np.random.default_rng(0).integers(3, n_vocab, args.tokens).tolist()
     theirs, order = llamacpp_tensors(path, ids)
     rows = compare(pyinfer_tensors(path, ids), theirs, order, args.tokens)
