@@ -82,6 +82,8 @@ CASES = [
 MOE = dict(n_expert=8, n_expert_used=2, d_ff_expert=256, d_ff_shared=512)
 
 
+INIT_TEXT = {False: "at sd 0.2 (Gemma 3 / 4 and Qwen 3.5: their writers' own)",
+             True: "at sd 1/sqrt(inputs), as trained weights keep their scale"}
 # Kinds whose own writers (Gemma 3 and 4, Qwen 3.5) set their weights' scale themselves: `--init fan-in` skips them.
 OWN_INIT = ("gemma3", "gemma4", "qwen35", "qwen3next")
 
@@ -217,7 +219,7 @@ def main() -> int:
     md = ["# Architectures against llama.cpp 0.3.36", "",
           f"Tiny random models ({SHAPE['n_layers']} layers, d {SHAPE['d_model']}, FFN {SHAPE['d_ff']}, "
           f"{SHAPE['n_heads']} heads, {SHAPE['n_kv_heads']} KV heads; projection matrices "
-          f"{'at sd 1/sqrt(inputs), as trained weights keep their scale' if fan_in else 'at sd 0.2'}) with "
+          f"{INIT_TEXT[fan_in]}) with "
           "llama.cpp's own vocabularies; "
           f"{args.tokens} random ids evaluated by both engines. max = largest |difference| over the largest "
           "|logit|; top-1 = share of positions whose argmax agrees; positions apart = positions whose logits differ "
