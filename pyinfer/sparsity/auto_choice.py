@@ -80,11 +80,13 @@ def _well_typed(c: dict) -> bool:
             and all(is_number(r) for r in c.get("layer_ratios", [])))
 
 
-def stored_choice(plan, key: str, gate_plan, input_plan=None) -> dict | None:
-    """The choice measured on this machine, if it weighed the candidates there are now (a choice from before
-    per-layer timing, which may have missed a mix that pays, is measured again)."""
+def stored_choice(plan, key: str, gate_plan, input_plan=None, quality: float | None = None) -> dict | None:
+    """The choice measured on this machine, if it weighed the candidates there are now under the same quality
+    bound (a choice from before per-layer timing, which may have missed a mix that pays, is measured again)."""
     c = plan.info.get("auto_choice") if plan is not None else None
     if not isinstance(c, dict) or c.get("machine") != key or c.get("chose") not in CHOICES or not _well_typed(c):
+        return None
+    if (c.get("quality") or {}).get("bound_pct") != quality:  # weighed under another bound (or none)
         return None
     if "layer_ratios" not in c and not c.get("ratio", 0.0) >= c.get("keep_at", KEEP_AT):
         return None
@@ -185,14 +187,10 @@ def measure_choice(session, plan, gate_plan=None, tokens: int = DECODE_TOKENS, r
     from .calibrate import bundled_calibration_text
 
     allowed, out = None, {}
-    if quality is not None:
-        known = {}
+    if quality is not None:  # the input plan's change was measured when it was chosen (older caches: here)
         q = input_plan.info.get("quality", {}) if input_plan is not None else {}
-        kept = next((r for r in q.get("rungs", []) if r.get("levels") == {k: v for k, v in
-                                                                      input_plan.info.get("levels", {}).items()
-                                                                      if v > 0}), None)
-        if kept is not None and is_number(q.get("dense_ppl")):
-            known = {"input": float(kept["change"]), "dense": float(q["dense_ppl"])}
+        known = ({"input": float(q["change"]), "dense": float(q["dense_ppl"])}
+                 if is_number(q.get("change")) and is_number(q.get("dense_ppl")) else {})
         changes, dense_ppl = quality_changes(session, {"sparse": plan, "gate": gate_plan,
                                                        "input": None if known else input_plan}, known)
         allowed = {k for k, v in changes.items() if v * 100.0 <= quality} | {"dense"}
@@ -296,9 +294,7 @@ def keep_if_faster(session, plan, path, progress: bool = True, input_plan=None, 
     from .resolve import gate_candidate
 
     gate_plan = gate_candidate(path, plan.fingerprint, session.config) if path is not None else None
-    choice = stored_choice(plan, machine_key(session.n_threads), gate_plan, input_plan)
-    if choice is not None and (choice.get("quality") or {}).get("bound_pct") != quality:
-        choice = None  # weighed under another bound (or none)
+    choice = stored_choice(plan, machine_key(session.n_threads), gate_plan, input_plan, quality)
     if choice is None:
         extra = ({} if quality is None else {"quality": quality}) | \
             ({} if input_plan is None else {"input_plan": input_plan})

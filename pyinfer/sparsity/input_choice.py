@@ -166,12 +166,13 @@ def choose_input_plan(session, quality: float, progress: bool = True) -> Sparsit
     bar.close()
     if chosen is None:
         chosen = {}  # every rung costs more than the bound: nothing is cut (decode runs dense)
+    kept = next((r for r in rungs if r["levels"] == chosen), None)
     info = {"calibration": "bundled", "quality": {"bound_pct": quality, "dense_ppl": round(dense, 4),
-                                                  "heldout_tokens": int(len(heldout)), "rungs": rungs},
+                                                  "heldout_tokens": int(len(heldout)), "rungs": rungs,
+                                                  "change": kept["change"] if kept else 0.0},
             "choose_seconds": round(time.time() - t0, 1)}
     plan = prof.plan(chosen, cfg.d_ff, info)
     if progress:
-        kept = next((r for r in rungs if r["levels"] == chosen), None)
         what = ", ".join(f"{k} {v:.0%}" for k, v in chosen.items()) or "nothing (every rung past the bound)"
         print(f"pyinfer: input sparsity: {what}"
               + (f" ({kept['change'] * 100:+.2f}% held-out perplexity)" if kept else ""), file=sys.stderr)
