@@ -60,12 +60,18 @@ def distance(a: np.ndarray, b: np.ndarray) -> dict:
             "positions_apart": int((d.max(-1) > 1e-3 * scale).sum())}
 
 
+def max_top1(d: dict | None) -> str:
+    """Two table cells of a distance(): max and top-1, or dashes where there is none."""
+    return f"{d['max_rel']:.4f} | {d['argmax_agree']:.3f}" if d else "- | -"
+
+
 def quantized_by_llamacpp(src: Path, out: Path, ftype: str, code: int, ids: list[int],
                           f32_llamacpp: np.ndarray, cache_type: str = "f16") -> dict:
     """`src` quantized by `llama_model_quantize` to `ftype` (llama_ftype `code`) at `out`, both engines run on
     `ids`: the file's tensor types, pyinfer's distance to llama.cpp on it, the quantization noise (llama.cpp's
-    own logits on it against `f32_llamacpp`, its logits on the F32 source) and, with an f32 cache, llama.cpp's own
-    distance to itself with its default f16 cache on the same file (how far rounding alone moves these logits)."""
+    own logits on it against `f32_llamacpp`, its logits on the F32 source), llama.cpp's distance to itself fed the
+    ids one at a time instead of in one batch (and pyinfer's distance to that), and, with an f32 cache, its distance to itself with its default f16
+    cache on the same file (how far rounding alone moves these logits)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
@@ -77,8 +83,12 @@ def quantized_by_llamacpp(src: Path, out: Path, ftype: str, code: int, ids: list
     ours = pyinfer.load(str(out), n_threads=2, n_ctx=max(128, len(ids)), progress=False, cache_type=cache_type).eval(ids, all_logits=True)
     theirs = llamacpp_logits(str(out), ids, cache_type)
     kv_noise = distance(llamacpp_logits(str(out), ids, "f16"), theirs) if cache_type == "f32" else None
+    # llama.cpp against itself: the ids one at a time (its decode kernels) against its one batch of them
+    decode = llamacpp_logits(str(out), ids, cache_type, prompt=1)
     return {"tensor_types": dict(types), "pyinfer_vs_llamacpp": distance(ours.astype(np.float64), theirs),
-            "quantization_noise": distance(theirs, f32_llamacpp), "llamacpp_f16_cache_vs_f32": kv_noise}
+            "quantization_noise": distance(theirs, f32_llamacpp), "llamacpp_f16_cache_vs_f32": kv_noise,
+            "llamacpp_decode_vs_batch": distance(decode, theirs),
+            "pyinfer_vs_llamacpp_decode": distance(ours.astype(np.float64), decode)}
 
 
 def main() -> int:

@@ -6,10 +6,13 @@ largest |value|, and the share of values that are bit for bit equal).
 On quantized files the two engines quantize activations alike (kernels/act_quant.h) but round their float sums
 in their own orders, so most tensors agree to an ulp or two; where a value sits at an 8-bit rounding edge that
 ulp flips it, and the flip, a step of 1/254 of its block's largest value, then grows layer by layer. This
-tool shows the first tensor of each layer where that happens.
+tool shows the first tensor of each layer where that happens, and, on MoE files, every token and layer whose chosen
+experts differ between the engines with llama.cpp's own gap between its k-th and next expert score there (a near
+tie that an ulp decides).
 
   python bench/trace_vs_llamacpp.py --kind deepseek2 --ftype Q8_0 --vendor DIR [--init fan-in]   # a tiny model
   python bench/trace_vs_llamacpp.py -m model.gguf [--json]
+  python bench/hf_check.py --vendor V --only deepseek_v2 --keep D; python bench/trace_vs_llamacpp.py -m D/deepseek_v2-Q8_0.gguf
 
 Writes nothing; --json prints one JSON object.
 """
@@ -37,6 +40,9 @@ PAIRS = [("attn_in", "attn_norm"), ("v", "Vcur"), ("attn", "kqv_out"), ("ffn_in"
          ("attn_v", "kqv_mla"), ("gate", "ffn_swiglu"), ("up", "ffn_up")]
 
 
+GGML_I32 = 26  # ggml_type
+
+
 class _GgmlTensor(ctypes.Structure):  # ggml.h's struct ggml_tensor (llama.cpp 0.3.36)
     _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
                 ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
@@ -56,12 +62,14 @@ def llamacpp_tensors(path: str, ids: list[int]) -> tuple[dict[str, np.ndarray], 
     @api.ggml_backend_sched_eval_callback
     def seen(t, ask, _user):
         g = ctypes.cast(t, ctypes.POINTER(_GgmlTensor)).contents
-        if ask or g.type != 0 or not g.data:  # ask: yes, every tensor; then keep the F32 ones
+        name = g.name.decode()
+        # ask: yes, every tensor; then keep the F32 ones and the experts each token chose (I32)
+        if ask or not g.data or not (g.type == 0 or (g.type == GGML_I32 and name.startswith("ffn_moe_topk"))):
             return True
         ne, nb = list(g.ne), list(g.nb)
         n = sum((ne[i] - 1) * nb[i] for i in range(4)) + 4
-        a = np.ndarray(shape=ne[::-1], dtype=np.float32, buffer=ctypes.string_at(g.data, n), strides=nb[::-1])
-        name = g.name.decode()
+        a = np.ndarray(shape=ne[::-1], dtype=np.float32 if g.type == 0 else np.int32,
+                       buffer=ctypes.string_at(g.data, n), strides=nb[::-1])
         if name not in got:
             order.append(name)
         got[name] = a.copy()
@@ -141,6 +149,28 @@ def compare(ours: dict, theirs: dict, order: list[str], n_tokens: int) -> list[d
     return rows
 
 
+def routing(ours: dict, theirs: dict, n_tokens: int) -> list[dict]:
+    """Per MoE layer: the tokens whose chosen experts differ between the engines (as sets), and at each, llama.cpp's
+    own gap between its k-th and (k+1)-th selection score over its largest score (a near tie: rounding may choose
+    either)."""
+    rows = []
+    for (name, il), route in sorted(ours.items(), key=lambda kv: kv[0][1]):
+        chosen = theirs.get(f"ffn_moe_topk-{il}")
+        if name != "route" or chosen is None or chosen.size % n_tokens:  # the last layer: only the output token
+            continue
+        k = route.shape[1] // 2
+        chosen = chosen.reshape(n_tokens, -1)[:, :k]
+        score = theirs.get(f"ffn_moe_probs_biased-{il}", theirs.get(f"ffn_moe_probs-{il}"))
+        differ = [t for t in range(n_tokens)
+                  if set(route[t, k:].astype(int)) != set(chosen[t].tolist())]
+        gaps = []
+        if score is not None:
+            s = np.sort(score.reshape(n_tokens, -1), axis=1)[:, ::-1]
+            gaps = [float((s[t, k - 1] - s[t, k]) / s[t, 0]) for t in differ]
+        rows.append({"layer": il, "tokens_differ": differ, "llamacpp_kth_gap": gaps})
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", help="a GGUF file both engines load")
@@ -184,14 +214,24 @@ def main() -> int:
         raise SystemExit(f"trace_vs_llamacpp: {e}") from None
     ids = np.random.default_rng(0).integers(3, n_vocab, args.tokens).tolist()
     theirs, order = llamacpp_tensors(path, ids)
-    rows = compare(pyinfer_tensors(path, ids), theirs, order, args.tokens)
+    ours = pyinfer_tensors(path, ids)
+    rows, routes = compare(ours, theirs, order, args.tokens), routing(ours, theirs, args.tokens)
     first = next((r for r in rows if r["bit_equal"] < 1.0), None)
     if args.json:
-        print(json.dumps({"model": path, "tokens": args.tokens, "rows": rows, "first_difference": first}))
+        print(json.dumps({"model": path, "tokens": args.tokens, "rows": rows, "first_difference": first,
+                          "routing": routes}))
         return 0
     print(f"{'layer':>5}  {'llama.cpp':24s} {'pyinfer':12s} {'max |diff| / max':>16s} {'bit-equal':>9s}")
     for r in rows:
         print(f"{r['layer']:>5}  {r['llamacpp']:24s} {r['pyinfer']:12s} {r['max_rel']:16.3e} {r['bit_equal']:9.1%}")
+    differ = [r for r in routes if r["tokens_differ"]]
+    if routes:
+        print(f"routing: {sum(len(r['tokens_differ']) for r in routes)} of {len(routes) * args.tokens} choices "
+              f"({len(routes)} MoE layers x {args.tokens} tokens) differ" + (
+                  "; token (llama.cpp's gap between its k-th and next score, over its largest):" if differ else ""))
+    for r in differ:
+        gaps = ", ".join(f"{t} ({g:.1e})" for t, g in zip(r["tokens_differ"], r["llamacpp_kth_gap"]))
+        print(f"  layer {r['layer']}: {gaps or r['tokens_differ']}")
     return 0
 
 

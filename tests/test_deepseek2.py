@@ -70,6 +70,18 @@ def test_a_q8_0_cache_needs_latent_rows_of_whole_blocks(v3_path, tmp_path):
     assert np.abs(got - want).max() < 0.02 * np.abs(want).max()
 
 
+def test_v2_lite_without_the_q_lora_rank_key_is_q_direct(tmp_path):
+    """llama.cpp's converter writes no q_lora_rank for V2-Lite (its config says null): the file reads as q direct,
+    the same model as one that states 0."""
+    stated = pyinfer.load(str(write_tiny_arch(tmp_path / "zero.gguf", "deepseek2")), n_threads=2, n_ctx=64,
+                          progress=False)
+    unstated = pyinfer.load(str(write_tiny_arch(tmp_path / "none.gguf", "deepseek2", config={"q_lora_rank": None})),
+                            n_threads=2, n_ctx=64, progress=False)
+    assert unstated.gguf.get("deepseek2.attention.q_lora_rank") is None and unstated.config.q_lora_rank == 0
+    ids = [5, 9, 13, 40, 41, 7]
+    np.testing.assert_array_equal(unstated.eval(ids, all_logits=True), stated.eval(ids, all_logits=True))
+
+
 def test_the_older_conversion_is_refused_by_name(tmp_path):
     def old_layout(w):  # a file as converters before the k_b / v_b split wrote it
         w.add_tensor("blk.0.attn_kv_b.weight", np.zeros((4 * 64, 32), np.float32))
