@@ -225,7 +225,7 @@ def main() -> int:
           "|logit|; top-1 = share of positions whose argmax agrees; positions apart = positions whose logits differ "
           "anywhere by more than 0.1% of the largest |logit|. Quantization noise: llama.cpp's own logits "
           f"on the quantized file against its F32 file. Both engines hold an {kv} KV cache and quantize "
-          "activations as llama.cpp does for each weight type. The last pair: llama.cpp with its default f16 cache "
+          "activations as llama.cpp does for each weight type. The f16-cache pair: llama.cpp with its default f16 cache "
           "against itself with the f32 cache, on the same file (what fp16 rounding of K, V, q and the softmax "
           "alone moves on these tiny random models). Where shown, llama.cpp against itself fed the ids one at a "
           "time (its decode path) instead of in one batch, same file and cache, and pyinfer against that run.", "",

@@ -96,10 +96,13 @@ def main() -> int:
         x = rng.standard_normal(args.k).astype(np.float32)
         theirs, act = llamacpp_rows(cpu, blocks, x, qtype)
         row = {"type": qtype.name, "activation": act.name, "isas": {}}
+        outputs = {}
         for isa in isas:
-            ours = pyinfer_rows(blocks, x, qtype, isa)
+            ours = outputs[isa] = pyinfer_rows(blocks, x, qtype, isa)
             row["isas"][isa] = {"max_rel": float(np.abs(ours - theirs).max() / np.abs(theirs).max()),
                                 "bit_equal": float((ours == theirs).mean())}
+        # pyinfer's tables against each other, bit for bit
+        row["tables_bit_equal"] = all(np.array_equal(outputs[isas[0]], o) for o in outputs.values())
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -110,14 +113,17 @@ def main() -> int:
           "(normal) quantized by llama.cpp for the type's `vec_dot_type` and dotted by its `vec_dot` (libggml-cpu "
           "of llama-cpp-python 0.3.36, built for this CPU); pyinfer's matmul of the same weights on the same float "
           "row, per kernel table. max = largest |difference| over the largest |output|; bit-equal = share of "
-          "outputs equal to the last bit.", "",
-          "| type | activation | " + " | ".join(f"{i}: max | bit-equal" for i in isas) + " |",
-          "|---|---|" + "---|---|" * len(isas)]
+          "outputs equal to the last bit; tables agree = pyinfer's tables give the same bits as each other. "
+          f"Tables: the ones this CPU runs ({', '.join(isas)}).", "",
+          "| type | activation | " + " | ".join(f"{i}: max | bit-equal" for i in isas) + " | tables agree |",
+          "|---|---|" + "---|---|" * len(isas) + "---|"]
     for r in rows:
         md.append(f"| {r['type']} | {r['activation']} | " + " | ".join(
-            f"{r['isas'][i]['max_rel']:.1e} | {r['isas'][i]['bit_equal']:.2f}" for i in isas) + " |")
-    (RESULTS / "dot_vs_llamacpp.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+            f"{r['isas'][i]['max_rel']:.1e} | {r['isas'][i]['bit_equal']:.2f}" for i in isas) +
+            f" | {'yes' if r['tables_bit_equal'] else 'no'} |")
+    text = "\n".join(md) + "\n"
+    (RESULTS / "dot_vs_llamacpp.md").write_text(text)
+    print(text, end="")
     return 0
 
 

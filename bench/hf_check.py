@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,6 +91,22 @@ CASES = [
           moe_ffn_hidden_size=256, moe_primary_router_apply_softmax=False, rope_theta=1.5e6),
      "sigmoid routing, no window: every layer global with RoPE"),
 ]
+
+
+def machine() -> dict:
+    """What the figures were measured with: the CPU, the converter's transformers and the llama.cpp binding."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
+        platform.processor()
+    return {"cpu": cpu, "transformers": ver("transformers"), "llama_cpp_python": ver("llama_cpp_python")}
 
 
 def vocab_size(vocab: Path) -> int:
@@ -246,7 +264,7 @@ def main() -> int:
                     help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist (convert_hf_to_gguf.py, gguf-py, "
                          "models/ggml-vocab-*.gguf)")
     ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--only", nargs="+", metavar="MODEL_TYPE",
+    ap.add_argument("--only", nargs="+", metavar="MODEL_TYPE", choices=[c[0] for c in CASES],
                     help=f"run these and replace their rows in the saved table ({', '.join(c[0] for c in CASES)})")
     ap.add_argument("--keep", type=Path, metavar="DIR", help="keep the checkpoints and GGUF files in DIR (for "
                     "bench/trace_vs_llamacpp.py -m FILE) instead of a temporary folder")
@@ -258,21 +276,25 @@ def main() -> int:
     rows = []
     if args.only and saved.exists():
         rows = [r for r in json.loads(saved.read_text())["rows"] if r["model_type"] not in args.only]
+    order = [c[0] for c in CASES]
     for model_type, name, vocab, cfg, _ in CASES:
         if args.only and model_type not in args.only:
             continue
         try:
             rows += run_case(model_type, name, vocab, cfg, args.vendor, tmp, args.tokens)
-        except (RuntimeError, ValueError, KeyError) as e:  # one architecture's failure is a row, not the end
+        except (Exception, SystemExit) as e:  # one architecture's failure is a row, not the end of the run
             print(f"hf_check: {model_type}: {e}", file=sys.stderr)
             rows.append({"model_type": model_type, "arch": name, "gguf_arch": "-", "vocab": vocab, "file": "-",
                          "error": str(e)})
-        for f in [] if args.keep else tmp.glob(f"{model_type}-*.gguf"):
-            f.unlink()
-    order = [c[0] for c in CASES]
-    rows.sort(key=lambda r: (order.index(r["model_type"]), ["-", "F32", *FTYPES, "MXFP4_MOE"].index(r["file"])))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps({"tokens": args.tokens, "rows": rows}, indent=1))
+        if not args.keep:
+            shutil.rmtree(tmp / model_type, ignore_errors=True)
+            for f in tmp.glob(f"{model_type}-*.gguf"):
+                f.unlink()
+        rows.sort(key=lambda r: (order.index(r["model_type"]), ["-", "F32", *FTYPES, "MXFP4_MOE"].index(r["file"])))
+        RESULTS.mkdir(parents=True, exist_ok=True)  # saved after every case: a later failure keeps these rows
+        saved.write_text(json.dumps({"tokens": args.tokens, "machine": machine(), "rows": rows}, indent=1))
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
     text = markdown([r for r in rows if "error" not in r], args.tokens)
     errors = [f"- {r['arch']}: {r['error']}" for r in rows if "error" in r]
     (RESULTS / "hf_check.md").write_text(text + ("\nNot run:\n" + "\n".join(errors) + "\n" if errors else ""))

@@ -119,14 +119,17 @@ def main() -> int:
           f"A tiny random LLaMA (2 layers, d 256, FFN 512, F32) quantized by `llama_model_quantize`; {args.tokens} "
           "tokens evaluated by both engines. Distances are |difference| over the largest |logit|. The "
           "quantization noise is llama.cpp's own logits on the quantized file against the F32 file. Both engines "
-          f"hold an {kv} KV cache and quantize activations as llama.cpp does for each weight type.", "",
+          f"hold an {kv} KV cache and quantize activations as llama.cpp does for each weight type. Last pairs: "
+          "llama.cpp fed the tokens one at a time against its own batch, and pyinfer against that run.", "",
           "| file | tensor types | pyinfer vs llama.cpp: max | median | corr | argmax | quantization noise: max | "
-          "median | corr |", "|---|---|---|---|---|---|---|---|---|"]
+          "median | corr | llama.cpp one at a time vs its batch: max | top-1 | pyinfer vs llama.cpp one at a time: "
+          "max | top-1 |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a, q = r["pyinfer_vs_llamacpp"], r["quantization_noise"]
         types = ", ".join(f"{k} {v}" for k, v in sorted(r["tensor_types"].items()))
         md.append(f"| {r['ftype']} | {types} | {a['max_rel']:.4f} | {a['median_rel']:.5f} | {a['corr']:.6f} | "
-                  f"{a['argmax_agree']:.3f} | {q['max_rel']:.4f} | {q['median_rel']:.5f} | {q['corr']:.6f} |")
+                  f"{a['argmax_agree']:.3f} | {q['max_rel']:.4f} | {q['median_rel']:.5f} | {q['corr']:.6f} | "
+                  f"{max_top1(r.get('llamacpp_decode_vs_batch'))} | {max_top1(r.get('pyinfer_vs_llamacpp_decode'))} |")
     (RESULTS / "llamacpp_quantized.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

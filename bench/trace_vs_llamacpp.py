@@ -7,12 +7,13 @@ On quantized files the two engines quantize activations alike (kernels/act_quant
 in their own orders, so most tensors agree to an ulp or two; where a value sits at an 8-bit rounding edge that
 ulp flips it, and the flip, a step of 1/254 of its block's largest value, then grows layer by layer. This
 tool shows the first tensor of each layer where that happens, and, on MoE files, every token and layer whose chosen
-experts differ between the engines with llama.cpp's own gap between its k-th and next expert score there (a near
-tie that an ulp decides).
+experts differ between the engines with llama.cpp's own gap between its k-th and next expert score there, over the
+spread of its scores (a near tie that an ulp decides).
 
   python bench/trace_vs_llamacpp.py --kind deepseek2 --ftype Q8_0 --vendor DIR [--init fan-in]   # a tiny model
   python bench/trace_vs_llamacpp.py -m model.gguf [--json]
-  python bench/hf_check.py --vendor V --only deepseek_v2 --keep D; python bench/trace_vs_llamacpp.py -m D/deepseek_v2-Q8_0.gguf
+  python bench/hf_check.py --vendor V --only deepseek_v2 --keep D    # then:
+  python bench/trace_vs_llamacpp.py -m D/deepseek_v2-Q8_0.gguf
 
 Writes nothing; --json prints one JSON object.
 """
@@ -151,8 +152,8 @@ def compare(ours: dict, theirs: dict, order: list[str], n_tokens: int) -> list[d
 
 def routing(ours: dict, theirs: dict, n_tokens: int) -> list[dict]:
     """Per MoE layer: the tokens whose chosen experts differ between the engines (as sets), and at each, llama.cpp's
-    own gap between its k-th and (k+1)-th selection score over its largest score (a near tie: rounding may choose
-    either)."""
+    own gap between its k-th and (k+1)-th selection score over the spread of its scores for that token (a near tie:
+    rounding may choose either)."""
     rows = []
     for (name, il), route in sorted(ours.items(), key=lambda kv: kv[0][1]):
         chosen = theirs.get(f"ffn_moe_topk-{il}")
@@ -160,13 +161,17 @@ def routing(ours: dict, theirs: dict, n_tokens: int) -> list[dict]:
             continue
         k = route.shape[1] // 2
         chosen = chosen.reshape(n_tokens, -1)[:, :k]
-        score = theirs.get(f"ffn_moe_probs_biased-{il}", theirs.get(f"ffn_moe_probs-{il}"))
+        # the scores llama.cpp chose by: grouped routing's masked ones, else with the selection bias, else plain
+        score = next((theirs[n] for n in (f"ffn_moe_probs_masked-{il}", f"ffn_moe_probs_biased-{il}",
+                                          f"ffn_moe_probs-{il}") if n in theirs), None)
         differ = [t for t in range(n_tokens)
                   if set(route[t, k:].astype(int)) != set(chosen[t].tolist())]
         gaps = []
-        if score is not None:
+        if score is not None and score.size % n_tokens == 0:
             s = np.sort(score.reshape(n_tokens, -1), axis=1)[:, ::-1]
-            gaps = [float((s[t, k - 1] - s[t, k]) / s[t, 0]) for t in differ]
+            s = np.where(np.isfinite(s), s, np.nan)  # masked groups hold -inf
+            spread = np.nanmax(s, axis=1) - np.nanmin(s, axis=1)  # logits (gpt-oss) may be negative
+            gaps = [float((s[t, k - 1] - s[t, k]) / spread[t]) if spread[t] > 0 else 0.0 for t in differ]
         rows.append({"layer": il, "tokens_differ": differ, "llamacpp_kth_gap": gaps})
     return rows
 
@@ -228,7 +233,8 @@ def main() -> int:
     if routes:
         print(f"routing: {sum(len(r['tokens_differ']) for r in routes)} of {len(routes) * args.tokens} choices "
               f"({len(routes)} MoE layers x {args.tokens} tokens) differ" + (
-                  "; token (llama.cpp's gap between its k-th and next score, over its largest):" if differ else ""))
+                  "; token (llama.cpp's gap between its k-th and next score, over the spread of its scores):" if differ
+                  else ""))
     for r in differ:
         gaps = ", ".join(f"{t} ({g:.1e})" for t, g in zip(r["tokens_differ"], r["llamacpp_kth_gap"]))
         print(f"  layer {r['layer']}: {gaps or r['tokens_differ']}")

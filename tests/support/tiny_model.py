@@ -269,7 +269,7 @@ def write_tiny_arch(path: Path, kind: str, seed: int = 0, qtype: Q = Q.F32, conf
         w.add_value_length_mla(c["v_dim"])
         w.add_kv_lora_rank(c["kv_lora_rank"])
         if c["q_lora_rank"] is not None:  # None: no key, as convert_hf_to_gguf.py writes V2-Lite (q_lora_rank null)
-            w.add_q_lora_rank(c["q_lora_rank"])  # 0 (V2-Lite): llama.cpp requires the key below 26 layers
+            w.add_q_lora_rank(c["q_lora_rank"])  # 0 (V2-Lite): llama.cpp reads it unless 26 or 27 layers
     else:
         w.add_key_length(hd)
         w.add_value_length(hd)
