@@ -296,9 +296,7 @@ def keep_if_faster(session, plan, path, progress: bool = True, input_plan=None, 
     gate_plan = gate_candidate(path, plan.fingerprint, session.config) if path is not None else None
     choice = stored_choice(plan, machine_key(session.n_threads), gate_plan, input_plan, quality)
     if choice is None:
-        extra = ({} if quality is None else {"quality": quality}) | \
-            ({} if input_plan is None else {"input_plan": input_plan})
-        choice = measure_choice(session, plan, gate_plan, **extra)
+        choice = measure_choice(session, plan, gate_plan, input_plan=input_plan, quality=quality)
         if progress:
             print(f"pyinfer: {describe(choice)} (measured once, cached with the plan)", file=sys.stderr)
         if path is not None:
