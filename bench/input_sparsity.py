@@ -15,6 +15,7 @@ Per model: thresholds calibrated on a calibration text (never the evaluation tex
 
   python bench/input_sparsity.py -m ~/.cache/pyinfer/Qwen2.5-Coder-0.5B-Instruct.gguf --tag qwen05
   python bench/input_sparsity.py -m /work/models/qwen2.5-1.5b-q4_k_m.gguf --no-ppl --fixed-density --tag shaped_1p5b
+  python bench/input_sparsity.py -m ... --fixed-density --configs "down 90%" --save-plans DIR   (plan files only)
   -> bench/results/sparsity/input_<tag>.{json,md,png}
 """
 from __future__ import annotations
@@ -76,6 +77,9 @@ def main() -> int:
                     help="every engine maps the file (one copy in the page cache) instead of reading its own: "
                          "for models whose copies would not fit in RAM side by side")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the tag's JSON")
+    ap.add_argument("--save-plans", metavar="DIR", default=None,
+                    help="write each config's plan to DIR/<config>.npz and stop (for `--sparsity FILE`, e.g. "
+                         "bench/offload.py under a memory limit)")
     args = ap.parse_args()
     if args.plot_only:
         _plot(json.loads((RESULTS / f"input_{args.tag}.json").read_text()), RESULTS / f"input_{args.tag}.png")
@@ -98,6 +102,10 @@ def main() -> int:
         return plan
 
     plans = {n: make_plan(CONFIGS[n][1]) for n in names}
+    if args.save_plans:
+        for n, plan in plans.items():
+            print(plan.save(Path(args.save_plans) / (n.replace(" ", "_").replace("%", "") + ".npz")))
+        return 0
     held = cal_ids[-1024:]  # densities measured on calibration text the thresholds never saw
 
     rows = {n: {"method": CONFIGS[n][0], "levels": CONFIGS[n][1]} for n in names}

@@ -263,6 +263,13 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
                          "anonymous memory, so it cannot run below the model's size); off by default here")
 
 
+def input_plan_file(sparsity: str) -> bool:
+    """Whether --sparsity names an input-sparse plan's file (bench/input_sparsity.py --save-plans writes them)."""
+    from pyinfer.sparsity.plan import SparsityPlan
+
+    return Path(sparsity).is_file() and SparsityPlan.load(sparsity).mode == "input"
+
+
 def parse_limits(texts: list[str]) -> list[tuple[str, int]]:
     from pyinfer.offload.offloaded_ffn import parse_size
 
@@ -297,8 +304,10 @@ def main() -> int:
     from pyinfer.model.pull import resolve_model
 
     path = str(resolve_model(args.model))
-    if args.sparsity != "off":  # calibrate the plan and write the bundle file now, outside any limit and timing
-        pyinfer.load(path, n_threads=args.threads, n_ctx=64, sparsity=args.sparsity, ram_budget="64G")
+    if args.sparsity != "off":  # calibrate the plan and write its sidecar files now, outside any limit and timing:
+        # a predictor plan's bundle file (a RAM budget), an input-sparse plan's input-major copies (a memory limit)
+        budget = {"mem_limit": "64G"} if input_plan_file(args.sparsity) else {"ram_budget": "64G"}
+        pyinfer.load(path, n_threads=args.threads, n_ctx=64, sparsity=args.sparsity, **budget)
     rows = compare(path, parse_limits(args.limits), args)
     meta = {"model": Path(path).name, "file_bytes": Path(path).stat().st_size, "threads": args.threads,
             "tokens": args.tokens, "ctx": args.ctx, "rounds": args.rounds, "sparsity": args.sparsity,

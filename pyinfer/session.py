@@ -39,6 +39,14 @@ def reads_into_memory(path, mem_limit, ram_budget, device) -> bool:
         return False
 
 
+def check_input_sparsity_here(device, ram_budget) -> None:
+    """An input-sparse plan runs on the CPU with its copies in RAM, or mapped from disk under a memory limit; its
+    cuts have no GPU kernels and no neuron streaming (a RAM budget) yet."""
+    if str(device) != "cpu" or ram_budget is not None:
+        raise UnsupportedModelError("input sparsity runs on the CPU, in RAM or under --mem-limit (no --device or "
+                                    "--ram-budget)")
+
+
 class Session:
     """`path`: a GGUF file. `kv_rows`: the KV rows a placement must leave room for (a model's n_ctx, a server's
     KV budget). `options`: load()'s (options.py), read here and nowhere else."""
@@ -55,6 +63,7 @@ class Session:
         device, vram_budget, progress, mmap = o.device, o.vram_budget, o.progress, o.mmap
         # what parts() reads before they are set
         self.offload = self.experts = self.expert_cuts = self.placement = self.sparsity = None
+        self.input_copies = None  # an input-sparse plan's copies: made in RAM, or mapped from disk under a limit
         self.device, self.isa = str(device), o.isa
         self.path = str(path)
         if mem_limit is not None:
@@ -85,18 +94,23 @@ class Session:
         if sparsity == "input" and not self.config.uniform_ffn:
             raise UnsupportedModelError("input sparsity needs FFNs of one width in every layer; this model's widths "
                                         f"are {sorted(set(self.config.ffn_widths))}")
+        if mem_limit is not None:  # (written only if an input-sparse plan is used: offload/input_copies.py)
+            from .model.pull import cache_dir
+            from .offload.input_copies import MappedInputCopies
+
+            self.input_copies = MappedInputCopies(cache_dir(), self.gguf, progress)
         if sparsity == "input":  # chosen by quality on held-out text, with engines built as this session's
             from .sparsity.input_choice import input_plan
 
-            if str(device) != "cpu" or mem_limit is not None or ram_budget is not None:
-                raise UnsupportedModelError("input sparsity runs in RAM on the CPU for now (no --device, "
-                                            "--mem-limit or --ram-budget)")
+            check_input_sparsity_here(device, ram_budget)
             self.sparsity = input_plan(self, o.sparsity_quality, progress)
             if not any(v > 0 for v in self.sparsity.info.get("levels", {}).values()):
                 self.sparsity = None  # every rung past the quality bound: nothing to cut, nothing to time
         else:
             self.sparsity = resolve_sparsity(sparsity, self.gguf, self.config, self.tokenizer.encode, target,
                                              self.n_threads, progress)
+            if self.sparsity is not None and self.sparsity.mode == "input":  # an input plan's file
+                check_input_sparsity_here(device, ram_budget)
         # self.expert_cuts: a Mixture of Experts given a target: CATS inside its experts in decode
         if self.config.is_moe and sparsity == "auto" and target:
             from .sparsity.expert_cuts import resolve_expert_cuts
@@ -112,7 +126,7 @@ class Session:
 
             self.expert_cuts = exact_relu_cuts(self.gguf, self.config)
         if mem_limit is not None and ram_budget is None and self.sparsity is not None and \
-                not any(selective_layers(self.sparsity)):
+                self.sparsity.mode != "input" and not any(selective_layers(self.sparsity)):
             # Gate and up run dense in a plan without predictors: a streamed layer reads its whole cold tail every
             # token, never fewer bytes than the mapped model, which the kernel's page cache serves from the rest.
             if progress:
@@ -198,8 +212,9 @@ class Session:
 
         self.gguf.advise_random(True)  # the probe's small reads (norms) fault in their own pages only
         # A Mixture of Experts streams its experts (offload/experts.py), as a sparsity plan streams neurons.
-        plan = plan_memory(limit, self.path, weights, self.sparsity is not None or self.config.is_moe, engine_bytes,
-                           max_batch)
+        # An input-sparse plan streams nothing of its own: the model and its copies stay mapped (input_copies).
+        streams = (self.sparsity is not None and self.sparsity.mode != "input") or self.config.is_moe
+        plan = plan_memory(limit, self.path, weights, streams, engine_bytes, max_batch)
         if self.config.is_moe and self.sparsity is None and plan.weights >= plan.model_weights:
             # The whole MoE fits: nothing streams, and its mapping must not stay advised random (a 10.7 GiB MoE
             # under a 20 GiB limit read its experts 4 KiB a fault, 0.86 tok/s where it ran 9 unlimited).
@@ -220,7 +235,7 @@ class Session:
         plans)."""
         return dataclasses.replace(ModelParts(self.gguf, self.config, self.n_threads, self.sparsity, self.neuron_down,
                                               self.cache_type, self.offload, self.device, self.placement, self.isa,
-                                              self.experts, self.expert_cuts), **changes)
+                                              self.experts, self.expert_cuts, self.input_copies), **changes)
 
     def build(self, n_ctx: int, max_tokens: int, runs: SparseRuns,
               paged: tuple[int, int] | None = None) -> RunningModel:

@@ -226,3 +226,63 @@ def test_bytes_read_follow_the_cuts(float_model_path, profile):
     assert all(0.2 < d["ffn_mid"] < 0.8 and 0.2 < d["attn_out"] < 0.8 and d["attn_in"] == 1.0 for d in dens)
     b = bytes_per_token(m.gguf, m.config, cut, dens)
     assert b["sparse"] < b["dense"]
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["F32 copies", "Q8_0 copies"])
+def test_under_a_memory_limit_the_copies_are_mapped_from_files(float_model_path, tiny_model_path, profile,
+                                                               quantized, tmp_path, monkeypatch):
+    """`mem_limit` with an input-sparse plan: each cut weight's input-major copy is written once to the cache
+    and mapped (offload/input_copies.py), so a limit can page it; decode reads the same rows as in RAM. A copy
+    file of the wrong size or not an array at all is rebuilt, never read."""
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    path = tiny_model_path if quantized else float_model_path
+    dense = pyinfer.load(path, n_threads=2, n_ctx=64)
+    prof = profile if not quantized else profile_inputs(dense.gguf, dense.config, dense.tokenize(CALIBRATION),
+                                                        512, 2, progress=False)
+    plan = prof.plan(MIX, dense.config.d_ff)  # projection cuts and the gate cut: both readers of the copies
+    want = decode_logits(pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=plan), TOKENS)
+
+    limited = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=plan, mem_limit="4G", progress=False)
+    copies = limited.session.input_copies
+    files = sorted(copies.folder.glob("*.npy"))
+    assert copies.written > 0 and files and copies.folder.is_relative_to(tmp_path)
+    assert {f.name.split(".")[2] for f in files} >= {"attn_q", "attn_v", "ffn_down"}
+    np.testing.assert_array_equal(decode_logits(limited, TOKENS), want)
+
+    files[0].write_bytes(files[0].read_bytes()[:-100])    # truncated
+    files[1].write_bytes(b"not an array")                 # foreign
+    again = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=plan, mem_limit="4G", progress=False)
+    assert 0 < again.session.input_copies.written < copies.written  # the two rebuilt, the rest mapped as they were
+    np.testing.assert_array_equal(decode_logits(again, TOKENS), want)
+
+
+def test_an_input_plan_with_a_ram_budget_is_refused_in_one_line(float_model_path, profile, tmp_path):
+    m = pyinfer.load(float_model_path, n_threads=1, n_ctx=64)
+    path = profile.plan(MIX, m.config.d_ff).save(tmp_path / "input.npz")
+    with pytest.raises(pyinfer.PyinferError, match="input sparsity runs on the CPU, in RAM or under --mem-limit"):
+        pyinfer.load(float_model_path, n_threads=1, n_ctx=64, sparsity=str(path), ram_budget="64M", progress=False)
+
+
+def test_the_choice_made_in_ram_is_measured_again_under_a_memory_limit(tiny_model_path, tmp_path, monkeypatch):
+    """An input plan that decodes faster in RAM may lose under a limit (its rows then come from disk), so the
+    timed choice stored with the plan holds for the limit it was measured under only."""
+    from pyinfer.sparsity.auto_choice import machine_key
+
+    monkeypatch.setenv("PYINFER_CACHE", str(tmp_path))
+    free = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="input", sparsity_quality=50.0,
+                        progress=False)
+    limited = pyinfer.load(tiny_model_path, n_threads=2, n_ctx=64, sparsity="input", sparsity_quality=50.0,
+                           mem_limit="4G", progress=False)
+    assert free.session.auto_choice is not None  # something within the loose bound: timed against dense
+    assert free.session.auto_choice["machine"] == machine_key(2)
+    assert limited.session.auto_choice["machine"] == machine_key(2, 4 << 30) != machine_key(2)
+
+
+def test_a_copy_that_cannot_be_written_is_one_line(float_model_path, profile, tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("PYINFER_CACHE", str(blocked))
+    m = pyinfer.load(float_model_path, n_threads=1, n_ctx=64)
+    with pytest.raises(pyinfer.PyinferError, match="could not write the input-sparse plan's copy"):
+        pyinfer.load(float_model_path, n_threads=1, n_ctx=64, sparsity=profile.plan(MIX, m.config.d_ff),
+                     mem_limit="4G", progress=False)

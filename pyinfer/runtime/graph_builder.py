@@ -58,6 +58,9 @@ class GraphBuilder:
         self._home: int | None = None
         self._names: dict[int, str] = {}
         self._view_of: dict[int, int] = {}  # view id -> the tensor whose memory it shares
+        # Where input-major copies come from (runtime/input_major.by_input_weight): None makes them in RAM; under a
+        # memory limit, files mapped from disk (offload/input_copies.py)
+        self.input_copies = None
 
     @contextmanager
     def weights_on(self, backend: int | None):

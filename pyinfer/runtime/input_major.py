@@ -29,22 +29,28 @@ def raw_rows(gguf: GGUFModelFile, name: str) -> np.ndarray:
     return np.asarray(t.data).view(np.uint8).reshape(t.rows, -1)
 
 
+def copy_layout(t) -> tuple[DType, tuple[int, int], type]:
+    """(type, array shape, numpy type) of the input-major copy of tensor `t` [out, in] (all of its inputs): Q8_0
+    rows for quantized weights (each 32 outputs of an input share one fp16 scale, so the scales travel with the
+    row), F32 for float ones and for rows no multiple of 32."""
+    if t.type_name not in _FLOAT and t.rows % 32 == 0:
+        return DType.Q8_0, (t.cols, t.rows // 32 * 34), np.uint8
+    return DType.F32, (t.cols, t.rows), np.float32
+
+
 def transposed_weight(gguf: GGUFModelFile, name: str, order: np.ndarray | None = None) -> tuple[DType, np.ndarray]:
-    """(type, rows) of the input-major copy of weight `name` [out, in]: row k = input order[k] (every input in
-    file order by default). Q8_0 rows for quantized weights (each 32 outputs of an input share one fp16 scale, so
-    the scales travel with the row), F32 for float ones and for rows no multiple of 32."""
+    """(type, rows) of the input-major copy of weight `name` [out, in] (copy_layout): row k = input order[k]
+    (every input in file order by default)."""
     t = gguf.tensor(name)
-    quantized = t.type_name not in _FLOAT and t.rows % 32 == 0
+    dt, _, np_type = copy_layout(t)
     order = np.arange(t.cols, dtype=np.int32) if order is None else np.ascontiguousarray(order, dtype=np.int32)
-    rows = _core.neuron_major(raw_rows(gguf, name), DType(t.dtype_id), t.cols, order,
-                              DType.Q8_0 if quantized else DType.F32, physical_cores())
-    if quantized:
-        return DType.Q8_0, rows.reshape(len(order), -1)
-    return DType.F32, rows.view(np.float32).reshape(len(order), t.rows)
+    rows = _core.neuron_major(raw_rows(gguf, name), DType(t.dtype_id), t.cols, order, dt, physical_cores())
+    return dt, rows.view(np_type).reshape(len(order), -1)
 
 
 def by_input_weight(b: GraphBuilder, gguf: GGUFModelFile, weight: str, tag: str = "") -> T:
-    """The graph's input-major copy of `weight`."""
+    """The graph's input-major copy of `weight`, from the builder's source of copies (b.input_copies: made in RAM
+    here by default; mapped from files under a memory limit, offload/input_copies.py)."""
     t = gguf.tensor(weight)
-    dt, rows = transposed_weight(gguf, weight)
+    dt, rows = (b.input_copies or transposed_weight)(gguf, weight)
     return b.weight(weight + ".by_input" + tag, int(dt), t.rows, t.cols, rows)

@@ -26,7 +26,7 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
                       runs: SparseRuns = SparseRuns(), record: bool = False, down_type: str = "auto",
                       paged: tuple[int, int] | None = None, cache_type: str = "f16", offload=None,
                       placement: Placement | None = None, experts=None, expert_cuts=None,
-                      states: int = 1) -> GraphBuilder:
+                      states: int = 1, input_copies=None) -> GraphBuilder:
     """`sparsity`: neuron-aware decode (runtime/sparse_ffn.py), in the runs `runs` picks. `record`: keeps each layer's FFN input,
     gate and up readable after a run (the profiler's view; b.records[layer] = (ffn_in, gate, up) ids).
     `paged` = (block size, max blocks per sequence): a KV cache of n_ctx rows shared by many sequences
@@ -41,7 +41,9 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
     `placement`: a GPU placement (runtime/placement.py), whose `device` is the engine backend that stands for the
     GPU: the residual stream, norms and attention, each layer's placed FFN blocks and, if
     placed, the output head run there. Only the embedding lookup and the CPU's FFN blocks run on the CPU, so
-    a layer wholly on the GPU costs no copy and a split one two (its FFN input down, the CPU's sum up)."""
+    a layer wholly on the GPU costs no copy and a split one two (its FFN input down, the CPU's sum up).
+    `input_copies`: where an input-sparse plan's input-major copies come from (None: made in RAM;
+    offload.input_copies.MappedInputCopies under a memory limit)."""
     if cache_type not in CACHE_TYPES:
         raise ValueError(f"cache type must be one of {', '.join(CACHE_TYPES)}, got {cache_type!r}")
     arch = architecture(gguf.architecture)
@@ -78,8 +80,10 @@ def build_model_graph(gguf: GGUFModelFile, cfg: LlamaConfig, n_ctx: int, sparsit
         m.projection = RecordedInputs()
     elif sparsity is not None and sparsity.mode == "input":
         if offload is not None or placement is not None:
-            raise UnsupportedModelError("an input-sparse plan runs in RAM on the CPU (no --mem-limit or device yet)")
+            raise UnsupportedModelError("an input-sparse plan runs on the CPU, its copies in RAM or mapped from "
+                                        "disk under --mem-limit (no --ram-budget or device)")
         m.projection = InputSparseProjections(sparsity, runs, gguf)
+    b.input_copies = input_copies
     # Where weights live (a split graph only): the embedding table in host memory; attention, norms and the
     # placed FFN neurons on the device (the split FFN tags its own); the head where the placement put it.
     device = placement.device if placement is not None else None

@@ -50,6 +50,7 @@ class ModelParts:
     isa: str = "auto"
     experts: object = None
     expert_cuts: object = None
+    input_copies: object = None  # an input-sparse plan's copies mapped from disk (a memory limit), else None
 
 
 def build_running(parts: ModelParts, n_ctx: int, max_tokens: int, runs: SparseRuns,
@@ -63,7 +64,7 @@ def build_running(parts: ModelParts, n_ctx: int, max_tokens: int, runs: SparseRu
         b = build_model_graph(p.gguf, p.config, n_ctx, p.sparsity, runs, down_type=p.neuron_down, paged=paged,
                               cache_type=p.cache_type, offload=p.offload,
                               placement=p.placement, experts=p.experts,
-                              expert_cuts=p.expert_cuts, states=states)
+                              expert_cuts=p.expert_cuts, states=states, input_copies=p.input_copies)
         engine = _core.Engine(b.graph, max_tokens=max_tokens, max_outputs=max_tokens, n_threads=p.n_threads,
                               isa=p.isa, **engine_backends(kind, index, p.n_threads, b.placement))
     except ValueError as e:

@@ -50,8 +50,10 @@ INPUT_KEEP_AT = 1.03  # the input-sparse plan must beat the best of the others b
 CHOICES = ("sparse", "layers", "gate", "input", "dense")
 
 
-def machine_key(n_threads: int) -> str:
-    """Where a choice holds: the CPU's model name, the kernel tables it offers and the thread count."""
+def machine_key(n_threads: int, mem_limit: int | None = None) -> str:
+    """Where a choice holds: the CPU's model name, the kernel tables it offers, the thread count and the memory
+    limit the session runs under, if any (an input plan that wins in RAM read its rows from disk at 0.35x dense
+    under one: docs/results.md, issue 51)."""
     from .. import _core
 
     name = platform.processor() or platform.machine()
@@ -63,7 +65,14 @@ def machine_key(n_threads: int) -> str:
                     break
     except OSError:
         pass
-    return f"{name} | {_core.available_isas()} | {n_threads} threads"
+    limit = f" | mem_limit {mem_limit} bytes" if mem_limit is not None else ""
+    return f"{name} | {_core.available_isas()} | {n_threads} threads{limit}"
+
+
+def session_key(session) -> str:
+    """machine_key of a session: its threads, and its memory limit where it has one."""
+    memory = getattr(session, "memory", None)
+    return machine_key(session.n_threads, memory.limit if memory is not None else None)
 
 
 def _well_typed(c: dict) -> bool:
@@ -232,7 +241,7 @@ def measure_choice(session, plan, gate_plan=None, tokens: int = DECODE_TOKENS, r
         out.update(input_tok_s=rate["input"], input_ratio=ratio["input"], input_keep_at=INPUT_KEEP_AT,
                    input_levels={k: v for k, v in input_plan.info.get("levels", {}).items() if v > 0})
     return dict(out, tokens=tokens, rounds=rounds, sets=sets, percentile=PERCENTILE, keep_at=KEEP_AT,
-                machine=machine_key(session.n_threads), isa=engines["dense"].isa, measured=time.strftime("%Y-%m-%d"))
+                machine=session_key(session), isa=engines["dense"].isa, measured=time.strftime("%Y-%m-%d"))
 
 
 def input_candidate(session, quality: float, progress: bool = True):
@@ -294,7 +303,7 @@ def keep_if_faster(session, plan, path, progress: bool = True, input_plan=None, 
     from .resolve import gate_candidate
 
     gate_plan = gate_candidate(path, plan.fingerprint, session.config) if path is not None else None
-    choice = stored_choice(plan, machine_key(session.n_threads), gate_plan, input_plan, quality)
+    choice = stored_choice(plan, session_key(session), gate_plan, input_plan, quality)
     if choice is None:
         choice = measure_choice(session, plan, gate_plan, input_plan=input_plan, quality=quality)
         if progress:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.config import GATE_FIRST
+from ..runtime.input_major import copy_layout
 from ..runtime.input_sparse import SITE_OF_PART, site_threshold
 from .input_calibrate import SITES
 from .plan import INPUT_SITES, SparsityPlan
@@ -69,10 +70,9 @@ def bytes_per_token(gguf, cfg, plan: SparsityPlan, densities: list[dict[str, flo
 
 
 def copy_bytes(t) -> int:
-    """Bytes of the input-major copy's rows (runtime/input_major.transposed_weight's formats)."""
-    if t.type_name in ("F32", "F16", "BF16") or t.rows % 32:
-        return 4 * t.rows * t.cols
-    return t.rows * t.cols // 32 * 34
+    """Bytes of the input-major copy's rows (runtime/input_major.copy_layout)."""
+    _, (rows, width), np_type = copy_layout(t)
+    return rows * width * np.dtype(np_type).itemsize
 
 
 def describe_input_plan(plan: SparsityPlan) -> str:
