@@ -312,7 +312,8 @@ def main() -> int:
     meta = {"model": Path(path).name, "file_bytes": Path(path).stat().st_size, "threads": args.threads,
             "tokens": args.tokens, "ctx": args.ctx, "rounds": args.rounds, "sparsity": args.sparsity,
             "llamacpp_repack": args.repack}
-    print(write_results(args.tag, f"Decode under one memory limit: {Path(path).name}, {args.threads} threads, "
+    plan = "" if args.sparsity == "off" else f", sparsity {Path(args.sparsity).name}"
+    print(write_results(args.tag, f"Decode under one memory limit: {Path(path).name}{plan}, {args.threads} threads, "
                         f"{args.tokens} tokens, {args.rounds} rounds",
                         [f"Both engines in a memory cgroup of the same total limit, caches dropped before every run; "
                          f"pyinfer with `mem_limit` = the limit and `--sparsity {args.sparsity}`, llama.cpp with its "
