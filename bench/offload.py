@@ -267,7 +267,12 @@ def input_plan_file(sparsity: str) -> bool:
     """Whether --sparsity names an input-sparse plan's file (bench/input_sparsity.py --save-plans writes them)."""
     from pyinfer.sparsity.plan import SparsityPlan
 
-    return Path(sparsity).is_file() and SparsityPlan.load(sparsity).mode == "input"
+    from pyinfer.errors import PyinferError
+
+    try:
+        return Path(sparsity).is_file() and SparsityPlan.load(sparsity).mode == "input"
+    except PyinferError:  # not a plan file: the load that follows says what is wrong, in one line
+        return False
 
 
 def parse_limits(texts: list[str]) -> list[tuple[str, int]]:
@@ -306,7 +311,8 @@ def main() -> int:
     path = str(resolve_model(args.model))
     if args.sparsity != "off":  # calibrate the plan and write its sidecar files now, outside any limit and timing:
         # a predictor plan's bundle file (a RAM budget), an input-sparse plan's input-major copies (a memory limit)
-        budget = {"mem_limit": "64G"} if input_plan_file(args.sparsity) else {"ram_budget": "64G"}
+        budget = {"mem_limit": "64G"} if args.sparsity == "input" or input_plan_file(args.sparsity) else \
+            {"ram_budget": "64G"}
         pyinfer.load(path, n_threads=args.threads, n_ctx=64, sparsity=args.sparsity, **budget)
     rows = compare(path, parse_limits(args.limits), args)
     meta = {"model": Path(path).name, "file_bytes": Path(path).stat().st_size, "threads": args.threads,

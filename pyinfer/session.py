@@ -98,7 +98,7 @@ class Session:
             from .model.pull import cache_dir
             from .offload.input_copies import MappedInputCopies
 
-            self.input_copies = MappedInputCopies(cache_dir(), self.gguf, progress)
+            self.input_copies = MappedInputCopies(cache_dir, self.gguf, progress)
         if sparsity == "input":  # chosen by quality on held-out text, with engines built as this session's
             from .sparsity.input_choice import input_plan
 

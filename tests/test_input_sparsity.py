@@ -1,5 +1,7 @@
 """Input-sparse projections (TEAL, runtime/input_sparse.py): the transposed copies, the plan, and the sparse path
 against a numpy reference that zeroes the same inputs."""
+import gc
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -244,15 +246,21 @@ def test_under_a_memory_limit_the_copies_are_mapped_from_files(float_model_path,
 
     limited = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=plan, mem_limit="4G", progress=False)
     copies = limited.session.input_copies
+    assert copies.folder.parent.name == "v1"
     files = sorted(copies.folder.glob("*.npy"))
     assert copies.written > 0 and files and copies.folder.is_relative_to(tmp_path)
     assert {f.name.split(".")[2] for f in files} >= {"attn_q", "attn_v", "ffn_down"}
     np.testing.assert_array_equal(decode_logits(limited, TOKENS), want)
 
+    del limited, copies  # (its engine maps the files: rewriting one under it would fault)
+    gc.collect()
     files[0].write_bytes(files[0].read_bytes()[:-100])    # truncated
     files[1].write_bytes(b"not an array")                 # foreign
+    right = np.load(files[2])
+    np.save(files[2], np.asfortranarray(right))           # the right shape and type in the wrong order
     again = pyinfer.load(path, n_threads=2, n_ctx=64, sparsity=plan, mem_limit="4G", progress=False)
-    assert 0 < again.session.input_copies.written < copies.written  # the two rebuilt, the rest mapped as they were
+    rebuilt = sum(np.load(f, mmap_mode="r").nbytes for f in files[:3])
+    assert again.session.input_copies.written == rebuilt   # those three rebuilt, the rest mapped as they were
     np.testing.assert_array_equal(decode_logits(again, TOKENS), want)
 
 

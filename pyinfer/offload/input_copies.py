@@ -2,21 +2,25 @@
 
 In RAM an input-sparse projection's copy (runtime/input_major.py: row i = input i's column of W) is anonymous
 memory made at load, a second copy of every cut weight that no limit can page out. Under `--mem-limit` each copy
-is written once to a file beside the other sidecars (`<cache>/input_major/<model fingerprint>/<weight>.npy`) and
+is written once to a file beside the other sidecars (`<cache>/input_major/v1/<fingerprint>/<weight>.npy`) and
 mapped instead, advised random: a decode step faults in only the pages of the rows its active inputs name, and
 the kernel evicts them as it evicts the model's own mapped pages. So the bytes a cut skips in RAM are not read
 from disk either, and a copy costs disk space (8.5 bits a weight for quantized weights), not memory.
 
 The files hold exactly the rows the in-RAM path computes with (the same call makes them), so a limited run gives
-the tokens an unlimited one gives. A file of the wrong shape or type, or one numpy cannot read, is rebuilt,
-never trusted; the folder is bound to the model by its fingerprint.
+the tokens an unlimited one gives. A file of the wrong shape, type or order, or one numpy cannot read, is rebuilt,
+never trusted; the folder is bound to the model by its fingerprint and to the copies' format by its version
+(a change to how runtime/input_major.py rounds a copy must raise FORMAT_VERSION).
 """
 from __future__ import annotations
 
 import contextlib
 import mmap
 import sys
+import time
+from functools import cached_property
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -27,15 +31,28 @@ from ..runtime.input_major import copy_layout, transposed_weight
 from ..tools.atomic_file import atomic_write
 from .bundles import settle
 
+FORMAT_VERSION = 1
+STALE_TEMP_SECONDS = 600  # a temporary file this old is a killed writer's (a live one renames within seconds)
+
 
 class MappedInputCopies:
     """A source of input-major copies (runtime/input_major.by_input_weight's `source`) that maps them from files,
     writing each the first time it is asked for."""
 
-    def __init__(self, cache: Path, gguf: GGUFModelFile, progress: bool = False):
-        self.folder = Path(cache) / "input_major" / gguf.fingerprint()[:20]
+    def __init__(self, cache: Callable[[], Path], gguf: GGUFModelFile, progress: bool = False):
+        self._cache, self._gguf = cache, gguf  # resolved on first use: a load with no input plan never asks
         self.progress, self.written = progress, 0
         self._told = False
+
+    @cached_property
+    def folder(self) -> Path:
+        folder = Path(self._cache()) / "input_major" / f"v{FORMAT_VERSION}" / self._gguf.fingerprint()[:20]
+        now = time.time()
+        for tmp in folder.glob(".*.tmp"):  # a writer killed mid-copy (a cgroup's OOM killer) leaves its temp file
+            with contextlib.suppress(OSError):
+                if now - tmp.stat().st_mtime > STALE_TEMP_SECONDS:
+                    tmp.unlink()
+        return folder
 
     def path(self, name: str) -> Path:
         return self.folder / f"{name}.npy"
@@ -75,7 +92,8 @@ def _open(path: Path, shape: tuple[int, int], np_type) -> np.ndarray | None:
         rows = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError):
         return None
-    if not isinstance(rows, np.memmap) or rows.shape != shape or rows.dtype != np_type:
+    if not isinstance(rows, np.memmap) or rows.shape != shape or rows.dtype != np_type or \
+            not rows.flags.c_contiguous:
         return None
     with contextlib.suppress(AttributeError, OSError, ValueError):  # faults read their own pages only
         rows._mmap.madvise(mmap.MADV_RANDOM)
