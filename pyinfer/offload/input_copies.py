@@ -36,8 +36,8 @@ STALE_TEMP_SECONDS = 600  # a temporary file this old is a killed writer's (a li
 
 
 class MappedInputCopies:
-    """A source of input-major copies (runtime/input_major.by_input_weight's `source`) that maps them from files,
-    writing each the first time it is asked for."""
+    """A source of input-major copies (a graph builder's `input_copies`, which runtime/input_major.by_input_weight
+    calls) that maps them from files, writing each the first time it is asked for."""
 
     def __init__(self, cache: Callable[[], Path], gguf: GGUFModelFile, progress: bool = False):
         self._cache, self._gguf = cache, gguf  # resolved on first use: a load with no input plan never asks
